@@ -1,0 +1,45 @@
+# Phoenix Chat — `make run` starts the app on the embedded model, `make test` runs every test.
+# Both set up everything on a fresh Debian/Ubuntu machine (system packages when run as root).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+APT_PACKAGES := libvulkan1 mesa-vulkan-drivers glslc xvfb xauth libxkbcommon-x11-0 libxcb-icccm4 \
+  libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 \
+  libxcb-shape0 libxcb-cursor0 libegl1 libgl1 libfontconfig1 libdbus-1-3
+
+.PHONY: run test system-deps venv shaders bench clean
+
+run: $(STAMP)
+	$(VENV)/bin/phoenix-chat
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra
+
+system-deps:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	else \
+	  echo "note: not root; if something is missing install: sudo apt-get install $(APT_PACKAGES)"; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(MAKE) system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+shaders:
+	$(PY) tools/build_shaders.py
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info

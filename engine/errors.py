@@ -1,0 +1,36 @@
+"""User-facing errors.
+
+Every problem a user can cause (a bad file, a model too big, no Vulkan device) is a
+`PhoenixError` with a one-line message; the CLI prints it and exits 2, the GUI shows it.
+Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class PhoenixError(Exception):
+    """A problem the user can act on; `str(err)` is the whole message."""
+
+
+class ModelFileError(PhoenixError):
+    """A model file or folder is missing, truncated, corrupt or of an unsupported kind."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class UnsupportedModelError(ModelFileError):
+    """The file is well formed but holds an architecture or tensor type we do not run."""
+
+
+class OutOfMemoryError(PhoenixError):
+    """The model, cache and scratch would not fit in the chosen device's memory."""
+
+
+class DeviceUnavailableError(PhoenixError):
+    """The requested compute device (Vulkan GPU, NPU) is not present or not usable."""
+
+
+class CancelledError(PhoenixError):
+    """Long work (loading, re-quantizing) was cancelled by the user."""

@@ -1,0 +1,60 @@
+"""What every weight source (GGUF file, Hugging Face folder) offers the backends.
+
+Tensor names are canonical and follow the Hugging Face checkpoint (`layers.3.self_attn.q_proj`,
+`embed_tokens`, `norm`, without `model.` or `.weight`); GGUF names are mapped once, in its loader.
+Shapes are in numpy order: (rows=out_features, cols=in_features) for matrices.
+
+Norm weights are always handed out as the *multiplier*: Gemma scales by (1 + w); GGUF files
+already store 1 + w, Hugging Face files store w, and the loaders hide that difference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str                 # canonical name
+    qtype: QType              # storage type in the file (F32, F16, BF16, Q8_0, Q4_K, ...)
+    shape: tuple[int, ...]    # numpy order, logical (dequantized) shape
+    nbytes: int               # bytes in the file
+    source_name: str = ""     # the name inside the file, for error messages
+
+    @property
+    def is_norm(self) -> bool:
+        return self.name.endswith("norm")
+
+
+class WeightSource:
+    """A memory-mapped model: config, tensor table, raw bytes, f32 dequantization, tokenizer."""
+
+    path: Path
+    config: "ModelConfig"            # noqa: F821
+    tensors: dict[str, TensorInfo]
+    chat_template: str | None = None
+    file_size: int = 0
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as stored (uint8, memory-mapped, no copy)."""
+        raise NotImplementedError
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32 in its logical shape (norms as 1 + w multipliers)."""
+        raise NotImplementedError
+
+    def tokenizer(self) -> "Tokenizer":  # noqa: F821
+        raise NotImplementedError
+
+    def tensor_types(self) -> dict[str, int]:
+        """How many tensors of each storage type: for `info` and the GUI."""
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        return counts
+
+    def close(self) -> None:
+        pass
