@@ -1,0 +1,168 @@
+"""Hugging Face Gemma 3 checkpoint folders: config.json + (sharded) *.safetensors + tokenizer.json.
+
+Each shard is memory-mapped and its JSON header parsed here (the format is 8 bytes of length and
+a JSON table), so BF16 tensors — which numpy cannot name — come out as raw bytes without a copy.
+The multimodal 4B/12B/27B checkpoints keep the text model under `language_model.`; the vision
+tower and projector are skipped.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError, UnsupportedModelError
+from engine.weights.base import TensorInfo, WeightSource
+
+_DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
+_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_SKIP_PREFIXES = ("vision_tower", "multi_modal_projector", "model.vision_tower", "model.multi_modal_projector")
+MAX_HEADER = 100 * 1024 * 1024
+
+
+def canonical_name(hf_name: str) -> str | None:
+    if hf_name.startswith(_SKIP_PREFIXES):
+        return None
+    name = hf_name.removesuffix(".weight")
+    for prefix in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return name
+
+
+class HFFolder(WeightSource):
+    def __init__(self, folder):
+        self.path = Path(folder)
+        if not self.path.is_dir():
+            raise ModelFileError(self.path, "not a folder")
+        self.config = ModelConfig.from_hf_config(self.path / "config.json")
+        self.chat_template = _read_chat_template(self.path)
+        self._maps: list[mmap.mmap] = []
+        self.tensors, self._where = {}, {}
+        for shard in self._shards():
+            self._index_shard(shard)
+        self.file_size = sum(len(m) for m in self._maps)
+        self._check_required()
+
+    def _shards(self) -> list[Path]:
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ModelFileError(index, f"corrupt shard index ({exc})") from None
+            shards = sorted(set(weight_map.values()))
+            missing = [s for s in shards if not (self.path / s).exists()]
+            if missing:
+                raise ModelFileError(self.path, f"missing shard {missing[0]} ({len(missing)} of {len(shards)} missing)")
+            return [self.path / s for s in shards]
+        shards = sorted(self.path.glob("*.safetensors"))
+        if not shards:
+            raise ModelFileError(self.path, "no *.safetensors files in the folder")
+        return shards
+
+    def _index_shard(self, shard: Path):
+        size = shard.stat().st_size
+        if size < 8:
+            raise ModelFileError(shard, "truncated safetensors file")
+        with open(shard, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        (header_len,) = struct.unpack_from("<Q", mm, 0)
+        if header_len > min(MAX_HEADER, size - 8):
+            raise ModelFileError(shard, f"corrupt safetensors header (claims {header_len} bytes)")
+        try:
+            header = json.loads(bytes(mm[8:8 + header_len]))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelFileError(shard, f"corrupt safetensors header ({exc})") from None
+        self._maps.append(mm)
+        base = 8 + header_len
+        for hf_name, entry in header.items():
+            if hf_name == "__metadata__":
+                continue
+            name = canonical_name(hf_name)
+            if name is None:
+                continue
+            dtype = entry.get("dtype")
+            if dtype not in _DTYPES:
+                raise UnsupportedModelError(shard, f"tensor {hf_name!r} has unsupported dtype {dtype} (F32, F16, BF16 are read)")
+            qtype, itemsize = _DTYPES[dtype]
+            shape = tuple(int(d) for d in entry["shape"])
+            start, end = (int(x) for x in entry["data_offsets"])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+            if end - start != nbytes:
+                raise ModelFileError(shard, f"corrupt tensor {hf_name!r}: {end - start} bytes for shape {shape}")
+            if base + end > size:
+                raise ModelFileError(shard, f"truncated file: tensor {hf_name!r} ends at byte {base + end}, file has {size}")
+            self.tensors[name] = TensorInfo(name, qtype, shape, nbytes, hf_name)
+            self._where[name] = (mm, base + start)
+
+    def _check_required(self):
+        cfg = self.config
+        blocks = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_feedforward_layernorm"]
+        required = ["embed_tokens", "norm"] + [f"layers.{i}.{b}" for i in range(cfg.num_layers) for b in blocks]
+        missing = [n for n in required if n not in self.tensors]
+        if missing:
+            raise ModelFileError(self.path, f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
+
+    def raw(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        mm, offset = self._where[name]
+        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        return np.frombuffer(mm, dtype=np.uint8, count=info.nbytes, offset=offset).reshape(rows, -1)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        out = _to_f32(self.raw(name), info.qtype).reshape(info.shape)
+        return out + np.float32(1.0) if info.is_norm else out
+
+    def dequantize_rows(self, name: str, rows) -> np.ndarray:
+        info = self.tensors[name]
+        return _to_f32(self.raw(name)[np.asarray(rows)], info.qtype).reshape(len(rows), info.shape[-1])
+
+    def tokenizer(self):
+        from engine.tokenizer import Tokenizer
+        return Tokenizer.from_hf_folder(self.path)
+
+    def close(self) -> None:
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def _to_f32(raw: np.ndarray, qtype: QType) -> np.ndarray:
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    if qtype == QType.F32:
+        return flat.view(np.float32).copy()
+    if qtype == QType.F16:
+        return flat.view(np.float16).astype(np.float32)
+    # BF16: the high half of an f32
+    return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_chat_template(folder: Path) -> str | None:
+    for name in ("chat_template.jinja",):
+        if (folder / name).exists():
+            return (folder / name).read_text()
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        path = folder / name
+        if path.exists():
+            try:
+                template = json.loads(path.read_text()).get("chat_template")
+            except json.JSONDecodeError:
+                continue
+            if isinstance(template, list):  # named templates: take "default"
+                template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            if template:
+                return template
+    return None
