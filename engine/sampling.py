@@ -22,3 +22,54 @@ class SamplingParams:
 
     def with_(self, **kw) -> "SamplingParams":
         return replace(self, **kw)
+
+
+class Sampler:
+    """CPU sampler built once per generation: penalties, then temperature, top-k, top-p, min-p.
+
+    Seeded with numpy's PCG64, so the same seed and the same logits give the same tokens.
+    """
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history=()) -> int:
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.repetition_penalty != 1.0 and len(history):
+            logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        return int(self._draw(*filter_candidates(logits, p)))
+
+    def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        return ids[self.rng.choice(len(ids), p=probs)]
+
+
+def apply_repetition_penalty(logits: np.ndarray, recent, penalty: float) -> np.ndarray:
+    """llama.cpp/CTRL style: positive logits of seen tokens divided, negative multiplied."""
+    out = logits.copy()
+    seen = np.unique(np.asarray(recent, dtype=np.int64))
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def filter_candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The surviving token ids and their renormalised probabilities."""
+    scaled = logits / np.float32(p.temperature)
+    k = p.top_k if 0 < p.top_k < len(scaled) else len(scaled)
+    ids = np.argpartition(-scaled, k - 1)[:k] if k < len(scaled) else np.arange(len(scaled))
+    ids = ids[np.argsort(-scaled[ids], kind="stable")]
+    vals = scaled[ids].astype(np.float64)
+    probs = np.exp(vals - vals[0])
+    probs /= probs.sum()
+    keep = len(ids)
+    if p.top_p < 1.0:
+        # smallest prefix whose mass reaches top_p (always at least one token)
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
+    if p.min_p > 0.0:
+        keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
+    ids, probs = ids[:keep], probs[:keep]
+    return ids, probs / probs.sum()

@@ -1,0 +1,51 @@
+"""The numpy backend: the f32 reference forward pass behind the Backend contract."""
+from __future__ import annotations
+
+import numpy as np
+import psutil
+
+from engine.backends.base import Backend
+from engine.errors import OutOfMemoryError
+from engine.models.gemma3 import Gemma3Model
+from engine.weights.base import WeightSource
+
+PREFILL_CHUNK = 256
+
+
+def f32_footprint(weights: WeightSource, context_length: int) -> int:
+    """Bytes the reference needs: every weight in f32 plus an f32 KV cache."""
+    cfg = weights.config
+    params = sum(int(np.prod(t.shape)) for t in weights.tensors.values())
+    kv_slots = sum(context_length if cfg.is_global_layer(i) else min(cfg.sliding_window, context_length)
+                   for i in range(cfg.num_layers))
+    return params * 4 + kv_slots * cfg.kv_dim * 4 * 2
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    device_name = "CPU (numpy, f32 reference)"
+
+    def __init__(self, weights: WeightSource, context_length: int, progress=None, cancel=None):
+        super().__init__(weights.config, context_length)
+        need = f32_footprint(weights, context_length)
+        have = psutil.virtual_memory().available
+        if need > have * 0.9:
+            raise OutOfMemoryError(
+                f"the CPU backend needs {need / 2**30:.1f} GiB for f32 weights and cache, "
+                f"{have / 2**30:.1f} GiB is available: use --backend vulkan or a shorter --ctx")
+        self.model = Gemma3Model(weights, context_length, progress=progress, cancel=cancel)
+
+    def forward(self, token_ids, start_pos, *, all_logits=False):
+        ids = list(token_ids)
+        outs = []
+        for i in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[i:i + PREFILL_CHUNK]
+            last_chunk = i + PREFILL_CHUNK >= len(ids)
+            if all_logits or last_chunk:
+                outs.append(self.model.forward(chunk, start_pos + i, all_logits=all_logits))
+            else:
+                self.model.forward(chunk, start_pos + i, all_logits=False)
+        return np.concatenate(outs) if all_logits else outs[-1]
+
+    def stats(self):
+        return {"kv_cache_bytes": self.model.cache.nbytes()}

@@ -1,0 +1,124 @@
+"""The layered generation API (mlx-lm style).
+
+`generate_step` yields token ids; `stream_generate` turns them into response records with text
+deltas and timings; `generate` collects the whole answer. The CLI, the GUI worker and the
+benchmarks all consume `stream_generate`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class GenerationResponse:
+    text: str                   # the new text since the previous record
+    token: int | None           # the token id behind it (None on the final record)
+    prompt_tokens: int
+    generation_tokens: int
+    prompt_tps: float
+    generation_tps: float
+    ttft_s: float               # time to first token, prompt processing included
+    finish_reason: str | None   # None while running; "stop" | "length" | "context" | "cancelled"
+
+
+class ContextFull(Exception):
+    pass
+
+
+def generate_step(model, prompt_ids: Sequence[int], params: SamplingParams,
+                  max_tokens: int, start_pos: int = 0) -> Iterator[int]:
+    """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
+
+    Sampling happens on the device when the backend keeps the token step there
+    (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us.
+    """
+    backend = model.backend
+    limit = backend.context_length
+    if start_pos + len(prompt_ids) >= limit:
+        raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
+    logits = backend.forward(prompt_ids, start_pos)
+    sampler = Sampler(params)
+    history = list(prompt_ids)
+    token = sampler(logits, history)
+    pos = start_pos + len(prompt_ids)
+    budget = min(max_tokens, limit - pos)
+    device_stream = backend.decode_tokens(token, pos, params, budget - 1) if budget > 1 else None
+    yield token
+    if device_stream is not None:
+        yield from device_stream
+        return
+    for _ in range(budget - 1):
+        history.append(token)
+        logits = backend.forward([token], pos)
+        pos += 1
+        token = sampler(logits, history)
+        yield token
+
+
+def prompt_ids_for(model, prompt, raw: bool = False) -> list[int]:
+    """Token ids for a chat (list of messages) or a single user message / raw text."""
+    if isinstance(prompt, str):
+        if raw:
+            return model.tokenizer.encode(prompt, add_bos=True, parse_special=True)
+        prompt = [{"role": "user", "content": prompt}]
+    return model.chat.encode(prompt, model.tokenizer)
+
+
+def stream_generate(model, prompt, params: SamplingParams | None = None, max_tokens: int = 256,
+                    raw: bool = False) -> Iterator[GenerationResponse]:
+    """Stream response records for `prompt` (a chat as a list of messages, or a string)."""
+    from engine.tokenizer import StreamingDetokenizer
+
+    params = params or SamplingParams()
+    ids = prompt_ids_for(model, prompt, raw)
+    stops = set(model.config.eos_token_ids)
+    detok = StreamingDetokenizer(model.tokenizer)
+    start = time.perf_counter()
+    first_at = None
+    count = 0
+    n_prompt = len(ids)
+
+    def record(text, token, reason):
+        now = time.perf_counter()
+        ttft = (first_at or now) - start
+        decode_time = now - (first_at or now)
+        return GenerationResponse(
+            text=text, token=token, prompt_tokens=n_prompt, generation_tokens=count,
+            prompt_tps=n_prompt / ttft if ttft > 0 else 0.0,
+            generation_tps=(count - 1) / decode_time if count > 1 and decode_time > 0 else 0.0,
+            ttft_s=ttft, finish_reason=reason)
+
+    if n_prompt >= model.backend.context_length:
+        yield record("", None, "context")
+        return
+    steps = generate_step(model, ids, params, max_tokens)
+    reason = "length"
+    try:
+        for token in steps:
+            if first_at is None:
+                first_at = time.perf_counter()
+            if token in stops:
+                reason = "stop"
+                break
+            count += 1
+            text = detok.add(token)
+            if text:
+                yield record(text, token, None)
+        else:
+            if n_prompt + count >= model.backend.context_length:
+                reason = "context"
+    finally:
+        steps.close()
+    yield record(detok.flush(), None, reason)
+
+
+def generate(model, prompt, params: SamplingParams | None = None, max_tokens: int = 256, raw: bool = False) -> str:
+    return "".join(r.text for r in stream_generate(model, prompt, params, max_tokens, raw))

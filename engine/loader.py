@@ -1,0 +1,118 @@
+"""`load()`: from a path (or the embedded model) to a ready `LoadedModel` on a chosen backend."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import DeviceUnavailableError, PhoenixError
+from engine.weights import embedded_model_path, open_weights
+from engine.weights.base import WeightSource
+
+log = logging.getLogger("phoenix.engine")
+
+DEFAULT_CONTEXT = 4096
+BACKENDS = ("auto", "cpu", "vulkan", "npu-hybrid")
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    weights: WeightSource
+    config: ModelConfig
+    tokenizer: "Tokenizer"          # noqa: F821
+    chat: "ChatFormat"              # noqa: F821
+    backend: "Backend"              # noqa: F821
+    is_instruction_tuned: bool
+    backend_note: str = ""          # why `auto` picked what it picked (shown in logs and the UI)
+    load_seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        cfg = self.config
+        return {
+            "path": str(self.path), "name": cfg.name, "architecture": cfg.architecture,
+            "parameters": cfg.parameter_count(), "layers": cfg.num_layers,
+            "context_length": self.backend.context_length, "max_context_length": cfg.context_length,
+            "tensor_types": self.weights.tensor_types(), "file_size": self.weights.file_size,
+            "backend": self.backend.name, "device": self.backend.device_name,
+            "backend_note": self.backend_note, "instruction_tuned": self.is_instruction_tuned,
+        }
+
+    def close(self):
+        self.backend.close()
+
+
+def load(path=None, backend: str = "auto", context_length: int | None = None, quant: str | None = None,
+         device: int | None = None, progress=None, cancel=None) -> LoadedModel:
+    """Open a GGUF file or Hugging Face folder (default: the embedded 270M) on a backend.
+
+    backend: "auto" (a hardware Vulkan GPU if there is one, else the CPU — the choice and its
+    reason are logged and kept in `backend_note`), "cpu", "vulkan" (any Vulkan device, software
+    ones such as lavapipe included), "npu-hybrid" (prompt prefill on the NPU).
+    progress(fraction, message) is called during long work; cancel is an Event-like object.
+    """
+    from engine.chat import ChatFormat
+
+    if backend not in BACKENDS:
+        raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    started = time.perf_counter()
+    timings = {}
+    path = Path(path).expanduser() if path else embedded_model_path()
+    weights = open_weights(path)
+    timings["open_s"] = time.perf_counter() - started
+    cfg = weights.config
+    ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
+    t = time.perf_counter()
+    tokenizer = weights.tokenizer()
+    timings["tokenizer_s"] = time.perf_counter() - t
+    chat = ChatFormat(weights.chat_template)
+
+    t = time.perf_counter()
+    engine_backend, note = _make_backend(backend, weights, ctx, quant, device, progress, cancel)
+    timings["backend_s"] = time.perf_counter() - t
+    log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
+    return LoadedModel(path=path, weights=weights, config=cfg, tokenizer=tokenizer, chat=chat,
+                       backend=engine_backend, is_instruction_tuned=_looks_instruction_tuned(weights, path),
+                       backend_note=note, load_seconds=time.perf_counter() - started, timings=timings)
+
+
+def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
+    if kind == "auto":
+        try:
+            from engine.backends.vulkan.backend import VulkanBackend
+            backend = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant,
+                                    progress=progress)
+            return backend, "auto: hardware Vulkan GPU"
+        except DeviceUnavailableError as exc:
+            note = f"auto: CPU backend, because {exc}"
+            log.warning(note)
+        except ImportError as exc:
+            note = f"auto: CPU backend, because the Vulkan backend is not built ({exc})"
+            log.warning(note)
+        return _cpu(weights, ctx, quant, progress, cancel), note
+    if kind == "cpu":
+        return _cpu(weights, ctx, quant, progress, cancel), ""
+    if kind == "vulkan":
+        from engine.backends.vulkan.backend import VulkanBackend
+        return VulkanBackend(weights, ctx, device_index=device, allow_software=True, quant=quant,
+                             progress=progress), ""
+    from engine.backends.npu_hybrid import NpuHybridBackend
+    return NpuHybridBackend(weights, ctx, progress=progress), ""
+
+
+def _cpu(weights, ctx, quant, progress, cancel):
+    from engine.backends.cpu import CpuBackend
+    if quant:
+        log.warning("quantization %s applies to the Vulkan backend; the CPU reference runs in f32", quant)
+    return CpuBackend(weights, ctx, progress=progress, cancel=cancel)
+
+
+def _looks_instruction_tuned(weights: WeightSource, path: Path) -> bool:
+    meta = getattr(weights, "metadata", {})
+    names = " ".join(str(x) for x in (path.name, weights.config.name, meta.get("general.finetune", ""))).lower()
+    if any(tag in names for tag in ("-it", " it", "instruct", "chat")):
+        return True
+    return bool(weights.chat_template) and not any(tag in names for tag in ("-pt", "base"))

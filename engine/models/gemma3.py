@@ -1,0 +1,162 @@
+"""Gemma 3 text model: the numpy reference forward pass (f32) and its cache plan.
+
+This is the reference every other backend is checked against, so it favours being plainly
+right over being fast: f32 everywhere, the Hugging Face formulation step by step.
+Linear layers go through `linear()`, the one hook a hybrid plan (NPU prefill) overrides.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.weights.base import WeightSource
+
+_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def rms_norm(x: np.ndarray, multiplier: np.ndarray, eps: float) -> np.ndarray:
+    """Gemma's RMSNorm; `multiplier` is already 1 + w (see engine/weights/base.py)."""
+    var = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(var + np.float32(eps))) * multiplier
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float, scale: float):
+    """cos/sin for NEOX-style (rotate-half) RoPE; linear scaling divides the positions."""
+    inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = (positions.astype(np.float64)[:, None] / scale) * inv_freq[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x: [n, heads, head_dim]; cos/sin: [n, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class KVCache:
+    """Per-layer K/V: full length on global layers, a ring of `sliding_window` on local ones.
+
+    Slot of position p: p on global layers, p % window on local ones. `positions` remembers which
+    position each slot holds (-1 = empty), so rolling back is simply writing over it later.
+    """
+
+    def __init__(self, config: ModelConfig, context_length: int):
+        self.config = config
+        self.k, self.v, self.positions = [], [], []
+        for layer in range(config.num_layers):
+            slots = context_length if config.is_global_layer(layer) else min(config.sliding_window, context_length)
+            self.k.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
+            self.v.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
+            self.positions.append(np.full(slots, -1, np.int64))
+
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray):
+        slots = positions % len(self.positions[layer])
+        self.k[layer][slots], self.v[layer][slots] = k, v
+        self.positions[layer][slots] = positions
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) * 2
+
+
+class Gemma3Model:
+    """Weights as dense f32 arrays plus the forward pass over a chunk of tokens."""
+
+    def __init__(self, weights: WeightSource, context_length: int, progress: Callable | None = None,
+                 cancel=None):
+        self.config = cfg = weights.config
+        self.context_length = context_length
+        names = [n for n in weights.tensors if n != "embed_tokens"]
+        self.w: dict[str, np.ndarray] = {}
+        for i, name in enumerate(names):
+            if cancel is not None and cancel.is_set():
+                from engine.errors import CancelledError
+                raise CancelledError("loading cancelled")
+            self.w[name] = weights.dequantize(name)
+            if progress:
+                progress((i + 1) / (len(names) + 1), f"dequantizing {name}")
+        # The embedding is also the output head (tied): keep one f32 copy.
+        self.embed = weights.dequantize("embed_tokens")
+        if progress:
+            progress(1.0, "weights ready")
+        self.embed_scale = np.float32(cfg.embed_scale)
+        self.cache = KVCache(cfg, context_length)
+        self.rope = {}
+        for kind, base, scale in (("local", cfg.rope_local_theta, 1.0), ("global", cfg.rope_theta, cfg.rope_scaling_factor)):
+            self.rope[kind] = rope_tables(np.arange(context_length), cfg.head_dim, base, scale)
+
+    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x [n, in] @ W[name].T → [n, out]. The hook hybrid plans override."""
+        return x @ self.w[name].T
+
+    def forward(self, token_ids, start_pos: int, all_logits: bool = False) -> np.ndarray:
+        cfg = self.config
+        ids = np.asarray(token_ids, dtype=np.int64)
+        positions = np.arange(start_pos, start_pos + len(ids))
+        x = self.embed[ids] * self.embed_scale
+        for layer in range(cfg.num_layers):
+            x = self._block(layer, x, positions)
+        x = rms_norm(x if all_logits else x[-1:], self.w["norm"], cfg.rms_norm_eps)
+        logits = x @ self.embed.T
+        return logits if all_logits else logits[0]
+
+    def _block(self, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        cfg, p = self.config, f"layers.{layer}."
+        h = rms_norm(x, self.w[p + "input_layernorm"], cfg.rms_norm_eps)
+        attn = self._attention(layer, h, positions)
+        x = x + rms_norm(attn, self.w[p + "post_attention_layernorm"], cfg.rms_norm_eps)
+        h = rms_norm(x, self.w[p + "pre_feedforward_layernorm"], cfg.rms_norm_eps)
+        mlp = gelu_tanh(self.linear(h, p + "mlp.gate_proj")) * self.linear(h, p + "mlp.up_proj")
+        return x + rms_norm(self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps)
+
+    def _attention(self, layer: int, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(positions)
+        q = self.linear(h, p + "q_proj").reshape(n, cfg.num_heads, cfg.head_dim)
+        k = self.linear(h, p + "k_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = self.linear(h, p + "v_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        q = rms_norm(q, self.w[p + "q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, self.w[p + "k_norm"], cfg.rms_norm_eps)
+        is_global = cfg.is_global_layer(layer)
+        cos, sin = self.rope["global" if is_global else "local"]
+        q = apply_rope(q, cos[positions], sin[positions])
+        k = apply_rope(k, cos[positions], sin[positions])
+
+        # Keys visible to this chunk: earlier positions still in the cache, then the chunk itself.
+        # Read them before writing the chunk, so a chunk longer than the ring cannot overwrite
+        # keys that its own first queries still need.
+        cache = self.cache
+        held = cache.positions[layer]
+        window = None if is_global else cfg.sliding_window
+        keep = (held >= 0) & (held < positions[0])
+        if window is not None:
+            keep &= held > positions[0] - window
+        order = np.argsort(held[keep])
+        key_pos = np.concatenate([held[keep][order], positions])
+        keys = np.concatenate([cache.k[layer][keep][order], k])
+        values = np.concatenate([cache.v[layer][keep][order], v])
+        cache.write(layer, positions[-len(held):], k[-len(held):], v[-len(held):])
+
+        mask = key_pos[None, :] <= positions[:, None]
+        if window is not None:
+            mask &= key_pos[None, :] > positions[:, None] - window
+        group = cfg.num_heads // cfg.num_kv_heads
+        keys = np.repeat(keys, group, axis=1)        # [keys, heads, d]
+        values = np.repeat(values, group, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, keys) * np.float32(cfg.attn_scale)
+        scores = np.where(mask[None], scores, np.float32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.einsum("hqk,khd->qhd", probs, values).reshape(n, cfg.q_dim)
+        return self.linear(out, p + "o_proj")
+
+    def reset(self):
+        for held in self.cache.positions:
+            held[:] = -1
