@@ -1,0 +1,234 @@
+"""`phoenix-chat` console script: the GUI with no arguments, otherwise a subcommand.
+
+Contract (issue "Foundation"): run, chat, tokenize, info, perplexity, devices, export, bench.
+User errors print one line to stderr and exit 2; generated text goes to stdout alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+EXIT_USAGE = 2
+
+
+def _add_model_args(p, backend=True):
+    p.add_argument("--model", metavar="PATH", help="GGUF file or Hugging Face folder (default: embedded Gemma 3 270M)")
+    if backend:
+        p.add_argument("--backend", choices=["auto", "cpu", "vulkan", "npu-hybrid"], default="auto")
+        p.add_argument("--device", type=int, default=None, metavar="N", help="Vulkan device index (see `devices`)")
+        p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length")
+        p.add_argument("--quant", choices=["q4_0", "q8_0", "f16"], default=None,
+                       help="re-quantize weights on the device (Vulkan)")
+
+
+def _add_sampling_args(p):
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=64)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--system", default=None, help="system prompt (folded into the first user turn)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phoenix-chat", description="Local Gemma 3 chat. No arguments: open the app.")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("run", help="generate a reply to PROMPT, streamed to stdout")
+    p.add_argument("prompt")
+    p.add_argument("--raw", action="store_true", help="feed PROMPT as plain text after <bos>, no chat template")
+    _add_model_args(p)
+    _add_sampling_args(p)
+
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    _add_model_args(p)
+    _add_sampling_args(p)
+
+    p = sub.add_parser("tokenize", help="print the token ids of TEXT as a raw prompt (<bos> included)")
+    p.add_argument("text")
+    _add_model_args(p, backend=False)
+
+    p = sub.add_parser("info", help="architecture, parameters, tensor types, context, file size")
+    _add_model_args(p, backend=False)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("perplexity", help="llama.cpp-style perplexity of a text file")
+    p.add_argument("file")
+    _add_model_args(p)
+
+    p = sub.add_parser("devices", help="what compute is available")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("export", help="print every saved conversation")
+    p.add_argument("--format", choices=["json", "markdown"], default="json")
+
+    p = sub.add_parser("bench", help="prefill/decode speed, bandwidth and % of roofline")
+    _add_model_args(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    return parser
+
+
+def _sampling(args):
+    from engine.sampling import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def _load(args, **kw):
+    import engine
+    return engine.load(args.model, backend=getattr(args, "backend", "cpu"), context_length=getattr(args, "ctx", None),
+                       quant=getattr(args, "quant", None), device=getattr(args, "device", None), **kw)
+
+
+def _messages(system, prompt):
+    msgs = [{"role": "system", "content": system}] if system else []
+    return msgs + [{"role": "user", "content": prompt}]
+
+
+def cmd_run(args) -> int:
+    from engine.generate import stream_generate
+    model = _load(args)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
+    last = None
+    for r in stream_generate(model, prompt, _sampling(args), args.max_tokens, raw=args.raw):
+        if r.text:
+            sys.stdout.write(r.text)
+            sys.stdout.flush()
+        last = r
+    sys.stdout.write("\n")
+    print(f"[{model.backend.name}: prompt {last.prompt_tokens} tok at {last.prompt_tps:.1f} tok/s, "
+          f"generated {last.generation_tokens} tok at {last.generation_tps:.1f} tok/s, "
+          f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from app.terminal_chat import terminal_chat
+    return terminal_chat(_load(args), _sampling(args), args.max_tokens, system=args.system)
+
+
+def cmd_tokenize(args) -> int:
+    from engine.weights import embedded_model_path, open_weights
+    weights = open_weights(args.model or embedded_model_path())
+    ids = weights.tokenizer().encode(args.text, add_bos=True, parse_special=True)
+    print(" ".join(str(i) for i in ids))
+    return 0
+
+
+def cmd_info(args) -> int:
+    from engine.weights import embedded_model_path, open_weights
+    path = args.model or embedded_model_path()
+    w = open_weights(path)
+    cfg = w.config
+    info = {"path": str(path), "name": cfg.name, "architecture": cfg.architecture,
+            "parameters": cfg.parameter_count(), "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+            "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+            "context_length": cfg.context_length, "sliding_window": cfg.sliding_window,
+            "tensor_types": w.tensor_types(), "file_size": w.file_size,
+            "chat_template": bool(w.chat_template)}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"model:          {info['name']} ({info['path']})")
+    print(f"architecture:   {cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"heads {cfg.num_heads}/{cfg.num_kv_heads} kv, head_dim {cfg.head_dim}, ffn {cfg.intermediate_size}")
+    print(f"parameters:     {info['parameters'] / 1e6:.1f} M")
+    print(f"vocabulary:     {cfg.vocab_size} tokens")
+    print(f"context length: {cfg.context_length} (sliding window {cfg.sliding_window})")
+    print("tensor types:   " + ", ".join(f"{k} ×{v}" for k, v in sorted(info["tensor_types"].items())))
+    print(f"file size:      {w.file_size / 2**20:.1f} MiB")
+    print(f"chat template:  {'yes' if w.chat_template else 'no (Gemma 3 format used)'}")
+    return 0
+
+
+def cmd_perplexity(args) -> int:
+    from engine.perplexity import perplexity
+    try:
+        with open(args.file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        from engine.errors import PhoenixError
+        raise PhoenixError(f"{args.file}: {exc.strerror}") from None
+    model = _load(args)
+    n_ctx = args.ctx or 512
+
+    def progress(done, total, ppl):
+        print(f"[{done}/{total}] {ppl:.4f}", file=sys.stderr)
+
+    try:
+        result = perplexity(model, text, n_ctx, progress)
+    except ValueError as exc:
+        from engine.errors import PhoenixError
+        raise PhoenixError(f"{args.file}: {exc}") from None
+    print(f"{result['windows']} windows of {n_ctx} tokens, {result['scored_tokens']} scored, backend {model.backend.name}")
+    print(f"PPL = {result['ppl']:.4f}")
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from engine.devices import list_devices
+    entries = list_devices()
+    if args.json:
+        print(json.dumps([e.as_dict() for e in entries], indent=1, default=str))
+        return 0
+    for e in entries:
+        idx = f"[{e.index}] " if e.index is not None else ""
+        print(f"{e.kind:7s} {idx}{e.name}: {'available' if e.available else 'not available'} — {e.status}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from app.store import export_all
+    sys.stdout.write(export_all(args.format))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from engine.bench import run_bench_cli
+    return run_bench_cli(args)
+
+
+def cmd_gui(args) -> int:
+    from app.gui import display_available, run_gui
+    if display_available():
+        return run_gui(None)
+    print("phoenix-chat: no display found (set DISPLAY or run on a desktop); starting the terminal chat instead.",
+          file=sys.stderr)
+    import engine
+    from engine.sampling import SamplingParams
+    from app.terminal_chat import terminal_chat
+    return terminal_chat(engine.load(None), SamplingParams(), 256)
+
+
+COMMANDS = {"run": cmd_run, "chat": cmd_chat, "tokenize": cmd_tokenize, "info": cmd_info,
+            "perplexity": cmd_perplexity, "devices": cmd_devices, "export": cmd_export, "bench": cmd_bench,
+            None: cmd_gui}
+
+
+def main(argv=None) -> int:
+    from engine.errors import PhoenixError
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return COMMANDS[args.command](args)
+    except PhoenixError as exc:
+        print(f"phoenix-chat: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

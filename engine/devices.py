@@ -1,0 +1,77 @@
+"""What compute exists on this machine, and why not when it doesn't.
+
+Every entry carries an honest status string; nothing is reported as present unless a real
+probe found it. Used by `phoenix-chat devices` and the GUI's Devices menu.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+
+@dataclass
+class DeviceEntry:
+    kind: str            # "cpu" | "vulkan" | "npu"
+    name: str
+    available: bool
+    status: str          # one line: "ready", or why not
+    index: int | None = None
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_entry() -> DeviceEntry:
+    name = _cpu_model_name() or platform.processor() or platform.machine()
+    mem = psutil.virtual_memory()
+    return DeviceEntry("cpu", name, True, "ready (numpy f32 reference backend)",
+                       details={"cores": os.cpu_count(), "memory_bytes": mem.total})
+
+
+def vulkan_entries() -> list[DeviceEntry]:
+    try:
+        from engine.backends.vulkan.device import enumerate_devices
+    except ImportError as exc:
+        return [DeviceEntry("vulkan", "Vulkan", False, f"Vulkan backend not available ({exc})")]
+    try:
+        found = enumerate_devices()
+    except Exception as exc:  # the probe reports; it must never take the caller down
+        return [DeviceEntry("vulkan", "Vulkan", False, f"no Vulkan device: {exc}")]
+    if not found:
+        return [DeviceEntry("vulkan", "Vulkan", False, "no Vulkan device: the loader found no physical device")]
+    entries = []
+    for d in found:
+        software = d.get("software", False)
+        status = ("ready (software rasterizer: correct but slow; used only with --backend vulkan)"
+                  if software else "ready")
+        entries.append(DeviceEntry("vulkan", d["name"], True, status, index=d.get("index"), details=d))
+    return entries
+
+
+def npu_entry() -> DeviceEntry:
+    try:
+        from npu.detect import npu_status
+    except ImportError as exc:
+        return DeviceEntry("npu", "AMD XDNA NPU", False, f"NPU support not available ({exc})")
+    status = npu_status()
+    return DeviceEntry("npu", status.details.get("name", "AMD XDNA NPU"), status.available, status.reason,
+                       details=status.details)
+
+
+def list_devices() -> list[DeviceEntry]:
+    return [cpu_entry(), *vulkan_entries(), npu_entry()]
+
+
+def _cpu_model_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,40 @@
+"""llama.cpp-style perplexity: non-overlapping windows of n_ctx tokens, second half scored.
+
+Same method as llama.cpp's `perplexity` tool, so numbers compare directly: the text is
+tokenized once with <bos>, cut into windows of n_ctx, each window's first token replaced by
+<bos>, and in each window the logits at positions n_ctx/2 … n_ctx-2 predict the next token.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    m = logits.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=-1))
+    return logits[np.arange(len(targets)), targets] - lse
+
+
+def perplexity(model, text: str, n_ctx: int = 512, progress: Callable | None = None) -> dict:
+    tokens = np.asarray(model.tokenizer.encode(text, add_bos=True, parse_special=False), dtype=np.int64)
+    n_windows = len(tokens) // n_ctx
+    if n_windows == 0:
+        raise ValueError(f"text has {len(tokens)} tokens, fewer than one window of {n_ctx}")
+    first = n_ctx // 2
+    nll, count, running = 0.0, 0, []
+    for w in range(n_windows):
+        window = tokens[w * n_ctx:(w + 1) * n_ctx].copy()
+        window[0] = model.config.bos_token_id
+        logits = model.backend.forward(window.tolist(), 0, all_logits=True)
+        scored = log_softmax_at(logits[first:n_ctx - 1], window[first + 1:n_ctx])
+        nll -= float(scored.sum())
+        count += len(scored)
+        running.append(math.exp(nll / count))
+        if progress:
+            progress(w + 1, n_windows, running[-1])
+    return {"ppl": math.exp(nll / count), "windows": n_windows, "scored_tokens": count,
+            "n_ctx": n_ctx, "running": running}
