@@ -42,17 +42,20 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 class KVCache:
-    """Per-layer K/V: full length on global layers, a ring of `sliding_window` on local ones.
+    """Per-layer K/V: full length on global layers, a ring on local ones.
 
-    Slot of position p: p on global layers, p % window on local ones. `positions` remembers which
-    position each slot holds (-1 = empty), so rolling back is simply writing over it later.
+    Slot of position p: p on global layers, p % ring on local ones, where the ring holds the
+    sliding window plus `rollback_slack` slots so a speculative draft can be rolled back that far.
+    `positions` remembers which position each slot holds (-1 = empty): rolling back is simply
+    starting the next forward at an earlier position.
     """
 
-    def __init__(self, config: ModelConfig, context_length: int):
+    def __init__(self, config: ModelConfig, context_length: int, rollback_slack: int = 32):
         self.config = config
         self.k, self.v, self.positions = [], [], []
         for layer in range(config.num_layers):
-            slots = context_length if config.is_global_layer(layer) else min(config.sliding_window, context_length)
+            ring = config.sliding_window + rollback_slack
+            slots = context_length if config.is_global_layer(layer) else min(ring, context_length)
             self.k.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
             self.v.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
             self.positions.append(np.full(slots, -1, np.int64))

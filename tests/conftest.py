@@ -1,0 +1,44 @@
+"""Shared fixtures: the real embedded model, opened once per session."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "llama_cpp_270m.json"
+GOLDENS = Path(__file__).resolve().parent / "goldens"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_home(tmp_path_factory):
+    """Keep tokenizer caches and app data of the test run out of the user's folders."""
+    home = tmp_path_factory.mktemp("phoenix-home")
+    os.environ["PHOENIX_CHAT_HOME"] = str(home)
+    yield home
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from engine.weights import embedded_model_path
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def gguf(model_path):
+    from engine.weights.gguf_file import GGUFFile
+    return GGUFFile(model_path)
+
+
+@pytest.fixture(scope="session")
+def cpu_model(model_path):
+    import engine
+    return engine.load(model_path, backend="cpu", context_length=2048)
+
+
+@pytest.fixture(scope="session")
+def llama_reference() -> dict:
+    if not SHARED_REFERENCE.exists():
+        pytest.skip(f"{SHARED_REFERENCE} not present (it lives beside the checkout)")
+    return json.loads(SHARED_REFERENCE.read_text())

@@ -1,0 +1,64 @@
+"""Small Gemma-3-shaped model files written with the `gguf` package's own writer.
+
+Used where the real 270M file cannot show a case: tiny sliding windows (ring-buffer wrap in a
+few tokens), unsupported types, missing tensors. Random weights, real layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType, GGUFWriter
+from gguf import quants
+
+TINY = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=96, vocab=300, layers=7, window=4, ctx=64)
+
+
+def tiny_gguf(path, *, arch="gemma3", omit=(), types=None, cfg=None, seed=0):
+    c = dict(TINY, **(cfg or {}))
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(c["ctx"])
+    w.add_embedding_length(c["hidden"])
+    w.add_block_count(c["layers"])
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_sliding_window(c["window"])
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(c["vocab"])])
+    types = types or {}
+
+    def tensor(name, shape, scale=0.2, norm=False):
+        if name in omit:
+            return
+        data = (1.0 + rng.normal(0, 0.1, shape) if norm else rng.normal(0, scale, shape)).astype(np.float32)
+        qtype = types.get(name, QType.F32)
+        if qtype == QType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)
+
+    h, d, q, kv, f = c["hidden"], c["head_dim"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["ffn"]
+    tensor("token_embd.weight", (c["vocab"], h), 1.0)
+    tensor("output_norm.weight", (h,), norm=True)
+    for i in range(c["layers"]):
+        b = f"blk.{i}."
+        for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            tensor(b + n + ".weight", (h,), norm=True)
+        tensor(b + "attn_q_norm.weight", (d,), norm=True)
+        tensor(b + "attn_k_norm.weight", (d,), norm=True)
+        tensor(b + "attn_q.weight", (q, h))
+        tensor(b + "attn_k.weight", (kv, h))
+        tensor(b + "attn_v.weight", (kv, h))
+        tensor(b + "attn_output.weight", (h, q))
+        tensor(b + "ffn_gate.weight", (f, h))
+        tensor(b + "ffn_up.weight", (f, h))
+        tensor(b + "ffn_down.weight", (h, f))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
