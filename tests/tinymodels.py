@@ -62,3 +62,46 @@ def tiny_gguf(path, *, arch="gemma3", omit=(), types=None, cfg=None, seed=0):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def sparse_gguf(path, *, hidden=8192, ffn=32768, layers=48, vocab=262144):
+    """A Gemma-3-shaped GGUF header whose F16 tensors (tens of GB) live in a sparse file.
+
+    The header is real and complete; the data is a hole the filesystem never stores, so tests can
+    check size limits (memory budget) on a 'huge' model without writing gigabytes.
+    """
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(32)
+    w.add_head_count_kv(16)
+    w.add_key_length(128)
+    w.add_value_length(128)
+    w.add_sliding_window(1024)
+    w.add_tokenizer_model("llama")
+    q, kv = 32 * 128, 16 * 128
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        b = f"blk.{i}."
+        for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            shapes[b + n + ".weight"] = (hidden,)
+        shapes[b + "attn_q_norm.weight"] = shapes[b + "attn_k_norm.weight"] = (128,)
+        shapes.update({b + "attn_q.weight": (q, hidden), b + "attn_k.weight": (kv, hidden), b + "attn_v.weight": (kv, hidden),
+                       b + "attn_output.weight": (hidden, q), b + "ffn_gate.weight": (ffn, hidden),
+                       b + "ffn_up.weight": (ffn, hidden), b + "ffn_down.weight": (hidden, ffn)})
+    total = 0
+    for name, shape in shapes.items():
+        dtype = np.float32 if len(shape) == 1 else np.float16
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
+        total += nbytes + (-nbytes % 32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.truncate(size + (-size % 32) + total)
+    return path
