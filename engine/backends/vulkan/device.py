@@ -1,0 +1,403 @@
+"""Vulkan device layer: pick a device, probe what it can do, run compute work on it.
+
+How to use it (the ops modules and the backend follow exactly this):
+
+Open a device
+    from engine.backends.vulkan.device import Device
+    dev = Device.open(index=None, allow_software=False)   # hardware GPU preferred
+    dev.caps            # Capabilities: subgroup_size, int_dot, fp16, storage8/16, shared_memory,
+                        # max_storage_buffer_range, heaps, uma, timestamp_period, ...
+    dev.close()
+  No loader or no usable device raises `engine.errors.DeviceUnavailableError("no Vulkan device: ...")`.
+  Software devices (lavapipe) are skipped unless `allow_software=True`.
+  `list_devices()` describes every device without opening one.
+
+Buffers (engine/backends/vulkan/memory.py)
+    buf = dev.buffer(nbytes)                    # device-local (host-visible too on UMA iGPUs)
+    buf = dev.buffer(nbytes, host=True)         # host-visible + coherent, mapped: buf.write()/buf.read()
+    dev.upload(buf, array, offset=0)            # any numpy array, via a staging buffer when needed
+    arr = dev.download(buf, np.float32, shape)  # copy back (waits)
+    t = dev.tensor(array_bytes, row_bytes)      # a weight: one buffer, bound in row ranges so
+    t.ranges                                    # no binding exceeds maxStorageBufferRange
+
+Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every variant)
+    p = dev.pipeline("matvec_q4_0_f32", WG=128)  # name from the table, specialization by name
+    p.push.pack(n_rows=..., n_cols=...)          # the push-constant layout, defined once
+  A variant names its shader file, -D defines, the number of storage-buffer bindings
+  (bindings 0..n-1, all `buffer` blocks), a PushLayout and its specialization constants.
+  `tools/build_shaders.py` compiles each to shaders/spv/<name>.spv. Unknown spec names raise.
+  A variant's push block is generated from its PushLayout and passed to glslc as the macro
+  PUSH_CONSTANTS: write `PUSH_CONSTANTS` once at the top level of the shader, read `pc.field`.
+
+Record and submit (engine/backends/vulkan/recorder.py)
+    cl = dev.commands()                          # a CommandList: command buffer + descriptor sets
+    cl.dispatch(p, [buf_a, (buf_b, offset, size), t.ranges[0]], groups=(x, 1, 1), push=bytes)
+    cl.barrier()                                 # compute->compute (+transfer) memory barrier
+    cl.copy(src, dst, nbytes, src_offset=0, dst_offset=0)
+    cl.fill(buf, 0)                              # zero a buffer
+    cl.timestamp(i)                              # needs cl = dev.commands(timestamps=N)
+    cl.end()
+    cl.submit(wait=True)                         # or dev.submit(cl); replays as often as you like
+    cl.timestamps_ns()                           # after the wait: list of ns since timestamp 0
+  Recording happens once; a recorded CommandList is re-submitted with raw `vk.lib` calls
+  (~10 us of Python). Descriptor sets are written at record time and never again, so a
+  buffer bound in a recording must outlive it and must not be reallocated.
+  A whole command list runs in submission order after everything submitted earlier:
+  `begin()` records a leading barrier so consecutive submissions see each other's writes.
+
+Per-step values that change between replays (position, sampling parameters, RNG seed) never
+go into push constants (they are frozen at record time): kernels read them from the step
+buffer, `shaders/include/step.glsl`, which the host writes through a mapped pointer.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import DeviceUnavailableError
+
+UINT64_MAX = (1 << 64) - 1   # the binding's VK_WHOLE_SIZE is -1; use this
+
+
+def _vk():
+    """The `vulkan` module, or DeviceUnavailableError when no loader is installed."""
+    try:
+        import vulkan as vk
+    except OSError as exc:   # cffi raises OSError when libvulkan.so.1 is missing
+        raise DeviceUnavailableError(f"no Vulkan device: the Vulkan loader is not installed ({exc})") from None
+    except ImportError as exc:
+        raise DeviceUnavailableError(f"no Vulkan device: the `vulkan` Python package is missing ({exc})") from None
+    return vk
+
+
+_DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+
+
+@dataclass
+class Capabilities:
+    """What one physical device offers the kernels; probed once, read everywhere."""
+    index: int
+    name: str
+    device_type: str                 # integrated / discrete / virtual / cpu / other
+    vendor_id: int
+    api_version: tuple[int, int, int]
+    driver: str
+    subgroup_size: int
+    subgroup_arithmetic: bool
+    fp16: bool                       # shaderFloat16
+    int8: bool                       # shaderInt8
+    int16: bool
+    int64: bool
+    storage8: bool                   # storageBuffer8BitAccess
+    storage16: bool                  # storageBuffer16BitAccess
+    int_dot: bool                    # shaderIntegerDotProduct (the instruction exists)
+    int_dot_accelerated: bool        # packed 4x8 signed dot is hardware-accelerated
+    cooperative_matrix: bool         # VK_KHR_cooperative_matrix
+    shared_memory: int               # maxComputeSharedMemorySize
+    max_storage_buffer_range: int
+    max_push_constants: int
+    max_workgroup_invocations: int
+    max_workgroup_count: tuple[int, int, int]
+    max_allocation: int              # maxMemoryAllocationSize
+    min_storage_offset_alignment: int
+    non_coherent_atom: int
+    timestamp_period: float          # ns per tick
+    timestamp_bits: int              # 0: queue has no timestamps
+    heaps: list[tuple[int, bool]] = field(default_factory=list)   # (size, device_local)
+    uma: bool = False                # device-local memory is also host-visible (iGPU / CPU)
+    extensions: frozenset[str] = frozenset()
+
+    @property
+    def is_software(self) -> bool:
+        return self.device_type == "cpu" or "llvmpipe" in self.name.lower() or "swiftshader" in self.name.lower()
+
+    @property
+    def device_local_bytes(self) -> int:
+        return sum(size for size, local in self.heaps if local)
+
+    def summary(self) -> str:
+        gib = self.device_local_bytes / 2**30
+        flags = [f"subgroup {self.subgroup_size}", f"{gib:.1f} GiB", "UMA" if self.uma else "dedicated"]
+        if self.int_dot:
+            flags.append("int8-dot" + ("" if self.int_dot_accelerated else " (emulated)"))
+        if self.cooperative_matrix:
+            flags.append("coopmat")
+        return f"[{self.index}] {self.name} ({self.device_type}; {', '.join(flags)})"
+
+
+# ---- instance and probing -----------------------------------------------------------
+
+_INSTANCE = None   # one per process: creating instances is slow (~50 ms) and they are cheap to keep
+
+
+def _instance(vk):
+    global _INSTANCE
+    if _INSTANCE is None:
+        app = vk.VkApplicationInfo(pApplicationName="phoenix-chat", applicationVersion=1,
+                                   pEngineName="phoenix", engineVersion=1,
+                                   apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
+        try:
+            _INSTANCE = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        except vk.VkError as exc:
+            raise DeviceUnavailableError(f"no Vulkan device: vkCreateInstance failed ({type(exc).__name__})") from None
+    return _INSTANCE
+
+
+def _physical_devices(vk):
+    try:
+        return list(vk.vkEnumeratePhysicalDevices(_instance(vk)))
+    except vk.VkError as exc:
+        raise DeviceUnavailableError(f"no Vulkan device: enumeration failed ({type(exc).__name__})") from None
+
+
+def _probe(vk, pd, index: int) -> Capabilities:
+    props = vk.vkGetPhysicalDeviceProperties(pd)
+    api = props.apiVersion
+    exts = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None))
+
+    sg = vk.VkPhysicalDeviceSubgroupProperties()
+    chain = sg
+    idp = None
+    if api >= vk.VK_MAKE_VERSION(1, 3, 0) or "VK_KHR_shader_integer_dot_product" in exts:
+        idp = vk.VkPhysicalDeviceShaderIntegerDotProductProperties(pNext=chain)
+        chain = idp
+    drv = vk.VkPhysicalDeviceDriverProperties(pNext=chain)
+    vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=drv))
+
+    f11 = vk.VkPhysicalDeviceVulkan11Features()
+    f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
+    chain = f12
+    f13 = None
+    if api >= vk.VK_MAKE_VERSION(1, 3, 0):
+        f13 = vk.VkPhysicalDeviceVulkan13Features(pNext=chain)
+        chain = f13
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain)
+    vk.vkGetPhysicalDeviceFeatures2(pd, f2)
+
+    mem = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+    heaps = []
+    for i in range(mem.memoryHeapCount):
+        h = mem.memoryHeaps[i]
+        heaps.append((int(h.size), bool(h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)))
+    want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+    big_local = max((s for s, local in heaps if local), default=0)
+    uma = any((mem.memoryTypes[i].propertyFlags & want) == want
+              and heaps[mem.memoryTypes[i].heapIndex][0] >= big_local
+              for i in range(mem.memoryTypeCount))
+
+    fams = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+    ts_bits = max((q.timestampValidBits for q in fams if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
+    lim = props.limits
+    int_dot = bool(f13.shaderIntegerDotProduct) if f13 is not None else False
+    return Capabilities(
+        index=index,
+        name=str(props.deviceName),
+        device_type=_DEVICE_TYPES.get(int(props.deviceType), "other"),
+        vendor_id=int(props.vendorID),
+        api_version=(api >> 22, (api >> 12) & 0x3FF, api & 0xFFF),
+        driver=f"{drv.driverName} {drv.driverInfo}".strip(),
+        subgroup_size=int(sg.subgroupSize),
+        subgroup_arithmetic=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
+        fp16=bool(f12.shaderFloat16),
+        int8=bool(f12.shaderInt8),
+        int16=bool(f2.features.shaderInt16),
+        int64=bool(f2.features.shaderInt64),
+        storage8=bool(f12.storageBuffer8BitAccess),
+        storage16=bool(f11.storageBuffer16BitAccess),
+        int_dot=int_dot,
+        int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
+        cooperative_matrix="VK_KHR_cooperative_matrix" in exts,
+        shared_memory=int(lim.maxComputeSharedMemorySize),
+        max_storage_buffer_range=int(lim.maxStorageBufferRange),
+        max_push_constants=int(lim.maxPushConstantsSize),
+        max_workgroup_invocations=int(lim.maxComputeWorkGroupInvocations),
+        max_workgroup_count=tuple(int(lim.maxComputeWorkGroupCount[i]) for i in range(3)),
+        max_allocation=_max_allocation(vk, pd),
+        min_storage_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
+        non_coherent_atom=int(lim.nonCoherentAtomSize),
+        timestamp_period=float(lim.timestampPeriod),
+        timestamp_bits=int(ts_bits),
+        heaps=heaps,
+        uma=uma,
+        extensions=exts,
+    )
+
+
+def _max_allocation(vk, pd) -> int:
+    m3 = vk.VkPhysicalDeviceMaintenance3Properties()
+    vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=m3))
+    return int(m3.maxMemoryAllocationSize)
+
+
+def list_devices() -> list[Capabilities]:
+    """Every Vulkan device (software ones included, flagged by `is_software`); raises
+    DeviceUnavailableError when there is no loader or no device at all."""
+    vk = _vk()
+    pds = _physical_devices(vk)
+    if not pds:
+        raise DeviceUnavailableError("no Vulkan device: the loader found no physical device")
+    return [_probe(vk, pd, i) for i, pd in enumerate(pds)]
+
+
+def _choose(caps: list[Capabilities], index, allow_software: bool) -> Capabilities:
+    if index is not None:
+        if not 0 <= index < len(caps):
+            raise DeviceUnavailableError(f"no Vulkan device: index {index} out of range ({len(caps)} devices)")
+        c = caps[index]
+        if c.is_software and not allow_software:
+            raise DeviceUnavailableError(f"no Vulkan device: device {index} ({c.name}) is a software renderer")
+        return c
+    usable = [c for c in caps if allow_software or not c.is_software]
+    if not usable:
+        names = ", ".join(c.name for c in caps)
+        raise DeviceUnavailableError(f"no Vulkan device: only software renderers ({names})")
+    rank = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}
+    return min(usable, key=lambda c: (rank.get(c.device_type, 3), -c.device_local_bytes, c.index))
+
+
+# ---- the device ---------------------------------------------------------------------
+
+class Device:
+    """One logical device with one compute queue; owns the pipeline cache and a staging buffer."""
+
+    STAGING_BYTES = 64 << 20
+
+    def __init__(self, vk, physical, caps: Capabilities):
+        self.vk = vk
+        self.ffi = vk.ffi
+        self.lib = vk.lib
+        self.physical = physical
+        self.caps = caps
+        self.name = caps.name
+        fams = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+        compute = [i for i, q in enumerate(fams) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
+        # prefer a family that also does graphics: it has timestamps on every driver we know
+        self.queue_family = compute[0]
+
+        f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=caps.storage16,
+                                                  uniformAndStorageBuffer16BitAccess=caps.storage16)
+        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11, shaderFloat16=caps.fp16, shaderInt8=caps.int8,
+                                                  storageBuffer8BitAccess=caps.storage8,
+                                                  uniformAndStorageBuffer8BitAccess=caps.storage8)
+        chain = f12
+        if caps.api_version >= (1, 3, 0):
+            chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
+        feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
+                                           pQueuePriorities=[1.0])
+        try:
+            self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+                pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo]), None)
+        except vk.VkError as exc:
+            raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
+                                         f"({type(exc).__name__})") from None
+        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
+        self._mem_props = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+        self._pipelines = None
+        self._staging = None
+        self._buffers = []          # weak bookkeeping for close(): everything we allocated
+        self._closed = False
+        self.allocated_bytes = 0
+
+    # -- construction --
+    @classmethod
+    def open(cls, index: int | None = None, *, allow_software: bool = False) -> "Device":
+        """Open device `index` (or the best hardware GPU). PHOENIX_VULKAN_DEVICE overrides index."""
+        vk = _vk()
+        pds = _physical_devices(vk)
+        if not pds:
+            raise DeviceUnavailableError("no Vulkan device: the loader found no physical device")
+        if index is None and os.environ.get("PHOENIX_VULKAN_DEVICE"):
+            index = int(os.environ["PHOENIX_VULKAN_DEVICE"])
+        caps = _choose([_probe(vk, pd, i) for i, pd in enumerate(pds)], index, allow_software)
+        return cls(vk, pds[caps.index], caps)
+
+    # -- memory (see memory.py) --
+    def memory_type(self, required: int, preferred: int = 0, type_bits: int = 0xFFFFFFFF) -> int:
+        """Index of a memory type holding `required` flags, the one also holding `preferred` first."""
+        mp = self._mem_props
+        best = None
+        for i in range(mp.memoryTypeCount):
+            if not type_bits & (1 << i):
+                continue
+            flags = mp.memoryTypes[i].propertyFlags
+            if flags & required != required:
+                continue
+            if flags & preferred == preferred:
+                return i
+            if best is None:
+                best = i
+        if best is None:
+            raise DeviceUnavailableError(f"no Vulkan device: {self.name} has no memory type with flags {required:#x}")
+        return best
+
+    def buffer(self, nbytes: int, *, host: bool = False, name: str = ""):
+        from engine.backends.vulkan.memory import Buffer
+        return Buffer(self, nbytes, host=host, name=name)
+
+    def tensor(self, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "",
+               progress=None):
+        """Upload a weight (raw bytes, row-major) and split it into bindable row ranges."""
+        from engine.backends.vulkan.memory import Tensor
+        return Tensor.upload(self, data, row_bytes, rows=rows, name=name, progress=progress)
+
+    def upload(self, buf, array, offset: int = 0, progress=None) -> None:
+        from engine.backends.vulkan.memory import upload
+        upload(self, buf, array, offset, progress)
+
+    def download(self, buf, dtype=np.float32, shape=None, offset: int = 0) -> np.ndarray:
+        from engine.backends.vulkan.memory import download
+        return download(self, buf, dtype, shape, offset)
+
+    def staging(self):
+        if self._staging is None:
+            self._staging = self.buffer(self.STAGING_BYTES, host=True, name="staging")
+        return self._staging
+
+    # -- pipelines --
+    def pipeline(self, name: str, **spec):
+        if self._pipelines is None:
+            from engine.backends.vulkan.pipelines import PipelineCache
+            self._pipelines = PipelineCache(self)
+        return self._pipelines.get(name, **spec)
+
+    # -- commands --
+    def commands(self, *, timestamps: int = 0, name: str = ""):
+        from engine.backends.vulkan.recorder import CommandList
+        return CommandList(self, timestamps=timestamps, name=name)
+
+    def submit(self, cl, wait: bool = True) -> None:
+        cl.submit(wait=wait)
+
+    def wait_idle(self) -> None:
+        self.vk.vkQueueWaitIdle(self.queue)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        vk = self.vk
+        try:
+            vk.vkDeviceWaitIdle(self.device)
+        except vk.VkError:
+            pass
+        if self._pipelines is not None:
+            self._pipelines.destroy()
+        for b in list(self._buffers):
+            b.destroy()
+        vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+        vk.vkDestroyDevice(self.device, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Device {self.caps.summary()}>"

@@ -1,0 +1,123 @@
+"""Host side of the matvec kernel family: weight matrices on the device and dispatch recording.
+
+`WeightMatrix.upload` puts a GGUF tensor's bytes on the device unchanged (dequantized inside
+the kernel). `record_matvec` records y = W x (or fused QKV, GEGLU gate/up, residual add) into
+a CommandList, splitting a matrix bound in several row ranges into one dispatch per range.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
+
+from engine.backends.vulkan.memory import Tensor
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES, WEIGHT_TYPES
+
+SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
+MAX_GROUPS_X = 65535
+
+
+def row_bytes(qtype: QType, cols: int) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise ValueError(f"{qtype.name} rows need a multiple of {block} columns, got {cols}")
+    return cols // block * size
+
+
+def groups_2d(n: int) -> tuple[int, int, int]:
+    """Workgroup counts for n groups within the 65535 per-dimension limit (kernels flatten y*X+x)."""
+    if n <= MAX_GROUPS_X:
+        return (max(n, 1), 1, 1)
+    return (MAX_GROUPS_X, -(-n // MAX_GROUPS_X), 1)
+
+
+def dummy(dev):
+    """A small buffer for binding slots a variant declares but does not read."""
+    d = getattr(dev, "_dummy_buffer", None)
+    if d is None:
+        d = dev._dummy_buffer = dev.buffer(256, name="dummy")
+    return d
+
+
+def default_spec(dev) -> dict:
+    """Workgroup shape for the matvec: a few subgroups per group, 2 rows per group."""
+    sg = dev.caps.subgroup_size
+    return {"WG": max(32, min(128, 4 * sg)), "ROWS": 2}
+
+
+@dataclass
+class WeightMatrix:
+    tensor: Tensor
+    qtype: QType
+    rows: int
+    cols: int
+    name: str = ""
+
+    @classmethod
+    def upload(cls, dev, raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "",
+               progress=None) -> "WeightMatrix":
+        qtype = QType(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"{name}: weight type {qtype.name} has no matvec kernel")
+        rows, cols = shape
+        t = Tensor.upload(dev, raw, row_bytes(qtype, cols), rows=rows, name=name, progress=progress)
+        return cls(t, qtype, rows, cols, name)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def int_dot_ok(self, dev) -> bool:
+        return dev.caps.int_dot and self.qtype.name in INT_DOT_TYPES and self.cols % 32 == 0
+
+
+def variant_name(qtype: QType, epilogue: str | None, int_dot: bool) -> str:
+    name = f"matvec_{qtype.name.lower()}_{'q8_1' if int_dot else 'f32'}_f32"
+    return name + (f"_{epilogue}" if epilogue else "")
+
+
+def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0) -> None:
+    """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32)."""
+    p = dev.pipeline("quantize_q8_1", WG=32)
+    cl.dispatch(p, [x, xq], groups_2d(-(-n // 32)), p.push.pack(n=n, x_off=x_off))
+
+
+def q8_1_bytes(n: int) -> int:
+    return -(-n // 32) * 40
+
+
+def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
+                  epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
+                  spec: dict | None = None) -> None:
+    """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
+
+    epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x).
+    int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks.
+    Every matrix must share one type and column count. No barrier is recorded.
+    """
+    if not 1 <= len(mats) <= 3:
+        raise ValueError("1 to 3 matrices")
+    qtype, cols = mats[0].qtype, mats[0].cols
+    if any(m.qtype != qtype or m.cols != cols for m in mats):
+        raise ValueError("fused matrices must share type and column count")
+    if epilogue == "geglu" and (len(mats) != 2 or mats[0].rows != mats[1].rows):
+        raise ValueError("geglu takes [gate, up] of equal shape")
+    spec = spec or default_spec(dev)
+    p = dev.pipeline(variant_name(qtype, epilogue, int_dot), **spec)
+    d = dummy(dev)
+    resb = res if res is not None else d
+    if len(mats) == 1 and len(mats[0].tensor.ranges) > 1:
+        for rr in mats[0].tensor.ranges:      # one dispatch per bound row range
+            push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,
+                               y_off=y_off + rr.row_start, res_off=res_off + rr.row_start)
+            cl.dispatch(p, [x, y, rr, d, d, resb], groups_2d(-(-rr.rows // spec["ROWS"])), push)
+        return
+    if any(len(m.tensor.ranges) > 1 for m in mats):
+        raise ValueError("fused matrices must each fit one binding")
+    binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
+    rows = [m.rows for m in mats] + [0] * (3 - len(mats))
+    total = rows[0] if epilogue == "geglu" else sum(rows)
+    push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
+                       y_off=y_off, res_off=res_off)
+    cl.dispatch(p, [x, y, *binds, resb], groups_2d(-(-total // spec["ROWS"])), push)

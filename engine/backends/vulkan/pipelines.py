@@ -1,0 +1,225 @@
+"""Every compute pipeline variant, described once as data.
+
+A `Variant` names its shader file, the -D defines that pick the weight type and epilogue, how
+many storage-buffer bindings it has (0..n-1), its push-constant layout and specialization
+constants. `tools/build_shaders.py` compiles each variant to `shaders/spv/<name>.spv`; the
+`PipelineCache` turns a name (+ specialization values) into a VkPipeline at run time.
+
+Push constants are defined here only: `PushLayout.glsl()` generates the GLSL block that the
+build passes to the shader as the macro PUSH_CONSTANTS, and the layout's size is checked
+against the 128 bytes every Vulkan device guarantees.
+
+Variants of the other kernel families (norm, rope, attention, embedding, sampling, GEMM) are
+declared in `ops_table.py` as `VARIANTS: list[Variant]` and merged into the one table below.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+SHADER_DIR = REPO / "shaders"
+SPV_DIR = SHADER_DIR / "spv"
+MAX_PUSH_BYTES = 128          # the minimum maxPushConstantsSize every device offers
+
+_SCALARS = {"u32": ("I", "uint"), "i32": ("i", "int"), "f32": ("f", "float")}
+
+
+class PushLayout:
+    """A push-constant block of 4-byte scalars, in declaration order (std430: no padding)."""
+
+    def __init__(self, name: str, fields: list[tuple[str, str]]):
+        self.name = name
+        self.fields = list(fields)
+        for f, t in self.fields:
+            if t not in _SCALARS:
+                raise ValueError(f"push layout {name}: field {f} has unknown type {t}")
+        self.names = [f for f, _ in self.fields]
+        self._struct = struct.Struct("<" + "".join(_SCALARS[t][0] for _, t in self.fields))
+        self.size = self._struct.size
+        if self.size > MAX_PUSH_BYTES:
+            raise ValueError(f"push layout {name} is {self.size} B > {MAX_PUSH_BYTES} B")
+
+    def pack(self, **values) -> bytes:
+        """Bytes for vkCmdPushConstants; every field must be given (missing or extra raise)."""
+        extra = set(values) - set(self.names)
+        missing = set(self.names) - set(values)
+        if extra or missing:
+            raise KeyError(f"push layout {self.name}: missing {sorted(missing)}, unknown {sorted(extra)}")
+        return self._struct.pack(*(values[f] for f in self.names))
+
+    def glsl(self) -> str:
+        body = " ".join(f"{_SCALARS[t][1]} {f};" for f, t in self.fields)
+        return f"layout(push_constant) uniform PC_{self.name} {{ {body} }} pc;"
+
+
+NO_PUSH = PushLayout("none", [])
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str                                  # op_wtype_atype_otype[_variant]
+    shader: str                                # file in shaders/
+    bindings: int                              # storage buffers at bindings 0..n-1
+    push: PushLayout = NO_PUSH
+    defines: dict = field(default_factory=dict)
+    spec: dict = field(default_factory=dict)   # spec name -> (constant_id, default int)
+    requires: tuple = ()                       # capability names (Capabilities attributes) needed
+
+    def define_args(self) -> list[str]:
+        args = [f"-D{k}" if v is None or v == "" else f"-D{k}={v}" for k, v in sorted(self.defines.items())]
+        if self.push.fields:
+            args.append(f"-DPUSH_CONSTANTS={self.push.glsl()}")
+        else:
+            args.append("-DPUSH_CONSTANTS=")
+        return args
+
+    @property
+    def spv_path(self) -> Path:
+        return SPV_DIR / f"{self.name}.spv"
+
+
+# ---- the matvec family ------------------------------------------------------------------
+#
+# y[r] = sum_c W[r, c] * x[c]   for rows of up to three weight matrices of one type
+# (fused QKV: the rows of Wq, Wk, Wv in one dispatch, written one after the other), with
+# epilogues: plain, residual add (y = res + Wx), GEGLU (y = gelu_tanh(Wg x) * (Wu x)).
+# Bindings: 0 x (f32 activations, or q8_1 blocks for the int8 path), 1 y (f32 out),
+#           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual.
+
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0")      # types with an int8 x int8 dot-product kernel
+
+MATVEC_PUSH = PushLayout("matvec", [
+    ("n_cols", "u32"),         # K: length of x
+    ("rows0", "u32"),          # rows taken from W0 (then W1, W2)
+    ("rows1", "u32"),
+    ("rows2", "u32"),
+    ("x_off", "u32"),          # element offset of x (f32 path) / block offset (int8 path)
+    ("y_off", "u32"),          # element offset of y
+    ("res_off", "u32"),        # element offset of the residual
+])
+MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2)}
+
+QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
+
+
+def _matvec_variants() -> list[Variant]:
+    out = []
+    for wt in WEIGHT_TYPES:
+        lo = wt.lower()
+        base = {"WTYPE_" + wt: None}
+        out.append(Variant(f"matvec_{lo}_f32_f32", "matvec.comp", 6, MATVEC_PUSH, dict(base), MATVEC_SPEC))
+        out.append(Variant(f"matvec_{lo}_f32_f32_add", "matvec.comp", 6, MATVEC_PUSH,
+                           {**base, "EPI_ADD": None}, MATVEC_SPEC))
+        out.append(Variant(f"matvec_{lo}_f32_f32_geglu", "matvec.comp", 6, MATVEC_PUSH,
+                           {**base, "EPI_GEGLU": None}, MATVEC_SPEC))
+        if wt in INT_DOT_TYPES:
+            for suffix, extra in (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None})):
+                out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
+                                   {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
+    out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
+    return out
+
+
+def _all_variants() -> dict[str, Variant]:
+    variants = _matvec_variants()
+    try:
+        from engine.backends.vulkan import ops_table
+    except ImportError:
+        ops_table = None
+    if ops_table is not None:
+        variants += list(ops_table.VARIANTS)
+    table: dict[str, Variant] = {}
+    for v in variants:
+        if v.name in table:
+            raise ValueError(f"pipeline variant {v.name} is declared twice")
+        table[v.name] = v
+    return table
+
+
+VARIANTS: dict[str, Variant] = _all_variants()
+
+
+# ---- run-time pipelines ---------------------------------------------------------------------
+
+class Pipeline:
+    """A VkPipeline with its layouts; `push` is the variant's PushLayout."""
+
+    def __init__(self, dev, variant: Variant, spec_values: dict[str, int]):
+        vk = dev.vk
+        self.dev = dev
+        self.variant = variant
+        self.name = variant.name
+        self.push = variant.push
+        self.n_bindings = variant.bindings
+        self.spec_values = spec_values
+        missing = [r for r in variant.requires if not getattr(dev.caps, r)]
+        if missing:
+            raise RuntimeError(f"{variant.name} needs {', '.join(missing)}, which {dev.name} lacks")
+        try:
+            code = variant.spv_path.read_bytes()
+        except FileNotFoundError:
+            raise RuntimeError(f"{variant.spv_path} is missing: run `make shaders`") from None
+        self.module = vk.vkCreateShaderModule(dev.device, vk.VkShaderModuleCreateInfo(
+            codeSize=len(code), pCode=code), None)
+        binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                 descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                 for i in range(variant.bindings)]
+        self.set_layout = vk.vkCreateDescriptorSetLayout(dev.device, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=len(binds), pBindings=binds), None)
+        ranges = ([vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
+                                          size=variant.push.size)] if variant.push.size else [])
+        self.layout = vk.vkCreatePipelineLayout(dev.device, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[self.set_layout],
+            pushConstantRangeCount=len(ranges), pPushConstantRanges=ranges or None), None)
+        entries, data = [], b""
+        for sname, (cid, _default) in sorted(variant.spec.items(), key=lambda kv: kv[1][0]):
+            entries.append(vk.VkSpecializationMapEntry(constantID=cid, offset=len(data), size=4))
+            data += struct.pack("<I", int(spec_values[sname]))
+        spec_info = None
+        if entries:
+            self._spec_data = vk.ffi.new("char[]", data)
+            spec_info = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                                dataSize=len(data), pData=self._spec_data)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
+                                                   pName="main", pSpecializationInfo=spec_info)
+        self.handle = vk.vkCreateComputePipelines(dev.device, None, 1, [vk.VkComputePipelineCreateInfo(
+            stage=stage, layout=self.layout)], None)[0]
+
+    def destroy(self) -> None:
+        vk, d = self.dev.vk, self.dev.device
+        vk.vkDestroyPipeline(d, self.handle, None)
+        vk.vkDestroyPipelineLayout(d, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+        vk.vkDestroyShaderModule(d, self.module, None)
+
+    def __repr__(self) -> str:
+        return f"<Pipeline {self.name} {self.spec_values}>"
+
+
+class PipelineCache:
+    def __init__(self, dev):
+        self.dev = dev
+        self._cache: dict[tuple, Pipeline] = {}
+
+    def get(self, name: str, **spec) -> Pipeline:
+        try:
+            variant = VARIANTS[name]
+        except KeyError:
+            raise KeyError(f"no pipeline variant {name!r} in the table") from None
+        unknown = set(spec) - set(variant.spec)
+        if unknown:
+            raise KeyError(f"{name}: unknown specialization constants {sorted(unknown)}")
+        values = {k: int(spec.get(k, d)) for k, (_cid, d) in variant.spec.items()}
+        key = (name, tuple(sorted(values.items())))
+        p = self._cache.get(key)
+        if p is None:
+            p = self._cache[key] = Pipeline(self.dev, variant, values)
+        return p
+
+    def destroy(self) -> None:
+        for p in self._cache.values():
+            p.destroy()
+        self._cache.clear()

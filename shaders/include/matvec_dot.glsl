@@ -1,0 +1,181 @@
+// One chunk (32 weights) of a row dotted with x, per weight type, for the weight binding named
+// by the macros W16 / WF (u16 / f32 views of the same bytes) and functions named FN(...).
+// Included once per weight binding by matvec.comp. GGUF block layouts (ggml-common.h):
+//   Q8_0 {f16 d; i8 qs[32]}                                    34 B
+//   Q4_0 {f16 d; u8 qs[16]}                                     18 B   q = nibble - 8
+//   Q5_0 {f16 d; u8 qh[4]; u8 qs[16]}                           22 B   q = (nibble | hbit<<4) - 16
+//   Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]}              144 B   256 weights, 8 x 32
+//   Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}   176 B
+//   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}         210 B   16 x 16
+// All sizes are even, so every block is read through 16-bit loads.
+
+uint FN(byte)(uint b) { return (uint(W16[b >> 1]) >> ((b & 1u) << 3)) & 0xFFu; }
+
+#if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+// ggml's get_scale_min_k4 over the 12 scale bytes starting at byte offset `s`
+void FN(scale_min)(uint s, uint j, out float sc, out float m) {
+    if (j < 4u) {
+        sc = float(FN(byte)(s + j) & 63u);
+        m  = float(FN(byte)(s + j + 4u) & 63u);
+    } else {
+        uint q = FN(byte)(s + j + 4u);
+        sc = float((q & 0xFu) | ((FN(byte)(s + j - 4u) >> 6) << 4));
+        m  = float((q >> 4) | ((FN(byte)(s + j) >> 6) << 4));
+    }
+}
+#endif
+
+#ifndef INT_DOT
+// ---- f32 activations: x chunk at xf[xb .. xb+32) ----
+float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
+    float acc = 0.0;
+#if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
+    uint base = row * n_cols + c * 32u;
+    uint lim = min(32u, n_cols - c * 32u);
+    [[unroll]] for (uint i = 0u; i < 32u; i++) {
+        if (i < lim) {
+#if defined(WTYPE_F32)
+            float w = WF[base + i];
+#elif defined(WTYPE_F16)
+            float w = half_lo(W16[base + i]);
+#else
+            float w = bf16(W16[base + i]);
+#endif
+            acc += w * xf[xb + i];
+        }
+    }
+    return acc;
+#elif defined(WTYPE_Q8_0)
+    uint b = (row * (n_cols >> 5) + c) * 17u;
+    float d = half_lo(W16[b]);
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
+        uint u = uint(W16[b + 1u + i]);
+        acc += float(int(u << 24) >> 24) * xf[xb + 2u * i] + float(int(u << 16) >> 24) * xf[xb + 2u * i + 1u];
+    }
+    return d * acc;
+#elif defined(WTYPE_Q4_0)
+    uint b = (row * (n_cols >> 5) + c) * 9u;
+    float d = half_lo(W16[b]);
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint u = uint(W16[b + 1u + j]);
+        acc += (float(u & 0xFu) - 8.0) * xf[xb + 2u * j]
+             + (float((u >> 8) & 0xFu) - 8.0) * xf[xb + 2u * j + 1u]
+             + (float((u >> 4) & 0xFu) - 8.0) * xf[xb + 2u * j + 16u]
+             + (float((u >> 12) & 0xFu) - 8.0) * xf[xb + 2u * j + 17u];
+    }
+    return d * acc;
+#elif defined(WTYPE_Q5_0)
+    uint b = (row * (n_cols >> 5) + c) * 11u;
+    float d = half_lo(W16[b]);
+    uint qh = uint(W16[b + 1u]) | (uint(W16[b + 2u]) << 16);
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint u = uint(W16[b + 3u + j]);
+        uint k = 2u * j;
+        acc += (float((u & 0xFu) | (((qh >> k) & 1u) << 4)) - 16.0) * xf[xb + k]
+             + (float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) - 16.0) * xf[xb + k + 1u]
+             + (float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) - 16.0) * xf[xb + k + 16u]
+             + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * xf[xb + k + 17u];
+    }
+    return d * acc;
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+#if defined(WTYPE_Q4_K)
+    const uint BW = 72u;          // u16 words per block
+    const uint QS = 16u;          // byte offset of qs
+#else
+    const uint BW = 88u;
+    const uint QS = 48u;
+#endif
+    uint sb = row * (n_cols >> 8) + (c >> 3);
+    uint j = c & 7u;
+    uint w0 = sb * BW;
+    float d = half_lo(W16[w0]);
+    float dmin = half_lo(W16[w0 + 1u]);
+    float sc, m;
+    FN(scale_min)(w0 * 2u + 4u, j, sc, m);
+    uint qbyte = w0 * 2u + QS + (j >> 1) * 32u;   // 32 bytes, nibble j&1
+    uint shift = (j & 1u) * 4u;
+    float sx = 0.0;
+    [[unroll]] for (uint l = 0u; l < 32u; l += 2u) {
+        uint u = uint(W16[(qbyte + l) >> 1]);
+        float q0 = float((u >> shift) & 0xFu);
+        float q1 = float((u >> (8u + shift)) & 0xFu);
+#if defined(WTYPE_Q5_K)
+        uint h = uint(W16[(w0 * 2u + 16u + l) >> 1]);
+        q0 += float((h >> j) & 1u) * 16.0;
+        q1 += float((h >> (8u + j)) & 1u) * 16.0;
+#endif
+        float x0 = xf[xb + l], x1 = xf[xb + l + 1u];
+        acc += q0 * x0 + q1 * x1;
+        sx += x0 + x1;
+    }
+    return d * sc * acc - dmin * m * sx;
+#elif defined(WTYPE_Q6_K)
+    uint sb = row * (n_cols >> 8) + (c >> 3);
+    uint h = (c & 7u) >> 2;
+    uint q = c & 3u;
+    uint w0 = sb * 105u;
+    uint B = w0 * 2u;
+    float d = half_lo(W16[w0 + 104u]);
+    uint ql = B + 64u * h + (q & 1u) * 32u;
+    uint qhb = B + 128u + 32u * h;
+    uint nsh = (q >> 1) * 4u;
+    uint hsh = 2u * q;
+    [[unroll]] for (uint half_ = 0u; half_ < 2u; half_++) {
+        float part = 0.0;
+        [[unroll]] for (uint l = half_ * 16u; l < half_ * 16u + 16u; l += 2u) {
+            uint u = uint(W16[(ql + l) >> 1]);
+            uint hh = uint(W16[(qhb + l) >> 1]);
+            int q0 = int(((u >> nsh) & 0xFu) | (((hh >> hsh) & 3u) << 4)) - 32;
+            int q1 = int(((u >> (8u + nsh)) & 0xFu) | (((hh >> (8u + hsh)) & 3u) << 4)) - 32;
+            part += float(q0) * xf[xb + l] + float(q1) * xf[xb + l + 1u];
+        }
+        int s = int(FN(byte)(B + 192u + 8u * h + half_ + 2u * q) << 24) >> 24;
+        acc += float(s) * part;
+    }
+    return d * acc;
+#else
+#error "no weight type defined"
+#endif
+}
+#else
+// ---- int8 activations (q8_1 blocks: 8 words of packed int8, f32 d, f32 d*sum(q)) ----
+float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
+    float dx = uintBitsToFloat(xq[xb + 8u]);
+    float sx = uintBitsToFloat(xq[xb + 9u]);
+    int acc = 0;
+#if defined(WTYPE_Q8_0)
+    uint b = (row * (n_cols >> 5) + c) * 17u;
+    float d = half_lo(W16[b]);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        uint w = uint(W16[b + 1u + 2u * i]) | (uint(W16[b + 2u + 2u * i]) << 16);
+        acc += sdot4x8(w, xq[xb + i], 0);
+    }
+    return d * dx * float(acc);
+#elif defined(WTYPE_Q4_0)
+    uint b = (row * (n_cols >> 5) + c) * 9u;
+    float d = half_lo(W16[b]);
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint w = uint(W16[b + 1u + 2u * i]) | (uint(W16[b + 2u + 2u * i]) << 16);
+        acc += sdot4x8(w & 0x0F0F0F0Fu, xq[xb + i], 0);
+        acc += sdot4x8((w >> 4) & 0x0F0F0F0Fu, xq[xb + 4u + i], 0);
+    }
+    return d * (dx * float(acc) - 8.0 * sx);
+#elif defined(WTYPE_Q5_0)
+    uint b = (row * (n_cols >> 5) + c) * 11u;
+    float d = half_lo(W16[b]);
+    uint qh = uint(W16[b + 1u]) | (uint(W16[b + 2u]) << 16);
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint w = uint(W16[b + 3u + 2u * i]) | (uint(W16[b + 4u + 2u * i]) << 16);
+        uint hl = qh >> (4u * i);
+        uint hh = qh >> (4u * i + 16u);
+        uint bl = ((hl & 1u) << 4) | ((hl & 2u) << 11) | ((hl & 4u) << 18) | ((hl & 8u) << 25);
+        uint bh = ((hh & 1u) << 4) | ((hh & 2u) << 11) | ((hh & 4u) << 18) | ((hh & 8u) << 25);
+        acc += sdot4x8((w & 0x0F0F0F0Fu) | bl, xq[xb + i], 0);
+        acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, xq[xb + 4u + i], 0);
+    }
+    return d * (dx * float(acc) - 16.0 * sx);
+#else
+#error "int8 path: unsupported weight type"
+#endif
+}
+#endif

@@ -1,0 +1,147 @@
+#version 450
+// Matrix-vector product for decode: y[r] = W[r, :] . x, weights in their GGUF block layout.
+// One workgroup computes ROWS consecutive output rows; its threads stride over the row's
+// 32-weight chunks and reduce through subgroupAdd + shared memory. Up to three matrices of
+// one type are concatenated in one dispatch (fused QKV: rows0 from W0, rows1 from W1, rows2
+// from W2). Epilogues: EPI_ADD y = res + Wx; EPI_GEGLU y = gelu_tanh(W0 x) * (W1 x).
+// INT_DOT: x is q8_1 blocks and the dot uses the packed int8 dot-product instruction.
+// Workgroups are laid out 2-D (x up to 65535) so 262k-row LM heads fit the dispatch limits.
+#include "include/common.glsl"
+#ifdef INT_DOT
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (SPV_KHR_integer_dot_product), emitted directly: Debian 12's glslc lacks GL_EXT_integer_dot_product
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int fmt);
+#endif
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64;
+layout(constant_id = 1) const uint ROWS = 2;
+
+PUSH_CONSTANTS
+
+#ifdef INT_DOT
+layout(binding = 0) readonly buffer X { uint xq[]; };
+#else
+layout(binding = 0) readonly buffer X { float xf[]; };
+#endif
+layout(binding = 1) buffer Y { float y[]; };
+layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
+layout(binding = 2) readonly buffer W0b { float w0_f[]; };
+layout(binding = 3) readonly buffer W1a { uint16_t w1_16[]; };
+layout(binding = 3) readonly buffer W1b { float w1_f[]; };
+layout(binding = 4) readonly buffer W2a { uint16_t w2_16[]; };
+layout(binding = 4) readonly buffer W2b { float w2_f[]; };
+layout(binding = 5) readonly buffer R { float res[]; };
+
+#define W16 w0_16
+#define WF w0_f
+#define FN(n) PASTE(n, _w0)
+#include "include/matvec_dot.glsl"
+#undef W16
+#undef WF
+#undef FN
+#define W16 w1_16
+#define WF w1_f
+#define FN(n) PASTE(n, _w1)
+#include "include/matvec_dot.glsl"
+#undef W16
+#undef WF
+#undef FN
+#define W16 w2_16
+#define WF w2_f
+#define FN(n) PASTE(n, _w2)
+#include "include/matvec_dot.glsl"
+
+shared float red[ROWS][64];   // [0,32): sums, [32,64): GEGLU up sums
+
+void main() {
+    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint t = gl_LocalInvocationID.x;
+    uint n_chunks = (pc.n_cols + 31u) >> 5;
+#ifdef EPI_GEGLU
+    uint total = pc.rows0;
+#else
+    uint total = pc.rows0 + pc.rows1 + pc.rows2;
+#endif
+    uint first = group * ROWS;
+    if (first >= total) return;     // whole workgroup leaves together
+
+    float acc[ROWS];
+#ifdef EPI_GEGLU
+    float acc_up[ROWS];
+#endif
+    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+        acc[i] = 0.0;
+#ifdef EPI_GEGLU
+        acc_up[i] = 0.0;
+#endif
+        uint g = first + i;
+        if (g >= total) continue;
+        for (uint c = t; c < n_chunks; c += WG) {
+#ifdef INT_DOT
+            uint xb = (pc.x_off + c) * 10u;     // x_off counts q8_1 blocks
+#else
+            uint xb = pc.x_off + c * 32u;
+#endif
+#ifdef EPI_GEGLU
+            acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
+            acc_up[i] += chunk_dot_w1(g, c, pc.n_cols, xb);
+#else
+            // the matrix is uniform across the workgroup except where a group straddles two
+            if (g < pc.rows0) acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
+            else if (g < pc.rows0 + pc.rows1) acc[i] += chunk_dot_w1(g - pc.rows0, c, pc.n_cols, xb);
+            else acc[i] += chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
+#endif
+        }
+    }
+
+    // reduce: subgroups first, then across subgroups through shared memory
+    uint sg = gl_SubgroupID;
+    uint nsg = gl_NumSubgroups;
+    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+        float s = subgroupAdd(acc[i]);
+#ifdef EPI_GEGLU
+        float su = subgroupAdd(acc_up[i]);
+#endif
+        if (nsg == 1u) {
+            acc[i] = s;
+#ifdef EPI_GEGLU
+            acc_up[i] = su;
+#endif
+        } else if (subgroupElect()) {
+            red[i][sg] = s;
+#ifdef EPI_GEGLU
+            red[i][32u + sg] = su;
+#endif
+        }
+    }
+    if (nsg > 1u) {
+        barrier();
+        if (t == 0u) {
+            [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                float s = 0.0;
+                for (uint k = 0u; k < nsg; k++) s += red[i][k];
+                acc[i] = s;
+#ifdef EPI_GEGLU
+                float su = 0.0;
+                for (uint k = 0u; k < nsg; k++) su += red[i][32u + k];
+                acc_up[i] = su;
+#endif
+            }
+        }
+    }
+    if (t == 0u) {
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            uint g = first + i;
+            if (g >= total) break;
+#if defined(EPI_GEGLU)
+            y[pc.y_off + g] = gelu_tanh(acc[i]) * acc_up[i];
+#elif defined(EPI_ADD)
+            y[pc.y_off + g] = res[pc.res_off + g] + acc[i];
+#else
+            y[pc.y_off + g] = acc[i];
+#endif
+        }
+    }
+}

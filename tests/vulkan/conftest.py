@@ -1,0 +1,26 @@
+"""Vulkan tests run on whatever device exists, lavapipe (CPU) included; CI installs lavapipe.
+
+They skip only when there is no Vulkan loader or no device at all, and say so.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import DeviceUnavailableError
+
+
+@pytest.fixture(scope="session")
+def vk_device():
+    from engine.backends.vulkan.device import Device
+    try:
+        dev = Device.open(allow_software=True)
+    except DeviceUnavailableError as exc:
+        pytest.skip(f"no Vulkan loader/device on this machine ({exc}); CI installs lavapipe (mesa-vulkan-drivers)")
+    yield dev
+    dev.close()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/vulkan/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.vulkan)

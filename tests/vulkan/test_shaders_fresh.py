@@ -1,0 +1,34 @@
+"""The committed SPIR-V matches its sources: `make shaders` was run after the last shader edit."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _build_tool():
+    spec = importlib.util.spec_from_file_location("build_shaders", REPO / "tools" / "build_shaders.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_variant_has_a_fresh_spv():
+    tool = _build_tool()
+    stale = tool.stale_variants()
+    assert not stale, f"stale or missing SPIR-V (run `make shaders`): {stale}"
+
+
+def test_manifest_lists_only_known_variants():
+    tool = _build_tool()
+    assert set(tool.load_manifest()) == set(tool.VARIANTS)
+
+
+def test_hash_covers_includes_and_defines():
+    tool = _build_tool()
+    v = tool.VARIANTS["matvec_q4_0_f32_f32"]
+    names = {p.name for p in tool.sources(REPO / "shaders" / v.shader)}
+    assert {"matvec.comp", "common.glsl", "matvec_dot.glsl"} <= names
+    other = tool.VARIANTS["matvec_q8_0_f32_f32"]
+    assert tool.variant_hash(v) != tool.variant_hash(other)
