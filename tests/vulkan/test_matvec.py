@@ -1,0 +1,141 @@
+"""Matvec kernels vs numpy over every weight type, odd shapes, fused variants and the int8 path.
+
+Quantized data is real: `gguf.quants.quantize` where gguf-py can quantize the type, random
+blocks with sane scales for the K-quants (gguf-py only dequantizes those); the reference is
+always `gguf.quants.dequantize` of the exact bytes the kernel reads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+
+from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
+
+F32_NMSE = 1e-9
+INT8_NMSE = 2e-4
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def make_weights(qtype: Q, rows: int, cols: int, seed: int = 0):
+    """(raw bytes as stored, f32 dequantized reference)."""
+    rng = np.random.default_rng(seed)
+    if qtype in K_SCALE_OFFSETS:
+        block, size = GGML_QUANT_SIZES[qtype]
+        nblocks = rows * cols // block
+        raw = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
+        for off in K_SCALE_OFFSETS[qtype]:      # finite, modest f16 super-block scales
+            raw[:, off:off + 2] = (rng.uniform(0.002, 0.02, nblocks).astype(np.float16)
+                                   .view(np.uint8).reshape(nblocks, 2))
+        raw = raw.reshape(rows, -1)
+    else:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        raw = w if qtype == Q.F32 else quants.quantize(w, qtype)
+    ref = w if qtype == Q.F32 else quants.dequantize(raw, qtype).reshape(rows, cols)
+    return np.ascontiguousarray(raw), ref.astype(np.float64)
+
+
+def nmse(y, ref) -> float:
+    return float(np.sum((y - ref) ** 2) / max(np.sum(ref ** 2), 1e-30))
+
+
+def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None):
+    xb = dev.buffer(x.nbytes)
+    dev.upload(xb, x.astype(np.float32))
+    n_out = n_out or sum(m.rows for m in mats)
+    yb = dev.buffer(n_out * 4)
+    rb = None
+    if res is not None:
+        rb = dev.buffer(res.nbytes)
+        dev.upload(rb, res.astype(np.float32))
+    cl = dev.commands()
+    if int_dot:
+        xq = dev.buffer(q8_1_bytes(x.size))
+        record_quantize(cl, dev, xb, xq, x.size)
+        cl.barrier()
+        record_matvec(cl, dev, mats, xq, yb, epilogue=epilogue, res=rb, int_dot=True)
+    else:
+        record_matvec(cl, dev, mats, xb, yb, epilogue=epilogue, res=rb)
+    cl.submit()
+    out = dev.download(yb, np.float32, (n_out,)).astype(np.float64)
+    cl.destroy()
+    return out
+
+
+def shapes_for(qtype):
+    if qtype in K_SCALE_OFFSETS:
+        return [(1, 256), (37, 1024), (130, 2048)]
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        return [(1, 32), (19, 1000), (65, 640)]
+    return [(1, 32), (37, 640), (130, 2048)]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_matvec_every_type(vk_device, qtype):
+    for i, (rows, cols) in enumerate(shapes_for(qtype)):
+        raw, ref = make_weights(qtype, rows, cols, seed=i)
+        x = np.random.default_rng(100 + i).standard_normal(cols).astype(np.float32)
+        m = WeightMatrix.upload(vk_device, raw, qtype, (rows, cols))
+        y = run(vk_device, [m], x)
+        err = nmse(y, ref @ x.astype(np.float64))
+        assert err < F32_NMSE, f"{qtype.name} {rows}x{cols}: NMSE {err:.2e}"
+        m.tensor.buffer.destroy()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
+def test_matvec_int8_dot_path(vk_device, qtype):
+    if not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
+    rows, cols = 75, 2048
+    raw, ref = make_weights(qtype, rows, cols, seed=3)
+    x = np.random.default_rng(4).standard_normal(cols).astype(np.float32)
+    m = WeightMatrix.upload(vk_device, raw, qtype, (rows, cols))
+    y = run(vk_device, [m], x, int_dot=True)
+    err = nmse(y, ref @ x.astype(np.float64))
+    assert err < INT8_NMSE, f"{qtype.name} int8: NMSE {err:.2e}"
+
+
+def test_fused_qkv_and_residual_add(vk_device):
+    cols = 640
+    parts = [make_weights(Q.Q5_0, r, cols, seed=s) for r, s in ((96, 1), (32, 2), (32, 3))]
+    mats = [WeightMatrix.upload(vk_device, raw, Q.Q5_0, ref.shape) for raw, ref in parts]
+    x = np.random.default_rng(5).standard_normal(cols).astype(np.float32)
+    ref = np.concatenate([r @ x.astype(np.float64) for _, r in parts])
+    assert nmse(run(vk_device, mats, x), ref) < F32_NMSE
+    res = np.random.default_rng(6).standard_normal(96).astype(np.float32)
+    y = run(vk_device, mats[:1], x, epilogue="add", res=res)
+    assert nmse(y, res + parts[0][1] @ x.astype(np.float64)) < F32_NMSE
+
+
+@pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
+def test_geglu_gate_up(vk_device, int_dot):
+    if int_dot and not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    rows, cols = 70, 640
+    (gr, g), (ur, u) = make_weights(Q.Q8_0, rows, cols, 7), make_weights(Q.Q8_0, rows, cols, 8)
+    mats = [WeightMatrix.upload(vk_device, gr, Q.Q8_0, g.shape), WeightMatrix.upload(vk_device, ur, Q.Q8_0, u.shape)]
+    x = np.random.default_rng(9).standard_normal(cols).astype(np.float32) * 0.3
+    gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    y = run(vk_device, mats, x, epilogue="geglu", int_dot=int_dot, n_out=rows)
+    assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
+
+
+def test_matrix_bound_in_row_ranges(vk_device, monkeypatch):
+    """A tensor above maxStorageBufferRange is bound in aligned pieces, one dispatch each."""
+    rows, cols = 300, 640
+    raw, ref = make_weights(Q.Q8_0, rows, cols, seed=11)
+    monkeypatch.setattr(vk_device.caps, "max_storage_buffer_range", 64 * 680)
+    m = WeightMatrix.upload(vk_device, raw, Q.Q8_0, (rows, cols))
+    assert len(m.tensor.ranges) >= 4
+    x = np.random.default_rng(12).standard_normal(cols).astype(np.float32)
+    assert nmse(run(vk_device, [m], x), ref @ x.astype(np.float64)) < F32_NMSE
+
+
+def test_many_rows_use_2d_dispatch(vk_device):
+    rows, cols = 140_000, 32       # > 2 * 65535 rows: needs the second grid dimension
+    raw, ref = make_weights(Q.Q8_0, rows, cols, seed=13)
+    m = WeightMatrix.upload(vk_device, raw, Q.Q8_0, (rows, cols))
+    x = np.random.default_rng(14).standard_normal(cols).astype(np.float32)
+    assert nmse(run(vk_device, [m], x), ref @ x.astype(np.float64)) < F32_NMSE
