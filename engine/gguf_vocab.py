@@ -1,0 +1,122 @@
+"""Build a Hugging Face `tokenizers.Tokenizer` from the SentencePiece vocabulary inside a GGUF file.
+
+A GGUF file with `tokenizer.ggml.model == "llama"` carries SentencePiece's pieces, scores and
+token types but no merge list. llama.cpp tokenizes such a vocabulary by greedy merging: start
+from single characters, repeatedly join the adjacent pair whose concatenation is a piece with the
+highest score (the leftmost on ties), and spell pieces that never formed as `<0xXX>` byte tokens.
+A BPE model reproduces that exactly when its merges are every split `left + right == piece` of
+every normal piece, ranked by the piece's score: one merge per way of forming a piece.
+
+Special handling mirrors llama.cpp (`llama-vocab.cpp`):
+- control and unknown tokens (`<bos>`, `<start_of_turn>`, `<unused7>`, ...) are *special* added
+  tokens: they are recognised in text only when special-token parsing is on;
+- user-defined tokens (Gemma: runs of spaces, tabs and newlines, HTML tags, `[multimodal]`) are
+  always cut out of the text first, whatever the parsing mode;
+- both match the raw text (before spaces become "▁"), so they are added with `normalized=False`.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+from .errors import UnsupportedModelError
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+SPACE_MARK = "\u2581"  # "▁": SentencePiece's visible space
+
+#: bump when the built tokenizer would change, so cached JSON files are rebuilt
+BUILDER_VERSION = 1
+
+
+def _meta_name(meta: dict) -> str:
+    return str(meta.get("general.name") or "GGUF file")
+
+
+def derive_merges(tokens: list[str], scores: np.ndarray, types: np.ndarray) -> list[tuple[str, str]]:
+    """Every (left, right) pair of normal pieces that concatenates to a normal piece, best piece first.
+
+    Gemma 3's 262k vocabulary gives ~510k merges. Only normal pieces take part: control and
+    user-defined tokens are cut out of the text before the model sees it, and byte tokens only
+    appear as fallback.
+    """
+    normal = types == NORMAL
+    index = {tok: i for i, tok in enumerate(tokens) if normal[i]}
+    order = np.argsort(-scores.astype(np.float64), kind="stable")  # highest score first, then id
+    merges: list[tuple[str, str]] = []
+    append = merges.append
+    get = index.get
+    for i in order[normal[order]].tolist():
+        piece = tokens[i]
+        for k in range(1, len(piece)):
+            left = piece[:k]
+            if left in index and get(piece[k:]) is not None:
+                append((left, piece[k:]))
+    return merges
+
+
+def build_gguf_tokenizer(meta: dict) -> Tokenizer:
+    """A `tokenizers.Tokenizer` that encodes like llama.cpp's SPM tokenizer for this vocabulary.
+
+    It adds no <bos> itself (no post-processor): `engine.tokenizer.Tokenizer` does that, the same
+    way for GGUF and Hugging Face tokenizers.
+    """
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "llama":
+        raise UnsupportedModelError(
+            _meta_name(meta), f"tokenizer model {kind!r} is not supported (only SentencePiece 'llama')")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    n = len(tokens)
+    scores = np.asarray(meta.get("tokenizer.ggml.scores", np.zeros(n)), dtype=np.float32)
+    types = np.asarray(meta.get("tokenizer.ggml.token_type", np.full(n, NORMAL)), dtype=np.int32)
+    if scores.shape != (n,) or types.shape != (n,):
+        raise UnsupportedModelError(_meta_name(meta), "tokenizer scores/types do not match the token list")
+
+    unk_id = int(meta.get("tokenizer.ggml.unknown_token_id", 0))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if len(vocab) != n:
+        raise UnsupportedModelError(_meta_name(meta), "tokenizer vocabulary has duplicate pieces")
+
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=derive_merges(tokens, scores, types),
+        unk_token=tokens[unk_id] if 0 <= unk_id < n else None,
+        byte_fallback=True,
+        fuse_unk=False,
+    )
+    tok = Tokenizer(bpe)
+
+    steps = [normalizers.Replace(" ", SPACE_MARK)]
+    decode_steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if meta.get("tokenizer.ggml.add_space_prefix", False):
+        # llama.cpp prefixes a space to every text fragment that follows a token (or starts the text)
+        steps.insert(0, normalizers.Prepend(" "))
+        decode_steps.append(decoders.Strip(" ", 1, 0))
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.decoder = decoders.Sequence(decode_steps)
+
+    added = []
+    for i in np.nonzero((types == CONTROL) | (types == UNKNOWN) | (types == USER_DEFINED))[0].tolist():
+        special = int(types[i]) != USER_DEFINED
+        added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=False,
+                                normalized=False, special=special))
+    tok.add_tokens(added)
+    return tok
+
+
+if __name__ == "__main__":  # python -m engine.gguf_vocab FILE.gguf: time the build
+    import sys
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(sys.argv[1])
+    m = {f.name: f.contents() for f in reader.fields.values()}
+    m["tokenizer.ggml.scores"] = np.asarray(m["tokenizer.ggml.scores"], np.float32)
+    m["tokenizer.ggml.token_type"] = np.asarray(m["tokenizer.ggml.token_type"], np.int32)
+    t0 = time.perf_counter()
+    t = build_gguf_tokenizer(m)
+    print(f"built in {time.perf_counter() - t0:.2f} s", json.dumps(t.encode("Hello world").ids))
