@@ -1,0 +1,90 @@
+"""Builds the window and wires the controllers; owns the app-wide choices (theme, panel).
+
+Kept small on purpose: chat logic is in ChatController, model/devices in ModelController,
+gauges in GaugesController.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QByteArray, QObject, QTimer
+from PySide6.QtWidgets import QApplication
+
+from app.controllers.chat_controller import ChatController
+from app.controllers.gauges_controller import GaugesController
+from app.controllers.model_controller import ModelController
+from app.gauges.amdgpu import DEFAULT_ROOT
+from app.gauges.sampler import GaugeSampler
+from app.settings import SettingsModel
+from app.store import Store, StoreThread
+from app.views.main_window import MainWindow
+from app.views.theme import app_icon, apply_theme
+from app.worker.client import WorkerClient
+
+
+class AppController(QObject):
+    def __init__(self, home=None, *, model_path: str | None = None, sysfs_root: str = DEFAULT_ROOT,
+                 autoload: bool = True):
+        super().__init__()
+        self.settings = SettingsModel(home)
+        if model_path is not None:
+            self.settings.add_recent_model(model_path)
+            self.settings.set("model_path", model_path)
+        self.store = StoreThread(Store(home=home))
+        self.worker = WorkerClient()
+        self.window = MainWindow()
+        self.window.setWindowIcon(app_icon())
+        self.models = ModelController(self.window, self.worker, self.settings)
+        self.chat = ChatController(self.window, self.worker, self.store, self.settings, self.models)
+        self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
+
+        s = self.settings.values
+        w = self.window
+        w.theme_actions[s.theme].setChecked(True)
+        w.theme_group.triggered.connect(lambda a: self.settings.set("theme", a.data()))
+        w.device_dock.setVisible(s.show_device_panel)
+        w.device_panel_action.toggled.connect(self._on_panel_toggled)
+        w.quit_action.triggered.connect(w.close)
+        w.closing.connect(self.shutdown)
+        if s.window_geometry:
+            w.restoreGeometry(QByteArray.fromHex(s.window_geometry.encode()))
+        self.settings.subscribe(self._on_setting)
+        self._apply_theme(s.theme)
+        self._closed = False
+
+        self.worker.start()
+        self.worker.request_devices()
+        self.gauges.start()
+        if autoload:
+            self.models.request_load()
+
+    def show(self) -> None:
+        self.window.show()
+        self.window.raise_()
+        self.window.activateWindow()
+        # Focus after the window is mapped, so a user can type at once.
+        QTimer.singleShot(0, self.window.chat.input.setFocus)
+        self.window.chat.input.setFocus()
+
+    def _on_panel_toggled(self, visible: bool) -> None:
+        if not self._closed and self.window.isVisible():
+            self.settings.set("show_device_panel", visible)
+
+    def _on_setting(self, name: str, value) -> None:
+        if name == "theme":
+            self._apply_theme(value)
+
+    def _apply_theme(self, theme: str) -> None:
+        apply_theme(QApplication.instance(), theme)
+        self.window.chat.set_theme(theme)
+        for g in self.window.devices.gauges().values():
+            g.update()
+
+    def shutdown(self) -> None:
+        """Save, stop the worker and the background threads (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.settings.set("window_geometry", bytes(self.window.saveGeometry().toHex()).decode())
+        self.chat._save_partial()
+        self.gauges.stop()
+        self.worker.stop()
+        self.store.close()

@@ -1,0 +1,93 @@
+"""Feeds the device panel: samples every REFRESH_MS on a pool thread, never on the GUI thread.
+
+A sysfs read can stall when the GPU hangs; the sample then simply arrives late (or the
+next tick is skipped), and the window stays responsive.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.gauges.sampler import GaugeSampler, Snapshot
+from app.views.gauges_view import DevicePanel
+from app.worker.client import WorkerClient
+
+REFRESH_MS = 333          # 3 Hz
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+class GaugesController(QObject):
+    updated = Signal(object)          # the Snapshot just shown (tests wait on it)
+
+    def __init__(self, panel: DevicePanel, worker: WorkerClient, sampler: GaugeSampler):
+        super().__init__(panel)
+        self.panel, self.worker, self.sampler = panel, worker, sampler
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gauges")
+        self._pending: asyncio.Future | None = None
+        self._timer = QTimer(self, interval=REFRESH_MS)
+        self._timer.timeout.connect(self._tick)
+        worker.stats_changed.connect(self._on_stats)
+        worker.generation_finished.connect(lambda _id, _r, stats, _t: self._on_stats(_id, stats))
+        worker.devices_changed.connect(lambda _d, npu: sampler.report_npu(bool(npu.get("present")),
+                                                                          npu.get("reason", "")))
+        worker.model_changed.connect(lambda *_: sampler.report_engine(None, None))
+        worker.worker_died.connect(lambda *_: sampler.report_engine(None, None))
+        self.last: Snapshot | None = None
+
+    def start(self) -> None:
+        self._timer.start()
+        self._tick()
+
+    def stop(self) -> None:
+        self._timer.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _tick(self) -> None:
+        if self._pending is not None and not self._pending.done():
+            return      # the previous sample is still out (a stalled sysfs read): skip
+        loop = asyncio.get_event_loop()
+        self._pending = loop.run_in_executor(self._pool, self.sampler.sample)
+        self._pending.add_done_callback(self._on_sample)
+
+    def _on_sample(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        self.show(fut.result())
+
+    def _on_stats(self, _gen_id: str, stats: dict) -> None:
+        self.sampler.report_engine(stats.get("engine_busy"), stats.get("npu_busy"))
+        tps = stats.get("generation_tps")
+        if tps is not None and stats.get("generation_tokens"):
+            self.panel.sparkline.add(tps)
+            self.panel.tps_value.setText(f"{tps:.1f}")
+
+    def show(self, snap: Snapshot) -> None:
+        p = self.panel
+        if snap.gpu_busy is None:
+            p.gpu.set_value(None, detail="No amdgpu sysfs and the engine is not on a GPU that reports busy time")
+        else:
+            src = "amdgpu sysfs" if snap.gpu_source == "amdgpu" else "engine timestamps"
+            p.gpu.set_value(snap.gpu_busy, f"{snap.gpu_busy:.0%}", detail=f"source: {src}")
+        for gauge, pair, name in ((p.vram, snap.vram, "VRAM"), (p.gtt, snap.gtt, "GTT")):
+            if pair is None:
+                gauge.set_value(None, detail=f"No amdgpu {name} figures on this machine")
+            else:
+                used, total = pair
+                gauge.set_value(used / total, f"{_gib(used)} / {_gib(total)}")
+        if snap.npu_present:
+            p.npu.set_value(snap.npu_busy or 0.0, f"{(snap.npu_busy or 0.0):.0%}")
+        else:
+            p.npu.set_value(None, detail=snap.npu_reason or "No NPU found")
+        p.cpu.set_value(snap.cpu, None if snap.cpu is None else f"{snap.cpu:.0%}")
+        if snap.ram is None:
+            p.ram.set_value(None)
+        else:
+            used, total = snap.ram
+            p.ram.set_value(used / total, f"{_gib(used)} / {_gib(total)}")
+        self.last = snap
+        self.updated.emit(snap)

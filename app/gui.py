@@ -1,0 +1,46 @@
+"""Desktop app entry points for the CLI: `display_available()` and `run_gui()`."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+
+def display_available() -> bool:
+    """True when a window can be shown: an X11/Wayland display, or an explicit Qt platform."""
+    if os.environ.get("QT_QPA_PLATFORM"):
+        return True
+    if sys.platform in ("win32", "darwin"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def run_gui(model_path: str | None = None, home=None) -> int:
+    """Open the main window (on `model_path`, else the last or embedded model); exit code."""
+    started = time.perf_counter()
+    from PySide6.QtWidgets import QApplication
+    import qasync
+
+    from app.controllers.app_controller import AppController
+    from app.views.theme import app_icon
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Phoenix Chat")
+    app.setOrganizationName("Phoenix Chat")
+    app.setDesktopFileName("phoenix-chat")
+    app.setWindowIcon(app_icon())
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    controller = AppController(home, model_path=model_path)
+    controller.show()
+    if os.environ.get("PHOENIX_CHAT_TIMING"):
+        print(f"window shown after {time.perf_counter() - started:.2f} s", file=sys.stderr)
+    app.aboutToQuit.connect(controller.shutdown)
+    with loop:
+        code = loop.run_forever()
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(run_gui(sys.argv[1] if len(sys.argv) > 1 else None))

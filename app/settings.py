@@ -1,0 +1,117 @@
+"""Every user choice in one typed model, persisted as JSON in the data folder.
+
+Defaults live in the dataclass and nowhere else. `SettingsModel.set(name, value)` writes the
+file atomically (temp file + rename) and tells listeners `(name, value)`; no Qt here, the
+controllers turn notifications into whatever they need.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+from app.paths import data_dir
+
+SETTINGS_VERSION = 1
+SETTINGS_NAME = "settings.json"
+
+QUANT_CHOICES = ("file", "Q4_0", "Q8_0", "F16")           # "file": as stored in the model file
+NPU_CHOICES = ("off", "prefill")
+CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)         # None: the model's own limit
+THEMES = ("light", "dark")
+MAX_RECENT = 8
+
+
+@dataclass
+class Settings:
+    model_path: str | None = None      # None: the embedded Gemma 3 270M
+    recent_models: list[str] = field(default_factory=list)
+    quant: str = "file"
+    backend: str = "auto"              # "auto" | "cpu" | "vulkan:<device index>"
+    npu: str = "off"
+    context_length: int | None = 4096
+    theme: str = "light"
+    show_device_panel: bool = True
+    max_tokens: int = 512
+    # Defaults for new conversations; each conversation keeps its own copy.
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_k: int = 64
+    top_p: float = 0.95
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    last_conversation_id: int | None = None
+    window_geometry: str | None = None  # hex of QWidget.saveGeometry()
+
+    def sampling_defaults(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                "max_tokens": self.max_tokens}
+
+
+_VALIDATORS: dict[str, Callable[[object], bool]] = {
+    "quant": lambda v: v in QUANT_CHOICES,
+    "npu": lambda v: v in NPU_CHOICES,
+    "theme": lambda v: v in THEMES,
+    "backend": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("vulkan")),
+    "context_length": lambda v: v is None or (isinstance(v, int) and v > 0),
+    "max_tokens": lambda v: isinstance(v, int) and v > 0,
+}
+
+
+class SettingsModel:
+    """The live settings: read `model.values.<name>`, change with `set`, listen with `subscribe`."""
+
+    def __init__(self, home=None):
+        self.path = data_dir(home) / SETTINGS_NAME
+        self.values = _load(self.path)
+        self._listeners: list[Callable[[str, object], None]] = []
+
+    def subscribe(self, listener: Callable[[str, object], None]) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[str, object], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def set(self, name: str, value) -> None:
+        if name not in {f.name for f in fields(Settings)}:
+            raise KeyError(name)
+        check = _VALIDATORS.get(name)
+        if check and not check(value):
+            raise ValueError(f"bad value for {name}: {value!r}")
+        if getattr(self.values, name) == value:
+            return
+        setattr(self.values, name, value)
+        self.save()
+        for listener in list(self._listeners):
+            listener(name, value)
+
+    def add_recent_model(self, path: str) -> None:
+        recent = [path] + [p for p in self.values.recent_models if p != path]
+        self.set("recent_models", recent[:MAX_RECENT])
+
+    def save(self) -> None:
+        data = {"version": SETTINGS_VERSION, **asdict(self.values)}
+        fd, tmp = tempfile.mkstemp(prefix=".settings-", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, self.path)
+
+
+def _load(path: Path) -> Settings:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return Settings()
+    settings = Settings()
+    for f in fields(Settings):
+        if f.name in data:
+            value = data[f.name]
+            check = _VALIDATORS.get(f.name)
+            if check is None or check(value):
+                setattr(settings, f.name, value)
+    return settings

@@ -1,0 +1,293 @@
+"""Conversation history in SQLite (no Qt here).
+
+One file, `history.sqlite3`, in the data folder. WAL journal, so a reader never blocks the
+writer and a crash mid-write leaves the last committed state intact. Every write is its own
+transaction. The schema version lives in `PRAGMA user_version`.
+
+`Store` is synchronous; the GUI uses `StoreThread`, which runs every call on one background
+thread (in order) so the GUI thread never waits on the disk for a write.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.paths import data_dir
+
+SCHEMA_VERSION = 1
+DB_NAME = "history.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id            INTEGER PRIMARY KEY,
+    title         TEXT NOT NULL,
+    created_at    REAL NOT NULL,
+    updated_at    REAL NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    sampling      TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id              INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position        INTEGER NOT NULL,
+    role            TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content         TEXT NOT NULL,
+    complete        INTEGER NOT NULL DEFAULT 1,
+    created_at      REAL NOT NULL,
+    stats           TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
+"""
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    system_prompt: str = ""
+    sampling: dict = field(default_factory=dict)
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    position: int
+    role: str
+    content: str
+    complete: bool = True
+    stats: dict = field(default_factory=dict)
+
+
+def db_path(home=None) -> Path:
+    return data_dir(home) / DB_NAME
+
+
+class Store:
+    """All reads and writes of the history database."""
+
+    def __init__(self, path: str | Path | None = None, *, home=None):
+        self.path = Path(path) if path is not None else db_path(home)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        # autocommit mode; transactions are explicit (`with self._tx()`).
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a power cut may lose the last commits but never corrupts the file.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._lock:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} was written by a newer Phoenix Chat (schema {version})")
+            if version < SCHEMA_VERSION:
+                self._db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+
+    def _tx(self):
+        return _Transaction(self._db, self._lock)
+
+    def journal_mode(self) -> str:
+        return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- conversations --------------------------------------------------------------------
+    def create_conversation(self, title: str = "New chat", system_prompt: str = "",
+                            sampling: dict | None = None) -> Conversation:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, system_prompt, sampling) "
+                "VALUES (?, ?, ?, ?, ?)", (title, now, now, system_prompt, json.dumps(sampling or {})))
+            return Conversation(cur.lastrowid, title, now, now, system_prompt, dict(sampling or {}))
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return _conversation(row) if row else None
+
+    def list_conversations(self, search: str = "") -> list[Conversation]:
+        """Newest first; `search` matches the title or any message text (case-insensitive)."""
+        with self._lock:
+            if search:
+                pattern = f"%{_escape_like(search)}%"
+                rows = self._db.execute(
+                    "SELECT * FROM conversations c WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS ("
+                    " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\')"
+                    " ORDER BY updated_at DESC, id DESC", (pattern, pattern)).fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
+        return [_conversation(r) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET title = ?, updated_at = ? WHERE id = ?",
+                       (title, time.time(), conversation_id))
+
+    def update_conversation_settings(self, conversation_id: int, *, system_prompt: str | None = None,
+                                     sampling: dict | None = None) -> None:
+        with self._tx() as db:
+            if system_prompt is not None:
+                db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?",
+                           (system_prompt, conversation_id))
+            if sampling is not None:
+                db.execute("UPDATE conversations SET sampling = ? WHERE id = ?",
+                           (json.dumps(sampling), conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # -- messages -------------------------------------------------------------------------
+    def messages(self, conversation_id: int) -> list[Message]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
+                (conversation_id,)).fetchall()
+        return [_message(r) for r in rows]
+
+    def add_message(self, conversation_id: int, role: str, content: str, *, complete: bool = True,
+                    stats: dict | None = None) -> Message:
+        now = time.time()
+        with self._tx() as db:
+            pos = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?",
+                             (conversation_id,)).fetchone()[0]
+            cur = db.execute(
+                "INSERT INTO messages (conversation_id, position, role, content, complete, created_at, stats) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, pos, role, content, int(complete), now, json.dumps(stats or {})))
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+            return Message(cur.lastrowid, conversation_id, pos, role, content, complete, dict(stats or {}))
+
+    def update_message(self, message_id: int, content: str, *, complete: bool | None = None,
+                       stats: dict | None = None) -> None:
+        """Replace a message's text (a streaming answer is saved this way, repeatedly)."""
+        with self._tx() as db:
+            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+            if complete is not None:
+                db.execute("UPDATE messages SET complete = ? WHERE id = ?", (int(complete), message_id))
+            if stats is not None:
+                db.execute("UPDATE messages SET stats = ? WHERE id = ?", (json.dumps(stats), message_id))
+
+    def truncate_after(self, message_id: int, *, inclusive: bool = False) -> None:
+        """Delete the messages after `message_id` in its conversation (and itself if inclusive)."""
+        with self._tx() as db:
+            row = db.execute("SELECT conversation_id, position FROM messages WHERE id = ?",
+                             (message_id,)).fetchone()
+            if row is None:
+                return
+            op = ">=" if inclusive else ">"
+            db.execute(f"DELETE FROM messages WHERE conversation_id = ? AND position {op} ?",
+                       (row["conversation_id"], row["position"]))
+
+    def edit_message(self, message_id: int, content: str) -> None:
+        """Change an earlier message and forget everything after it (edit-and-resend)."""
+        with self._tx() as db:
+            db.execute("UPDATE messages SET content = ?, complete = 1 WHERE id = ?", (content, message_id))
+        self.truncate_after(message_id)
+
+    # -- export ---------------------------------------------------------------------------
+    def export(self, fmt: str, conversation_ids: list[int] | None = None) -> str:
+        convs = self.list_conversations()
+        convs.sort(key=lambda c: (c.created_at, c.id))
+        if conversation_ids is not None:
+            wanted = set(conversation_ids)
+            convs = [c for c in convs if c.id in wanted]
+        items = [(c, self.messages(c.id)) for c in convs]
+        if fmt == "json":
+            return json.dumps({"format": "phoenix-chat", "version": SCHEMA_VERSION, "conversations": [
+                {"id": c.id, "title": c.title, "created_at": c.created_at,
+                 "system_prompt": c.system_prompt, "sampling": c.sampling,
+                 "messages": [{"role": m.role, "content": m.content, "complete": m.complete} for m in msgs]}
+                for c, msgs in items]}, ensure_ascii=False, indent=2) + "\n"
+        if fmt in ("markdown", "md"):
+            out = []
+            for c, msgs in items:
+                out.append(f"# {c.title}\n")
+                if c.system_prompt:
+                    out.append(f"**System:** {c.system_prompt}\n")
+                for m in msgs:
+                    out.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
+            return "\n".join(out)
+        raise ValueError(f"unknown export format {fmt!r} (json or markdown)")
+
+
+def export_all(fmt: str, home=None) -> str:
+    """Every conversation as `fmt` ("json" or "markdown"): role and content of each message."""
+    path = db_path(home)
+    store = Store(path)
+    try:
+        return store.export(fmt)
+    finally:
+        store.close()
+
+
+class StoreThread:
+    """Runs `Store` calls on one background thread, in submission order.
+
+    `submit` returns a concurrent Future (wrap it with `asyncio.wrap_future` to await);
+    `call` waits for the result (used for reads, which are quick and must see prior writes).
+    """
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+
+    def submit(self, method: str, *args, **kwargs) -> concurrent.futures.Future:
+        return self._pool.submit(getattr(self.store, method), *args, **kwargs)
+
+    def call(self, method: str, *args, **kwargs):
+        return self.submit(method, *args, **kwargs).result()
+
+    def flush(self) -> None:
+        self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.close()
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock):
+        self.db, self.lock = db, lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.lock.release()
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _conversation(row) -> Conversation:
+    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"],
+                        row["system_prompt"], json.loads(row["sampling"] or "{}"))
+
+
+def _message(row) -> Message:
+    return Message(row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
+                   bool(row["complete"]), json.loads(row["stats"] or "{}"))

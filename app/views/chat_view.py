@@ -1,0 +1,238 @@
+"""The chat pane: transcript, notices, input box and its buttons. Layout only.
+
+The controller hands it messages (`set_messages`, `set_streaming_text`); it emits what the
+user asked for (`send_requested`, `stop_requested`, `regenerate_requested`,
+`edit_requested`, `settings_requested`). Re-rendering while streaming is coalesced to
+~15 Hz so a fast model cannot flood the GUI thread.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+from app.views.markdown_render import render_message
+
+RENDER_INTERVAL_MS = 66
+
+
+@dataclass
+class ShownMessage:
+    id: int | None
+    role: str
+    content: str
+    complete: bool = True
+    note: str = ""          # e.g. "stopped", "error: …"
+
+
+class MessageInput(QPlainTextEdit):
+    """Enter sends, Shift+Enter inserts a newline, Escape cancels an edit."""
+
+    submitted = Signal()
+    escaped = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
+            self.submitted.emit()
+            return
+        if event.key() == Qt.Key_Escape:
+            self.escaped.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class ChatView(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    regenerate_requested = Signal()
+    edit_requested = Signal(int)          # message id
+    edit_cancelled = Signal()
+    settings_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.theme = "light"
+        self._messages: list[ShownMessage] = []
+        self._html_cache: dict[tuple, tuple[str, list[str]]] = {}
+        self._codes: list[str] = []
+        self._render_pending = False
+        self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render)
+
+        self.notice = QLabel(objectName="notice", wordWrap=True)
+        self.notice.setTextFormat(Qt.RichText)
+        self.notice.hide()
+        self.notice_close = QToolButton(text="✕", objectName="noticeClose", autoRaise=True)
+        self.notice_close.setToolTip("Dismiss")
+        self.notice_close.clicked.connect(self.hide_notice)
+        self.notice_close.hide()
+        notice_row = QHBoxLayout()
+        notice_row.setContentsMargins(0, 0, 0, 0)
+        notice_row.addWidget(self.notice, 1)
+        notice_row.addWidget(self.notice_close, 0, Qt.AlignTop)
+
+        self.transcript = QTextBrowser(objectName="transcript", openLinks=False, openExternalLinks=False)
+        self.transcript.setFrameShape(QFrame.NoFrame)
+        self.transcript.anchorClicked.connect(self._on_anchor)
+        self.transcript.setPlaceholderText("")
+
+        self.edit_banner = QLabel(objectName="editBanner", wordWrap=True)
+        self.edit_banner.setText("Editing an earlier message: sending replaces it and everything after it. "
+                                 "Esc cancels.")
+        self.edit_banner.hide()
+
+        self.input = MessageInput(objectName="messageInput")
+        self.input.setPlaceholderText("Message Gemma…  (Enter sends, Shift+Enter for a new line)")
+        self.input.setTabChangesFocus(True)
+        self.input.setFixedHeight(84)
+        self.input.submitted.connect(self._on_submit)
+        self.input.escaped.connect(self.edit_cancelled)
+
+        self.send_button = QPushButton("Send", objectName="sendButton")
+        self.send_button.setDefault(True)
+        self.send_button.clicked.connect(self._on_submit)
+        self.stop_button = QPushButton("Stop", objectName="stopButton")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.stop_button.setEnabled(False)
+        self.regenerate_button = QPushButton("Regenerate", objectName="regenerateButton")
+        self.regenerate_button.clicked.connect(self.regenerate_requested)
+        self.settings_button = QPushButton("Chat settings…", objectName="chatSettingsButton")
+        self.settings_button.setToolTip("System prompt and sampling for this conversation")
+        self.settings_button.clicked.connect(self.settings_requested)
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.settings_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.regenerate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.send_button)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.addLayout(notice_row)
+        layout.addWidget(self.transcript, 1)
+        layout.addWidget(self.edit_banner)
+        layout.addWidget(self.input)
+        layout.addLayout(buttons)
+        self.input.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setFocusProxy(self.input)
+
+    # -- hooks for the controller ---------------------------------------------------------
+    def set_theme(self, theme: str) -> None:
+        self.theme = theme
+        self._html_cache.clear()
+        self.schedule_render(now=True)
+
+    def set_messages(self, messages: list[ShownMessage]) -> None:
+        self._messages = list(messages)
+        self.schedule_render(now=True)
+
+    def messages(self) -> list[ShownMessage]:
+        return list(self._messages)
+
+    def set_streaming_text(self, text: str, *, complete: bool = False, note: str = "") -> None:
+        """Replace the text of the last (assistant) message."""
+        if not self._messages or self._messages[-1].role != "assistant":
+            self._messages.append(ShownMessage(None, "assistant", "", False))
+        last = self._messages[-1]
+        last.content, last.complete, last.note = text, complete, note
+        self.schedule_render(now=complete)
+
+    def set_busy(self, busy: bool) -> None:
+        self.stop_button.setEnabled(busy)
+        self.send_button.setEnabled(not busy)
+        self.regenerate_button.setEnabled(not busy)
+
+    def show_notice(self, text_html: str, kind: str = "info") -> None:
+        self.notice.setProperty("kind", kind)
+        self.notice.setText(text_html)
+        self.notice.style().unpolish(self.notice)
+        self.notice.style().polish(self.notice)
+        self.notice.show()
+        self.notice_close.show()
+
+    def hide_notice(self) -> None:
+        self.notice.hide()
+        self.notice_close.hide()
+
+    def set_editing(self, text: str | None) -> None:
+        """Show the edit banner with `text` in the box, or leave edit mode (None)."""
+        if text is None:
+            self.edit_banner.hide()
+            self.input.clear()
+        else:
+            self.edit_banner.show()
+            self.input.setPlainText(text)
+            self.input.moveCursor(QTextCursor.End)
+        self.input.setFocus()
+
+    def transcript_text(self) -> str:
+        return self.transcript.toPlainText()
+
+    # -- rendering ------------------------------------------------------------------------
+    def schedule_render(self, now: bool = False) -> None:
+        if now:
+            self._render_timer.stop()
+            self._render()
+        elif not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def _render(self) -> None:
+        bar = self.transcript.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        old = bar.value()
+        parts, self._codes = [], []
+        for i, m in enumerate(self._messages):
+            parts.append(self._message_html(m))
+        if not self._messages:
+            parts.append('<p style="color:gray" align="center"><br><br>Start a conversation: type below '
+                         'and press Enter.</p>')
+        self.transcript.setHtml("".join(parts))
+        bar.setValue(bar.maximum() if at_bottom else old)
+
+    def _message_html(self, m: ShownMessage) -> str:
+        key = (m.role, m.content, self.theme, len(self._codes))
+        cached = self._html_cache.get(key)
+        if cached is None:
+            body, codes = render_message(m.content, self.theme, len(self._codes)) if m.content else \
+                ("<p>…</p>" if not m.complete else "", [])
+            cached = (body, codes)
+            if m.complete:
+                self._html_cache[key] = cached
+        body, codes = cached
+        self._codes.extend(codes)
+        dark = self.theme == "dark"
+        if m.role == "user":
+            bg, who = ("#2b3a55" if dark else "#e8f0fe"), "You"
+        elif m.role == "assistant":
+            bg, who = ("#26282c" if dark else "#ffffff"), "Gemma"
+        else:
+            bg, who = ("#3a3324" if dark else "#fff7e0"), "System"
+        links = ""
+        if m.role == "user" and m.id is not None:
+            links = f'&nbsp;&nbsp;<a href="edit:{m.id}" style="font-size:small">Edit</a>'
+        note = ""
+        if m.note:
+            note = f'<p style="color:#b45309; font-size:small"><i>{html.escape(m.note)}</i></p>'
+        elif not m.complete and m.role == "assistant":
+            note = '<p style="color:gray; font-size:small"><i>writing…</i></p>'
+        return (f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom:6px">'
+                f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}</td></tr></table>')
+
+    def _on_anchor(self, url: QUrl) -> None:
+        scheme, _, rest = url.toString().partition(":")
+        if scheme == "copy" and rest.isdigit() and int(rest) < len(self._codes):
+            QGuiApplication.clipboard().setText(self._codes[int(rest)])
+        elif scheme == "edit" and rest.isdigit():
+            self.edit_requested.emit(int(rest))
+
+    def _on_submit(self) -> None:
+        if not self.send_button.isEnabled():
+            return
+        text = self.input.toPlainText().strip()
+        if text:
+            self.send_requested.emit(text)

@@ -1,0 +1,67 @@
+"""The conversation list: search box, list, New / Rename / Delete. Layout only."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
+                               QVBoxLayout, QWidget)
+
+
+class ConversationListView(QWidget):
+    selected = Signal(int)               # conversation id
+    new_requested = Signal()
+    rename_requested = Signal(int)
+    delete_requested = Signal(int)
+    search_changed = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.search = QLineEdit(objectName="conversationSearch", placeholderText="Search conversations",
+                                clearButtonEnabled=True)
+        self.search.textChanged.connect(self.search_changed)
+        self.list = QListWidget(objectName="conversationList")
+        self.list.currentItemChanged.connect(self._on_current)
+        self.list.itemDoubleClicked.connect(lambda item: self.rename_requested.emit(item.data(Qt.UserRole)))
+        self.new_button = QPushButton("New chat", objectName="newChatButton")
+        self.new_button.clicked.connect(self.new_requested)
+        self.rename_button = QPushButton("Rename", objectName="renameButton")
+        self.rename_button.clicked.connect(lambda: self._emit_for_current(self.rename_requested))
+        self.delete_button = QPushButton("Delete", objectName="deleteButton")
+        self.delete_button.clicked.connect(lambda: self._emit_for_current(self.delete_requested))
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.rename_button)
+        buttons.addWidget(self.delete_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 0, 8)
+        layout.addWidget(self.new_button)
+        layout.addWidget(self.search)
+        layout.addWidget(self.list, 1)
+        layout.addLayout(buttons)
+        self._updating = False
+
+    def set_conversations(self, items: list[tuple[int, str]], current: int | None) -> None:
+        self._updating = True
+        try:
+            self.list.clear()
+            for conv_id, title in items:
+                item = QListWidgetItem(title or "Untitled")
+                item.setData(Qt.UserRole, conv_id)
+                item.setToolTip(title)
+                self.list.addItem(item)
+                if conv_id == current:
+                    self.list.setCurrentItem(item)
+        finally:
+            self._updating = False
+
+    def current_id(self) -> int | None:
+        item = self.list.currentItem()
+        return item.data(Qt.UserRole) if item else None
+
+    def _on_current(self, item, _previous) -> None:
+        if item is not None and not self._updating:
+            self.selected.emit(item.data(Qt.UserRole))
+
+    def _emit_for_current(self, signal) -> None:
+        conv_id = self.current_id()
+        if conv_id is not None:
+            signal.emit(conv_id)

@@ -1,0 +1,50 @@
+"""Small dialogs: per-conversation chat settings. Layout only."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QPlainTextEdit,
+                               QSpinBox, QVBoxLayout)
+
+
+class ChatSettingsDialog(QDialog):
+    """System prompt and sampling settings for one conversation."""
+
+    def __init__(self, system_prompt: str, sampling: dict, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Chat settings")
+        self.system_prompt = QPlainTextEdit(system_prompt, objectName="systemPrompt")
+        self.system_prompt.setPlaceholderText("Optional instructions given to the model before the chat "
+                                              "(Gemma has no system role: this text is put before your first message).")
+        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
+        self.temperature.setValue(float(sampling.get("temperature", 0.7)))
+        self.temperature.setToolTip("0 = always the most likely token (greedy)")
+        self.top_k = QSpinBox(minimum=0, maximum=1000)
+        self.top_k.setValue(int(sampling.get("top_k", 64)))
+        self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2)
+        self.top_p.setValue(float(sampling.get("top_p", 0.95)))
+        self.min_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2)
+        self.min_p.setValue(float(sampling.get("min_p", 0.0)))
+        self.repetition_penalty = QDoubleSpinBox(minimum=1.0, maximum=2.0, singleStep=0.05, decimals=2)
+        self.repetition_penalty.setValue(float(sampling.get("repetition_penalty", 1.0)))
+        self.max_tokens = QSpinBox(minimum=1, maximum=32768)
+        self.max_tokens.setValue(int(sampling.get("max_tokens", 512)))
+        form = QFormLayout()
+        form.addRow("System prompt", self.system_prompt)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-k (0 = off)", self.top_k)
+        form.addRow("Top-p (1 = off)", self.top_p)
+        form.addRow("Min-p (0 = off)", self.min_p)
+        form.addRow("Repetition penalty", self.repetition_penalty)
+        form.addRow("Max answer tokens", self.max_tokens)
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(buttons)
+
+    def values(self) -> tuple[str, dict]:
+        return self.system_prompt.toPlainText(), {
+            "temperature": self.temperature.value(), "top_k": self.top_k.value(),
+            "top_p": self.top_p.value(), "min_p": self.min_p.value(),
+            "repetition_penalty": self.repetition_penalty.value(), "max_tokens": self.max_tokens.value(),
+        }

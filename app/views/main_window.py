@@ -1,0 +1,189 @@
+"""The main window: menus, conversation list, chat pane, device dock, status bar. Layout only.
+
+Every menu action is an attribute so controllers (and tests) can reach it; the window
+itself never talks to the worker or the store.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter
+
+from app.settings import CONTEXT_CHOICES, QUANT_CHOICES
+from app.views.chat_view import ChatView
+from app.views.conversation_list import ConversationListView
+from app.views.gauges_view import DevicePanel
+
+APP_TITLE = "Phoenix Chat"
+QUANT_LABELS = {"file": "As in file", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "F16": "F16"}
+
+
+class MainWindow(QMainWindow):
+    closing = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle(APP_TITLE)
+        self.resize(1240, 780)
+
+        self.conversations = ConversationListView()
+        self.chat = ChatView()
+        splitter = QSplitter(Qt.Horizontal)
+        splitter.addWidget(self.conversations)
+        splitter.addWidget(self.chat)
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([230, 760])
+        splitter.setChildrenCollapsible(False)
+        self.setCentralWidget(splitter)
+
+        self.devices = DevicePanel()
+        self.device_dock = QDockWidget("Devices", self, objectName="deviceDock")
+        self.device_dock.setWidget(self.devices)
+        self.device_dock.setFeatures(QDockWidget.DockWidgetClosable | QDockWidget.DockWidgetMovable)
+        self.device_dock.setMinimumWidth(250)
+        self.addDockWidget(Qt.RightDockWidgetArea, self.device_dock)
+
+        self._build_status_bar()
+        self._build_menus()
+
+    # -- status bar -----------------------------------------------------------------------
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.model_label = QLabel("No model", objectName="modelLabel")
+        self.load_progress = QProgressBar(objectName="loadProgress", maximumWidth=220, maximum=1000)
+        self.load_progress.setTextVisible(True)
+        self.load_cancel = QPushButton("Cancel", objectName="loadCancel", flat=True)
+        self.tps_label = QLabel("— tok/s", objectName="tpsLabel")
+        self.ttft_label = QLabel("TTFT —", objectName="ttftLabel")
+        self.context_label = QLabel("context —", objectName="contextLabel")
+        bar.addWidget(self.model_label, 1)
+        bar.addPermanentWidget(self.load_progress)
+        bar.addPermanentWidget(self.load_cancel)
+        for w in (self.tps_label, self.ttft_label, self.context_label):
+            bar.addPermanentWidget(w)
+        self.show_loading(None)
+
+    def show_loading(self, fraction: float | None, message: str = "") -> None:
+        """Progress of a model load (None hides the bar)."""
+        visible = fraction is not None
+        self.load_progress.setVisible(visible)
+        self.load_cancel.setVisible(visible)
+        if visible:
+            self.load_progress.setValue(int(fraction * 1000))
+            self.load_progress.setFormat(f"{message}  %p%" if message else "%p%")
+
+    # -- menus ----------------------------------------------------------------------------
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        file_menu = mb.addMenu("&File")
+        self.open_file_action = file_menu.addAction("Open GGUF file…")
+        self.open_file_action.setShortcut(QKeySequence.Open)
+        self.open_folder_action = file_menu.addAction("Open Hugging Face folder…")
+        self.embedded_action = file_menu.addAction("Use the embedded model (Gemma 3 270M)")
+        self.recent_menu = file_menu.addMenu("Recent models")
+        file_menu.addSeparator()
+        self.new_chat_action = file_menu.addAction("New chat")
+        self.new_chat_action.setShortcut(QKeySequence.New)
+        export_menu = file_menu.addMenu("Export conversation")
+        self.export_markdown_action = export_menu.addAction("As Markdown…")
+        self.export_json_action = export_menu.addAction("As JSON…")
+        file_menu.addSeparator()
+        self.quit_action = file_menu.addAction("Quit")
+        self.quit_action.setShortcut(QKeySequence.Quit)
+        self.quit_action.setMenuRole(QAction.QuitRole)
+
+        model_menu = mb.addMenu("&Model")
+        quant_menu = model_menu.addMenu("Quantization")
+        self.quant_group = QActionGroup(self, exclusive=True)
+        self.quant_actions: dict[str, QAction] = {}
+        for q in QUANT_CHOICES:
+            a = quant_menu.addAction(QUANT_LABELS[q])
+            a.setCheckable(True)
+            a.setData(q)
+            self.quant_group.addAction(a)
+            self.quant_actions[q] = a
+        model_menu.addSeparator()
+        self.reload_action = model_menu.addAction("Reload model")
+        self.model_info_action = model_menu.addAction("About this model…")
+
+        dev_menu = mb.addMenu("&Devices")
+        self.backend_menu = dev_menu.addMenu("Backend")
+        self.backend_group = QActionGroup(self, exclusive=True)
+        self.backend_actions: dict[str, QAction] = {}
+        self.set_backend_choices([("auto", "Auto"), ("cpu", "CPU")])
+        self.npu_menu = dev_menu.addMenu("NPU")
+        self.npu_group = QActionGroup(self, exclusive=True)
+        self.npu_actions: dict[str, QAction] = {}
+        for key, label in (("off", "Off"), ("prefill", "Prefill on NPU")):
+            a = self.npu_menu.addAction(label)
+            a.setCheckable(True)
+            a.setData(key)
+            self.npu_group.addAction(a)
+            self.npu_actions[key] = a
+        self.npu_reason_action = self.npu_menu.addAction("")
+        self.npu_reason_action.setEnabled(False)
+        self.npu_reason_action.setVisible(False)
+        ctx_menu = dev_menu.addMenu("Context length")
+        self.context_group = QActionGroup(self, exclusive=True)
+        self.context_actions: dict[int | None, QAction] = {}
+        for n in CONTEXT_CHOICES:
+            a = ctx_menu.addAction("Model maximum" if n is None else f"{n:,} tokens")
+            a.setCheckable(True)
+            a.setData(0 if n is None else n)
+            self.context_group.addAction(a)
+            self.context_actions[n] = a
+
+        view_menu = mb.addMenu("&View")
+        self.device_panel_action = self.device_dock.toggleViewAction()
+        self.device_panel_action.setText("Device panel")
+        view_menu.addAction(self.device_panel_action)
+        theme_menu = view_menu.addMenu("Theme")
+        self.theme_group = QActionGroup(self, exclusive=True)
+        self.theme_actions: dict[str, QAction] = {}
+        for key, label in (("light", "Light"), ("dark", "Dark")):
+            a = theme_menu.addAction(label)
+            a.setCheckable(True)
+            a.setData(key)
+            self.theme_group.addAction(a)
+            self.theme_actions[key] = a
+
+    def set_backend_choices(self, choices: list[tuple[str, str]]) -> None:
+        """(id, label) per backend entry: Auto, each Vulkan device by name, CPU."""
+        checked = self.backend_group.checkedAction()
+        current = checked.data() if checked else None
+        for a in list(self.backend_actions.values()):
+            self.backend_group.removeAction(a)
+            self.backend_menu.removeAction(a)
+        self.backend_actions = {}
+        for key, label in choices:
+            a = self.backend_menu.addAction(label)
+            a.setCheckable(True)
+            a.setData(key)
+            self.backend_group.addAction(a)
+            self.backend_actions[key] = a
+        if current in self.backend_actions:
+            self.backend_actions[current].setChecked(True)
+
+    def set_npu_available(self, present: bool, reason: str = "") -> None:
+        self.npu_actions["prefill"].setEnabled(present)
+        text = "" if present else f"Not available: {reason or 'no NPU found'}"
+        self.npu_reason_action.setText(text)
+        self.npu_reason_action.setVisible(not present)
+        self.npu_actions["prefill"].setToolTip(text)
+        self.npu_menu.setToolTipsVisible(True)
+
+    def set_recent_models(self, paths: list[str]) -> list[QAction]:
+        self.recent_menu.clear()
+        actions = []
+        for p in paths:
+            a = self.recent_menu.addAction(p)
+            a.setData(p)
+            actions.append(a)
+        self.recent_menu.setEnabled(bool(paths))
+        return actions
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        self.closing.emit()
+        super().closeEvent(event)
+

@@ -1,0 +1,1 @@
+"""The engine worker process and the GUI's async channel to it."""

@@ -1,0 +1,307 @@
+"""The engine worker: a separate process that owns the model (no Qt here).
+
+A GPU hang or a crash in native code kills this process, not the window. The main thread
+runs one command at a time (load, generate); a reader thread receives commands and turns
+the two cancel commands into flags at once, so Stop works while a generation is running.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import threading
+import time
+import traceback
+
+from app.worker import protocol as P
+
+STATS_INTERVAL_S = 0.25       # stats to the GUI at 4 Hz
+DELTA_INTERVAL_S = 0.03       # coalesce token deltas to ~30 messages/s
+PROGRESS_INTERVAL_S = 0.05
+
+
+def worker_main(conn) -> None:
+    """Entry point of the worker process (multiprocessing 'spawn' target)."""
+    Worker(conn).run()
+
+
+class Worker:
+    def __init__(self, conn):
+        self.conn = conn
+        self.commands: queue.Queue = queue.Queue()
+        self.cancelled: set[str] = set()
+        self.load_cancels: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.model = None
+        self.model_info: dict | None = None
+        self.engine = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def send(self, type_: str, **fields) -> None:
+        try:
+            self.conn.send({"type": type_, **fields})
+        except (BrokenPipeError, OSError):
+            os._exit(0)   # the GUI is gone
+
+    def _reader(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.commands.put({"type": P.SHUTDOWN_REQUESTED})
+                return
+            kind = msg.get("type")
+            if kind == P.CANCEL_REQUESTED:
+                with self.lock:
+                    self.cancelled.add(msg.get("id"))
+            elif kind == P.CANCEL_LOAD_REQUESTED:
+                with self.lock:
+                    self.load_cancels.setdefault(msg.get("id"), threading.Event()).set()
+            else:
+                self.commands.put(msg)
+
+    def run(self) -> None:
+        threading.Thread(target=self._reader, name="worker-reader", daemon=True).start()
+        self.send(P.WORKER_READY, pid=os.getpid())
+        handlers = {
+            P.LOAD_REQUESTED: self.load,
+            P.GENERATE_REQUESTED: self.generate,
+            P.DEVICES_REQUESTED: self.devices,
+        }
+        while True:
+            msg = self.commands.get()
+            kind = msg.get("type")
+            if kind == P.SHUTDOWN_REQUESTED:
+                break
+            handler = handlers.get(kind)
+            if handler is None:
+                self.send(P.ERROR_RAISED, id=msg.get("id"), message=f"unknown command {kind!r}")
+                continue
+            handler(msg)
+        self._close_model()
+
+    def _engine(self):
+        if self.engine is None:
+            name = os.environ.get("PHOENIX_CHAT_ENGINE_MODULE", "engine")
+            self.engine = importlib.import_module(name)
+            importlib.import_module(f"{name}.generate")
+        return self.engine
+
+    # -- commands -------------------------------------------------------------------------
+    def devices(self, msg: dict) -> None:
+        try:
+            entries = _probe_devices()
+        except Exception:  # noqa: BLE001 — reported as "CPU only"
+            entries = []
+        self.send(P.DEVICES_CHANGED, devices=list_devices(entries), npu=npu_status(entries))
+
+    def load(self, msg: dict) -> None:
+        load_id = msg["id"]
+        with self.lock:
+            cancel = self.load_cancels.setdefault(load_id, threading.Event())
+        last = [0.0]
+
+        def progress(fraction, message=""):
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_INTERVAL_S or fraction >= 1.0:
+                last[0] = now
+                self.send(P.LOADING_CHANGED, id=load_id, fraction=float(fraction), message=str(message))
+
+        try:
+            engine = self._engine()
+            from engine.errors import CancelledError, PhoenixError
+        except Exception as exc:  # noqa: BLE001 — reported to the user, worker stays up
+            self.send(P.LOAD_FAILED, id=load_id, message=f"engine unavailable: {exc}", cancelled=False)
+            return
+        self._close_model()
+        backend = msg.get("backend") or "auto"
+        if msg.get("npu") == "prefill":
+            backend = "npu-hybrid"      # prompt prefill on the NPU, decode on the GPU
+        kwargs = dict(path=msg.get("path"), backend=backend,
+                      context_length=msg.get("context_length"), quant=msg.get("quant"),
+                      device=msg.get("device"), progress=progress, cancel=cancel)
+        started = time.monotonic()
+        try:
+            self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Opening model")
+            model = engine.load(**kwargs)
+            if cancel.is_set():
+                raise CancelledError("loading cancelled")
+        except CancelledError as exc:
+            self.send(P.LOAD_FAILED, id=load_id, message=str(exc) or "cancelled", cancelled=True)
+            return
+        except PhoenixError as exc:
+            self.send(P.LOAD_FAILED, id=load_id, message=str(exc), cancelled=False)
+            return
+        except Exception as exc:  # noqa: BLE001 — a bug, but the user still needs to see it
+            traceback.print_exc()
+            self.send(P.LOAD_FAILED, id=load_id, message=f"{type(exc).__name__}: {exc}", cancelled=False)
+            return
+        finally:
+            with self.lock:
+                self.load_cancels.pop(load_id, None)
+        self.model = model
+        self.model_info = describe_model(model, msg, time.monotonic() - started)
+        self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
+
+    def generate(self, msg: dict) -> None:
+        gen_id = msg["id"]
+        if self.model is None:
+            self.send(P.ERROR_RAISED, id=gen_id, message="no model is loaded")
+            self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats={}, text="")
+            return
+        from engine.errors import PhoenixError
+        from engine.sampling import SamplingParams
+        stream_generate = importlib.import_module(f"{self.engine.__name__}.generate").stream_generate
+
+        params = SamplingParams(**{k: v for k, v in (msg.get("params") or {}).items()
+                                   if k in P.SAMPLING_FIELDS and v is not None})
+        text: list[str] = []
+        pending: list[str] = []
+        last_delta = last_stats = 0.0
+        record = None
+        reason = None
+        gen = None
+        try:
+            gen = stream_generate(self.model, msg["messages"], params=params,
+                                  max_tokens=int(msg.get("max_tokens") or 256))
+            for record in gen:
+                if record.text:
+                    pending.append(record.text)
+                    text.append(record.text)
+                now = time.monotonic()
+                first = len(text) == 1 and bool(pending)
+                if pending and (first or now - last_delta >= DELTA_INTERVAL_S):
+                    self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
+                    pending.clear()
+                    last_delta = now
+                if now - last_stats >= STATS_INTERVAL_S:
+                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record))
+                    last_stats = now
+                if record.finish_reason:
+                    reason = record.finish_reason
+                    break
+                with self.lock:
+                    if gen_id in self.cancelled:
+                        reason = "cancelled"
+                        break
+        except PhoenixError as exc:
+            reason = "error"
+            self.send(P.ERROR_RAISED, id=gen_id, message=str(exc))
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            reason = "error"
+            self.send(P.ERROR_RAISED, id=gen_id, message=f"{type(exc).__name__}: {exc}")
+        finally:
+            if gen is not None:
+                gen.close()   # cancels the engine's loop between tokens
+            with self.lock:
+                self.cancelled.discard(gen_id)
+        if pending:
+            self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
+        stats = self._stats(record) if record is not None else {}
+        stats["engine_busy"] = 0.0 if "engine_busy" in stats else None   # idle again
+        self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats,
+                  text="".join(text))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _stats(self, r) -> dict:
+        stats = {
+            "prompt_tokens": getattr(r, "prompt_tokens", 0),
+            "generation_tokens": getattr(r, "generation_tokens", 0),
+            "prompt_tps": getattr(r, "prompt_tps", 0.0),
+            "generation_tps": getattr(r, "generation_tps", 0.0),
+            "ttft_s": getattr(r, "ttft_s", None),
+            "context_limit": (self.model_info or {}).get("context_length"),
+        }
+        try:
+            backend_stats = dict(self.model.backend.stats() or {})
+        except Exception:  # noqa: BLE001 — gauges are best effort
+            backend_stats = {}
+        stats["backend"] = {k: v for k, v in backend_stats.items() if isinstance(v, (int, float, str, bool))}
+        for key in ("busy", "busy_fraction", "gpu_busy"):
+            if isinstance(backend_stats.get(key), (int, float)):
+                stats["engine_busy"] = float(backend_stats[key])
+                break
+        for key in ("npu_busy", "npu_busy_fraction"):
+            if isinstance(backend_stats.get(key), (int, float)):
+                stats["npu_busy"] = float(backend_stats[key])
+                break
+        return stats
+
+    def _close_model(self) -> None:
+        if self.model is not None:
+            try:
+                self.model.backend.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.model = None
+            self.model_info = None
+
+
+def describe_model(model, request: dict, load_s: float) -> dict:
+    config = getattr(model, "config", None)
+    backend = getattr(model, "backend", None)
+    try:
+        described = model.describe()
+    except Exception:  # noqa: BLE001
+        described = {}
+    if not isinstance(described, dict):
+        described = {"description": str(described)}
+    described = {k: v for k, v in described.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return {
+        **described,
+        "name": getattr(config, "name", "model"),
+        "path": request.get("path"),
+        "quant": request.get("quant") or "file",
+        "backend": getattr(backend, "name", "?"),
+        "device": getattr(backend, "device_name", "?"),
+        "context_length": getattr(backend, "context_length", None) or getattr(config, "context_length", None),
+        "is_instruction_tuned": bool(getattr(model, "is_instruction_tuned", True)),
+        "backend_note": getattr(model, "backend_note", ""),
+        "load_s": load_s,
+    }
+
+
+def _probe_devices() -> list:
+    from engine.devices import list_devices as engine_list_devices
+    return engine_list_devices()
+
+
+def _field(entry, key, default=None):
+    return entry.get(key, default) if isinstance(entry, dict) else getattr(entry, key, default)
+
+
+def list_devices(entries=None) -> list[dict]:
+    """The compute backends a user can pick, as [{id, name, kind, index}]: Vulkan GPUs, CPU."""
+    try:
+        entries = _probe_devices() if entries is None else entries
+    except Exception:  # noqa: BLE001 — no devices module, or the probe failed
+        entries = []
+    out = []
+    for i, d in enumerate(entries):
+        kind = str(_field(d, "kind", "vulkan"))
+        if kind == "npu" or _field(d, "available", True) is False:
+            continue
+        index = _field(d, "index")
+        name = str(_field(d, "name") or f"{kind} {i}")
+        dev_id = kind if kind == "cpu" else (f"{kind}:{index}" if index is not None else kind)
+        status = str(_field(d, "status", "") or "")
+        if kind == "vulkan" and "software" in status:
+            name += " (software, slow)"
+        out.append({"id": dev_id, "name": name, "kind": kind, "index": index})
+    if not any(d["kind"] == "cpu" for d in out):
+        out.append({"id": "cpu", "name": "CPU", "kind": "cpu", "index": None})
+    return out
+
+
+def npu_status(entries=None) -> dict:
+    """{present, reason, name}: whether the XDNA NPU can be used for prefill here."""
+    try:
+        entries = _probe_devices() if entries is None else entries
+    except Exception as exc:  # noqa: BLE001
+        return {"present": False, "reason": f"device probe failed: {exc}", "name": None}
+    for d in entries:
+        if _field(d, "kind") == "npu":
+            return {"present": bool(_field(d, "available", False)), "reason": str(_field(d, "status", "") or ""),
+                    "name": _field(d, "name")}
+    return {"present": False, "reason": "no NPU support in this engine", "name": None}

@@ -1,0 +1,70 @@
+"""Fixtures for the desktop app tests: offscreen Qt, one qasync loop, a fresh home per test.
+
+The app tests run the real worker process on the real embedded model, with short answers
+(a few tokens) so they stay quick on a small CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+qasync = pytest.importorskip("qasync")
+
+LOAD_TIMEOUT_MS = 240_000      # the embedded model on the numpy CPU backend of a busy 2-core box
+ANSWER_TIMEOUT_MS = 240_000
+
+
+@pytest.fixture(scope="session")
+def qloop(qapp):
+    """A qasync loop marked as running, so pytest-qt's waits also run asyncio callbacks."""
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    yield loop
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("PHOENIX_CHAT_HOME", str(path))
+    return path
+
+
+def preset(home, **values):
+    """Write settings before the app starts (e.g. a short max_tokens, greedy sampling)."""
+    from app.settings import SettingsModel
+    model = SettingsModel(home)
+    for k, v in values.items():
+        model.set(k, v)
+
+
+@pytest.fixture
+def make_app(qtbot, qloop, home):
+    """Build AppControllers on `home`; all are shut down (worker stopped) at the end."""
+    from app.controllers.app_controller import AppController
+    made = []
+
+    def make(**kwargs):
+        kwargs.setdefault("sysfs_root", str(home / "no-sysfs"))
+        controller = AppController(home, **kwargs)
+        made.append(controller)
+        controller.show()
+        return controller
+
+    yield make
+    for c in made:
+        c.shutdown()
+        c.window.deleteLater()
+
+
+def wait_loaded(qtbot, controller):
+    """Wait until the worker has the model (returns the model info)."""
+    if controller.models.info is None:
+        with qtbot.waitSignal(controller.models.model_ready, timeout=LOAD_TIMEOUT_MS) as blocker:
+            pass
+        return blocker.args[0]
+    return controller.models.info

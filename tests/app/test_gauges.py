@@ -1,0 +1,75 @@
+"""Device gauges: the amdgpu sysfs reader on a fake tree (real file formats), and "not present"."""
+from __future__ import annotations
+
+from app.gauges.amdgpu import AmdGpuSysfs
+from app.gauges.sampler import GaugeSampler
+from app.views.gauges_view import NOT_PRESENT
+
+
+def make_amdgpu_tree(root, busy=37, vram=(512 * 2**20, 4 * 2**30), gtt=(1536 * 2**20, 12 * 2**30)):
+    """What amdgpu exposes: one decimal integer and a newline per file (bytes for memory)."""
+    (root / "card0-eDP-1").mkdir(parents=True)          # a connector entry, not a card
+    dev = root / "card0" / "device"
+    dev.mkdir(parents=True)
+    (root / "renderD128").mkdir()
+    (dev / "gpu_busy_percent").write_text(f"{busy}\n")
+    (dev / "mem_info_vram_used").write_text(f"{vram[0]}\n")
+    (dev / "mem_info_vram_total").write_text(f"{vram[1]}\n")
+    (dev / "mem_info_gtt_used").write_text(f"{gtt[0]}\n")
+    (dev / "mem_info_gtt_total").write_text(f"{gtt[1]}\n")
+    return dev
+
+
+def test_sysfs_reader_parses_amdgpu_files(tmp_path):
+    dev = make_amdgpu_tree(tmp_path / "drm")
+    reader = AmdGpuSysfs(tmp_path / "drm")
+    assert reader.present and reader.device_dir == dev
+    r = reader.read()
+    assert r.card == "card0"
+    assert r.busy == 0.37
+    assert (r.vram_used, r.vram_total) == (512 * 2**20, 4 * 2**30)
+    assert (r.gtt_used, r.gtt_total) == (1536 * 2**20, 12 * 2**30)
+    (dev / "gpu_busy_percent").write_text("88\n")        # values are re-read every sample
+    assert reader.read().busy == 0.88
+
+
+def test_sampler_without_gpu_or_npu_reports_absence_not_zero(tmp_path):
+    snap = GaugeSampler(str(tmp_path / "nothing")).sample()
+    assert snap.gpu_busy is None and snap.vram is None and snap.gtt is None
+    assert snap.npu_busy is None and not snap.npu_present
+    assert 0.0 <= snap.cpu <= 1.0
+    used, total = snap.ram
+    assert 0 < used < total
+
+
+def test_engine_busy_fills_in_when_there_is_no_sysfs(tmp_path):
+    sampler = GaugeSampler(str(tmp_path / "nothing"))
+    sampler.report_engine(0.42, None)
+    snap = sampler.sample()
+    assert (snap.gpu_busy, snap.gpu_source) == (0.42, "engine")
+
+
+def test_panel_shows_fake_sysfs_values(qtbot, qloop, make_app, home):
+    make_amdgpu_tree(home / "drm")
+    app = make_app(sysfs_root=str(home / "drm"), autoload=False)
+    panel = app.window.devices
+    qtbot.waitUntil(lambda: app.gauges.last is not None, timeout=10_000)
+    assert panel.gpu.text == "37%" and panel.gpu.fraction == 0.37
+    assert panel.vram.text == "0.5 GiB / 4.0 GiB"
+    assert panel.gtt.text == "1.5 GiB / 12.0 GiB"
+    assert panel.cpu.present and panel.ram.present
+    # The NPU gauge: the device probe in the worker finds no NPU on the test machines.
+    assert panel.npu.text == NOT_PRESENT and not panel.npu.present
+    (home / "drm" / "card0" / "device" / "gpu_busy_percent").write_text("5\n")
+    with qtbot.waitSignal(app.gauges.updated, timeout=5_000):
+        pass
+    qtbot.waitUntil(lambda: panel.gpu.text == "5%", timeout=5_000)
+
+
+def test_panel_says_not_present_without_a_gpu(qtbot, qloop, make_app, home):
+    app = make_app(autoload=False)
+    panel = app.window.devices
+    qtbot.waitUntil(lambda: app.gauges.last is not None, timeout=10_000)
+    for gauge in (panel.gpu, panel.vram, panel.gtt, panel.npu):
+        assert gauge.text == NOT_PRESENT and gauge.fraction is None
+    assert panel.cpu.text.endswith("%")
