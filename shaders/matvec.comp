@@ -5,7 +5,8 @@
 // one type are concatenated in one dispatch (fused QKV: rows0 from W0, rows1 from W1, rows2
 // from W2). Epilogues: EPI_ADD y = res + Wx; EPI_GEGLU y = gelu_tanh(W0 x) * (W1 x).
 // INT_DOT: x is q8_1 blocks and the dot uses the packed int8 dot-product instruction.
-// Workgroups are laid out 2-D (x up to 65535) so 262k-row LM heads fit the dispatch limits.
+// Workgroups are laid out 2-D (x up to 65535) so 262k-row LM heads fit the dispatch limits;
+// workgroup z is the token (prefill without a GEMM: x and y advance by x_stride / y_stride).
 #include "include/common.glsl"
 #ifdef INT_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -66,6 +67,10 @@ void main() {
 #endif
     uint first = group * ROWS;
     if (first >= total) return;     // whole workgroup leaves together
+    uint tok = gl_WorkGroupID.z;
+    uint x_off = pc.x_off + tok * pc.x_stride;
+    uint y_off = pc.y_off + tok * pc.y_stride;
+    uint res_off = pc.res_off + tok * pc.y_stride;
 
     float acc[ROWS];
 #ifdef EPI_GEGLU
@@ -80,9 +85,9 @@ void main() {
         if (g >= total) continue;
         for (uint c = t; c < n_chunks; c += WG) {
 #ifdef INT_DOT
-            uint xb = (pc.x_off + c) * 10u;     // x_off counts q8_1 blocks
+            uint xb = (x_off + c) * 10u;     // x_off counts q8_1 blocks
 #else
-            uint xb = pc.x_off + c * 32u;
+            uint xb = x_off + c * 32u;
 #endif
 #ifdef EPI_GEGLU
             acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
@@ -136,11 +141,11 @@ void main() {
             uint g = first + i;
             if (g >= total) break;
 #if defined(EPI_GEGLU)
-            y[pc.y_off + g] = gelu_tanh(acc[i]) * acc_up[i];
+            y[y_off + g] = gelu_tanh(acc[i]) * acc_up[i];
 #elif defined(EPI_ADD)
-            y[pc.y_off + g] = res[pc.res_off + g] + acc[i];
+            y[y_off + g] = res[res_off + g] + acc[i];
 #else
-            y[pc.y_off + g] = acc[i];
+            y[y_off + g] = acc[i];
 #endif
         }
     }

@@ -139,3 +139,21 @@ def test_many_rows_use_2d_dispatch(vk_device):
     m = WeightMatrix.upload(vk_device, raw, Q.Q8_0, (rows, cols))
     x = np.random.default_rng(14).standard_normal(cols).astype(np.float32)
     assert nmse(run(vk_device, [m], x), ref @ x.astype(np.float64)) < F32_NMSE
+
+
+def test_several_tokens_in_one_dispatch(vk_device):
+    """Prefill without a GEMM: workgroup z walks the tokens, x/y/residual advance by their strides."""
+    rows, cols, n = 48, 640, 3
+    raw, ref = make_weights(Q.Q4_0, rows, cols, seed=15)
+    m = WeightMatrix.upload(vk_device, raw, Q.Q4_0, (rows, cols))
+    x = np.random.default_rng(16).standard_normal((n, cols)).astype(np.float32)
+    res = np.random.default_rng(17).standard_normal((n, rows)).astype(np.float32)
+    dev = vk_device
+    xb, yb, rb = dev.buffer(x.nbytes), dev.buffer(n * rows * 4), dev.buffer(res.nbytes)
+    dev.upload(xb, x)
+    dev.upload(rb, res)
+    cl = dev.commands()
+    record_matvec(cl, dev, [m], xb, yb, epilogue="add", res=rb, tokens=n, x_stride=cols, y_stride=rows)
+    cl.submit()
+    y = dev.download(yb, np.float32, (n, rows)).astype(np.float64)
+    assert nmse(y, res + x.astype(np.float64) @ ref.T) < F32_NMSE

@@ -89,11 +89,13 @@ def q8_1_bytes(n: int) -> int:
 
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
-                  spec: dict | None = None) -> None:
+                  tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x).
     int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks.
+    tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
+    advancing by x_stride / y_stride per token (prefill without a GEMM kernel).
     Every matrix must share one type and column count. No barrier is recorded.
     """
     if not 1 <= len(mats) <= 3:
@@ -110,8 +112,10 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if len(mats) == 1 and len(mats[0].tensor.ranges) > 1:
         for rr in mats[0].tensor.ranges:      # one dispatch per bound row range
             push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,
-                               y_off=y_off + rr.row_start, res_off=res_off + rr.row_start)
-            cl.dispatch(p, [x, y, rr, d, d, resb], groups_2d(-(-rr.rows // spec["ROWS"])), push)
+                               y_off=y_off + rr.row_start, res_off=res_off + rr.row_start,
+                               x_stride=x_stride, y_stride=y_stride)
+            gx, gy, _ = groups_2d(-(-rr.rows // spec["ROWS"]))
+            cl.dispatch(p, [x, y, rr, d, d, resb], (gx, gy, tokens), push)
         return
     if any(len(m.tensor.ranges) > 1 for m in mats):
         raise ValueError("fused matrices must each fit one binding")
@@ -119,5 +123,6 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     rows = [m.rows for m in mats] + [0] * (3 - len(mats))
     total = rows[0] if epilogue == "geglu" else sum(rows)
     push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
-                       y_off=y_off, res_off=res_off)
-    cl.dispatch(p, [x, y, *binds, resb], groups_2d(-(-total // spec["ROWS"])), push)
+                       y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
+    gx, gy, _ = groups_2d(-(-total // spec["ROWS"]))
+    cl.dispatch(p, [x, y, *binds, resb], (gx, gy, tokens), push)

@@ -99,6 +99,8 @@ MATVEC_PUSH = PushLayout("matvec", [
     ("x_off", "u32"),          # element offset of x (f32 path) / block offset (int8 path)
     ("y_off", "u32"),          # element offset of y
     ("res_off", "u32"),        # element offset of the residual
+    ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
+    ("y_stride", "u32"),       # per token: elements of y and of the residual
 ])
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2)}
 
