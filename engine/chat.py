@@ -1,0 +1,200 @@
+"""Chat messages → prompt text and prompt ids.
+
+The model's own Jinja chat template is used when the file carries one (rendered the way
+transformers does: sandboxed, `bos_token`, `raise_exception`); Gemma 3's format otherwise:
+
+    <bos><start_of_turn>user\\n{system}\\n\\n{user}<end_of_turn>\\n<start_of_turn>model\\n
+
+Message text is data, not markup. `encode` never lets message content produce a control token:
+- Gemma fallback: the prompt is built as parts; the template's markers become ids directly and
+  all text between two markers is tokenized with special-token parsing off;
+- Jinja template: every special-token string inside message values is broken with an invisible
+  guard character before rendering, the rendered text is split at the special tokens that remain
+  (the template's own), the guards are removed and each text run is tokenized with parsing off.
+Both give exactly llama.cpp's ids for the rendered text whenever the content holds no markers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from .errors import PhoenixError
+
+START_OF_TURN = "<start_of_turn>"
+END_OF_TURN = "<end_of_turn>"
+
+# U+FDD0 is a Unicode noncharacter: never valid in interchanged text, safe to drop from input
+_GUARD = "\ufdd0"
+
+
+class ChatTemplateError(PhoenixError):
+    """The conversation does not fit the model's chat format, or the template is broken."""
+
+
+@dataclass(frozen=True)
+class _Part:
+    text: str
+    marker: bool  # a control token of the template (becomes one id)
+
+
+class ChatFormat:
+    """Renders and tokenizes conversations `[{"role": ..., "content": ...}, ...]`."""
+
+    def __init__(self, template: str | None = None, bos_token: str = "<bos>", eos_token: str = "<eos>",
+                 tokenizer=None, **template_vars: Any):
+        self.template_source = template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.tokenizer = tokenizer
+        self.template_vars = template_vars
+        self._template = _compile(template) if template else None
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> "ChatFormat":
+        """The format a model's tokenizer implies: its chat template, else Gemma 3's."""
+        return cls(tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
+                   eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
+
+    @property
+    def uses_model_template(self) -> bool:
+        return self._template is not None
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt as text (for display, logs and the CLI's `--verbose`)."""
+        if self._template is not None:
+            return self._render_jinja(messages, add_generation_prompt)
+        return "".join(p.text for p in self._gemma_parts(messages, add_generation_prompt))
+
+    def encode(self, messages: Sequence[Mapping[str, Any]], tokenizer=None,
+               add_generation_prompt: bool = True) -> list[int]:
+        """Prompt ids; message content never turns into control tokens (see the module doc)."""
+        tokenizer = tokenizer or self.tokenizer
+        if tokenizer is None:
+            raise ValueError("ChatFormat.encode needs a tokenizer")
+        if self._template is None:
+            parts = self._gemma_parts(messages, add_generation_prompt)
+        else:
+            parts = self._jinja_parts(messages, add_generation_prompt, tokenizer)
+        return _encode_parts(parts, tokenizer)
+
+    # -- Gemma 3 ----------------------------------------------------------------------------
+    def _gemma_parts(self, messages, add_generation_prompt: bool) -> list[_Part]:
+        messages = list(messages)
+        prefix = ""
+        if messages and messages[0].get("role") == "system":
+            prefix = _content_text(messages[0]) + "\n\n"
+            messages = messages[1:]
+            if not messages:  # a system prompt alone still reaches the model
+                messages = [{"role": "user", "content": ""}]
+        parts = [_Part(self.bos_token, True)] if self.bos_token else []
+        for i, msg in enumerate(messages):
+            role = msg.get("role")
+            expected = "user" if i % 2 == 0 else "assistant"
+            if role == "model":
+                role = "assistant"
+            if role != expected:
+                raise ChatTemplateError(
+                    "Gemma's chat format needs one optional system message first, then user and "
+                    f"assistant turns alternating, starting with user (message {i + 1} is {role!r})")
+            turn_role = "model" if role == "assistant" else "user"
+            parts += [_Part(START_OF_TURN, True),
+                      _Part(turn_role + "\n" + (prefix if i == 0 else ""), False),
+                      _Part(_content_text(msg).strip(), False),
+                      _Part(END_OF_TURN, True), _Part("\n", False)]
+        if add_generation_prompt:
+            parts += [_Part(START_OF_TURN, True), _Part("model\n", False)]
+        return parts
+
+    # -- Jinja ------------------------------------------------------------------------------
+    def _render_jinja(self, messages, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages], bos_token=self.bos_token,
+                eos_token=self.eos_token, add_generation_prompt=add_generation_prompt,
+                **self.template_vars)
+        except ChatTemplateError:
+            raise
+        except Exception as e:  # a template bug is the model file's problem, report it as such
+            raise ChatTemplateError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
+
+    def _jinja_parts(self, messages, add_generation_prompt: bool, tokenizer) -> list[_Part]:
+        pattern = tokenizer.special_pattern
+
+        def guard(value):
+            if isinstance(value, str):
+                value = value.replace(_GUARD, "")
+                return pattern.sub(lambda m: m.group(0)[0] + _GUARD + m.group(0)[1:], value)
+            if isinstance(value, Mapping):
+                return {k: guard(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [guard(v) for v in value]
+            return value
+
+        rendered = self._render_jinja([guard(dict(m)) for m in messages], add_generation_prompt)
+        parts: list[_Part] = []
+        pos = 0
+        for m in pattern.finditer(rendered):
+            parts += [_Part(rendered[pos:m.start()].replace(_GUARD, ""), False), _Part(m.group(0), True)]
+            pos = m.end()
+        parts.append(_Part(rendered[pos:].replace(_GUARD, ""), False))
+        return parts
+
+
+def _encode_parts(parts: list[_Part], tokenizer) -> list[int]:
+    """Markers → their ids; each run of text between markers → ids with special parsing off."""
+    ids: list[int] = []
+    text: list[str] = []
+
+    def flush_text():
+        if text:
+            ids.extend(tokenizer.encode("".join(text), add_bos=False, parse_special=False))
+            text.clear()
+
+    for part in parts:
+        if not part.marker:
+            text.append(part.text)
+            continue
+        flush_text()
+        token_id = tokenizer.token_to_id(part.text)
+        if token_id is None:
+            raise ChatTemplateError(f"the chat format uses {part.text!r}, which this model's vocabulary lacks")
+        ids.append(token_id)
+    flush_text()
+    return ids
+
+
+def _content_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content", "")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # [{"type": "text", "text": ...}, ...]
+        texts = []
+        for item in content:
+            if not isinstance(item, Mapping) or item.get("type") != "text":
+                raise ChatTemplateError("only text message content is supported")
+            texts.append(str(item.get("text", "")).strip())
+        return "".join(texts)
+    raise ChatTemplateError(f"message content must be text, not {type(content).__name__}")
+
+
+def _raise_exception(message: str):
+    raise ChatTemplateError(f"the model's chat template refused the conversation: {message}")
+
+
+def _compile(source: str):
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    # as transformers: keep non-ASCII as is (a "\\u..." escape would hide the guard character)
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
