@@ -1,0 +1,47 @@
+"""Attention dispatches (shaders/attention.comp, attention_prefill.comp) over the f16 KV cache.
+
+Decode: `attention_decode` = split pass (n_splits x n_kv_heads workgroups) + barrier + reduce
+pass (n_heads workgroups). The split count is fixed at record time; the visible positions
+(step.pos and the window) are read at run time, so one recording serves every position.
+"""
+from __future__ import annotations
+
+
+def partial_floats(n_heads: int, head_dim: int, n_splits: int) -> int:
+    """Size (in floats) of the scratch buffer the split pass writes."""
+    return n_heads * n_splits * (head_dim + 2)
+
+
+def default_splits(max_positions: int, block: int = 128, cap: int = 32) -> int:
+    """Enough splits that each handles >= one block of positions, at most `cap`."""
+    return max(1, min(cap, -(-max_positions // block)))
+
+
+def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_dim: int, n_heads: int,
+                     n_kv_heads: int, cache_slots: int, window: int, scale: float, n_splits: int,
+                     q_offset: int = 0, wg: int = 128) -> None:
+    """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos."""
+    if head_dim % 8 or head_dim > 256 or head_dim > 2 * wg:
+        raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 8, <= 256, <= 2*WG)")
+    if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
+        raise ValueError("attention_decode: n_heads must be n_kv_heads * G with G <= 8")
+    split = dev.pipeline("attention_split_f16_f32", WG=wg)
+    reduce = dev.pipeline("attention_reduce_f32", WG=wg)
+    push = split.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
+                           cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
+    cl.dispatch(split, [step, q, k_cache, v_cache, partial], groups=(n_splits, n_kv_heads, 1), push=push)
+    cl.barrier()
+    cl.dispatch(reduce, [partial, out], groups=(n_heads, 1, 1), push=push)
+
+
+def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int, n_heads: int,
+                      n_kv_heads: int, cache_slots: int, window: int, scale: float, max_tokens: int,
+                      q_stride: int | None = None, q_offset: int = 0, wg: int = 128, bq: int = 8,
+                      bc: int = 32) -> None:
+    """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
+    (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32."""
+    p = dev.pipeline("attention_prefill_f16_f32", WG=wg, BQ=bq, BC=bc)
+    push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                       q_stride=n_heads * head_dim if q_stride is None else q_stride, q_offset=q_offset,
+                       cache_slots=cache_slots, window=window, scale=scale)
+    cl.dispatch(p, [step, q, k_cache, v_cache, out], groups=(-(-max_tokens // bq), n_heads, 1), push=push)

@@ -1,0 +1,94 @@
+"""Pipeline variants of the non-matvec kernel families: norm, rope, attention, embedding,
+sampling, prefill GEMM. Merged into the one table in `pipelines.py`.
+
+Each push layout is defined once here; the `ops_*.py` wrappers pack them by field name.
+Binding lists and dispatch shapes are documented at the top of each shader and in the wrapper.
+
+pipelines.py imports this module while it builds the table, and this module needs its classes:
+the names below (push layouts, VARIANTS) are built on first access (module __getattr__), which
+breaks the import cycle whichever module is imported first.
+"""
+from __future__ import annotations
+
+EMBED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+GEMM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _build() -> dict:
+    from engine.backends.vulkan.pipelines import PushLayout, Variant
+
+    t: dict = {}
+    # ---- RMSNorm (shaders/norm.comp) ----
+    t["NORM_PUSH"] = norm = PushLayout("norm", [("n", "u32"), ("eps", "f32")])
+    norm_spec = {"WG": (0, 256)}
+
+    # ---- QK-norm + RoPE + KV-cache write (shaders/rope.comp) ----
+    t["ROPE_PUSH"] = rope = PushLayout("rope", [
+        ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
+        ("q_stride", "u32"),       # floats from one token's q to the next
+        ("kv_stride", "u32"),      # same for k and v
+        ("q_offset", "u32"), ("k_offset", "u32"), ("v_offset", "u32"),   # floats
+        ("cache_slots", "u32"),    # position p goes to slot p % cache_slots
+        ("theta", "f32"),          # RoPE base of this layer
+        ("pos_scale", "f32"),      # 1 / linear scaling factor
+        ("eps", "f32"),
+    ])
+
+    # ---- attention (shaders/attention.comp, attention_prefill.comp) ----
+    t["ATTN_PUSH"] = attn = PushLayout("attention", [
+        ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
+        ("q_offset", "u32"),       # floats
+        ("cache_slots", "u32"),
+        ("window", "u32"),         # 0: global layer (no window)
+        ("scale", "f32"),          # 1 / sqrt(query_pre_attn_scalar)
+        ("n_splits", "u32"),
+    ])
+    attn_spec = {"WG": (0, 128)}
+
+    # ---- embedding (shaders/embed.comp) ----
+    t["EMBED_PUSH"] = embed = PushLayout("embed", [
+        ("hidden", "u32"),
+        ("row_start", "u32"), ("rows", "u32"),   # the table rows this binding holds
+        ("row_bytes", "u32"),
+        ("scale", "f32"),
+    ])
+
+    # ---- sampling (shaders/sample.comp) ----
+    t["SAMPLE_PUSH"] = sample = PushLayout("sample", [
+        ("vocab", "u32"), ("n_blocks", "u32"),
+        ("n_draws", "u32"),        # ids written to tokens[pos + n_tokens ...]; 1 when decoding
+        ("advance", "u32"),        # 1: step.pos += step.n_tokens after writing
+    ])
+    sample_spec = {"WG": (0, 256), "BLOCK": (1, 1024), "KC": (2, 64)}
+
+    v = [
+        Variant("norm_f32", "norm.comp", 3, norm, {}, norm_spec),
+        Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
+        Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
+        Variant("attention_split_f16_f32", "attention.comp", 5, attn, {"ATTN_SPLIT": None}, attn_spec),
+        Variant("attention_reduce_f32", "attention.comp", 2, attn, {"ATTN_REDUCE": None}, attn_spec),
+    ]
+    for kind, nb in (("argmax_block_f32", 2), ("argmax_final", 3), ("topk_block_f32", 2),
+                     ("topk_final", 3), ("penalty_f32", 3)):
+        define = "SAMPLE_" + kind.replace("_f32", "").upper()
+        v.append(Variant(f"sample_{kind}", "sample.comp", nb, sample, {define: None}, sample_spec))
+    for wt in EMBED_TYPES:
+        v.append(Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, embed, {"WTYPE_" + wt: None},
+                         {"WG": (0, 256)}))
+    t["VARIANTS"] = v
+    return t
+
+
+_built: dict | None = None
+
+
+def __getattr__(name: str):
+    global _built
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if _built is None:
+        _built = _build()
+    try:
+        return _built[name]
+    except KeyError:
+        raise AttributeError(name) from None

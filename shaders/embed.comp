@@ -1,0 +1,63 @@
+#version 450
+// Embedding lookup: out[t] = dequant(table[tokens[step.pos + t]]) * scale, f32, for
+// t < step.n_tokens. The ids come from the token buffer (step.glsl): the previous step's sampled
+// id when decoding, the prompt ids the host wrote when prefilling.
+// scale = sqrt(hidden), rounded through the model dtype by the host.
+//
+// A table larger than maxStorageBufferRange is bound in row ranges (memory.Tensor.ranges):
+// record one dispatch per range; each writes only the tokens whose id falls in
+// [row_start, row_start + rows), so the dispatches never conflict (no barrier between them).
+// The range is read through 16-bit loads: GGUF blocks (34 B for Q8_0, 18 B for Q4_0) are only
+// 2-byte aligned and a range's size need not be a multiple of 4 (a 32-bit view would lose its
+// last bytes).
+//
+// -D: WTYPE_F32 / WTYPE_F16 / WTYPE_BF16 / WTYPE_Q8_0 / WTYPE_Q4_0
+// Bindings: 0 step, 1 tokens (u32), 2 table range, 3 out (f32 [tokens][hidden]).
+// Push: hidden, row_start, rows, row_bytes, scale.   Dispatch: (tokens recorded, 1, 1).
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;
+
+PUSH_CONSTANTS
+
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+#include "include/step.glsl"
+STEP_BUFFER(0)
+layout(std430, binding = 1) readonly buffer Tok { uint tokens[]; };
+layout(std430, binding = 2) readonly buffer T { uint16_t tw[]; };
+layout(std430, binding = 3) writeonly buffer O { float outp[]; };
+
+uint u16_at(uint b) { return uint(tw[b >> 1]); }   // b even
+uint byte_at(uint b) { return (u16_at(b & ~1u) >> ((b & 1u) * 8u)) & 0xFFu; }
+float f16_at(uint b) { return unpackHalf2x16(u16_at(b)).x; }
+int i8_at(uint b) { return int(byte_at(b) << 24) >> 24; }
+
+float element(uint rb, uint e) {
+#if defined(WTYPE_F32)
+    return uintBitsToFloat(u16_at(rb + 4u * e) | (u16_at(rb + 4u * e + 2u) << 16));
+#elif defined(WTYPE_F16)
+    return f16_at(rb + 2u * e);
+#elif defined(WTYPE_BF16)
+    return uintBitsToFloat(u16_at(rb + 2u * e) << 16);
+#elif defined(WTYPE_Q8_0)
+    const uint b = rb + (e / 32u) * 34u;
+    return f16_at(b) * float(i8_at(b + 2u + e % 32u));
+#elif defined(WTYPE_Q4_0)
+    const uint b = rb + (e / 32u) * 18u, j = e % 32u;
+    const uint qb = byte_at(b + 2u + (j & 15u));
+    return f16_at(b) * float(int(j < 16u ? (qb & 15u) : (qb >> 4)) - 8);
+#else
+#error "embed.comp: define one WTYPE_*"
+#endif
+}
+
+void main() {
+    const uint t = gl_WorkGroupID.x;
+    if (t >= step.n_tokens) return;
+    const uint id = tokens[step.pos + t];
+    if (id < pc.row_start || id - pc.row_start >= pc.rows) return;   // another range has it
+    const uint rb = (id - pc.row_start) * pc.row_bytes;
+    for (uint e = gl_LocalInvocationID.x; e < pc.hidden; e += WG)
+        outp[t * pc.hidden + e] = element(rb, e) * pc.scale;
+}

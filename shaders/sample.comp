@@ -1,0 +1,291 @@
+#version 450
+// Token sampling on the GPU over the logits of one position. The id goes to the token buffer
+// (step.glsl's token flow): tokens[step.pos + step.n_tokens + d] for draw d < n_draws
+// (n_draws = 1 when decoding; tests draw many at once). With advance = 1 the final pass then
+// does step.pos += step.n_tokens, so a replayed decode step needs nothing from the host.
+// Block passes: many workgroups over blocks of BLOCK logits; final passes: one workgroup.
+//
+// Greedy (exact argmax, ties -> lowest id, as numpy.argmax):
+//   SAMPLE_ARGMAX_BLOCK (sample_argmax_block_f32): bindings 0 logits, 1 cand (uvec2 per block:
+//     ordered key, id).                 Dispatch: (n_blocks, 1, 1).
+//   SAMPLE_ARGMAX_FINAL (sample_argmax_final): bindings 0 step, 1 cand, 2 tokens.
+//     Dispatch: (1, 1, 1).
+// Temperature / top-k / top-p / min-p:
+//   SAMPLE_TOPK_BLOCK (sample_topk_block_f32): each workgroup sorts its BLOCK logits in shared
+//     memory (bitonic, by value desc then id asc) and keeps the best KC.
+//     Bindings: 0 logits, 1 cand (uvec2 per entry: ordered key, id; KC per block).
+//     Dispatch: (n_blocks, 1, 1).
+//   SAMPLE_TOPK_FINAL (sample_topk_final): finds the K-th largest key over all blocks' lists by
+//     bisection on the 32-bit ordered key (each block's list is sorted, so a count is a binary
+//     search), gathers exactly K candidates (ties at the threshold -> lowest ids), sorts them,
+//     then: p_i = exp((l_i - l_max) / T); top-p keeps the shortest prefix whose mass >= top_p
+//     (over the K, renormalized); min-p drops p_i < min_p * p_max; draws u with Philox2x32-10
+//     on counter (position of the drawn token + d, 0) keyed by step.seed.
+//     K = top_k clamped to [1, KC] (top_k = 0 -> KC; temperature <= 0 -> 1, i.e. greedy).
+//     Bindings: 0 step, 1 cand, 2 tokens.   Dispatch: (1, 1, 1).
+//   SAMPLE_PENALTY (sample_penalty_f32): llama.cpp repetition penalty, in place on the logits,
+//     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
+//     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it before
+//     either block pass.  Bindings: 0 step, 1 logits, 2 tokens.   Dispatch: (1, 1, 1).
+// Push (all variants): vocab, n_blocks = ceil(vocab / BLOCK), n_draws, advance.
+// NaN logits count as the lowest possible value.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;
+layout(constant_id = 1) const uint BLOCK = 1024;   // logits per block workgroup (power of 2)
+layout(constant_id = 2) const uint KC = 64;        // candidates kept per block (power of 2)
+
+#define MAX_SG 128
+PUSH_CONSTANTS
+
+// float -> uint with the same order (NaN -> 0, below -inf)
+uint ordered_key(float v) {
+    if (isnan(v)) return 0u;
+    uint b = floatBitsToUint(v);
+    return (b & 0x80000000u) != 0u ? ~b : b | 0x80000000u;
+}
+float key_value(uint k) {
+    return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7FFFFFFFu : ~k);
+}
+
+#if defined(SAMPLE_ARGMAX_BLOCK) || defined(SAMPLE_ARGMAX_FINAL)
+shared uint sg_key[MAX_SG];
+shared uint sg_id[MAX_SG];
+
+// workgroup argmax over (key, id) pairs: largest key, then smallest id
+uvec2 wg_argmax(uint key, uint id) {
+    uint mk = subgroupMax(key);
+    uint mi = subgroupMin(key == mk ? id : 0xFFFFFFFFu);
+    if (subgroupElect()) { sg_key[gl_SubgroupID] = mk; sg_id[gl_SubgroupID] = mi; }
+    barrier();
+    uvec2 best = uvec2(sg_key[0], sg_id[0]);
+    for (uint i = 1; i < gl_NumSubgroups; i++) {
+        uvec2 o = uvec2(sg_key[i], sg_id[i]);
+        if (o.x > best.x || (o.x == best.x && o.y < best.y)) best = o;
+    }
+    return best;
+}
+#endif
+
+#ifdef SAMPLE_ARGMAX_BLOCK
+layout(std430, binding = 0) readonly buffer L { float logits[]; };
+layout(std430, binding = 1) writeonly buffer C { uvec2 cand[]; };
+void main() {
+    const uint b = gl_WorkGroupID.x;
+    uint bk = 0u, bi = 0xFFFFFFFFu;
+    const uint end = min((b + 1) * BLOCK, pc.vocab);
+    for (uint e = b * BLOCK + gl_LocalInvocationID.x; e < end; e += WG) {
+        uint k = ordered_key(logits[e]);
+        if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e; }   // ascending e: first max wins
+    }
+    uvec2 best = wg_argmax(bk, bi);
+    if (gl_LocalInvocationID.x == 0) cand[b] = best;
+}
+#endif
+
+#ifdef SAMPLE_ARGMAX_FINAL
+#include "include/step.glsl"
+STEP_BUFFER(0)
+layout(std430, binding = 1) readonly buffer C { uvec2 cand[]; };
+layout(std430, binding = 2) buffer Tok { uint tokens[]; };
+void main() {
+    uint bk = 0u, bi = 0xFFFFFFFFu;
+    for (uint b = gl_LocalInvocationID.x; b < pc.n_blocks; b += WG) {
+        uvec2 c = cand[b];
+        if (c.x > bk || (c.x == bk && c.y < bi)) { bk = c.x; bi = c.y; }
+    }
+    uvec2 best = wg_argmax(bk, bi);
+    const uint q = step.pos + step.n_tokens;
+    barrier();   // every invocation has read step before it may change
+    if (gl_LocalInvocationID.x == 0) {
+        for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = best.y;
+        if (pc.advance != 0u) step.pos = q;
+    }
+}
+#endif
+
+// (key desc, id asc) order: true when a sorts before b
+bool before(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
+
+#ifdef SAMPLE_TOPK_BLOCK
+layout(std430, binding = 0) readonly buffer L { float logits[]; };
+layout(std430, binding = 1) writeonly buffer C { uvec2 cand[]; };
+shared uvec2 sh[BLOCK];
+void main() {
+    const uint b = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
+    for (uint i = tid; i < BLOCK; i += WG) {
+        const uint e = b * BLOCK + i;
+        sh[i] = e < pc.vocab ? uvec2(ordered_key(logits[e]), e) : uvec2(0u, 0xFFFFFFFFu);
+    }
+    barrier();
+    // bitonic sort, descending
+    for (uint k = 2; k <= BLOCK; k <<= 1) {
+        for (uint j = k >> 1; j > 0; j >>= 1) {
+            for (uint p = tid; p < BLOCK / 2; p += WG) {
+                const uint i = 2 * j * (p / j) + p % j, ixj = i + j;
+                const uvec2 x = sh[i], y = sh[ixj];
+                const bool first_half = (i & k) == 0;
+                if (first_half ? before(y, x) : before(x, y)) { sh[i] = y; sh[ixj] = x; }
+            }
+            barrier();
+        }
+    }
+    for (uint r = tid; r < KC; r += WG) cand[b * KC + r] = sh[r];
+}
+#endif
+
+#ifdef SAMPLE_TOPK_FINAL
+#include "include/step.glsl"
+STEP_BUFFER(0)
+#include "include/wg_reduce.glsl"
+layout(std430, binding = 1) readonly buffer C { uvec2 cand[]; };
+layout(std430, binding = 2) buffer Tok { uint tokens[]; };
+
+#define NBMAX 1024
+shared uint gt_off[NBMAX];
+shared uint eq_take[NBMAX];
+shared uint eq_off[NBMAX];
+shared uvec2 sel[KC];
+shared float prob[KC];
+shared uint n_keep_sh;
+shared float kept_sum_sh;
+
+// entries of block b (sorted by key desc) with key >= x
+uint count_ge(uint b, uint x) {
+    uint lo = 0, hi = KC;
+    while (lo < hi) {
+        const uint mid = (lo + hi) / 2;
+        if (cand[b * KC + mid].x >= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+uvec2 philox2x32_10(uvec2 ctr, uint key) {
+    for (int r = 0; r < 10; r++) {
+        uint hi, lo;
+        umulExtended(0xD256D193u, ctr.x, hi, lo);
+        ctr = uvec2(hi ^ key ^ ctr.y, lo);
+        key += 0x9E3779B9u;
+    }
+    return ctr;
+}
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks;
+    const bool greedy = step.temperature <= 0.0;
+    const uint q = step.pos + step.n_tokens;
+    uint K = (step.top_k == 0u || step.top_k > KC) ? KC : step.top_k;
+    if (greedy) K = 1u;
+
+    // largest threshold T with count(key >= T) >= K
+    uint T = 0u;
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint c = T | (1u << uint(bit));
+        uint cnt = 0u;
+        for (uint b = tid; b < NB; b += WG) cnt += count_ge(b, c);
+        if (wg_sum_u(cnt) >= K) T = c;
+    }
+    for (uint b = tid; b < NB; b += WG) {
+        const uint ge = count_ge(b, T);
+        const uint gt = T == 0xFFFFFFFFu ? 0u : count_ge(b, T + 1u);
+        gt_off[b] = gt;
+        eq_off[b] = ge - gt;
+    }
+    barrier();
+    if (tid == 0) {   // serial scans over <= NBMAX blocks: cheap next to the bisection
+        uint total_gt = 0u;
+        for (uint b = 0; b < NB; b++) { uint g = gt_off[b]; gt_off[b] = total_gt; total_gt += g; }
+        uint need = K - total_gt, acc = 0u;
+        for (uint b = 0; b < NB; b++) {
+            const uint e = eq_off[b];
+            eq_take[b] = min(e, need - min(need, acc));
+            eq_off[b] = total_gt + acc;
+            acc += e;
+        }
+    }
+    for (uint i = tid; i < KC; i += WG) sel[i] = uvec2(0u, 0xFFFFFFFFu);
+    barrier();
+    for (uint b = tid; b < NB; b += WG) {
+        const uint g0 = gt_off[b];
+        const uint n_gt = T == 0xFFFFFFFFu ? 0u : count_ge(b, T + 1u);
+        for (uint r = 0; r < n_gt; r++) sel[g0 + r] = cand[b * KC + r];
+        for (uint r = 0; r < eq_take[b]; r++) sel[eq_off[b] + r] = cand[b * KC + n_gt + r];
+    }
+    barrier();
+    // sort the K (padded to KC) candidates, descending
+    for (uint k = 2; k <= KC; k <<= 1) {
+        for (uint j = k >> 1; j > 0; j >>= 1) {
+            for (uint p = tid; p < KC / 2; p += WG) {
+                const uint i = 2 * j * (p / j) + p % j, ixj = i + j;
+                const uvec2 x = sel[i], y = sel[ixj];
+                if ((i & k) == 0 ? before(y, x) : before(x, y)) { sel[i] = y; sel[ixj] = x; }
+            }
+            barrier();
+        }
+    }
+    if (tid == 0) {
+        const float top = key_value(sel[0].x);
+        const float inv_t = greedy ? 1.0 : 1.0 / step.temperature;
+        float total = 0.0;
+        for (uint i = 0; i < K; i++) {
+            const float p = greedy ? (i == 0 ? 1.0 : 0.0) : exp((key_value(sel[i].x) - top) * inv_t);
+            prob[i] = p;
+            total += p;
+        }
+        uint n_keep = K;
+        if (step.top_p < 1.0) {
+            float c = 0.0;
+            for (uint i = 0; i < K; i++) {
+                c += prob[i];
+                if (c >= step.top_p * total) { n_keep = i + 1; break; }
+            }
+        }
+        if (step.min_p > 0.0) {
+            for (uint i = 1; i < n_keep; i++) if (prob[i] < step.min_p * prob[0]) { n_keep = i; break; }
+        }
+        float kept = 0.0;
+        for (uint i = 0; i < n_keep; i++) kept += prob[i];
+        n_keep_sh = n_keep;
+        kept_sum_sh = kept;
+    }
+    barrier();
+    const uint n_keep = n_keep_sh;
+    for (uint d = tid; d < pc.n_draws; d += WG) {
+        const uvec2 r = philox2x32_10(uvec2(q + d, 0u), step.seed);
+        const float u = float(r.x >> 8) * (1.0 / 16777216.0) * kept_sum_sh;
+        uint chosen = n_keep - 1u;
+        float c = 0.0;
+        for (uint i = 0; i < n_keep; i++) {
+            c += prob[i];
+            if (u < c) { chosen = i; break; }
+        }
+        tokens[q + d] = sel[chosen].y;
+    }
+    barrier();   // every invocation has read step before it may change
+    if (tid == 0 && pc.advance != 0u) step.pos = q;
+}
+#endif
+
+#ifdef SAMPLE_PENALTY
+#include "include/step.glsl"
+STEP_BUFFER(0)
+layout(std430, binding = 1) buffer L { float logits[]; };
+layout(std430, binding = 2) readonly buffer Tok { uint tokens[]; };
+void main() {
+    if (step.rep_penalty == 1.0) return;
+    const uint q = step.pos + step.n_tokens;
+    const uint lo = q > step.rep_window ? q - step.rep_window : 0u;
+    for (uint i = lo + gl_LocalInvocationID.x; i < q; i += WG) {
+        const uint id = tokens[i];
+        bool first = id < pc.vocab;
+        for (uint j = lo; j < i && first; j++) first = tokens[j] != id;   // penalize each id once
+        if (first) {
+            const float l = logits[id];
+            logits[id] = l > 0.0 ? l / step.rep_penalty : l * step.rep_penalty;
+        }
+    }
+}
+#endif
