@@ -33,22 +33,21 @@ def cpu_entry() -> DeviceEntry:
 
 
 def vulkan_entries() -> list[DeviceEntry]:
+    from engine.errors import DeviceUnavailableError
     try:
-        from engine.backends.vulkan.device import enumerate_devices
-    except ImportError as exc:
-        return [DeviceEntry("vulkan", "Vulkan", False, f"Vulkan backend not available ({exc})")]
-    try:
-        found = enumerate_devices()
-    except Exception as exc:  # the probe reports; it must never take the caller down
-        return [DeviceEntry("vulkan", "Vulkan", False, f"no Vulkan device: {exc}")]
-    if not found:
-        return [DeviceEntry("vulkan", "Vulkan", False, "no Vulkan device: the loader found no physical device")]
+        from engine.backends.vulkan.device import list_devices as vulkan_devices
+        found = vulkan_devices()
+    except DeviceUnavailableError as exc:
+        return [DeviceEntry("vulkan", "Vulkan", False, str(exc))]
     entries = []
-    for d in found:
-        software = d.get("software", False)
-        status = ("ready (software rasterizer: correct but slow; used only with --backend vulkan)"
-                  if software else "ready")
-        entries.append(DeviceEntry("vulkan", d["name"], True, status, index=d.get("index"), details=d))
+    for caps in found:
+        status = ("ready — software renderer: correct but slow, used only with --backend vulkan"
+                  if caps.is_software else "ready")
+        details = {"type": caps.device_type, "driver": caps.driver, "summary": caps.summary(),
+                   "device_local_bytes": caps.device_local_bytes, "uma": caps.uma,
+                   "subgroup_size": caps.subgroup_size, "int_dot": caps.int_dot,
+                   "cooperative_matrix": caps.cooperative_matrix, "software": caps.is_software}
+        entries.append(DeviceEntry("vulkan", caps.name, True, status, index=caps.index, details=details))
     return entries
 
 

@@ -1,0 +1,75 @@
+"""The `phoenix-chat` command line, end to end, in subprocesses on the real embedded model."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOLDENS = Path(__file__).parent / "goldens"
+
+
+def cli(*args, env_extra=None, timeout=600):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
+    chat = llama_reference["chat_prompt"]
+    proc = cli("run", chat["messages"][0]["content"], "--backend", "cpu", "--temperature", "0", "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:16]) + "\n"
+    assert "generated 16 tok" in proc.stderr and "finish: length" in proc.stderr
+
+
+def test_run_raw_and_seeded_sampling_is_reproducible():
+    args = ("run", "The capital of France is", "--raw", "--backend", "cpu", "--max-tokens", "8", "--seed", "42",
+            "--temperature", "0.9")
+    first, second = cli(*args), cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout and first.stdout.strip()
+
+
+def test_tokenize_matches_llama_cpp(llama_reference):
+    for case in llama_reference["tokenize_llama_cpp"][:4]:
+        proc = cli("tokenize", case["text"])
+        assert proc.returncode == 0, proc.stderr
+        assert [int(x) for x in proc.stdout.split()] == case["ids"]
+
+
+def test_info_human_and_json():
+    proc = cli("info")
+    assert proc.returncode == 0
+    assert "18 layers" in proc.stdout and "Q4_K" in proc.stdout and "262144" in proc.stdout
+    info = json.loads(cli("info", "--json").stdout)
+    assert info["architecture"] == "gemma3" and info["layers"] == 18 and info["tensor_types"]["Q5_0"] == 81
+
+
+def test_devices_reports_every_kind_honestly():
+    entries = json.loads(cli("devices", "--json").stdout)
+    kinds = {e["kind"]: e for e in entries}
+    assert kinds["cpu"]["available"] is True
+    assert "npu" in kinds and kinds["npu"]["available"] is False and kinds["npu"]["status"]
+    assert "vulkan" in kinds
+
+
+def test_devices_without_any_vulkan_driver_says_so():
+    proc = cli("devices", env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("vulkan"))
+    assert "not available" in line and "no Vulkan device" in line
+
+
+def test_perplexity_prints_ppl_last():
+    proc = cli("perplexity", str(GOLDENS / "ppl_text.txt"), "--backend", "cpu", "--ctx", "128")
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("PPL = ")
+    assert 1.0 < float(last.split("=")[1]) < 100.0
+
+
+def test_perplexity_of_missing_file_is_a_clean_error(tmp_path):
+    proc = cli("perplexity", str(tmp_path / "nope.txt"), "--backend", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nope.txt" in proc.stderr
