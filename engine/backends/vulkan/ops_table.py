@@ -61,6 +61,15 @@ def _build() -> dict:
     ])
     sample_spec = {"WG": (0, 256), "BLOCK": (1, 1024), "KC": (2, 64)}
 
+    # ---- prefill GEMM (shaders/gemm.comp) ----
+    t["GEMM_PUSH"] = gemm = PushLayout("gemm", [
+        ("m", "u32"),              # tokens (rows of x)
+        ("n", "u32"),              # output columns = weight rows in this binding
+        ("k", "u32"),              # reduction length
+        ("x_stride", "u32"), ("y_stride", "u32"),   # floats between rows
+        ("y_off", "u32"),          # column of y where this binding's rows land
+    ])
+
     v = [
         Variant("norm_f32", "norm.comp", 3, norm, {}, norm_spec),
         Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
@@ -75,6 +84,10 @@ def _build() -> dict:
     for wt in EMBED_TYPES:
         v.append(Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, embed, {"WTYPE_" + wt: None},
                          {"WG": (0, 256)}))
+    for wt in GEMM_TYPES:
+        base = {"WTYPE_" + wt: None}
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32", "gemm.comp", 3, gemm, base))
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, gemm, {**base, "GEMM_GEGLU": None}))
     t["VARIANTS"] = v
     return t
 
