@@ -24,7 +24,7 @@ DB_NAME = "history.sqlite3"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
-    id            INTEGER PRIMARY KEY,
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
     title         TEXT NOT NULL,
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL,
@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS conversations (
     sampling      TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id              INTEGER PRIMARY KEY,
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: late writes cannot hit a newer message
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     position        INTEGER NOT NULL,
     role            TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),

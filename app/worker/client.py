@@ -15,9 +15,11 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
+from app.qt_compat import guard_singleton_refcounts
 from app.worker import protocol as P
 from app.worker.process import worker_main
 
+guard_singleton_refcounts()   # see app/qt_compat.py
 
 class WorkerClient(QObject):
     worker_ready = Signal(int)                    # pid

@@ -12,6 +12,10 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.qt_compat import guard_singleton_refcounts  # noqa: E402
+
+guard_singleton_refcounts()   # PySide6 6.12 on Python 3.11: see app/qt_compat.py
+
 qasync = pytest.importorskip("qasync")
 
 LOAD_TIMEOUT_MS = 240_000      # the embedded model on the numpy CPU backend of a busy 2-core box
