@@ -44,6 +44,14 @@ def _build() -> dict:
         ("n_splits", "u32"),
     ])
     attn_spec = {"WG": (0, 128)}
+    t["ATTN_PREFILL_PUSH"] = attn_prefill = PushLayout("attention_prefill", [
+        ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
+        ("q_stride", "u32"),       # floats from one token's q to the next
+        ("q_offset", "u32"),
+        ("cache_slots", "u32"),
+        ("window", "u32"),
+        ("scale", "f32"),
+    ])
 
     # ---- embedding (shaders/embed.comp) ----
     t["EMBED_PUSH"] = embed = PushLayout("embed", [
@@ -76,6 +84,8 @@ def _build() -> dict:
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_split_f16_f32", "attention.comp", 5, attn, {"ATTN_SPLIT": None}, attn_spec),
         Variant("attention_reduce_f32", "attention.comp", 2, attn, {"ATTN_REDUCE": None}, attn_spec),
+        Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
+                {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32)}),
     ]
     for kind, nb in (("argmax_block_f32", 2), ("argmax_final", 3), ("topk_block_f32", 2),
                      ("topk_final", 3), ("penalty_f32", 3)):
