@@ -40,7 +40,13 @@ def nmse(y, ref) -> float:
     return float(np.sum((y - ref) ** 2) / max(np.sum(ref ** 2), 1e-30))
 
 
-def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None):
+# both kernel shapes: rows shared by a workgroup (GPUs) and whole rows per invocation (CPU Vulkan)
+COOPERATIVE = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0}
+THREAD_ROWS = {"WG": 8, "ROWS": 2, "THREAD_ROWS": 1}
+SPECS = pytest.mark.parametrize("spec", [COOPERATIVE, THREAD_ROWS], ids=["coop", "thread_rows"])
+
+
+def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None, spec=None):
     xb = dev.buffer(x.nbytes)
     dev.upload(xb, x.astype(np.float32))
     n_out = n_out or sum(m.rows for m in mats)
@@ -54,9 +60,9 @@ def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None):
         xq = dev.buffer(q8_1_bytes(x.size))
         record_quantize(cl, dev, xb, xq, x.size)
         cl.barrier()
-        record_matvec(cl, dev, mats, xq, yb, epilogue=epilogue, res=rb, int_dot=True)
+        record_matvec(cl, dev, mats, xq, yb, epilogue=epilogue, res=rb, int_dot=True, spec=spec)
     else:
-        record_matvec(cl, dev, mats, xb, yb, epilogue=epilogue, res=rb)
+        record_matvec(cl, dev, mats, xb, yb, epilogue=epilogue, res=rb, spec=spec)
     cl.submit()
     out = dev.download(yb, np.float32, (n_out,)).astype(np.float64)
     cl.destroy()
@@ -71,45 +77,49 @@ def shapes_for(qtype):
     return [(1, 32), (37, 640), (130, 2048)]
 
 
+@SPECS
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_matvec_every_type(vk_device, qtype):
+def test_matvec_every_type(vk_device, qtype, spec):
     for i, (rows, cols) in enumerate(shapes_for(qtype)):
         raw, ref = make_weights(qtype, rows, cols, seed=i)
         x = np.random.default_rng(100 + i).standard_normal(cols).astype(np.float32)
         m = WeightMatrix.upload(vk_device, raw, qtype, (rows, cols))
-        y = run(vk_device, [m], x)
+        y = run(vk_device, [m], x, spec=spec)
         err = nmse(y, ref @ x.astype(np.float64))
         assert err < F32_NMSE, f"{qtype.name} {rows}x{cols}: NMSE {err:.2e}"
         m.tensor.buffer.destroy()
 
 
+@SPECS
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
-def test_matvec_int8_dot_path(vk_device, qtype):
+def test_matvec_int8_dot_path(vk_device, qtype, spec):
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
     rows, cols = 75, 2048
     raw, ref = make_weights(qtype, rows, cols, seed=3)
     x = np.random.default_rng(4).standard_normal(cols).astype(np.float32)
     m = WeightMatrix.upload(vk_device, raw, qtype, (rows, cols))
-    y = run(vk_device, [m], x, int_dot=True)
+    y = run(vk_device, [m], x, int_dot=True, spec=spec)
     err = nmse(y, ref @ x.astype(np.float64))
     assert err < INT8_NMSE, f"{qtype.name} int8: NMSE {err:.2e}"
 
 
-def test_fused_qkv_and_residual_add(vk_device):
+@SPECS
+def test_fused_qkv_and_residual_add(vk_device, spec):
     cols = 640
     parts = [make_weights(Q.Q5_0, r, cols, seed=s) for r, s in ((96, 1), (32, 2), (32, 3))]
     mats = [WeightMatrix.upload(vk_device, raw, Q.Q5_0, ref.shape) for raw, ref in parts]
     x = np.random.default_rng(5).standard_normal(cols).astype(np.float32)
     ref = np.concatenate([r @ x.astype(np.float64) for _, r in parts])
-    assert nmse(run(vk_device, mats, x), ref) < F32_NMSE
+    assert nmse(run(vk_device, mats, x, spec=spec), ref) < F32_NMSE
     res = np.random.default_rng(6).standard_normal(96).astype(np.float32)
-    y = run(vk_device, mats[:1], x, epilogue="add", res=res)
+    y = run(vk_device, mats[:1], x, epilogue="add", res=res, spec=spec)
     assert nmse(y, res + parts[0][1] @ x.astype(np.float64)) < F32_NMSE
 
 
+@SPECS
 @pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
-def test_geglu_gate_up(vk_device, int_dot):
+def test_geglu_gate_up(vk_device, int_dot, spec):
     if int_dot and not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
     rows, cols = 70, 640
@@ -118,7 +128,7 @@ def test_geglu_gate_up(vk_device, int_dot):
     x = np.random.default_rng(9).standard_normal(cols).astype(np.float32) * 0.3
     gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
     ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
-    y = run(vk_device, mats, x, epilogue="geglu", int_dot=int_dot, n_out=rows)
+    y = run(vk_device, mats, x, epilogue="geglu", int_dot=int_dot, n_out=rows, spec=spec)
     assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
 
 
@@ -141,7 +151,8 @@ def test_many_rows_use_2d_dispatch(vk_device):
     assert nmse(run(vk_device, [m], x), ref @ x.astype(np.float64)) < F32_NMSE
 
 
-def test_several_tokens_in_one_dispatch(vk_device):
+@SPECS
+def test_several_tokens_in_one_dispatch(vk_device, spec):
     """Prefill without a GEMM: workgroup z walks the tokens, x/y/residual advance by their strides."""
     rows, cols, n = 48, 640, 3
     raw, ref = make_weights(Q.Q4_0, rows, cols, seed=15)
@@ -153,7 +164,8 @@ def test_several_tokens_in_one_dispatch(vk_device):
     dev.upload(xb, x)
     dev.upload(rb, res)
     cl = dev.commands()
-    record_matvec(cl, dev, [m], xb, yb, epilogue="add", res=rb, tokens=n, x_stride=cols, y_stride=rows)
+    record_matvec(cl, dev, [m], xb, yb, epilogue="add", res=rb, tokens=n, x_stride=cols, y_stride=rows,
+                  spec=spec)
     cl.submit()
     y = dev.download(yb, np.float32, (n, rows)).astype(np.float64)
     assert nmse(y, res + x.astype(np.float64) @ ref.T) < F32_NMSE

@@ -41,9 +41,16 @@ def dummy(dev):
 
 
 def default_spec(dev) -> dict:
-    """Workgroup shape for the matvec: a few subgroups per group, 2 rows per group."""
+    """Workgroup shape: GPUs cooperate on rows (a few subgroups per group, 2 rows per group);
+    CPU Vulkan gives each invocation whole rows (see THREAD_ROWS in matvec.comp)."""
+    if dev.caps.is_software:
+        return {"WG": dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1}
     sg = dev.caps.subgroup_size
-    return {"WG": max(32, min(128, 4 * sg)), "ROWS": 2}
+    return {"WG": max(32, min(128, 4 * sg)), "ROWS": 2, "THREAD_ROWS": 0}
+
+
+def rows_per_group(spec: dict) -> int:
+    return spec["ROWS"] * (spec["WG"] if spec.get("THREAD_ROWS") else 1)
 
 
 @dataclass
@@ -114,7 +121,7 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
             push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,
                                y_off=y_off + rr.row_start, res_off=res_off + rr.row_start,
                                x_stride=x_stride, y_stride=y_stride)
-            gx, gy, _ = groups_2d(-(-rr.rows // spec["ROWS"]))
+            gx, gy, _ = groups_2d(-(-rr.rows // rows_per_group(spec)))
             cl.dispatch(p, [x, y, rr, d, d, resb], (gx, gy, tokens), push)
         return
     if any(len(m.tensor.ranges) > 1 for m in mats):
@@ -124,5 +131,5 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     total = rows[0] if epilogue == "geglu" else sum(rows)
     push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
                        y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
-    gx, gy, _ = groups_2d(-(-total // spec["ROWS"]))
+    gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
     cl.dispatch(p, [x, y, *binds, resb], (gx, gy, tokens), push)

@@ -102,7 +102,7 @@ MATVEC_PUSH = PushLayout("matvec", [
     ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
     ("y_stride", "u32"),       # per token: elements of y and of the residual
 ])
-MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2)}
+MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
