@@ -182,13 +182,15 @@ def test_build_from_gguf_metadata_is_fast_and_complete(meta):
 
 
 def test_merges_follow_scores():
-    tokens = ["<unk>", "a", "b", "c", "ab", "bc", "abc", "<ctl>"]
-    scores = [0, -1, -2, -3, -10, -5, -20, 0]
-    types = [2, 1, 1, 1, 1, 1, 1, 3]
     import numpy as np
 
+    tokens = ["<unk>", "a", "b", "c", "ab", "bc", "abc", "<ctl>", "qz", "abca", "ca"]
+    scores = [0, -1, -2, -3, -10, -5, -20, 0, -4, -30, -40]
+    types = [2, 1, 1, 1, 1, 1, 1, 3, 1, 1, 1]
     merges = gguf_vocab.derive_merges(tokens, np.array(scores, np.float32), np.array(types, np.int32))
-    assert merges == [("b", "c"), ("a", "b"), ("a", "bc"), ("ab", "c")]
+    # "abc" always forms as a + bc ("bc" outscores "ab"), never as ab + c; "qz" has no "q";
+    # "abca" forms from "abc" + "a" ("ca" is worse than "bc", then "abc" beats "ca")
+    assert merges == [("b", "c"), ("a", "b"), ("a", "bc"), ("abc", "a"), ("c", "a")]
 
 
 def test_rejects_other_tokenizer_models(meta):
