@@ -1,0 +1,73 @@
+"""View details that need no model: Markdown + highlighted code with a copy link, themes,
+conversation list operations, the base-model notice, chat settings."""
+from __future__ import annotations
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+
+from app.views.chat_view import ShownMessage
+from app.views.markdown_render import render_message, split_fences
+
+
+def test_fences_split_including_an_unfinished_one():
+    parts = split_fences("Intro\n```python\nprint('hi')\n```\nmiddle\n```js\nlet x")
+    assert parts == [("text", "Intro\n", None), ("code", "print('hi')", "python"),
+                     ("text", "middle\n", None), ("code", "let x", "js")]
+
+
+def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
+    app = make_app(autoload=False)
+    view = app.window.chat
+    body, codes = render_message("Use **this**:\n```python\ndef f():\n    return 1\n```\n")
+    assert codes == ["def f():\n    return 1"]
+    assert 'href="copy:0"' in body
+    code_html = body[body.index("<pre"):]
+    assert '<span style="color' in code_html          # pygments colours, inline for Qt
+    view.set_messages([ShownMessage(1, "user", "code please"),
+                       ShownMessage(2, "assistant", "Use **this**:\n```python\ndef f():\n    return 1\n```\n")])
+    text = view.transcript_text()
+    assert "def f():" in text and "Copy" in text and "**" not in text
+    view._on_anchor(QUrl("copy:0"))
+    assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
+
+
+def test_dark_theme_persists(qtbot, qloop, make_app, home):
+    app = make_app(autoload=False)
+    app.window.theme_actions["dark"].trigger()
+    assert app.settings.values.theme == "dark"
+    assert app.window.palette().window().color().lightness() < 128
+    app.shutdown()
+    again = make_app(autoload=False)
+    assert again.window.theme_actions["dark"].isChecked()
+
+
+def test_conversations_new_rename_search_delete(qtbot, qloop, make_app, home):
+    app = make_app(autoload=False)
+    chat, lv = app.chat, app.window.conversations
+    first = chat.conversation_id
+    chat.rename_conversation(first, "Apples")
+    second = chat.new_conversation()
+    chat.rename_conversation(second, "Bananas")
+    assert lv.list.count() == 2 and lv.current_id() == second
+    lv.search.setText("appl")
+    assert [lv.list.item(i).text() for i in range(lv.list.count())] == ["Apples"]
+    lv.search.clear()
+    chat.delete_conversation(second)
+    assert chat.conversation_id == first and lv.list.count() == 1
+    chat.set_chat_settings("You are terse.", {"temperature": 0.0, "max_tokens": 5})
+    assert "You are terse." in app.window.chat.transcript_text()
+    assert app.store.call("conversation", first).sampling["max_tokens"] == 5
+
+
+def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
+    app = make_app(autoload=False)
+    info = {"name": "Gemma 3 270m", "path": None, "is_instruction_tuned": False, "quant": "file",
+            "backend": "cpu", "device": "CPU", "context_length": 4096}
+    app.models.load_id = "load-x"
+    app.models._on_model("load-x", info)
+    assert app.window.chat.notice.isVisible() and "base model" in app.window.chat.notice.text()
+    app.window.chat.hide_notice()
+    app.models.load_id = "load-y"
+    app.models._on_model("load-y", info)
+    assert not app.window.chat.notice.isVisible()
+    assert "base model" in app.window.model_label.text()
