@@ -63,6 +63,7 @@ class ChatFormat:
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt as text (for display, logs and the CLI's `--verbose`)."""
+        messages = normalize_messages(messages)
         if self._template is not None:
             return self._render_jinja(messages, add_generation_prompt)
         return "".join(p.text for p in self._gemma_parts(messages, add_generation_prompt))
@@ -73,6 +74,7 @@ class ChatFormat:
         tokenizer = tokenizer or self.tokenizer
         if tokenizer is None:
             raise ValueError("ChatFormat.encode needs a tokenizer")
+        messages = normalize_messages(messages)
         if self._template is None:
             parts = self._gemma_parts(messages, add_generation_prompt)
         else:
@@ -111,7 +113,7 @@ class ChatFormat:
     def _render_jinja(self, messages, add_generation_prompt: bool) -> str:
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages], bos_token=self.bos_token,
+                messages=list(messages), bos_token=self.bos_token,
                 eos_token=self.eos_token, add_generation_prompt=add_generation_prompt,
                 **self.template_vars)
         except ChatTemplateError:
@@ -132,7 +134,7 @@ class ChatFormat:
                 return [guard(v) for v in value]
             return value
 
-        rendered = self._render_jinja([guard(dict(m)) for m in messages], add_generation_prompt)
+        rendered = self._render_jinja([guard(m) for m in messages], add_generation_prompt)
         parts: list[_Part] = []
         pos = 0
         for m in pattern.finditer(rendered):
@@ -140,6 +142,25 @@ class ChatFormat:
             pos = m.end()
         parts.append(_Part(rendered[pos:].replace(_GUARD, ""), False))
         return parts
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """What every format gets: system messages with blank text dropped, and consecutive text
+    messages of one role joined with a blank line (a chat whose answer came back empty would
+    otherwise hold two user turns in a row, which Gemma's templates refuse)."""
+    out: list[dict] = []
+    for msg in messages:
+        msg = dict(msg)
+        content = msg.get("content")
+        if msg.get("role") == "system" and isinstance(content, str) and not content.strip():
+            continue
+        prev = out[-1] if out else None
+        if (prev is not None and prev.get("role") == msg.get("role") and isinstance(content, str)
+                and isinstance(prev.get("content"), str) and set(prev) == set(msg) == {"role", "content"}):
+            prev["content"] = prev["content"] + "\n\n" + content
+            continue
+        out.append(msg)
+    return out
 
 
 def _encode_parts(parts: list[_Part], tokenizer) -> list[int]:

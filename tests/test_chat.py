@@ -76,13 +76,22 @@ def test_gemma_rendering():
 
 @pytest.mark.parametrize("messages", [
     [{"role": "assistant", "content": "hello"}],
-    [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
     [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}],
     [{"role": "tool", "content": "x"}],
 ])
 def test_gemma_rejects_what_its_format_cannot_say(messages):
     with pytest.raises(ChatTemplateError, match="alternating"):
         ChatFormat().render(messages)
+
+
+def test_messages_are_normalized(jinja):
+    """Blank system text is dropped and a role repeated is one turn, for every format."""
+    msgs = [{"role": "system", "content": "  "}, {"role": "user", "content": "a"}, {"role": "user", "content": "b "},
+            {"role": "assistant", "content": "c"}, {"role": "assistant", "content": "d"}]
+    expected = ("<bos><start_of_turn>user\na\n\nb<end_of_turn>\n<start_of_turn>model\nc\n\nd<end_of_turn>\n"
+                "<start_of_turn>model\n")
+    assert ChatFormat().render(msgs) == jinja.render(msgs) == expected
+    assert msgs[1] == {"role": "user", "content": "a"}  # the caller's list is left alone
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)
