@@ -2,7 +2,8 @@
 // Token sampling on the GPU over the logits of one position. The id goes to the token buffer
 // (step.glsl's token flow): tokens[step.pos + step.n_tokens + d] for draw d < n_draws
 // (n_draws = 1 when decoding; tests draw many at once). With advance = 1 the final pass then
-// does step.pos += step.n_tokens, so a replayed decode step needs nothing from the host.
+// sets step.pos += step.n_tokens and step.n_tokens = 1 (the next step decodes the sampled id),
+// so a replayed decode step needs nothing from the host.
 // Block passes: many workgroups over blocks of BLOCK logits; final passes: one workgroup.
 //
 // Greedy (exact argmax, ties -> lowest id, as numpy.argmax):
@@ -102,7 +103,7 @@ void main() {
     barrier();   // every invocation has read step before it may change
     if (gl_LocalInvocationID.x == 0) {
         for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = best.y;
-        if (pc.advance != 0u) step.pos = q;
+        if (pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
     }
 }
 #endif
@@ -265,7 +266,7 @@ void main() {
         tokens[q + d] = sel[chosen].y;
     }
     barrier();   // every invocation has read step before it may change
-    if (tid == 0 && pc.advance != 0u) step.pos = q;
+    if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
 }
 #endif
 

@@ -35,7 +35,7 @@ def test_greedy_is_argmax(vk_device, vocab):
     got, st, _ = _run_sample(vk_device, logits, greedy=True, pos=3, n_tokens=4)
     want = int(np.nanargmax(logits))
     assert got[0] == want
-    assert st["pos"] == 7, "advance: step.pos moves to the sampled token's position"
+    assert (st["pos"], st["n_tokens"]) == (7, 1), "advance: the next step decodes the sampled token"
     # the sampling path with temperature 0 is greedy too
     got2, _, _ = _run_sample(vk_device, logits, greedy=False, temperature=0.0, top_k=40, seed=5)
     assert got2[0] == want

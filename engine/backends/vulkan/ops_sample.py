@@ -3,7 +3,8 @@
 greedy:  argmax block pass -> barrier -> argmax final         (2 dispatches)
 sampled: [penalty ->] top-k block pass -> barrier -> top-k final (temperature, top-k <= KC,
          top-p over the K, min-p, Philox RNG keyed by step.seed and the drawn token's position)
-Both write tokens[step.pos + step.n_tokens (+ d)] and, with advance, set step.pos to that position.
+Both write tokens[step.pos + step.n_tokens (+ d)] and, with advance, set step.pos to that
+position and step.n_tokens to 1.
 """
 from __future__ import annotations
 
