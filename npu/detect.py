@@ -43,7 +43,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     sys_root, dev_root = Path(sys_root), Path(dev_root)
     release = kernel_release if kernel_release is not None else platform.release()
     checks: list[tuple[str, bool, str]] = []
-    details: dict = {"checks": checks, "kernel_release": release}
+    details: dict = {"checks": checks, "kernel_release": release, "name": "AMD XDNA NPU"}
 
     def done(available: bool, reason: str) -> NpuStatus:
         return NpuStatus(available, reason, details)
@@ -54,6 +54,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     if not npus:
         if others:
             o = others[0]
+            details["name"] = f"AMD {o['kind']} NPU"
             msg = (f"found an {o['kind']} NPU ({o['id']}) at {o['address']}; Phoenix Chat's NPU kernels are "
                    f"compiled for XDNA1 (npu1, PCI 1022:1502: Ryzen 7040/8040 'Phoenix'/'Hawk Point')")
         else:
@@ -62,6 +63,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         checks.append(("NPU", False, msg))
         return done(False, msg)
     npu = npus[0]
+    details["name"] = "AMD XDNA1 NPU (Phoenix, npu1)"
     checks.append(("NPU", True, f"AMD XDNA1 (Phoenix, npu1) at {npu['address']}"))
 
     # 2. the driver, and through it the firmware

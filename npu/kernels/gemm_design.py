@@ -1,0 +1,124 @@
+"""IRON design of the Phoenix Chat GEMM for `npu1` (Phoenix/Hawk Point: 4 usable columns × 4 cores).
+
+    python -m npu.kernels.gemm_design --spec gemm_i8_256x512x256 > aie.mlir
+
+Needs the mlir-aie Python package (`aie.iron`); written for the IRON API of mlir-aie 1.x
+(`aie.iron` Kernel/ObjectFifo/Worker/Runtime/Program, `aie.iron.device.NPU1Col4` and `Tile`,
+`aie.iron.controlflow.range_`, `aie.helpers.taplib.TensorAccessPattern`). NOT compiled or run on
+hardware by this project yet: see docs/NPU.md.
+
+Data flow for one call, C[M, N] = A[M, K] @ B[K, N], with M = 4m and N = 4n:
+  * core (row i, column j) at Tile(j, 2 + i) owns the C tile (i, j); it zeroes it, then for each
+    of the K/k steps takes one A tile (m×k) and one B tile (k×n) and accumulates `matmul`;
+  * A row block i enters through the shim of column i, its memory tile forwards each tile to all
+    four cores of row i (a broadcast across the columns);
+  * B column block j enters through the shim of column j, its memory tile broadcasts each tile to
+    the four cores of column j;
+  * the memory tile of column j joins the four C tiles of its column and sends them to the shim.
+Because the host already packed A, B and C into the layouts of npu/kernels/spec.py, every
+transfer is one contiguous run and no DMA needs a strided or transposing access pattern.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS, GemmSpec
+
+FIFO_DEPTH = 2           # double buffering in L1 and L2 (GemmSpec.l1_bytes assumes it)
+ROW_ELEMS = 256          # innermost DMA dimension: well under the BD's 1023-word limit for every type
+
+
+def object_name(spec: GemmSpec) -> str:
+    """The compiled AIE kernel object this design links (built by build.py from gemm_aie.cc)."""
+    return f"gemm_{spec.dtype_in}_{spec.m}x{spec.k}x{spec.n}.o"
+
+
+def kernel_symbols(spec: GemmSpec) -> tuple[str, str]:
+    return f"zero_{spec.dtype_out}", f"matmul_{spec.dtype_in}_{spec.dtype_out}"
+
+
+def _linear(total: int, offset: int, length: int):
+    """A contiguous run as a 2-D access pattern with a short innermost dimension."""
+    from aie.helpers.taplib import TensorAccessPattern
+    assert length % ROW_ELEMS == 0
+    return TensorAccessPattern((1, total), offset, [1, 1, length // ROW_ELEMS, ROW_ELEMS], [0, 0, ROW_ELEMS, 1])
+
+
+def build_module(spec: GemmSpec):
+    from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+    from aie.iron.controlflow import range_
+    from aie.iron.device import NPU1Col4, Tile
+    from aie.iron.placers import SequentialPlacer
+
+    if spec.dtype_in == "bf16":
+        from ml_dtypes import bfloat16
+        t_in = bfloat16
+    else:
+        t_in = np.int8
+    t_out = np.int32 if spec.dtype_out == "i32" else np.float32
+    M, K, N, m, k, n = spec.M, spec.K, spec.N, spec.m, spec.k, spec.n
+    k_steps = K // k
+
+    A_ty = np.ndarray[(M * K,), np.dtype[t_in]]
+    B_ty = np.ndarray[(K * N,), np.dtype[t_in]]
+    C_ty = np.ndarray[(M * N,), np.dtype[t_out]]
+    a_ty = np.ndarray[(m * k,), np.dtype[t_in]]
+    b_ty = np.ndarray[(k * n,), np.dtype[t_in]]
+    c_ty = np.ndarray[(m * n,), np.dtype[t_out]]
+    c_col_ty = np.ndarray[(CORE_ROWS * m * n,), np.dtype[t_out]]
+
+    zero_sym, mm_sym = kernel_symbols(spec)
+    zero = Kernel(zero_sym, object_name(spec), [c_ty])
+    matmul = Kernel(mm_sym, object_name(spec), [a_ty, b_ty, c_ty])
+
+    a_in = [ObjectFifo(a_ty, name=f"A{i}_shim", default_depth=FIFO_DEPTH) for i in range(CORE_ROWS)]
+    a_row = [a_in[i].cons().forward(obj_type=a_ty, name=f"A{i}_row", placement=Tile(i, 1)) for i in range(CORE_ROWS)]
+    b_in = [ObjectFifo(b_ty, name=f"B{j}_shim", default_depth=FIFO_DEPTH) for j in range(CORE_COLS)]
+    b_col = [b_in[j].cons().forward(obj_type=b_ty, name=f"B{j}_col", placement=Tile(j, 1)) for j in range(CORE_COLS)]
+    c_out = [ObjectFifo(c_col_ty, name=f"C{j}_shim", default_depth=FIFO_DEPTH) for j in range(CORE_COLS)]
+    c_tiles = [c_out[j].prod().join([i * m * n for i in range(CORE_ROWS)], obj_types=[c_ty] * CORE_ROWS,
+                                    names=[f"C{j}_{i}" for i in range(CORE_ROWS)], depths=[FIFO_DEPTH] * CORE_ROWS,
+                                    placement=Tile(j, 1))
+               for j in range(CORE_COLS)]
+
+    def core(a, b, c, zero_fn, matmul_fn):
+        tile = c.acquire(1)
+        zero_fn(tile)
+        for _ in range_(k_steps) if k_steps > 1 else range(1):
+            ta, tb = a.acquire(1), b.acquire(1)
+            matmul_fn(ta, tb, tile)
+            a.release(1)
+            b.release(1)
+        c.release(1)
+
+    workers = [Worker(core, [a_row[i].cons(), b_col[j].cons(), c_tiles[j][i].prod(), zero, matmul],
+                      placement=Tile(j, 2 + i))
+               for i in range(CORE_ROWS) for j in range(CORE_COLS)]
+
+    rt = Runtime()
+    with rt.sequence(A_ty, B_ty, C_ty) as (A, B, C):
+        rt.start(*workers)
+        tg = rt.task_group()
+        for i in range(CORE_ROWS):       # A packed [M/m][K/k][tile]: row block i is one run
+            rt.fill(a_in[i].prod(), A, tap=_linear(M * K, i * m * K, m * K), task_group=tg, placement=Tile(i, 0))
+        for j in range(CORE_COLS):       # B packed [N/n][K/k][tile]: column block j is one run
+            rt.fill(b_in[j].prod(), B, tap=_linear(K * N, j * K * n, K * n), task_group=tg, placement=Tile(j, 0))
+        for j in range(CORE_COLS):       # C packed [N/n][M/m][tile]: column j's four tiles are one run
+            rt.drain(c_out[j].cons(), C, tap=_linear(M * N, j * M * n, M * n), wait=True, task_group=tg,
+                     placement=Tile(j, 0))
+        rt.finish_task_group(tg)
+    return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
+
+
+def main(argv=None):
+    specs = {s.name: s for s in DEFAULT_SPECS}
+    ap = argparse.ArgumentParser(description="emit the MLIR of one Phoenix Chat GEMM kernel")
+    ap.add_argument("--spec", choices=sorted(specs), required=True)
+    args = ap.parse_args(argv)
+    print(build_module(specs[args.spec]))
+
+
+if __name__ == "__main__":
+    main()
