@@ -147,15 +147,18 @@ def build_gguf_tokenizer(meta: dict) -> Tokenizer:
     return tok
 
 
-if __name__ == "__main__":  # python -m engine.gguf_vocab FILE.gguf: time the build
+if __name__ == "__main__":  # python -m engine.gguf_vocab [FILE.gguf]: time the build
     import sys
 
-    from gguf import GGUFReader
+    from .weights import embedded_model_path
+    from .weights.gguf_file import GGUFFile
 
-    reader = GGUFReader(sys.argv[1])
-    m = {f.name: f.contents() for f in reader.fields.values()}
-    m["tokenizer.ggml.scores"] = np.asarray(m["tokenizer.ggml.scores"], np.float32)
-    m["tokenizer.ggml.token_type"] = np.asarray(m["tokenizer.ggml.token_type"], np.int32)
+    meta = GGUFFile(sys.argv[1] if len(sys.argv) > 1 else embedded_model_path()).metadata
     t0 = time.perf_counter()
-    t = build_gguf_tokenizer(m)
-    print(f"built in {time.perf_counter() - t0:.2f} s", json.dumps(t.encode("Hello world").ids))
+    merges = derive_merges(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
+                           meta["tokenizer.ggml.token_type"])
+    t1 = time.perf_counter()
+    built = build_gguf_tokenizer(meta)
+    t2 = time.perf_counter()
+    print(f"{len(merges)} merges in {t1 - t0:.2f} s; whole build {t2 - t1:.2f} s;",
+          "'Hello world' ->", json.dumps(built.encode("Hello world").ids))
