@@ -89,5 +89,8 @@ class GaugesController(QObject):
         else:
             used, total = snap.ram
             p.ram.set_value(used / total, f"{_gib(used)} / {_gib(total)}")
+        gpu_src = {"amdgpu": "amdgpu sysfs", "engine": "engine GPU timers"}.get(snap.gpu_source, "none")
+        p.source_label.setText(f"Sources — GPU: {gpu_src} · NPU: "
+                               f"{'runtime timing' if snap.npu_present else 'absent'} · CPU/RAM: psutil")
         self.last = snap
         self.updated.emit(snap)

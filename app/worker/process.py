@@ -218,7 +218,7 @@ class Worker:
         except Exception:  # noqa: BLE001 — gauges are best effort
             backend_stats = {}
         stats["backend"] = {k: v for k, v in backend_stats.items() if isinstance(v, (int, float, str, bool))}
-        for key in ("busy", "busy_fraction", "gpu_busy"):
+        for key in ("gpu_busy_fraction", "busy_fraction", "gpu_busy", "busy"):
             if isinstance(backend_stats.get(key), (int, float)):
                 stats["engine_busy"] = float(backend_stats[key])
                 break

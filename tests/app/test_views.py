@@ -71,3 +71,20 @@ def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
     app.models._on_model("load-y", info)
     assert not app.window.chat.notice.isVisible()
     assert "base model" in app.window.model_label.text()
+
+
+def test_export_current_conversation(qtbot, qloop, make_app, home, tmp_path):
+    import json
+    app = make_app(autoload=False)
+    conv = app.chat.conversation_id
+    app.store.call("add_message", conv, "user", "Hi there")
+    app.store.call("add_message", conv, "assistant", "Hello!")
+    other = app.store.call("create_conversation", "Not exported")
+    app.store.call("add_message", other.id, "user", "elsewhere")
+    app.chat.export_current("markdown", tmp_path / "c.md")
+    app.chat.export_current("json", tmp_path / "c.json")
+    md = (tmp_path / "c.md").read_text()
+    assert "## User\n\nHi there" in md and "## Assistant\n\nHello!" in md and "elsewhere" not in md
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [m["content"] for m in data["conversations"][0]["messages"]] == ["Hi there", "Hello!"]
+    assert len(data["conversations"]) == 1
