@@ -7,14 +7,15 @@ Needs the mlir-aie Python package (`aie.iron`); written for the IRON API of mlir
 `aie.iron.controlflow.range_`, `aie.helpers.taplib.TensorAccessPattern`). NOT compiled or run on
 hardware by this project yet: see docs/NPU.md.
 
-Data flow for one call, C[M, N] = A[M, K] @ B[K, N], with M = 4m and N = 4n:
-  * core (row i, column j) at Tile(j, 2 + i) owns the C tile (i, j); it zeroes it, then for each
-    of the K/k steps takes one A tile (m×k) and one B tile (k×n) and accumulates `matmul`;
-  * A row block i enters through the shim of column i, its memory tile forwards each tile to all
-    four cores of row i (a broadcast across the columns);
-  * B column block j enters through the shim of column j, its memory tile broadcasts each tile to
-    the four cores of column j;
-  * the memory tile of column j joins the four C tiles of its column and sends them to the shim.
+Data flow for one call, C[M, N] = A[M, K] @ B[K, N], with M = 4m and N = 4·n·tn:
+  * core (row i, column j) at Tile(j, 2 + i) computes the C tiles (i, j*tn + t) for t < tn; for
+    each it zeroes the tile, then for each of the K/k steps takes one A tile (m×k) and one B tile
+    (k×n) and accumulates `matmul`;
+  * A row block i enters through the shim of column i (sent tn times, once per output block),
+    its memory tile forwards each tile to all four cores of row i (a broadcast across columns);
+  * B column blocks j*tn.. enter through the shim of column j, its memory tile broadcasts each
+    tile to the four cores of column j;
+  * the memory tile of column j joins the four C tiles of each block and sends them to the shim.
 Because the host already packed A, B and C into the layouts of npu/kernels/spec.py, every
 transfer is one contiguous run and no DMA needs a strided or transposing access pattern.
 """
@@ -27,7 +28,8 @@ import numpy as np
 from npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS, GemmSpec
 
 FIFO_DEPTH = 2           # double buffering in L1 and L2 (GemmSpec.l1_bytes assumes it)
-ROW_ELEMS = 256          # innermost DMA dimension: well under the BD's 1023-word limit for every type
+ROW_BYTES = 1024         # innermost DMA dimension: 256 32-bit words, under a BD's 1023-word limit
+MAX_DIM = 1023
 
 
 def object_name(spec: GemmSpec) -> str:
@@ -39,11 +41,19 @@ def kernel_symbols(spec: GemmSpec) -> tuple[str, str]:
     return f"zero_{spec.dtype_out}", f"matmul_{spec.dtype_in}_{spec.dtype_out}"
 
 
-def _linear(total: int, offset: int, length: int):
-    """A contiguous run as a 2-D access pattern with a short innermost dimension."""
+def linear_tap_shape(length: int, itemsize: int, repeat: int = 1):
+    """(sizes, strides) moving `length` contiguous elements `repeat` times, short innermost rows."""
+    inner = ROW_BYTES // itemsize
+    rows = length // inner
+    if length % inner or rows > MAX_DIM or repeat > 64:
+        raise ValueError(f"a run of {length} elements x{repeat} does not fit one buffer descriptor")
+    return [repeat, 1, rows, inner], [0, 0, inner, 1]          # stride 0 outermost: a repeat
+
+
+def _linear(total: int, offset: int, length: int, itemsize: int, repeat: int = 1):
     from aie.helpers.taplib import TensorAccessPattern
-    assert length % ROW_ELEMS == 0
-    return TensorAccessPattern((1, total), offset, [1, 1, length // ROW_ELEMS, ROW_ELEMS], [0, 0, ROW_ELEMS, 1])
+    sizes, strides = linear_tap_shape(length, itemsize, repeat)
+    return TensorAccessPattern((1, total), offset, sizes, strides)
 
 
 def build_module(spec: GemmSpec):
@@ -59,7 +69,8 @@ def build_module(spec: GemmSpec):
         t_in = np.int8
     t_out = np.int32 if spec.dtype_out == "i32" else np.float32
     M, K, N, m, k, n = spec.M, spec.K, spec.N, spec.m, spec.k, spec.n
-    k_steps = K // k
+    k_steps, tn = K // k, spec.tn
+    isz_in, isz_out = (2 if spec.dtype_in == "bf16" else 1), 4
 
     A_ty = np.ndarray[(M * K,), np.dtype[t_in]]
     B_ty = np.ndarray[(K * N,), np.dtype[t_in]]
@@ -84,14 +95,15 @@ def build_module(spec: GemmSpec):
                for j in range(CORE_COLS)]
 
     def core(a, b, c, zero_fn, matmul_fn):
-        tile = c.acquire(1)
-        zero_fn(tile)
-        for _ in range_(k_steps) if k_steps > 1 else range(1):
-            ta, tb = a.acquire(1), b.acquire(1)
-            matmul_fn(ta, tb, tile)
-            a.release(1)
-            b.release(1)
-        c.release(1)
+        for _ in range_(tn) if tn > 1 else range(1):
+            tile = c.acquire(1)
+            zero_fn(tile)
+            for _ in range_(k_steps) if k_steps > 1 else range(1):
+                ta, tb = a.acquire(1), b.acquire(1)
+                matmul_fn(ta, tb, tile)
+                a.release(1)
+                b.release(1)
+            c.release(1)
 
     workers = [Worker(core, [a_row[i].cons(), b_col[j].cons(), c_tiles[j][i].prod(), zero, matmul],
                       placement=Tile(j, 2 + i))
@@ -101,13 +113,15 @@ def build_module(spec: GemmSpec):
     with rt.sequence(A_ty, B_ty, C_ty) as (A, B, C):
         rt.start(*workers)
         tg = rt.task_group()
-        for i in range(CORE_ROWS):       # A packed [M/m][K/k][tile]: row block i is one run
-            rt.fill(a_in[i].prod(), A, tap=_linear(M * K, i * m * K, m * K), task_group=tg, placement=Tile(i, 0))
-        for j in range(CORE_COLS):       # B packed [N/n][K/k][tile]: column block j is one run
-            rt.fill(b_in[j].prod(), B, tap=_linear(K * N, j * K * n, K * n), task_group=tg, placement=Tile(j, 0))
-        for j in range(CORE_COLS):       # C packed [N/n][M/m][tile]: column j's four tiles are one run
-            rt.drain(c_out[j].cons(), C, tap=_linear(M * N, j * M * n, M * n), wait=True, task_group=tg,
-                     placement=Tile(j, 0))
+        for i in range(CORE_ROWS):       # A packed [M/m][K/k][tile]: row block i is one run, sent tn times
+            rt.fill(a_in[i].prod(), A, tap=_linear(M * K, i * m * K, m * K, isz_in, repeat=tn), task_group=tg,
+                    placement=Tile(i, 0))
+        for j in range(CORE_COLS):       # B packed [N/n][K/k][tile]: blocks j*tn.. are one run
+            rt.fill(b_in[j].prod(), B, tap=_linear(K * N, j * tn * K * n, tn * K * n, isz_in), task_group=tg,
+                    placement=Tile(j, 0))
+        for j in range(CORE_COLS):       # C packed [N/n][M/m][tile]: column j's blocks are one run
+            rt.drain(c_out[j].cons(), C, tap=_linear(M * N, j * tn * M * n, tn * M * n, isz_out), wait=True,
+                     task_group=tg, placement=Tile(j, 0))
         rt.finish_task_group(tg)
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 

@@ -5,14 +5,16 @@ One source of truth for three users: the IRON designs (which compile it), the ho
 Only numpy is imported here, so the IRON designs can use it inside the mlir-aie environment.
 
 A kernel computes one *call*: C[M, N] = A[M, K] @ B[K, N] on the 4×4 compute tiles of `npu1`.
-Core (row i, column j) owns the C tile (rows i*m.., columns j*n..), so M = 4m and N = 4n, and
-loops over K in steps of k. The host packs every buffer so that each DMA moves one contiguous
+M = 4m and N = 4·n·tn: core (row i, column j) owns rows i*m.. of the n-wide column blocks
+j*tn .. j*tn+tn-1, one after the other, and for each loops over K in steps of k. A call covers a
+whole weight's width when tn is large enough, which keeps the number of calls (each with its
+submit/wait overhead) small. The host packs every buffer so that each DMA moves one contiguous
 run of bytes and each core finds its tiles already split into the MAC unit's (r×s)·(s×t)
 sub-blocks; the shim and memory-tile DMAs then need no strided access patterns:
 
   A  [M/m][K/k][m/r][k/s][r][s]    row block i = core row i, its K tiles in order
-  B  [N/n][K/k][k/s][n/t][s][t]    column block j = core column j, its K tiles in order
-  C  [N/n][M/m][m/r][n/t][r][t]    column j's memory tile joins its four rows' tiles
+  B  [N/n][K/k][k/s][n/t][s][t]    core column j reads blocks j*tn.. (one run), K tiles in order
+  C  [N/n][M/m][m/r][n/t][r][t]    column j's memory tile joins its four rows' tiles, block by block
 """
 from __future__ import annotations
 
@@ -53,8 +55,8 @@ class GemmSpec:
         problems = []
         if self.M != CORE_ROWS * self.m:
             problems.append(f"M={self.M} must be {CORE_ROWS}*m")
-        if self.N != CORE_COLS * self.n:
-            problems.append(f"N={self.N} must be {CORE_COLS}*n")
+        if self.N % (CORE_COLS * self.n):
+            problems.append(f"N={self.N} must be a multiple of {CORE_COLS}*n")
         if self.K % self.k:
             problems.append(f"K={self.K} must be a multiple of k={self.k}")
         if self.m % r or self.k % s or self.n % t:
@@ -63,6 +65,11 @@ class GemmSpec:
             problems.append(f"double-buffered L1 tiles need {self.l1_bytes()} bytes, more than a core has")
         if problems:
             raise ValueError(f"{self.name}: " + "; ".join(problems))
+
+    @property
+    def tn(self) -> int:
+        """Output column blocks each core computes per call."""
+        return self.N // (CORE_COLS * self.n)
 
     @property
     def mac(self) -> tuple[int, int, int]:
@@ -146,11 +153,13 @@ class GemmSpec:
 
 
 # The kernels build.py compiles by default. M = 256 tokens per call matches a prefill chunk;
-# two K depths let the driver trade padding against the number of calls per weight.
+# several (K, N) call shapes let the driver trade padding against the number of calls per weight.
 DEFAULT_SPECS = (
     GemmSpec("gemm_i8_256x256x256", "i8", "i32", 256, 256, 256, 64, 64, 64),
-    GemmSpec("gemm_i8_256x512x256", "i8", "i32", 256, 512, 256, 64, 64, 64),
+    GemmSpec("gemm_i8_256x512x1024", "i8", "i32", 256, 512, 1024, 64, 64, 64),
+    GemmSpec("gemm_i8_256x1024x2048", "i8", "i32", 256, 1024, 2048, 64, 64, 64),
     GemmSpec("gemm_bf16_128x256x256", "bf16", "f32", 128, 256, 256, 32, 64, 64),
+    GemmSpec("gemm_bf16_128x512x1024", "bf16", "f32", 128, 512, 1024, 32, 64, 64),
 )
 
 

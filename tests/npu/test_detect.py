@@ -47,10 +47,11 @@ def machine(tmp_path, *, device="0x1502", module=True, bound="amdxdna", firmware
 def test_everything_present_is_available(tmp_path):
     status = npu_status(**machine(tmp_path))
     assert status.available, status.reason
-    assert status.reason == f"ready: AMD XDNA1 NPU (Phoenix, npu1) at {ADDR}, 3 kernel(s)"
+    assert status.reason == f"ready: AMD XDNA1 NPU (Phoenix, npu1) at {ADDR}, {len(DEFAULT_SPECS)} kernel(s)"
+    assert status.details["name"] == "AMD XDNA1 NPU (Phoenix, npu1)"
     assert all(ok for _, ok, _ in status.details["checks"])
     assert status.details["accel_nodes"][0].endswith("accel/accel0")
-    assert "[ok] kernels: gemm_bf16_128x256x256, gemm_i8_256x256x256, gemm_i8_256x512x256" in "\n".join(status.lines())
+    assert f"[ok] kernels: {', '.join(sorted(s.name for s in DEFAULT_SPECS))}" in "\n".join(status.lines())
 
 
 def test_no_npu(tmp_path):

@@ -74,12 +74,13 @@ def test_weights_are_uploaded_once_and_stay_resident(device, artifacts, emu):
     assert gemm.stats["runs"] == 3 * pw.k_chunks * pw.n_blocks
 
 
-def test_variant_choice_prefers_fewer_calls_for_the_same_padding(device, artifacts):
+def test_variant_choice_trades_padding_against_calls(device, artifacts):
     gemm = NpuGemm(device, artifacts, "i8")
     by_name = {a.spec.name: a.spec for a in artifacts.values()}
-    assert gemm.choose(512, 256).spec.name == "gemm_i8_256x512x256"     # 1 call, no padding
-    assert gemm.choose(256, 256).spec.name == "gemm_i8_256x256x256"     # no padding at all
-    assert plan_cost(by_name["gemm_i8_256x256x256"], 1024, 512) > plan_cost(by_name["gemm_i8_256x512x256"], 1024, 512)
+    assert gemm.choose(256, 256).spec.name == "gemm_i8_256x256x256"       # no padding at all
+    assert gemm.choose(640, 1024).spec.name == "gemm_i8_256x512x1024"     # 270M q_proj: 2 calls
+    assert gemm.choose(2048, 2048).spec.name == "gemm_i8_256x1024x2048"   # 2 calls instead of 32
+    assert plan_cost(by_name["gemm_i8_256x256x256"], 2048, 2048) > plan_cost(by_name["gemm_i8_256x1024x2048"], 2048, 2048)
 
 
 def test_no_kernel_of_the_type(device, artifacts):

@@ -140,16 +140,20 @@ def test_design_moves_exactly_the_packed_blocks_each_core_needs(fake_iron, spec)
     assert [k[0] for k in rec.kernels] == list(kernel_symbols(spec))
     assert all(k[1] == object_name(spec) for k in rec.kernels)
 
-    # every transfer is a short-rowed contiguous run; together they cover each buffer exactly once
-    for taps, total in (([f for f in rec.fills if f[1] == "A"], spec.M * spec.K),
-                        ([f for f in rec.fills if f[1] == "B"], spec.K * spec.N),
-                        (rec.drains, spec.M * spec.N)):
-        covered = np.concatenate([_elements(t[2]) for t in taps])
-        assert np.array_equal(np.sort(covered), np.arange(total))
+    # every transfer is a short-rowed contiguous run (A's repeated once per output block of a core);
+    # together they cover each buffer exactly once
+    for taps, total, repeat in (([f for f in rec.fills if f[1] == "A"], spec.M * spec.K, spec.tn),
+                                ([f for f in rec.fills if f[1] == "B"], spec.K * spec.N, 1),
+                                (rec.drains, spec.M * spec.N, 1)):
+        runs = []
         for t in taps:
             e = _elements(t[2])
-            assert np.array_equal(e, np.arange(e[0], e[0] + e.size))
-            assert t[2].sizes[-1] * 4 <= 1023 * 4 and t[3].row == 0   # ≤ 1023 32-bit words innermost, from a shim
+            one = e[:e.size // repeat]
+            assert np.array_equal(e, np.tile(one, repeat)) and t[2].sizes[0] == repeat
+            assert np.array_equal(one, np.arange(one[0], one[0] + one.size))
+            assert t[2].sizes[2] <= 1023 and t[3].row == 0
+            runs.append(one)
+        assert np.array_equal(np.sort(np.concatenate(runs)), np.arange(total))
 
     # worker (row i, col j) reads the fifo fed by shim i's A run and shim j's B run, writes C part i of col j
     a_fill = {f[0]: f for f in rec.fills if f[1] == "A"}
@@ -159,8 +163,8 @@ def test_design_moves_exactly_the_packed_blocks_each_core_needs(fake_iron, spec)
         i, j = tile.row - 2, tile.col
         a_src, b_src, c_part = args[0].fifo.source, args[1].fifo.source, args[2].fifo
         assert a_fill[a_src][2].offset == i * spec.m * spec.K            # A packed row block i
-        assert b_fill[b_src][2].offset == j * spec.K * spec.n            # B packed column block j
-        assert c_drain[c_part.joined_into][2].offset == j * spec.M * spec.n
+        assert b_fill[b_src][2].offset == j * spec.tn * spec.K * spec.n  # B packed blocks j*tn..
+        assert c_drain[c_part.joined_into][2].offset == j * spec.tn * spec.M * spec.n
         assert c_part.offset == i * spec.m * spec.n                      # row i's tile within column j
         assert c_part.placement.col == j and c_part.placement.row == 1
 

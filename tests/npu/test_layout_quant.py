@@ -44,6 +44,9 @@ def test_layouts_match_the_documented_order():
 
 
 def test_spec_rejects_shapes_the_array_cannot_run():
+    assert GemmSpec("ok", "i8", "i32", 256, 256, 768, 64, 64, 64).tn == 3
+    with pytest.raises(ValueError, match="N=300"):
+        GemmSpec("bad", "i8", "i32", 256, 256, 300, 64, 64, 64)
     with pytest.raises(ValueError, match="M=200"):
         GemmSpec("bad", "i8", "i32", 200, 256, 256, 64, 64, 64)
     with pytest.raises(ValueError, match="MAC shape"):
