@@ -34,10 +34,17 @@ def embedded_metadata() -> dict:
     return GGUFFile(embedded_model_path()).metadata
 
 
+BUILD_SECONDS: list[float] = []
+
+
 @lru_cache(maxsize=1)
 def embedded_tokenizer() -> Tokenizer:
     """Built once per test run, without the cache (the cache has its own tests)."""
-    return Tokenizer.from_gguf_metadata(embedded_metadata(), cache_key=None)
+    meta = embedded_metadata()
+    t0 = time.perf_counter()
+    tok = Tokenizer.from_gguf_metadata(meta, cache_key=None)
+    BUILD_SECONDS.append(time.perf_counter() - t0)
+    return tok
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +175,10 @@ def generated_strings(meta: dict, count: int, seed: int = 1234) -> list[str]:
 
 
 # -- build ------------------------------------------------------------------------------------
-def test_build_from_gguf_metadata_is_fast_and_complete(meta):
-    t0 = time.perf_counter()
-    hf = gguf_vocab.build_gguf_tokenizer(meta)
-    elapsed = time.perf_counter() - t0
-    print(f"\nbuild_gguf_tokenizer: {elapsed:.2f} s")
-    assert elapsed < 30, "the brief's target is < 10 s on an idle machine"
+def test_build_from_gguf_metadata_is_fast_and_complete(tok):
+    hf = tok.hf
+    print(f"\nbuild from GGUF metadata: {BUILD_SECONDS[0]:.2f} s")
+    assert BUILD_SECONDS[0] < 30, "~3 s on an idle core; this bound only catches a runaway"
     assert hf.get_vocab_size(with_added_tokens=True) == 262144
     added = hf.get_added_tokens_decoder()
     assert added[106].content == "<end_of_turn>" and added[106].special
@@ -374,14 +379,16 @@ def test_cache_makes_the_second_load_fast(meta, monkeypatch, tmp_path, model_pat
     assert t_load < t_build
 
 
-def test_damaged_cache_is_rebuilt(meta, monkeypatch, tmp_path):
+def test_damaged_cache_is_rebuilt(meta, tok, monkeypatch, tmp_path):
     monkeypatch.setenv("PHOENIX_CHAT_HOME", str(tmp_path))
     path = tmp_path / "cache" / "tokenizers" / "k.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"version": "1.0", "trunc')
-    tok = Tokenizer.from_gguf_metadata(meta, "k")
-    assert tok.encode("Hello") == [2, 9259]
-    assert json.loads(path.read_text())["model"]["type"] == "BPE"
+    calls = []
+    monkeypatch.setattr(gguf_vocab, "build_gguf_tokenizer", lambda m: calls.append(m) or tok.hf)
+    rebuilt = Tokenizer.from_gguf_metadata(meta, "k")
+    assert calls and rebuilt.encode("Hello") == [2, 9259]
+    assert path.read_text() == tok.hf.to_str()  # and the cache is good again
 
 
 def test_cache_key_follows_the_file(tmp_path):
