@@ -1,0 +1,443 @@
+"""The Vulkan backend: Gemma 3 on any Vulkan 1.2+ GPU (lavapipe in CI).
+
+Weights are uploaded once in their file types and dequantized inside the kernels. Every
+forward pass is a recorded command list, recorded once per (token count, output kind) and
+replayed; the per-step values live in the step buffer (shaders/include/step.glsl), the token
+ids in the `tokens` buffer. The decode step samples on the GPU, writes the id into `tokens`
+and advances the position itself, so a decode token costs the host one submit, one fence wait
+and one 4-byte read.
+
+One layer, as recorded (B = barrier):
+  [quantize B] QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention (split B reduce) B
+  [quantize B] o matvec B  norm_add (x += norm(o); h = norm(x)) B
+  [quantize B] gate/up GEGLU matvec B  [quantize B] down matvec B  norm_add (next layer's h)
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+from gguf import quants as gguf_quants
+
+from engine.backends.base import Backend
+from engine.backends.vulkan import ops_attention, ops_embed, ops_norm, ops_rope, ops_sample
+from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.matvec import (SUPPORTED, WeightMatrix, q8_1_bytes, record_matvec,
+                                           record_quantize)
+from engine.backends.vulkan.memory import Tensor
+from engine.backends.vulkan.ops_common import pack_step
+from engine.backends.vulkan.ops_table import EMBED_TYPES
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES
+from engine.errors import OutOfMemoryError, UnsupportedModelError
+from engine.sampling import SamplingParams
+from engine.weights.base import WeightSource
+
+QUANT_TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "f16": QType.F16}
+PREFILL_CHUNK = 128       # tokens per prefill submission; local KV rings hold window + this
+LOGITS_CHUNK = 32         # tokens per submission when every position's logits come back
+MAX_RECORDINGS = 8
+
+
+@dataclass
+class _Layer:
+    qkv: list             # [q, k, v] WeightMatrix
+    o: WeightMatrix
+    gate: WeightMatrix
+    up: WeightMatrix
+    down: WeightMatrix
+    norms: dict           # name -> Buffer (f32 multipliers)
+    k_cache: object
+    v_cache: object
+    slots: int
+    is_global: bool
+
+
+class VulkanBackend(Backend):
+    name = "vulkan"
+
+    def __init__(self, weights: WeightSource, context_length: int, *, device_index: int | None = None,
+                 allow_software: bool = False, quant: str | None = None, progress=None,
+                 int_dot: bool | None = None, device: Device | None = None):
+        super().__init__(weights.config, context_length)
+        cfg = self.config
+        if quant is not None and quant not in QUANT_TYPES:
+            raise ValueError(f"quant must be one of {sorted(QUANT_TYPES)}, got {quant!r}")
+        self.quant = quant
+        self._own_device = device is None
+        self.dev = dev = device or Device.open(device_index, allow_software=allow_software)
+        self.device_name = dev.name
+        caps = dev.caps
+        # int8 activations only where the dot instruction is real hardware (unless forced)
+        self.int_dot = bool(caps.int_dot and (caps.int_dot_accelerated if int_dot is None else int_dot))
+        self._progress = progress
+        try:
+            self._plan_and_check(weights)
+            self._upload(weights)
+            self._allocate()
+        except BaseException:
+            self.close()
+            raise
+        self._recordings: OrderedDict = OrderedDict()
+        self._decode_lists: dict = {}
+        self._py_time = 0.0
+        self._py_tokens = 0
+
+    # ---- loading -------------------------------------------------------------------------
+
+    def _target_type(self, name: str, qtype: QType) -> QType:
+        if self.quant is None:
+            return qtype
+        return QUANT_TYPES[self.quant]
+
+    def _plan_and_check(self, weights: WeightSource) -> None:
+        """Bytes of weights + KV cache + scratch vs the device heap, before allocating anything."""
+        cfg, dev = self.config, self.dev
+        self._tied = "lm_head" not in weights.tensors
+        w_bytes = 0
+        for name, t in weights.tensors.items():
+            if t.is_norm:
+                w_bytes += int(np.prod(t.shape)) * 4
+                continue
+            qt = self._embed_type(t.qtype) if name == "embed_tokens" else self._target_type(name, t.qtype)
+            block, size = _quant_size(qt)
+            w_bytes += int(np.prod(t.shape)) // block * size
+        self.slots = [self.context_length if cfg.is_global_layer(i)
+                      else min(self.context_length, cfg.sliding_window + PREFILL_CHUNK)
+                      for i in range(cfg.num_layers)]
+        kv_bytes = sum(self.slots) * cfg.kv_dim * 2 * 2
+        T = PREFILL_CHUNK
+        acts = T * (3 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + cfg.q_dim + cfg.intermediate_size) * 4
+        self.n_splits = ops_attention.default_splits(self.context_length)
+        scratch = (acts + LOGITS_CHUNK * cfg.vocab_size * 4 + ops_sample.scratch_bytes(cfg.vocab_size)
+                   + ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * 4
+                   + q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size))
+                   + (self.context_length + 2) * 4 + Device.STAGING_BYTES)
+        self.budget = {"weights": w_bytes, "kv_cache": kv_bytes, "scratch": scratch}
+        need = w_bytes + kv_bytes + scratch
+        heap = dev.caps.device_local_bytes
+        usable = int(heap * (0.8 if dev.caps.uma else 0.92))
+        if need > usable:
+            gib = 2 ** 30
+            raise OutOfMemoryError(
+                f"{cfg.name} needs {need / gib:.2f} GiB on {dev.name} (weights {w_bytes / gib:.2f}, KV cache "
+                f"{kv_bytes / gib:.2f} for {self.context_length} tokens, scratch {scratch / gib:.2f}) but "
+                f"{usable / gib:.2f} GiB of its {heap / gib:.2f} GiB can be used: pick a smaller quant "
+                f"(--quant q4_0) or a shorter context (--ctx)")
+
+    def _embed_type(self, qtype: QType) -> QType:
+        want = self._target_type("embed_tokens", qtype)
+        if self.quant == "q4_0":
+            want = QType.Q8_0     # llama.cpp keeps embeddings at 8 bits in Q4_0 files too
+        return want if want.name in EMBED_TYPES else QType.Q8_0
+
+    def _report(self, done: float, what: str) -> None:
+        if self._progress:
+            self._progress(done, what)
+
+    def _raw(self, weights: WeightSource, name: str, target: QType) -> tuple[np.ndarray, QType]:
+        t = weights.tensors[name]
+        if t.qtype == target:
+            return weights.raw(name), t.qtype
+        w = weights.dequantize(name)
+        return gguf_quants.quantize(np.ascontiguousarray(w, dtype=np.float32), target), target
+
+    def _matrix(self, weights, name) -> WeightMatrix:
+        t = weights.tensors[name]
+        raw, qt = self._raw(weights, name, self._target_type(name, t.qtype))
+        if qt not in SUPPORTED:
+            raise UnsupportedModelError(weights.path, f"{t.source_name or name}: type {qt.name} has no Vulkan kernel")
+        return WeightMatrix.upload(self.dev, raw, qt, t.shape, name=name)
+
+    def _norm(self, weights, name):
+        w = np.ascontiguousarray(weights.dequantize(name), dtype=np.float32)
+        buf = self.dev.buffer(w.nbytes, name=name)
+        self.dev.upload(buf, w)
+        return buf
+
+    def _upload(self, weights: WeightSource) -> None:
+        cfg, dev = self.config, self.dev
+        total = len(weights.tensors)
+        done = 0
+
+        def tick(name):
+            nonlocal done
+            done += 1
+            self._report(done / total, f"uploading {name}")
+
+        et = weights.tensors["embed_tokens"]
+        raw, qt = self._raw(weights, "embed_tokens", self._embed_type(et.qtype))
+        self.embed_type = qt
+        emb = WeightMatrix.upload(dev, raw, qt, et.shape, name="embed_tokens")
+        self.embed_table: Tensor = emb.tensor
+        tick("embed_tokens")
+        if self._tied:
+            self.lm_head = emb
+        else:
+            self.lm_head = self._matrix(weights, "lm_head")
+            tick("lm_head")
+        self.final_norm = self._norm(weights, "norm")
+        tick("norm")
+        self.layers: list[_Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"layers.{i}."
+            mats = {}
+            for short in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                mats[short] = self._matrix(weights, p + short)
+                tick(p + short)
+            norms = {}
+            for short in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                          "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+                norms[short] = self._norm(weights, p + short)
+                tick(p + short)
+            if mats["mlp.gate_proj"].qtype != mats["mlp.up_proj"].qtype:
+                raise UnsupportedModelError(weights.path, f"layer {i}: gate and up projections differ in type "
+                                            "(the fused GEGLU kernel needs one type): load with --quant")
+            kv_bytes = cfg.num_kv_heads * self.slots[i] * cfg.head_dim * 2
+            self.layers.append(_Layer(
+                qkv=[mats["self_attn.q_proj"], mats["self_attn.k_proj"], mats["self_attn.v_proj"]],
+                o=mats["self_attn.o_proj"], gate=mats["mlp.gate_proj"], up=mats["mlp.up_proj"],
+                down=mats["mlp.down_proj"], norms=norms,
+                k_cache=dev.buffer(kv_bytes, name=f"k_cache.{i}"), v_cache=dev.buffer(kv_bytes, name=f"v_cache.{i}"),
+                slots=self.slots[i], is_global=cfg.is_global_layer(i)))
+        self.weight_bytes = sum(b.alloc_size for b in dev._buffers)
+
+    def _allocate(self) -> None:
+        cfg, dev = self.config, self.dev
+        T = PREFILL_CHUNK
+        f = 4
+        self.qkv_dim = cfg.q_dim + 2 * cfg.kv_dim
+        self.step = dev.buffer(64, host=True, name="step")
+        self.tokens = dev.buffer((self.context_length + 2) * 4, host=True, name="tokens")
+        self.tokens_view = self.tokens.view(np.uint32)
+        self.x = dev.buffer(T * cfg.hidden_size * f, name="x")
+        self.h = dev.buffer(T * cfg.hidden_size * f, name="h")
+        self.o = dev.buffer(T * cfg.hidden_size * f, name="o")
+        self.qkv = dev.buffer(T * self.qkv_dim * f, name="qkv")
+        self.attn = dev.buffer(T * cfg.q_dim * f, name="attn")
+        self.mlp = dev.buffer(T * cfg.intermediate_size * f, name="mlp")
+        self.xq = dev.buffer(q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size)), name="xq")
+        self.logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
+        self.partial = dev.buffer(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * f,
+                                  name="attn_partial")
+        self.cand = dev.buffer(ops_sample.scratch_bytes(cfg.vocab_size), name="sample_candidates")
+        # zero the KV caches: attention never reads unwritten slots, but NaN garbage * 0 is NaN
+        cl = dev.commands()
+        for L in self.layers:
+            cl.fill(L.k_cache, 0)
+            cl.fill(L.v_cache, 0)
+        cl.submit()
+        cl.destroy()
+
+    # ---- recording -----------------------------------------------------------------------
+
+    def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0):
+        """One (possibly fused) matvec over T tokens, through the int8 path where it applies."""
+        int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
+        if int_dot:
+            record_quantize(cl, self.dev, x, self.xq, T * x_cols)
+            cl.barrier()
+            record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
+                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off)
+        else:
+            record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off)
+
+    def _qkv(self, cl, L: _Layer, T: int) -> None:
+        cfg = self.config
+        q, k, v = L.qkv
+        single = all(len(m.tensor.ranges) == 1 for m in L.qkv)
+        if single and q.qtype == k.qtype == v.qtype:
+            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
+            return
+        # types differ (e.g. Q5_0 q/k with Q8_0 v): three dispatches, no barrier between them;
+        # group them by type so the int8 path quantizes h once
+        for m, off in ((q, 0), (k, cfg.q_dim), (v, cfg.q_dim + cfg.kv_dim)):
+            record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
+                          x_stride=cfg.hidden_size, y_stride=self.qkv_dim)
+
+    def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False):
+        """mode: 'none' (fill the cache only), 'last' / 'all' (logits), 'sample' (decode step)."""
+        cfg, dev = self.config, self.dev
+        eps = cfg.rms_norm_eps
+        H = cfg.hidden_size
+        cl = dev.commands(name=f"forward[{T},{mode}]")
+        ops_embed.embed(cl, dev, self.step, self.tokens, self.embed_table, self.x, wtype=self.embed_type.name,
+                        hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
+        cl.barrier()
+        ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps)
+        for i, L in enumerate(self.layers):
+            cl.barrier()
+            self._qkv(cl, L, T)
+            cl.barrier()
+            ops_rope.rope_kv(cl, dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
+                             L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
+                             n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots,
+                             theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=eps, max_tokens=T,
+                             q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0, k_offset=cfg.q_dim,
+                             v_offset=cfg.q_dim + cfg.kv_dim)
+            cl.barrier()
+            window = 0 if L.is_global else cfg.sliding_window
+            if T == 1:
+                ops_attention.attention_decode(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.partial,
+                                               self.attn, head_dim=cfg.head_dim, n_heads=cfg.num_heads,
+                                               n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, window=window,
+                                               scale=cfg.attn_scale, n_splits=self.n_splits, q_offset=0)
+            else:
+                ops_attention.attention_prefill(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.attn,
+                                                head_dim=cfg.head_dim, n_heads=cfg.num_heads,
+                                                n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, window=window,
+                                                scale=cfg.attn_scale, max_tokens=T, q_stride=self.qkv_dim,
+                                                q_offset=0)
+            cl.barrier()
+            self._mv(cl, [L.o], self.attn, self.o, T=T, x_cols=cfg.q_dim, y_cols=H)
+            cl.barrier()
+            ops_norm.norm_add(cl, dev, self.o, L.norms["post_attention_layernorm"], self.x,
+                              L.norms["pre_feedforward_layernorm"], self.h, rows=T, n=H, eps=eps)
+            cl.barrier()
+            self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
+                     epilogue="geglu")
+            cl.barrier()
+            self._mv(cl, [L.down], self.mlp, self.o, T=T, x_cols=cfg.intermediate_size, y_cols=H)
+            cl.barrier()
+            nxt = self.layers[i + 1].norms["input_layernorm"] if i + 1 < len(self.layers) else self.final_norm
+            ops_norm.norm_add(cl, dev, self.o, L.norms["post_feedforward_layernorm"], self.x, nxt, self.h,
+                              rows=T, n=H, eps=eps)
+        cl.barrier()
+        V = cfg.vocab_size
+        if mode == "all":
+            self._mv(cl, [self.lm_head], self.h, self.logits, T=T, x_cols=H, y_cols=V)
+        elif mode in ("last", "sample"):
+            self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H)
+        if mode == "sample":
+            cl.barrier()
+            ops_sample.sample(cl, dev, self.step, self.logits, self.cand, self.tokens, vocab=V, greedy=greedy,
+                              penalty=penalty)
+        return cl.end()
+
+    def _recording(self, T: int, mode: str):
+        key = (T, mode)
+        cl = self._recordings.get(key)
+        if cl is None:
+            cl = self._recordings[key] = self._record(T, mode)
+            while len(self._recordings) > MAX_RECORDINGS:
+                _, old = self._recordings.popitem(last=False)
+                old.destroy()
+        else:
+            self._recordings.move_to_end(key)
+        return cl
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def _write_step(self, **kw) -> None:
+        self.step.mapped[:48] = np.frombuffer(pack_step(**kw), np.uint8)
+
+    def forward(self, token_ids, start_pos: int, *, all_logits: bool = False) -> np.ndarray:
+        ids = [int(t) for t in token_ids]
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if start_pos < 0 or start_pos + n > self.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
+        V = self.config.vocab_size
+        chunk = LOGITS_CHUNK if all_logits else PREFILL_CHUNK
+        outs = []
+        for s in range(0, n, chunk):
+            part = ids[s:s + chunk]
+            m = len(part)
+            last = s + chunk >= n
+            mode = "all" if all_logits else ("last" if last else "none")
+            cl = self._recording(m, mode)
+            self.tokens_view[start_pos + s:start_pos + s + m] = part
+            self._write_step(pos=start_pos + s, n_tokens=m)
+            cl.submit(wait=True)
+            if mode == "all":
+                outs.append(self.dev.download(self.logits, np.float32, (m, V)))
+            elif mode == "last":
+                outs.append(self.dev.download(self.logits, np.float32, (V,)))
+        return np.concatenate(outs) if all_logits else outs[-1]
+
+    def decode_tokens(self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int):
+        if not params.greedy and (params.top_k <= 0 or params.top_k > ops_sample.KC):
+            return None      # the GPU sampler keeps at most KC candidates: sample on the CPU instead
+        return self._decode(int(first_token), int(start_pos), params, int(max_tokens))
+
+    def _decode_lists_for(self, greedy: bool, penalty: bool):
+        key = (greedy, penalty)
+        if key not in self._decode_lists:
+            # two identical recordings: one runs on the GPU while the host reads the other's id
+            self._decode_lists[key] = [self._record(1, "sample", greedy, penalty) for _ in range(2)]
+        return self._decode_lists[key]
+
+    def _decode(self, first_token, start_pos, params, max_tokens):
+        limit = min(max_tokens, self.context_length - start_pos - 1)
+        if limit <= 0:
+            return
+        penalty = params.repetition_penalty != 1.0
+        lists = self._decode_lists_for(params.greedy, penalty)
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.tokens_view[start_pos] = first_token
+        self._write_step(pos=start_pos, n_tokens=1, seed=seed, top_k=max(0, params.top_k),
+                         temperature=params.temperature, top_p=params.top_p, min_p=params.min_p,
+                         rep_penalty=params.repetition_penalty, rep_window=params.repetition_window)
+        inflight = deque()
+        submitted = 0
+        tokens = self.tokens_view
+        try:
+            for _ in range(limit):
+                t0 = time.perf_counter()
+                while len(inflight) < 2 and submitted < limit:
+                    cl = lists[submitted & 1]
+                    cl.submit(wait=False)
+                    submitted += 1
+                    inflight.append((cl, start_pos + submitted))
+                cl, pos = inflight.popleft()
+                t1 = time.perf_counter()
+                cl.wait()
+                t2 = time.perf_counter()
+                tid = int(tokens[pos])
+                self._py_time += (t1 - t0) + (time.perf_counter() - t2)
+                self._py_tokens += 1
+                yield tid
+        finally:
+            for cl, _ in inflight:
+                cl.wait()
+
+    # ---- reporting ----------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        out = {
+            "device": self.dev.name,
+            "weights_bytes": self.budget["weights"],
+            "kv_cache_bytes": self.budget["kv_cache"],
+            "scratch_bytes": self.budget["scratch"],
+            "allocated_bytes": self.dev.allocated_bytes,
+            "int_dot": self.int_dot,
+        }
+        if self._py_tokens:
+            out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
+        return out
+
+    def close(self) -> None:
+        dev = getattr(self, "dev", None)
+        if dev is None:
+            return
+        for cl in getattr(self, "_recordings", {}).values():
+            cl.destroy()
+        for pair in getattr(self, "_decode_lists", {}).values():
+            for cl in pair:
+                cl.destroy()
+        self._recordings = OrderedDict()
+        self._decode_lists = {}
+        if self._own_device:
+            dev.close()
+        self.dev = None
+
+
+def _quant_size(qt: QType) -> tuple[int, int]:
+    from gguf import GGML_QUANT_SIZES
+    return GGML_QUANT_SIZES[qt]
