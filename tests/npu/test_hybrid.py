@@ -111,3 +111,12 @@ def test_emulated_backend_needs_kernels(setup, tmp_path):
     weights, _, cpu, _, _ = setup
     with pytest.raises(DeviceUnavailableError, match="no built NPU kernels"):
         NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[tmp_path], decoder=cpu)
+
+
+def test_load_with_npu_hybrid_reports_why_not(tmp_path, monkeypatch):
+    import engine
+    from npu.detect import npu_status
+    if npu_status().available:
+        pytest.skip("this machine has a usable NPU")
+    with pytest.raises(DeviceUnavailableError, match="^NPU prefill is unavailable: "):
+        engine.load(backend="npu-hybrid", context_length=128)
