@@ -192,16 +192,21 @@ class Tokenizer:
             except Exception:
                 dec = {}
             steps = dec.get("decoders", [dec]) if dec.get("type") == "Sequence" else [dec]
+
+            def space_mark(step) -> bool:
+                return step.get("type") == "Metaspace" and step.get("replacement") == SPACE_MARK or (
+                    step.get("type") == "Replace" and step.get("pattern", {}).get("String") == SPACE_MARK
+                    and step.get("content") == " ")
+
+            def first_space_strip(step) -> bool:
+                return step.get("type") == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0
+
             kinds = [s.get("type") for s in steps]
-            replaces = any(s.get("type") == "Replace" and s.get("pattern", {}).get("String") == SPACE_MARK
-                           and s.get("content") == " " for s in steps)
-            strip_first = any(s.get("type") == "Strip" and s.get("start", 0) == 1 for s in steps)
-            meta_space = next((s for s in steps if s.get("type") == "Metaspace"), None)
-            if meta_space is not None:
-                replaces = meta_space.get("replacement") == SPACE_MARK
-                strip_first = strip_first or meta_space.get("prepend_scheme", "always") != "never"
-            known = set(kinds) <= {"Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"}
-            spm = known and replaces and "ByteFallback" in kinds
+            spm = ("ByteFallback" in kinds and any(map(space_mark, steps))
+                   and all(k in ("ByteFallback", "Fuse") or space_mark(s) or first_space_strip(s)
+                           for k, s in zip(kinds, steps)))
+            strip_first = any(first_space_strip(s) and s.get("start", 0) == 1 for s in steps) or any(
+                s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never" for s in steps)
             self._stream_info = ("spm", strip_first) if spm else ("naive", False)
         return self._stream_info
 

@@ -437,3 +437,23 @@ def test_from_hf_folder_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelFileError, match="unreadable tokenizer"):
         Tokenizer.from_hf_folder(tmp_path)
+
+
+def test_space_prefix_vocabularies(tok):
+    """Llama-2-style SentencePiece (add_space_prefix): a space before every text run, stripped once
+    when decoding and streaming."""
+    from tokenizers import decoders, normalizers
+
+    saved = tok.hf.normalizer, tok.hf.decoder
+    try:
+        tok.hf.normalizer = normalizers.Sequence([normalizers.Prepend(" "), normalizers.Replace(" ", "\u2581")])
+        tok.hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                            decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        llama2 = Tokenizer(tok.hf, bos_id=2, eos_ids=[1])
+        assert llama2._stream_mode() == ("spm", True)
+        ids = llama2.encode("Hello world 🙂")
+        assert [llama2.id_to_piece(i) for i in ids[:3]] == ["<bos>", "\u2581Hello", "\u2581world"]
+        assert llama2.decode(ids[1:]) == "Hello world 🙂"
+        assert "".join(stream(llama2, ids[1:])) == "Hello world 🙂"
+    finally:
+        tok.hf.normalizer, tok.hf.decoder = saved
