@@ -37,9 +37,28 @@ def run_gui(model_path: str | None = None, home=None) -> int:
     if os.environ.get("PHOENIX_CHAT_TIMING"):
         print(f"window shown after {time.perf_counter() - started:.2f} s", file=sys.stderr)
     app.aboutToQuit.connect(controller.shutdown)
+    _quit_on_signals(app, controller)
     with loop:
         code = loop.run_forever()
     return int(code or 0)
+
+
+def _quit_on_signals(app, controller) -> None:
+    """Ctrl+C / SIGTERM close the window cleanly (history saved, worker stopped)."""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    def handler(*_):
+        controller.window.close()
+        app.quit()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    # Python runs signal handlers only between bytecodes: wake it up now and then.
+    timer = QTimer(app, interval=250)
+    timer.timeout.connect(lambda: None)
+    timer.start()
 
 
 if __name__ == "__main__":

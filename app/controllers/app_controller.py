@@ -83,6 +83,7 @@ class AppController(QObject):
         if self._closed:
             return
         self._closed = True
+        self.window.device_panel_action.toggled.disconnect(self._on_panel_toggled)
         self.settings.set("window_geometry", bytes(self.window.saveGeometry().toHex()).decode())
         self.chat._save_partial()
         self.gauges.stop()

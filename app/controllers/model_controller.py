@@ -204,7 +204,11 @@ class ModelController(QObject):
             i = self.info
             name = i.get("name") or name
             ctx = i.get("context_length")
-            text = f"{name} · {i.get('quant')} · {i.get('backend')} on {i.get('device')}"
+            quant = i.get("quant") or "file"
+            quant = "weights as in file" if quant == "file" else quant
+            if i.get("backend") == "cpu" and i.get("quant") not in (None, "file"):
+                quant += " (the CPU reference computes in f32)"
+            text = f"{name} · {quant} · {i.get('backend')} on {i.get('device')}"
             if ctx:
                 text += f" · {ctx:,} ctx"
             if not i.get("is_instruction_tuned", True):

@@ -22,6 +22,9 @@ PROGRESS_INTERVAL_S = 0.05
 
 def worker_main(conn) -> None:
     """Entry point of the worker process (multiprocessing 'spawn' target)."""
+    import signal
+    # Ctrl+C in the terminal reaches the whole process group; the GUI decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     Worker(conn).run()
 
 
