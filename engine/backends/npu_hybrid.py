@@ -9,7 +9,10 @@ is an explicit, timed copy of the rows written since the last hand-off:
   prefill → decode: after every prefill, the K/V rows of the prompt chunk;
   decode → prefill: before a prefill, the rows decode wrote since (multi-turn chats).
 
-(A Vulkan decoder would take the same rows through an upload; the CPU one takes them by copy.)
+The decoder is any Backend. One with `export_kv(lo, hi) -> rows` and `import_kv(rows)` (rows:
+[(layer, positions, k, v)] in f32, k/v [rows, kv_heads, head_dim]) takes part through those, e.g.
+a Vulkan decoder uploading the rows; otherwise its reference model's cache (`.model.cache`, the
+CPU backend) is read and written directly.
 The activations crossing to the NPU per matmul — the hidden state's traffic — are counted by the
 NPU device (`bytes_to_device` / `bytes_from_device`).
 
@@ -57,10 +60,12 @@ class NpuHybridBackend(Backend):
 
     def __init__(self, weights: WeightSource, context_length: int, progress=None, cancel=None, *,
                  xrt=None, kernel_dirs=None, npu_layers=None, projections=PROJECTIONS,
-                 min_tokens: int = 2, decoder: CpuBackend | None = None):
+                 min_tokens: int = 2, decoder: Backend | None = None):
         """npu_layers: layer indices whose projections prefill on the NPU (default: all).
+        projections: which of each layer's projections (default: all seven).
         xrt: the pyxrt module (default: the real one, after npu_status() says the NPU is ready).
-        decoder: an existing CpuBackend to decode on and share weights with (default: a new one).
+        decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
+        side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
         """
         from npu.detect import npu_status
         from npu.gemm import NpuGemm
@@ -82,6 +87,13 @@ class NpuHybridBackend(Backend):
         self.device_name = ("CPU + emulated NPU (tests only)" if emulated
                             else "CPU decode + AMD XDNA NPU prefill (Phoenix, npu1)")
         self.decoder = decoder or CpuBackend(weights, context_length, progress=progress, cancel=cancel)
+        base = getattr(self.decoder, "model", None)
+        if not (hasattr(self.decoder, "export_kv") and hasattr(self.decoder, "import_kv")):
+            if not isinstance(base, Gemma3Model):
+                raise ValueError(f"decoder {type(self.decoder).__name__} offers no KV hand-off "
+                                 "(export_kv/import_kv, or a reference model's cache)")
+        if not isinstance(base, Gemma3Model):      # the prefill side needs f32 weights of its own
+            base = Gemma3Model(weights, context_length, progress=progress, cancel=cancel)
         cfg = self.config
         layers = range(cfg.num_layers) if npu_layers is None else sorted(set(npu_layers))
         on_npu = {f"layers.{i}.{p}" for i in layers for p in projections}
@@ -89,7 +101,6 @@ class NpuHybridBackend(Backend):
         t = time.perf_counter()
         self.npu = NpuDevice(xrt=xrt)
         self.gemm = NpuGemm(self.npu, found, "i8")
-        base = self.decoder.model
         for i, name in enumerate(sorted(on_npu)):
             self.gemm.add_weight(name, base.w[name])
             if progress:
@@ -113,7 +124,8 @@ class NpuHybridBackend(Backend):
             return logits
         model = self.prefill_model
         if self._prefill_valid < start_pos:
-            self._handoff(self.decoder.model.cache, model.cache, self._prefill_valid, start_pos, "to_prefill_rows")
+            self._handoff(self._decoder_rows, lambda rows: _write_rows(model.cache, rows),
+                          self._prefill_valid, start_pos, "to_prefill_rows")
         t = time.perf_counter()
         outs = []
         for i in range(0, len(ids), PREFILL_CHUNK):
@@ -126,25 +138,37 @@ class NpuHybridBackend(Backend):
         self.timing["prefill_s"] += time.perf_counter() - t
         self.timing["prefill_tokens"] += len(ids)
         end = start_pos + len(ids)
-        self._handoff(model.cache, self.decoder.model.cache, start_pos, end, "to_decoder_rows")
+        self._handoff(lambda lo, hi: _cache_rows(model.cache, lo, hi), self._decoder_import,
+                      start_pos, end, "to_decoder_rows")
         self._prefill_valid = end
         return np.concatenate(outs) if all_logits else outs[-1]
 
-    def _handoff(self, src: KVCache, dst: KVCache, lo: int, hi: int, counter: str):
-        """Copy the K/V rows of positions [lo, hi) from one cache to the other, timed."""
+    def decode_tokens(self, first_token, start_pos, params, max_tokens):
+        """The decoder's device-resident decode, when it has one (its cache holds the prompt)."""
+        steps = self.decoder.decode_tokens(first_token, start_pos, params, max_tokens)
+        if steps is not None:
+            self._prefill_valid = min(self._prefill_valid, start_pos)
+        return steps
+
+    def _decoder_rows(self, lo, hi):
+        if hasattr(self.decoder, "export_kv"):
+            return self.decoder.export_kv(lo, hi)
+        return _cache_rows(self.decoder.model.cache, lo, hi)
+
+    def _decoder_import(self, rows):
+        if hasattr(self.decoder, "import_kv"):
+            self.decoder.import_kv(rows)
+        else:
+            _write_rows(self.decoder.model.cache, rows)
+
+    def _handoff(self, export, import_, lo: int, hi: int, counter: str):
+        """Move the K/V rows of positions [lo, hi) from one side to the other, timed."""
         t = time.perf_counter()
-        rows = nbytes = 0
-        for layer in range(self.config.num_layers):
-            held = src.positions[layer]
-            sel = (held >= lo) & (held < hi)
-            if sel.any():
-                k, v = src.k[layer][sel], src.v[layer][sel]
-                dst.write(layer, held[sel], k, v)
-                rows += int(sel.sum())
-                nbytes += k.nbytes + v.nbytes
+        rows = export(lo, hi)
+        import_(rows)
         h = self.handoff
-        h[counter] += rows
-        h["bytes"] += nbytes
+        h[counter] += sum(len(pos) for _, pos, _, _ in rows)
+        h["bytes"] += sum(k.nbytes + v.nbytes for _, _, k, v in rows)
         h["seconds"] += time.perf_counter() - t
         h["count"] += 1
 
@@ -158,8 +182,24 @@ class NpuHybridBackend(Backend):
             "npu_matmuls": g["matmuls"], "npu_macs": g["macs"], "npu_padded_macs": g["padded_macs"],
             "npu_host_s": g["host_s"], "npu_weight_bytes": g["weight_bytes"], "npu_upload_s": self.upload_s,
             "handoff": dict(self.handoff), **self.timing,
-            "kv_cache_bytes": self.decoder.model.cache.nbytes() + self.prefill_model.cache.nbytes(),
+            "kv_cache_bytes": self.prefill_model.cache.nbytes(),
+            "decoder": self.decoder.stats(),
         }
 
     def close(self):
         self.decoder.close()
+
+
+def _cache_rows(cache: KVCache, lo: int, hi: int) -> list:
+    """[(layer, positions, k, v)] for the rows of positions [lo, hi) a cache holds."""
+    rows = []
+    for layer, held in enumerate(cache.positions):
+        sel = (held >= lo) & (held < hi)
+        if sel.any():
+            rows.append((layer, held[sel], cache.k[layer][sel], cache.v[layer][sel]))
+    return rows
+
+
+def _write_rows(cache: KVCache, rows: list) -> None:
+    for layer, positions, k, v in rows:
+        cache.write(layer, positions, k, v)

@@ -120,3 +120,44 @@ def test_load_with_npu_hybrid_reports_why_not(tmp_path, monkeypatch):
         pytest.skip("this machine has a usable NPU")
     with pytest.raises(DeviceUnavailableError, match="^NPU prefill is unavailable: "):
         engine.load(backend="npu-hybrid", context_length=128)
+
+
+class _ProtocolDecoder:
+    """A decoder that only exchanges KV rows through export_kv/import_kv (as a Vulkan one would)."""
+
+    def __init__(self, cpu):
+        self.cpu, self.model, self.exported, self.imported = cpu, cpu.model, [], []
+
+    def forward(self, ids, start_pos, *, all_logits=False):
+        return self.cpu.forward(ids, start_pos, all_logits=all_logits)
+
+    def decode_tokens(self, *a):
+        return None
+
+    def export_kv(self, lo, hi):
+        from engine.backends.npu_hybrid import _cache_rows
+        self.exported.append((lo, hi))
+        return _cache_rows(self.cpu.model.cache, lo, hi)
+
+    def import_kv(self, rows):
+        from engine.backends.npu_hybrid import _write_rows
+        self.imported.append(sum(len(p) for _, p, _, _ in rows))
+        _write_rows(self.cpu.model.cache, rows)
+
+    def stats(self):
+        return {}
+
+
+def test_kv_handoff_protocol_for_other_decoders(setup):
+    from engine.backends.npu_hybrid import NpuHybridBackend
+    weights, kernels, cpu, ids, _ = setup
+    dec = _ProtocolDecoder(cpu)
+    hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=dec,
+                              npu_layers=[3], projections=("self_attn.q_proj",))
+    hybrid.forward(ids[:10], 0)
+    assert dec.imported == [10 * hybrid.config.num_layers]
+    hybrid.forward([ids[10]], 10)
+    hybrid.forward(ids[11:15], 11)
+    assert dec.exported == [(10, 11)]
+    with pytest.raises(ValueError, match="offers no KV hand-off"):
+        NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=object())
