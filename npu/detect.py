@@ -105,8 +105,9 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     nodes = sorted((dev_root / "accel").glob("accel*")) if (dev_root / "accel").is_dir() else []
     details["accel_nodes"] = [str(n) for n in nodes]
     if not nodes:
-        msg = f"no {dev_root / 'accel' / 'accel*'} device node" + (
-            " although amdxdna is bound (check udev)" if npu["driver"] == DRIVER else f" (it appears once {DRIVER} binds)")
+        bound = npu["driver"] == DRIVER
+        why = " although amdxdna is bound (check udev)" if bound else f" (it appears once {DRIVER} binds)"
+        msg = f"no {dev_root / 'accel' / 'accel*'} device node{why}"
         checks.append(("device node", False, msg))
         problems.append(msg)
     elif not os.access(nodes[0], os.R_OK | os.W_OK):

@@ -6,7 +6,8 @@ design computes, in numpy, from the *device-side* copy of each buffer object:
 
   * int8: A and B are unpacked from the kernel's buffer layout (npu/kernels/spec.py), multiplied
     exactly (int8·int8 products summed in f32/f64 only where every partial sum is an exactly
-    representable integer) and wrapped to int32 as the 32-bit accumulators would; C is packed back into the kernel layout.
+    representable integer) and wrapped to int32 as the 32-bit accumulators would; C is packed
+    back into the kernel layout.
     This is bit-exact with the design's arithmetic.
   * bf16: inputs are bf16 bit patterns, products accumulate in f32. Not bit-exact: the order
     of f32 additions on the AIE differs from numpy's.

@@ -199,7 +199,8 @@ class NpuKernel:
         state = handle.wait()     # the form mlir-aie's own python/utils/xrt.py uses
         end = time.perf_counter()
         if state != xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
-            raise NpuRunError(f"NPU kernel {self.spec.name} ended in state {getattr(state, 'name', state)}, not COMPLETED")
+            name = getattr(state, "name", state)
+            raise NpuRunError(f"NPU kernel {self.spec.name} ended in state {name}, not COMPLETED")
         self.device.record_run(start, end)
         return end - start
 

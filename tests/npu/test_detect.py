@@ -64,7 +64,8 @@ def test_no_npu(tmp_path):
 def test_xdna2_is_named_but_not_used(tmp_path):
     status = npu_status(**machine(tmp_path, device="0x17f0"))
     assert not status.available
-    assert status.reason.startswith(f"found an XDNA2 (Strix Point / Strix Halo / Krackan Point) NPU (1022:17f0) at {ADDR}")
+    assert status.reason.startswith("found an XDNA2 (Strix Point / Strix Halo / Krackan Point) NPU (1022:17f0) at "
+                                    f"{ADDR}")
 
 
 def test_driver_not_loaded(tmp_path):

@@ -80,7 +80,8 @@ def test_variant_choice_trades_padding_against_calls(device, artifacts):
     assert gemm.choose(256, 256).spec.name == "gemm_i8_256x256x256"       # no padding at all
     assert gemm.choose(640, 1024).spec.name == "gemm_i8_256x512x1024"     # 270M q_proj: 2 calls
     assert gemm.choose(2048, 2048).spec.name == "gemm_i8_256x1024x2048"   # 2 calls instead of 32
-    assert plan_cost(by_name["gemm_i8_256x256x256"], 2048, 2048) > plan_cost(by_name["gemm_i8_256x1024x2048"], 2048, 2048)
+    small, big = by_name["gemm_i8_256x256x256"], by_name["gemm_i8_256x1024x2048"]
+    assert plan_cost(small, 2048, 2048) > plan_cost(big, 2048, 2048)
 
 
 def test_no_kernel_of_the_type(device, artifacts):
