@@ -68,7 +68,8 @@ def load(path=None, backend: str = "auto", context_length: int | None = None, qu
     t = time.perf_counter()
     tokenizer = weights.tokenizer()
     timings["tokenizer_s"] = time.perf_counter() - t
-    chat = ChatFormat(weights.chat_template)
+    chat = ChatFormat(weights.chat_template or tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
+                      eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
 
     t = time.perf_counter()
     engine_backend, note = _make_backend(backend, weights, ctx, quant, device, progress, cancel)
