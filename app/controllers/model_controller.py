@@ -138,7 +138,8 @@ class ModelController(QObject):
         self.devices, self.npu = devices, npu
         choices = [("auto", "Auto")]
         choices += [(d["id"], d["name"]) for d in devices if d["kind"] != "cpu"]
-        choices.append(("cpu", "CPU"))
+        cpu = next((d for d in devices if d["kind"] == "cpu"), None)
+        choices.append(("cpu", f"CPU — {cpu['name']}" if cpu and cpu["name"] != "CPU" else "CPU"))
         self.window.set_backend_choices(choices)
         self.window.set_npu_available(bool(npu.get("present")), npu.get("reason", ""))
         self._sync_menus()

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
 from PySide6.QtCore import Qt
 
 from app.store import db_path
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 
 def db_messages(home):

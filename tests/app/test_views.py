@@ -2,12 +2,16 @@
 conversation list operations, the base-model notice, chat settings."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 
 from app.views.chat_view import ShownMessage
 from app.views.markdown_render import render_message, split_fences
 
+
+pytestmark = pytest.mark.gui
 
 def test_fences_split_including_an_unfinished_one():
     parts = split_fences("Intro\n```python\nprint('hi')\n```\nmiddle\n```js\nlet x")

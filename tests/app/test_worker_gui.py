@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
 from PySide6.QtCore import Qt
 
 from app.store import db_path
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 
 def test_menu_choice_reaches_the_worker_and_survives_a_restart(qtbot, make_app, home):
@@ -87,3 +90,21 @@ def test_killing_the_worker_mid_answer_keeps_history_and_recovers(qtbot, make_ap
     app.store.flush()
     roles = [r[0] for r in db.execute("SELECT role FROM messages ORDER BY position")]
     assert roles == ["user", "assistant", "user", "assistant"]
+
+
+def test_devices_menu_lists_the_workers_devices_and_greys_out_an_absent_npu(qtbot, make_app):
+    from engine.devices import list_devices
+    app = make_app(autoload=False)
+    qtbot.waitUntil(lambda: bool(app.models.devices), timeout=120_000)
+    labels = [a.text() for a in app.window.backend_actions.values()]
+    assert labels[0] == "Auto" and labels[-1].startswith("CPU")
+    for entry in list_devices():
+        if entry.kind == "vulkan" and entry.available:
+            assert any(label.startswith(entry.name) for label in labels)
+    npu = next(e for e in list_devices() if e.kind == "npu")
+    prefill = app.window.npu_actions["prefill"]
+    assert prefill.isEnabled() == npu.available
+    if not npu.available:
+        assert app.window.npu_reason_action.isVisible()
+        assert npu.status in app.window.npu_reason_action.text()
+        assert app.window.devices.npu.text == "not present"
