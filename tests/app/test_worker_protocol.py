@@ -1,0 +1,75 @@
+"""The worker channel on its own, with a stand-in engine (fast): ordering, cancel, load cancel.
+
+The GUI tests run the real engine; these pin down the protocol details quickly.
+"""
+from __future__ import annotations
+
+import pytest
+
+from app.worker.client import WorkerClient
+
+pytestmark = pytest.mark.gui
+
+
+@pytest.fixture
+def worker(qloop, monkeypatch):
+    monkeypatch.setenv("PHOENIX_CHAT_ENGINE_MODULE", "tests.app.fake_engine")
+    client = WorkerClient()
+    client.start()
+    yield client
+    client.stop()
+
+
+def load(qtbot, worker, **kw):
+    args = dict(path=None, backend="auto", device=None, quant=None, context_length=2048, npu=None)
+    args.update(kw)
+    with qtbot.waitSignal(worker.model_changed, timeout=30_000) as blocker:
+        worker.request_load(**args)
+    return blocker.args[1]
+
+
+def test_load_reports_progress_then_the_model(qtbot, worker):
+    progress = []
+    worker.loading_changed.connect(lambda _id, f, _m: progress.append(f))
+    info = load(qtbot, worker, quant="Q8_0")
+    assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress)
+    assert info["quant"] == "Q8_0" and info["context_length"] == 2048
+    assert info["is_instruction_tuned"] is False and worker.model_info == info
+
+
+def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
+    load(qtbot, worker)
+    deltas = []
+    worker.tokens_changed.connect(lambda _id, t: deltas.append(t))
+    with qtbot.waitSignal(worker.generation_finished, timeout=30_000) as done:
+        gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {"temperature": 0.0}, 20)
+    fid, reason, stats, text = done.args
+    assert fid == gen_id and reason == "length"
+    assert "".join(deltas) == text == "word " * 20
+    assert stats["generation_tokens"] == 20 and stats["engine_busy"] == 0.0
+
+
+def test_cancel_stops_between_tokens(qtbot, worker):
+    load(qtbot, worker)
+    with qtbot.waitSignal(worker.tokens_changed, timeout=30_000):
+        gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {}, 5000)
+    with qtbot.waitSignal(worker.generation_finished, timeout=30_000) as done:
+        worker.cancel_generation(gen_id)
+    assert done.args[1] == "cancelled" and len(done.args[3].split()) < 5000
+
+
+def test_generate_without_a_model_is_an_error_not_a_crash(qtbot, worker):
+    with qtbot.waitSignal(worker.error_raised, timeout=30_000) as err:
+        worker.request_generation([{"role": "user", "content": "hi"}], {}, 5)
+    assert "no model" in err.args[1]
+    assert worker.alive
+
+
+def test_a_dead_worker_is_reported_and_replaced_on_the_next_command(qtbot, worker):
+    load(qtbot, worker)
+    pid = worker.process.pid
+    with qtbot.waitSignal(worker.worker_died, timeout=10_000) as died:
+        worker.process.kill()
+    assert "killed" in died.args[0] and worker.model_info is None
+    load(qtbot, worker)
+    assert worker.process.pid != pid
