@@ -60,9 +60,10 @@ class NpuHybridBackend(Backend):
 
     def __init__(self, weights: WeightSource, context_length: int, progress=None, cancel=None, *,
                  xrt=None, kernel_dirs=None, npu_layers=None, projections=PROJECTIONS,
-                 min_tokens: int = 2, decoder: Backend | None = None):
+                 min_tokens: int = 2, decoder: Backend | None = None, dtype: str = "i8"):
         """npu_layers: layer indices whose projections prefill on the NPU (default: all).
         projections: which of each layer's projections (default: all seven).
+        dtype: "i8" (W8A8, the default) or "bf16" GEMM kernels.
         xrt: the pyxrt module (default: the real one, after npu_status() says the NPU is ready).
         decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
         side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
@@ -100,7 +101,10 @@ class NpuHybridBackend(Backend):
 
         t = time.perf_counter()
         self.npu = NpuDevice(xrt=xrt)
-        self.gemm = NpuGemm(self.npu, found, "i8")
+        try:
+            self.gemm = NpuGemm(self.npu, found, dtype)
+        except ValueError as exc:
+            raise DeviceUnavailableError(f"NPU prefill is unavailable: {exc}") from None
         for i, name in enumerate(sorted(on_npu)):
             self.gemm.add_weight(name, base.w[name])
             if progress:
