@@ -89,3 +89,18 @@ def test_gemm_row_ranges(vk_device):
         run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k))
         got = b.read(by, np.float32, (m, n))
     assert nmse(got, x.astype(np.float64) @ w.T) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q6_K"])
+def test_gemm_several_tiles(vk_device, wtype):
+    """More tokens and columns than one 128 x 128 tile, neither a multiple of it."""
+    dev = vk_device
+    rng = np.random.default_rng(21)
+    m, n, k = 150, 260, 256
+    raw, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with Bufs(dev) as b:
+        bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
+        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k))
+        got = b.read(by, np.float32, (m, n))
+    assert nmse(got, x.astype(np.float64) @ w.T) < 1e-10

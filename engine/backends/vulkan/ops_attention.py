@@ -21,12 +21,15 @@ def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_d
                      n_kv_heads: int, cache_slots: int, window: int, scale: float, n_splits: int,
                      q_offset: int = 0, wg: int = 128) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos."""
-    if head_dim % 8 or head_dim > 256 or head_dim > 2 * wg:
-        raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 8, <= 256, <= 2*WG)")
+    if head_dim % 8 or head_dim > 2 * wg:
+        raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 8, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
         raise ValueError("attention_decode: n_heads must be n_kv_heads * G with G <= 8")
-    split = dev.pipeline("attention_split_f16_f32", WG=wg)
-    reduce = dev.pipeline("attention_reduce_f32", WG=wg)
+    if not 1 <= n_splits <= 256:
+        raise ValueError("attention_decode: 1 <= n_splits <= 256")
+    g = n_heads // n_kv_heads
+    split = dev.pipeline("attention_split_f16_f32", WG=wg, HD=head_dim, G=g)
+    reduce = dev.pipeline("attention_reduce_f32", WG=max(256, head_dim), HD=head_dim, G=g)
     push = split.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
                            cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
     cl.dispatch(split, [step, q, k_cache, v_cache, partial], groups=(n_splits, n_kv_heads, 1), push=push)

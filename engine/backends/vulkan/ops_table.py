@@ -43,7 +43,7 @@ def _build() -> dict:
         ("scale", "f32"),          # 1 / sqrt(query_pre_attn_scalar)
         ("n_splits", "u32"),
     ])
-    attn_spec = {"WG": (0, 128)}
+    attn_spec = {"WG": (0, 128), "HD": (1, 256), "G": (2, 1)}
     t["ATTN_PREFILL_PUSH"] = attn_prefill = PushLayout("attention_prefill", [
         ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
         ("q_stride", "u32"),       # floats from one token's q to the next
