@@ -89,6 +89,7 @@ def find_kernels(dirs=None, allow_emulator: bool = False) -> tuple[dict[str, Ker
                 if data.get("kind") != "phoenix-npu-gemm":
                     continue
                 spec = GemmSpec.from_json(data)
+                xclbin, insts = folder / data["xclbin"], folder / data["insts"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problems.append(f"{manifest_path}: unreadable kernel manifest ({exc})")
                 continue
@@ -97,7 +98,6 @@ def find_kernels(dirs=None, allow_emulator: bool = False) -> tuple[dict[str, Ker
                 continue
             if spec.name in found:
                 continue            # an earlier folder wins
-            xclbin, insts = folder / data["xclbin"], folder / data["insts"]
             missing = [p.name for p in (xclbin, insts) if not p.is_file()]
             if missing:
                 problems.append(f"{manifest_path}: missing {', '.join(missing)}")

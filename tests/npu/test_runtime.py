@@ -132,6 +132,7 @@ def test_lookup_reports_each_broken_artifact(tmp_path):
     third.write_bytes(third.read_bytes() + b"x")
     (tmp_path / "other.json").write_text('{"unrelated": true}')
     (tmp_path / "broken.json").write_text('{"kind": "phoenix-npu-gemm"}')
+    (tmp_path / "no_files.json").write_text(json.dumps({**DEFAULT_SPECS[0].to_json(), "kind": "phoenix-npu-gemm"}))
     found, problems = find_kernels([tmp_path], allow_emulator=True)
     assert not found
     text = "\n".join(problems)
@@ -139,6 +140,7 @@ def test_lookup_reports_each_broken_artifact(tmp_path):
     assert "not an xclbin (no xclbin2 header)" in text
     assert "changed since the manifest was written" in text
     assert "broken.json: unreadable kernel manifest" in text
+    assert "no_files.json: unreadable kernel manifest ('xclbin')" in text
     assert "other.json" not in text
 
 
