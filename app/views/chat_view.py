@@ -30,7 +30,7 @@ class ShownMessage:
 
 
 class MessageInput(QPlainTextEdit):
-    """Enter sends, Shift+Enter inserts a newline, Escape cancels an edit."""
+    """Enter sends, Shift+Enter inserts a newline, Escape stops an answer or cancels an edit."""
 
     submitted = Signal()
     escaped = Signal()
@@ -90,7 +90,7 @@ class ChatView(QWidget):
         self.input.setTabChangesFocus(True)
         self.input.setFixedHeight(84)
         self.input.submitted.connect(self._on_submit)
-        self.input.escaped.connect(self.edit_cancelled)
+        self.input.escaped.connect(self._on_escape)
 
         self.send_button = QPushButton("Send", objectName="sendButton")
         self.send_button.setDefault(True)
@@ -187,14 +187,14 @@ class ChatView(QWidget):
         old = bar.value()
         parts, self._codes = [], []
         for i, m in enumerate(self._messages):
-            parts.append(self._message_html(m))
+            parts.append(self._message_html(m, i))
         if not self._messages:
             parts.append('<p style="color:gray" align="center"><br><br>Start a conversation: type below '
                          'and press Enter.</p>')
         self.transcript.setHtml("".join(parts))
         bar.setValue(bar.maximum() if at_bottom else old)
 
-    def _message_html(self, m: ShownMessage) -> str:
+    def _message_html(self, m: ShownMessage, index: int) -> str:
         key = (m.role, m.content, self.theme, len(self._codes))
         cached = self._html_cache.get(key)
         if cached is None:
@@ -215,6 +215,8 @@ class ChatView(QWidget):
         links = ""
         if m.role == "user" and m.id is not None:
             links = f'&nbsp;&nbsp;<a href="edit:{m.id}" style="font-size:small">Edit</a>'
+        elif m.role == "assistant" and m.complete and m.content:
+            links = f'&nbsp;&nbsp;<a href="copymsg:{index}" style="font-size:small">Copy</a>'
         note = ""
         if m.note:
             note = f'<p style="color:#b45309; font-size:small"><i>{html.escape(m.note)}</i></p>'
@@ -227,8 +229,17 @@ class ChatView(QWidget):
         scheme, _, rest = url.toString().partition(":")
         if scheme == "copy" and rest.isdigit() and int(rest) < len(self._codes):
             QGuiApplication.clipboard().setText(self._codes[int(rest)])
+        elif scheme == "copymsg" and rest.isdigit() and int(rest) < len(self._messages):
+            QGuiApplication.clipboard().setText(self._messages[int(rest)].content)
         elif scheme == "edit" and rest.isdigit():
             self.edit_requested.emit(int(rest))
+
+    def _on_escape(self) -> None:
+        """Esc stops a running answer, otherwise leaves edit mode."""
+        if self.stop_button.isEnabled():
+            self.stop_requested.emit()
+        else:
+            self.edit_cancelled.emit()
 
     def _on_submit(self) -> None:
         if not self.send_button.isEnabled():

@@ -33,6 +33,8 @@ def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
     assert "def f():" in text and "Copy" in text and "**" not in text
     view._on_anchor(QUrl("copy:0"))
     assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
+    view._on_anchor(QUrl("copymsg:1"))          # the whole answer, as Markdown
+    assert QGuiApplication.clipboard().text().startswith("Use **this**:")
 
 
 def test_dark_theme_persists(qtbot, qloop, make_app, home):
