@@ -27,34 +27,44 @@ PUSH_CONSTANTS
 
 #ifdef INT_DOT
 layout(binding = 0) readonly buffer X { uint xq[]; };
+layout(binding = 0) readonly buffer X4 { uvec4 xq4[]; };
 #else
 layout(binding = 0) readonly buffer X { float xf[]; };
+layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
 #endif
 layout(binding = 1) buffer Y { float y[]; };
 layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
 layout(binding = 2) readonly buffer W0b { float w0_f[]; };
+layout(binding = 2) readonly buffer W0c { uint w0_32[]; };
 layout(binding = 3) readonly buffer W1a { uint16_t w1_16[]; };
 layout(binding = 3) readonly buffer W1b { float w1_f[]; };
+layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 layout(binding = 4) readonly buffer W2a { uint16_t w2_16[]; };
 layout(binding = 4) readonly buffer W2b { float w2_f[]; };
+layout(binding = 4) readonly buffer W2c { uint w2_32[]; };
 layout(binding = 5) readonly buffer R { float res[]; };
 
 #define W16 w0_16
 #define WF w0_f
+#define W32 w0_32
 #define FN(n) PASTE(n, _w0)
 #include "include/matvec_dot.glsl"
 #undef W16
 #undef WF
+#undef W32
 #undef FN
 #define W16 w1_16
 #define WF w1_f
+#define W32 w1_32
 #define FN(n) PASTE(n, _w1)
 #include "include/matvec_dot.glsl"
 #undef W16
 #undef WF
+#undef W32
 #undef FN
 #define W16 w2_16
 #define WF w2_f
+#define W32 w2_32
 #define FN(n) PASTE(n, _w2)
 #include "include/matvec_dot.glsl"
 
@@ -128,6 +138,48 @@ void main() {
     float acc[ROWS];
 #ifdef EPI_GEGLU
     float acc_up[ROWS];
+#endif
+#ifdef HAS_PAIRS
+#ifdef INT_DOT
+    if ((pc.n_cols & 63u) == 0u && (x_off & 1u) == 0u) {
+#else
+    if ((pc.n_cols & 63u) == 0u && (x_off & 3u) == 0u) {
+#endif
+        // pairs of blocks: x loaded once per pair and reused by every row of the group
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            acc[i] = 0.0;
+#ifdef EPI_GEGLU
+            acc_up[i] = 0.0;
+#endif
+        }
+        uint n_pairs = pc.n_cols >> 6;
+        for (uint p = t; p < n_pairs; p += WG) {
+#ifdef INT_DOT
+            uint xw[20];
+            uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
+            [[unroll]] for (uint k = 0u; k < 5u; k++) {
+                uvec4 v = xq4[(xi >> 2) + k];
+                xw[4u * k] = v.x; xw[4u * k + 1u] = v.y; xw[4u * k + 2u] = v.z; xw[4u * k + 3u] = v.w;
+            }
+#else
+            vec4 xw[16];
+            uint xi = (x_off >> 2) + 16u * p;
+            [[unroll]] for (uint k = 0u; k < 16u; k++) xw[k] = xf4[xi + k];
+#endif
+            [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                uint g = first + i;
+                if (g >= total) break;
+#ifdef EPI_GEGLU
+                acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
+                acc_up[i] += pair_dot_w1(g, p, pc.n_cols, xw);
+#else
+                if (g < pc.rows0) acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
+                else if (g < pc.rows0 + pc.rows1) acc[i] += pair_dot_w1(g - pc.rows0, p, pc.n_cols, xw);
+                else acc[i] += pair_dot_w2(g - pc.rows0 - pc.rows1, p, pc.n_cols, xw);
+#endif
+            }
+        }
+    } else
 #endif
     [[unroll]] for (uint i = 0u; i < ROWS; i++) {
         acc[i] = 0.0;

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
-from engine.backends.vulkan import ops_attention, ops_embed, ops_norm, ops_rope, ops_sample
+from engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, WeightMatrix, q8_1_bytes, record_matvec,
                                            record_quantize)
@@ -236,7 +236,24 @@ class VulkanBackend(Backend):
     # ---- recording -----------------------------------------------------------------------
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0):
-        """One (possibly fused) matvec over T tokens, through the int8 path where it applies."""
+        """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
+        several tokens go through the tiled GEMM (weights read once per 64 tokens)."""
+        if T > 1 and x_off == 0:
+            if y_off:
+                y = (y, y_off * 4, y.size - y_off * 4)
+            if epilogue == "geglu":
+                ops_gemm.gemm(cl, self.dev, x, mats[0].tensor, y, wtype=mats[0].qtype.name, m=T, n=mats[0].rows,
+                              k=x_cols, x_stride=x_cols, y_stride=y_cols, w_up=mats[1].tensor)
+                return
+            assert epilogue is None
+            off = 0
+            for m in mats:       # fused QKV: one GEMM per matrix into its columns of y
+                yb = y if off == 0 else ((y, off * 4, y.size - off * 4) if not isinstance(y, tuple)
+                                         else (y[0], y[1] + off * 4, y[2] - off * 4))
+                ops_gemm.gemm(cl, self.dev, x, m.tensor, yb, wtype=m.qtype.name, m=T, n=m.rows, k=x_cols,
+                              x_stride=x_cols, y_stride=y_cols)
+                off += m.rows
+            return
         int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
         if int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols)
@@ -254,8 +271,10 @@ class VulkanBackend(Backend):
         if single and q.qtype == k.qtype == v.qtype:
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
             return
-        # types differ (e.g. Q5_0 q/k with Q8_0 v): three dispatches, no barrier between them;
-        # group them by type so the int8 path quantizes h once
+        if T > 1:
+            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
+            return
+        # types differ (e.g. Q5_0 q/k with Q8_0 v): three dispatches, no barrier between them
         for m, off in ((q, 0), (k, cfg.q_dim), (v, cfg.q_dim + cfg.kv_dim)):
             record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
                           x_stride=cfg.hidden_size, y_stride=self.qkv_dim)

@@ -1,0 +1,86 @@
+"""Matvec kernel sweep on one device: GB/s per (path, WG, ROWS) for Gemma-shaped Q4_0 matrices.
+
+    python -m bench.matvec_sweep [--types q4_0,q8_0] [--json OUT]
+GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
+
+from engine.backends.vulkan.device import Device  # noqa: E402
+from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize  # noqa: E402
+
+SHAPES = [(21504, 5376), (5376, 21504), (10240, 2560), (2048, 640)]
+
+
+def random_blocks(qtype, rows, cols, rng):
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    raw[:, 0:2] = np.float16(0.01).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def time_spec(dev, m, xb, xq, yb, spec, int_dot, rep=20):
+    cl = dev.commands(timestamps=rep + 1)
+    cl.timestamp(0)
+    for i in range(rep):
+        if int_dot:
+            record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec)
+        else:
+            record_matvec(cl, dev, [m], xb, yb, spec=spec)
+        cl.barrier()
+        cl.timestamp(i + 1)
+    cl.end()
+    cl.submit()
+    cl.submit()
+    us = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
+    cl.destroy()
+    return us
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="q4_0,q8_0")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = Device.open(allow_software=True)
+    print(dev.caps.summary(), flush=True)
+    rng = np.random.default_rng(0)
+    out = []
+    specs = [dict(WG=w, ROWS=r, THREAD_ROWS=0) for w in (32, 64, 128, 256) for r in (1, 2, 4, 8)]
+    for tname in args.types.split(","):
+        qt = Q[tname.upper()]
+        for rows, cols in SHAPES:
+            m = WeightMatrix.upload(dev, random_blocks(qt, rows, cols, rng), qt, (rows, cols))
+            xb = dev.buffer(cols * 4)
+            dev.upload(xb, rng.standard_normal(cols).astype(np.float32))
+            xq = dev.buffer(q8_1_bytes(cols))
+            cl = dev.commands()
+            record_quantize(cl, dev, xb, xq, cols)
+            cl.submit()
+            yb = dev.buffer(rows * 4)
+            for int_dot in ((False, True) if dev.caps.int_dot else (False,)):
+                for spec in specs:
+                    us = time_spec(dev, m, xb, xq, yb, spec, int_dot)
+                    gbs = m.nbytes / us / 1e3
+                    out.append(dict(type=tname, rows=rows, cols=cols, int_dot=int_dot, **spec, us=us, gb_s=gbs))
+                    print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
+                          f"ROWS={spec['ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
+            m.tensor.buffer.destroy()
+            for b in (xb, xq, yb):
+                b.destroy()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

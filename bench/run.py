@@ -1,0 +1,73 @@
+"""Benchmark suite: `python -m bench.run [--synthetic 270m,4b,27b] [--model PATH] [--json OUT]`.
+
+Default: the embedded 270M on the Vulkan backend (any device) and the CPU reference. With
+--synthetic, Gemma-3-shaped Q4_0 GGUFs are generated first (tools/make_synthetic_gguf.py)
+into --workdir and benchmarked on Vulkan, printed beside llama.cpp's H100 Vulkan numbers from
+the same shapes (docs/PERFORMANCE.md; llama-cpp-python's Vulkan build cannot be compiled
+against Debian 12's Vulkan headers, so those figures are quoted, not re-measured).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# llama.cpp, NVIDIA H100 80GB HBM3, Vulkan, synthetic Q4_0 / Q8_0-embedding GGUFs (shared/DESIGN.md)
+LLAMA_CPP_H100 = {"270m": {"pp512": 8564, "tg128": 479}, "4b": {"pp512": 4927, "tg128": 250},
+                  "27b": {"pp512": 733, "tg128": 69.3}}
+
+
+def main(argv=None) -> int:
+    from engine.bench import run_bench
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--synthetic", default="", help="comma-separated shapes: tiny,270m,1b,4b,12b,27b")
+    ap.add_argument("--model", action="append", default=[], help="GGUF path (repeatable)")
+    ap.add_argument("--backends", default="vulkan", help="comma-separated: vulkan,cpu")
+    ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+
+    runs = []
+    if args.synthetic:
+        from tools.make_synthetic_gguf import write
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        for shape in args.synthetic.split(","):
+            p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"
+            if not p.exists():
+                print(f"generating {p} ...", flush=True)
+                write(p, shape, "q4_0", "q8_0")
+            runs.append((shape, p))
+    for m in args.model:
+        runs.append((Path(m).stem, Path(m)))
+    if not runs:
+        from engine.weights import embedded_model_path
+        runs.append(("270m-embedded", embedded_model_path()))
+
+    results = []
+    for label, path in runs:
+        for backend in args.backends.split(","):
+            print(f"== {label} on {backend}", flush=True)
+            r = run_bench(path, backend, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+            d = asdict(r)
+            d["label"] = label
+            ref = LLAMA_CPP_H100.get(label)
+            if ref and backend == "vulkan":
+                d["vs_llama_cpp_h100"] = {"prefill": r.prefill_tok_s / ref["pp512"], "decode": r.decode_tok_s / ref["tg128"]}
+            print(r.table(), flush=True)
+            if "vs_llama_cpp_h100" in d:
+                print("vs llama.cpp H100 Vulkan: prefill x{prefill:.2f}, decode x{decode:.2f}".format(**d["vs_llama_cpp_h100"]))
+            results.append(d)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Speed benchmark: prefill and decode tok/s, achieved bandwidth and % of the device's roofline.
+
+Decode is bandwidth-bound: every token reads all the matrix weights once, so
+GB/s = weight bytes x tok/s, compared with a copy kernel measured on the same device
+(bytes read + written per second). Prefill reports tok/s and FLOP/s (2 x parameters per token).
+Python time per decode token is the host work between GPU steps (submit, fence, id read).
+
+Tokenizer-free on purpose: it runs on synthetic GGUFs (tools/make_synthetic_gguf.py) too.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from engine.sampling import SamplingParams
+
+
+@dataclass
+class BenchResult:
+    model: str
+    backend: str
+    device: str
+    weights_gib: float
+    prompt_tokens: int
+    gen_tokens: int
+    load_s: float
+    prefill_tok_s: float
+    prefill_tflops: float
+    decode_tok_s: float
+    decode_gb_s: float
+    copy_gb_s: float | None
+    decode_pct_of_copy: float | None
+    python_ms_per_token: float | None
+    python_pct_of_token: float | None
+    peak_device_gib: float | None
+    date: str = ""
+
+    def table(self) -> str:
+        rows = [(k, v) for k, v in asdict(self).items()]
+        w = max(len(k) for k, _ in rows)
+        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)   # noqa: E731
+        return "\n".join(f"{k:<{w}}  {fmt(v)}" for k, v in rows)
+
+
+def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """GB/s of a device-local buffer copy, counting bytes read plus bytes written (best of N)."""
+    nbytes = min(nbytes, dev.caps.device_local_bytes // 8)
+    a, b = dev.buffer(nbytes, name="bw_a"), dev.buffer(nbytes, name="bw_b")
+    cl = dev.commands(timestamps=2)
+    cl.timestamp(0)
+    cl.copy(a, b, nbytes)
+    cl.barrier()
+    cl.timestamp(1)
+    cl.end()
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        cl.submit()
+        wall = time.perf_counter() - t0
+        dt = cl.timestamps_ns()[1] * 1e-9 if dev.caps.timestamp_bits else wall
+        best = dt if best is None else min(best, dt)
+    cl.destroy()
+    a.destroy()
+    b.destroy()
+    return 2 * nbytes / best / 1e9
+
+
+def _matrix_bytes(weights) -> int:
+    return sum(t.nbytes for n, t in weights.tensors.items() if not t.is_norm)
+
+
+def run_bench(path, backend: str = "vulkan", *, context_length: int | None = None, quant: str | None = None,
+              device: int | None = None, prompt_tokens: int = 512, gen_tokens: int = 128,
+              allow_software: bool = True, seed: int = 0) -> BenchResult:
+    from engine.weights import open_weights
+    weights = open_weights(path)
+    cfg = weights.config
+    ctx = context_length or (prompt_tokens + gen_tokens + 8)
+    t0 = time.perf_counter()
+    if backend == "vulkan":
+        from engine.backends.vulkan.backend import VulkanBackend
+        be = VulkanBackend(weights, ctx, device_index=device, allow_software=allow_software, quant=quant)
+        wbytes = be.budget["weights"]
+    elif backend == "cpu":
+        from engine.backends.cpu import CpuBackend
+        be = CpuBackend(weights, ctx)
+        wbytes = _matrix_bytes(weights)
+    else:
+        raise ValueError(f"bench: unknown backend {backend!r}")
+    load_s = time.perf_counter() - t0
+    try:
+        rng = np.random.default_rng(seed)
+        prompt = [cfg.bos_token_id] + rng.integers(1000, min(cfg.vocab_size, 200_000), prompt_tokens - 1).tolist()
+        be.forward(prompt[:8], 0)                       # warm-up: pipelines, recordings
+        t0 = time.perf_counter()
+        logits = be.forward(prompt, 0)
+        prefill_s = time.perf_counter() - t0
+        first = int(np.argmax(logits))
+        greedy = SamplingParams(temperature=0.0)
+        gen = be.decode_tokens(first, prompt_tokens, greedy, 4)
+        if gen is not None:                             # warm-up of the recorded token step
+            list(gen)
+            if hasattr(be, "_py_time"):
+                be._py_time, be._py_tokens = 0.0, 0
+        t0 = time.perf_counter()
+        gen = be.decode_tokens(first, prompt_tokens, greedy, gen_tokens)
+        n = 0
+        if gen is None:
+            tok, pos = first, prompt_tokens
+            for _ in range(gen_tokens):
+                tok = int(np.argmax(be.forward([tok], pos)))
+                pos += 1
+                n += 1
+        else:
+            for _ in gen:
+                n += 1
+        decode_s = time.perf_counter() - t0
+        stats = be.stats()
+        dev = getattr(be, "dev", None)
+        copy = copy_bandwidth(dev) if dev is not None else None
+    finally:
+        be.close()
+        weights.close()
+    decode_tps = n / decode_s
+    gbs = wbytes * decode_tps / 1e9
+    py_ms = stats.get("python_ms_per_token")
+    return BenchResult(
+        model=str(cfg.name), backend=backend, device=getattr(be, "device_name", "?"),
+        weights_gib=wbytes / 2**30, prompt_tokens=prompt_tokens, gen_tokens=n, load_s=load_s,
+        prefill_tok_s=prompt_tokens / prefill_s,
+        prefill_tflops=2 * cfg.parameter_count() * prompt_tokens / prefill_s / 1e12,
+        decode_tok_s=decode_tps, decode_gb_s=gbs, copy_gb_s=copy,
+        decode_pct_of_copy=100 * gbs / copy if copy else None,
+        python_ms_per_token=py_ms,
+        python_pct_of_token=(100 * py_ms * decode_tps / 1000) if py_ms is not None else None,
+        peak_device_gib=(stats.get("allocated_bytes", 0) / 2**30) or None,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
+
+
+def run_bench_cli(args) -> int:
+    """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
+    from engine.errors import PhoenixError
+    from engine.weights import embedded_model_path
+    backend = args.backend
+    if backend == "auto":
+        try:
+            from engine.backends.vulkan.device import Device
+            Device.open(args.device).close()
+            backend = "vulkan"
+        except PhoenixError:
+            backend = "cpu"
+    if backend not in ("cpu", "vulkan"):
+        raise PhoenixError(f"bench runs the cpu and vulkan backends, not {backend}")
+    r = run_bench(args.model or embedded_model_path(), backend, context_length=args.ctx, quant=args.quant,
+                  device=args.device, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+    print(json.dumps(asdict(r), indent=1) if args.json else r.table())
+    return 0

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Write a Gemma-3-shaped GGUF with random weights, for speed measurements only.
+
+The layout (tensor names, shapes, quant types, metadata) is that of a real Gemma 3 file, so
+every engine loads it like the real model; the values are random blocks with sane scales.
+Real 4B/27B weights cannot be downloaded here; their shapes are all a bandwidth benchmark needs.
+
+    python tools/make_synthetic_gguf.py --shape 27b --type q4_0 -o /tmp/g27.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType, GGUFWriter
+
+# layers, hidden, heads, kv heads, head_dim, intermediate, vocab, window, rope scaling, query_pre_attn_scalar
+SHAPES = {
+    "tiny": (6, 256, 2, 1, 64, 512, 4096, 32, 1.0, 64),
+    "270m": (18, 640, 4, 1, 256, 2048, 262144, 512, 1.0, 256),
+    "1b": (26, 1152, 4, 1, 256, 6912, 262144, 512, 1.0, 256),
+    "4b": (34, 2560, 8, 4, 256, 10240, 262208, 1024, 8.0, 256),
+    "12b": (48, 3840, 16, 8, 256, 15360, 262208, 1024, 8.0, 256),
+    "27b": (62, 5376, 32, 16, 128, 21504, 262208, 1024, 8.0, 168),
+}
+TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "q5_0": QType.Q5_0, "f16": QType.F16}
+_POOL_BLOCKS = 1 << 20
+
+
+def _pool(qtype: QType, rng) -> np.ndarray:
+    """Random valid blocks (finite f16 scales) to tile tensors from."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    if qtype == QType.F16:
+        return (rng.standard_normal(_POOL_BLOCKS * 32) * 0.02).astype(np.float16).view(np.uint8)
+    raw = rng.integers(0, 256, (_POOL_BLOCKS, size), dtype=np.uint8)
+    raw[:, 0:2] = rng.uniform(0.001, 0.01, _POOL_BLOCKS).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw.reshape(-1)
+
+
+def tensors(shape: str, wtype: QType, etype: QType):
+    """(gguf name, (rows, cols), type) in file order."""
+    L, H, nh, nkv, hd, inter, vocab, *_ = SHAPES[shape]
+    out = [("token_embd.weight", (vocab, H), etype), ("output_norm.weight", (H,), QType.F32)]
+    for i in range(L):
+        b = f"blk.{i}."
+        out += [(b + "attn_norm.weight", (H,), QType.F32),
+                (b + "attn_q.weight", (nh * hd, H), wtype),
+                (b + "attn_k.weight", (nkv * hd, H), wtype),
+                (b + "attn_v.weight", (nkv * hd, H), wtype),
+                (b + "attn_q_norm.weight", (hd,), QType.F32),
+                (b + "attn_k_norm.weight", (hd,), QType.F32),
+                (b + "attn_output.weight", (H, nh * hd), wtype),
+                (b + "post_attention_norm.weight", (H,), QType.F32),
+                (b + "ffn_norm.weight", (H,), QType.F32),
+                (b + "ffn_gate.weight", (inter, H), wtype),
+                (b + "ffn_up.weight", (inter, H), wtype),
+                (b + "ffn_down.weight", (H, inter), wtype),
+                (b + "post_ffw_norm.weight", (H,), QType.F32)]
+    return out
+
+
+def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", seed: int = 0,
+          context_length: int = 32768) -> Path:
+    L, H, nh, nkv, hd, inter, vocab, window, rope_scale, qpas = SHAPES[shape]
+    wt, et = TYPES[wtype], TYPES[etype]
+    rng = np.random.default_rng(seed)
+    pools = {t: _pool(t, rng) for t in {wt, et}}
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name(f"synthetic Gemma 3 {shape} {wtype}")
+    w.add_context_length(context_length)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_sliding_window(window)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(vocab)
+    w.add_uint32("gemma3.attention.query_pre_attn_scalar", qpas)
+    if rope_scale != 1.0:
+        w.add_rope_scaling_type("linear")
+        w.add_rope_scaling_factor(rope_scale)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    plan = tensors(shape, wt, et)
+    for name, shp, t in plan:
+        if t == QType.F32:
+            w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
+        else:
+            block, size = GGML_QUANT_SIZES[t]
+            rows, cols = shp
+            nbytes = rows * cols // block * size
+            w.add_tensor_info(name, (rows, cols // block * size), np.dtype(np.uint8), nbytes, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shp, t in plan:
+        if t == QType.F32:
+            data = (1.0 + 0.1 * rng.standard_normal(shp)).astype(np.float32)
+        else:
+            block, size = GGML_QUANT_SIZES[t]
+            data = np.resize(pools[t], shp[0] * shp[1] // block * size)
+        w.write_tensor_data(data)
+    w.close()
+    return Path(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="270m")
+    ap.add_argument("--type", choices=sorted(TYPES), default="q4_0", help="matrix weights")
+    ap.add_argument("--embed-type", choices=sorted(TYPES), default="q8_0")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-o", "--output", required=True)
+    args = ap.parse_args(argv)
+    p = write(args.output, args.shape, args.type, args.embed_type, args.seed)
+    print(f"{p}: {p.stat().st_size / 2**30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
