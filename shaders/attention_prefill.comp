@@ -10,8 +10,10 @@
 // Bindings: 0 step, 1 q (f32 [tokens][q_stride], head h at q_offset + h * D), 2 K cache,
 //           3 V cache ([n_kv_heads][cache_slots][D] f16), 4 out (f32 [tokens][n_heads * D]).
 // Dispatch: (ceil(tokens recorded / BQ), n_heads, 1).
-// Limits: head_dim a multiple of 2 * WG / BQ (32 with the defaults), <= 256.
+// head_dim is the specialization constant HD (constant trip counts, loads batched 4 at a time).
+// Limits: HD a multiple of 2 * WG / BQ (32 with the defaults) and of 8, HD <= 256, BC % 4 == 0.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : enable
 #include "include/step.glsl"
 STEP_BUFFER(0)
 
@@ -19,6 +21,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint BQ = 8;     // query rows per workgroup
 layout(constant_id = 2) const uint BC = 32;    // key positions per tile
+layout(constant_id = 3) const uint HD = 256;   // head_dim
 
 #define DMAX 256
 #define PMAX 8          // column pairs per thread: DMAX / 32 with 16 threads per row
@@ -30,13 +33,13 @@ layout(std430, binding = 2) readonly buffer KC { uint kc[]; };
 layout(std430, binding = 3) readonly buffer VC { uint vc[]; };
 layout(std430, binding = 4) writeonly buffer O { float outp[]; };
 
-shared float qs[BQ * DMAX];
-shared uint kv[BC * (DMAX / 2)];
+shared vec4 qs[BQ * HD / 4];
+shared uvec4 kv[BC * HD / 8];
 shared float sc[BQ * BC];
 shared float alpha_sh[BQ];
 
 void main() {
-    const uint D = pc.head_dim, D2 = D / 2;
+    const uint D = HD, D2 = HD / 2, D8 = HD / 8;
     const uint h = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     const uint n_tokens = step.n_tokens;
     const uint t0 = gl_WorkGroupID.x * BQ;
@@ -47,9 +50,9 @@ void main() {
     const uint slots = pc.cache_slots;
     const uint W = pc.window;
 
-    for (uint i = tid; i < BQ * D; i += WG) {
-        const uint r = i / D, d = i % D;
-        qs[r * DMAX + d] = r < nq ? q[pc.q_offset + (t0 + r) * pc.q_stride + h * D + d] * pc.scale : 0.0;
+    for (uint i = tid; i < BQ * D / 4; i += WG) {
+        const uint r = i / (D / 4), b = pc.q_offset + (t0 + r) * pc.q_stride + h * D + 4 * (i % (D / 4));
+        qs[i] = r < nq ? vec4(q[b], q[b + 1], q[b + 2], q[b + 3]) * pc.scale : vec4(0.0);
     }
 
     const uint TPR = WG / BQ;                         // threads per query row
@@ -64,9 +67,9 @@ void main() {
     for (uint kb = lo; kb <= hi; kb += BC) {
         const uint nk = min(BC, hi + 1 - kb);
         barrier();                                    // previous tile's V reads are done
-        for (uint i = tid; i < BC * D2; i += WG) {
-            const uint j = i / D2, c = i % D2;
-            kv[j * (DMAX / 2) + c] = j < nk ? kc[(kh * slots + (kb + j) % slots) * D2 + c] : 0u;
+        for (uint i = tid; i < BC * D8; i += WG) {
+            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            kv[i] = j < nk ? uvec4(kc[r], kc[r + 1], kc[r + 2], kc[r + 3]) : uvec4(0u);
         }
         barrier();
         for (uint i = tid; i < BQ * BC; i += WG) {
@@ -75,9 +78,12 @@ void main() {
             float s = -1e30;
             if (r < nq && j < nk && kp <= qp && (W == 0 || qp - kp < W)) {
                 s = 0.0;
-                for (uint c = 0; c < D2; c++) {
-                    const vec2 kk = unpackHalf2x16(kv[j * (DMAX / 2) + c]);
-                    s += qs[r * DMAX + 2 * c] * kk.x + qs[r * DMAX + 2 * c + 1] * kk.y;
+                for (uint c = 0; c < D8; c += 4) {
+                    [[unroll]] for (uint u = 0; u < 4; u++) {
+                        const uvec4 w = kv[j * D8 + c + u];
+                        s += dot(qs[r * (D / 4) + 2 * (c + u)], vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)))
+                           + dot(qs[r * (D / 4) + 2 * (c + u) + 1], vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)));
+                    }
                 }
             }
             sc[r * BC + j] = s;
@@ -99,9 +105,9 @@ void main() {
             l = l * a + sum;
             m = mx;
         }
-        for (uint i = tid; i < BC * D2; i += WG) {
-            const uint j = i / D2, c = i % D2;
-            kv[j * (DMAX / 2) + c] = j < nk ? vc[(kh * slots + (kb + j) % slots) * D2 + c] : 0u;
+        for (uint i = tid; i < BC * D8; i += WG) {
+            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            kv[i] = j < nk ? uvec4(vc[r], vc[r + 1], vc[r + 2], vc[r + 3]) : uvec4(0u);
         }
         barrier();
         const float a = alpha_sh[row];
@@ -109,7 +115,12 @@ void main() {
             if (pp < npairs) {
                 const uint c = lane + pp * TPR;
                 vec2 o = acc[pp] * a;
-                for (uint j = 0; j < nk; j++) o += sc[row * BC + j] * unpackHalf2x16(kv[j * (DMAX / 2) + c]);
+                for (uint j = 0; j < nk; j += 4) {
+                    [[unroll]] for (uint u = 0; u < 4; u++) {   // p = 0 for j >= nk; kv is zero there
+                        const uint jj = j + u, w = kv[jj * D8 + c / 4][c % 4];
+                        o += sc[row * BC + jj] * unpackHalf2x16(w);
+                    }
+                }
                 acc[pp] = o;
             }
         }

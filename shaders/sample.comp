@@ -16,9 +16,11 @@
 //     memory (bitonic, by value desc then id asc) and keeps the best KC.
 //     Bindings: 0 logits, 1 cand (uvec2 per entry: ordered key, id; KC per block).
 //     Dispatch: (n_blocks, 1, 1).
-//   SAMPLE_TOPK_FINAL (sample_topk_final): finds the K-th largest key over all blocks' lists by
-//     bisection on the 32-bit ordered key (each block's list is sorted, so a count is a binary
-//     search), gathers exactly K candidates (ties at the threshold -> lowest ids), sorts them,
+//   SAMPLE_TOPK_FINAL (sample_topk_final): gathers every list entry >= the largest of the
+//     blocks' K-th keys (a lower bound of the global K-th key) and sorts them in shared memory;
+//     when more than CAP are, finds the K-th largest key by bisection on the 32-bit ordered key
+//     (each block's list is sorted, so a count is a binary search) and gathers exactly K
+//     candidates. Either way: the top K by (value desc, id asc), sorted,
 //     then: p_i = exp((l_i - l_max) / T); top-p keeps the shortest prefix whose mass >= top_p
 //     (over the K, renormalized); min-p drops p_i < min_p * p_max; draws u with Philox2x32-10
 //     on counter (position of the drawn token + d, 0) keyed by step.seed.
@@ -152,6 +154,9 @@ shared uint eq_off[NBMAX];
 shared uvec2 sel[KC];
 shared float prob[KC];
 shared uint n_keep_sh;
+#define CAP 1024
+shared uvec2 big[CAP];
+shared uint n_big_sh;
 shared float kept_sum_sh;
 
 // entries of block b (sorted by key desc) with key >= x
@@ -181,7 +186,44 @@ void main() {
     uint K = (step.top_k == 0u || step.top_k > KC) ? KC : step.top_k;
     if (greedy) K = 1u;
 
-    // largest threshold T with count(key >= T) >= K
+    // Fast path: the K-th largest key is at least L = max over blocks of the block's K-th key
+    // (that block alone holds K keys >= L), and every global top-K entry is in its block's list.
+    // Usually few entries are >= L: gather them all and sort them in shared memory.
+    uint lb = 0u;
+    for (uint b = tid; b < NB; b += WG) lb = max(lb, cand[b * KC + K - 1u].x);
+    const uint L = wg_max_u(lb);
+    for (uint b = tid; b < NB; b += WG) eq_take[b] = count_ge(b, L);
+    barrier();
+    if (tid == 0) {
+        uint total = 0u;
+        for (uint b = 0; b < NB; b++) { gt_off[b] = total; total += eq_take[b]; }
+        n_big_sh = total;
+    }
+    barrier();
+    const uint C = n_big_sh;
+    if (C <= CAP) {
+        uint P = 2u;
+        while (P < C) P <<= 1;
+        for (uint i = tid; i < P; i += WG) big[i] = uvec2(0u, 0xFFFFFFFFu);
+        barrier();
+        for (uint b = tid; b < NB; b += WG)
+            for (uint r = 0; r < eq_take[b]; r++) big[gt_off[b] + r] = cand[b * KC + r];
+        barrier();
+        for (uint k = 2; k <= P; k <<= 1) {
+            for (uint j = k >> 1; j > 0; j >>= 1) {
+                for (uint p = tid; p < P / 2; p += WG) {
+                    const uint i = 2 * j * (p / j) + p % j, ixj = i + j;
+                    const uvec2 x = big[i], y = big[ixj];
+                    if ((i & k) == 0 ? before(y, x) : before(x, y)) { big[i] = y; big[ixj] = x; }
+                }
+                barrier();
+            }
+        }
+        for (uint i = tid; i < KC; i += WG) sel[i] = i < K ? big[i] : uvec2(0u, 0xFFFFFFFFu);
+        barrier();
+    } else {
+    // Fallback (more than CAP entries >= L, e.g. flat logits): bisection for the largest
+    // threshold T with count(key >= T) >= K
     uint T = 0u;
     for (int bit = 31; bit >= 0; bit--) {
         const uint c = T | (1u << uint(bit));
@@ -227,6 +269,7 @@ void main() {
             barrier();
         }
     }
+    }   // fallback
     if (tid == 0) {
         const float top = key_value(sel[0].x);
         const float inv_t = greedy ? 1.0 : 1.0 / step.temperature;

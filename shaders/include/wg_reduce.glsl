@@ -40,4 +40,14 @@ uint wg_sum_u(uint v) {
     barrier();
     return s;
 }
+
+uint wg_max_u(uint v) {
+    v = subgroupMax(v);
+    if (subgroupElect()) wg_red_u[gl_SubgroupID] = v;
+    barrier();
+    uint s = wg_red_u[0];
+    for (uint i = 1; i < gl_NumSubgroups; i++) s = max(s, wg_red_u[i]);
+    barrier();
+    return s;
+}
 #endif

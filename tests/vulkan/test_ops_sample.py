@@ -126,3 +126,37 @@ def test_repetition_penalty(vk_device):
     _, _, same = _run_sample(vk_device, logits, greedy=True, pos=5, penalty=True, tokens=tokens,
                              rep_penalty=1.0, rep_window=4)
     assert np.array_equal(same, logits)
+
+
+@pytest.mark.parametrize("vocab,top_k", [(262144, 5), (40000, 64)])
+def test_flat_logits_take_the_lowest_ids(vk_device, vocab, top_k):
+    """All logits equal: more than CAP candidates tie (the bisection fallback); the top-k are the
+    lowest ids, drawn uniformly."""
+    logits = np.full(vocab, 1.5, np.float32)
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=2000, seed=3, temperature=1.0,
+                              top_k=top_k)
+    assert set(draws.tolist()) <= set(range(top_k))
+    counts = np.bincount(draws, minlength=top_k)
+    exp = 2000 / top_k
+    chi2 = float(np.sum((counts - exp) ** 2 / exp))
+    assert chi2 < top_k - 1 + 6 * np.sqrt(2 * (top_k - 1)) + 10
+
+
+def test_ties_at_the_threshold_fallback(vk_device):
+    """Few distinct values (fast path with ties): exactly the K best by (value, lowest id)."""
+    rng = np.random.default_rng(4)
+    logits = rng.integers(0, 4, 30000).astype(np.float32)   # ~7500 ids share the top value
+    logits[[17, 29000]] = 10.0
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=500, seed=8, temperature=100.0, top_k=6)
+    want = [17, 29000] + [int(i) for i in np.nonzero(logits == 3.0)[0][:4]]
+    assert set(draws.tolist()) <= set(want)
+    assert len(set(draws.tolist())) == 6
+
+
+def test_ties_at_the_threshold_fast_path(vk_device):
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal(30000).astype(np.float32)
+    logits[[17, 500, 2000, 29000]] = 10.0
+    logits[[90, 3, 7]] = 9.0                                  # K = 5: only id 3 of these
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=500, seed=8, temperature=100.0, top_k=5)
+    assert set(draws.tolist()) == {17, 500, 2000, 29000, 3}

@@ -12,9 +12,11 @@ def partial_floats(n_heads: int, head_dim: int, n_splits: int) -> int:
     return n_heads * n_splits * (head_dim + 2)
 
 
-def default_splits(max_positions: int, block: int = 128, cap: int = 32) -> int:
-    """Enough splits that each handles >= one block of positions, at most `cap`."""
-    return max(1, min(cap, -(-max_positions // block)))
+def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
+    """Split count for a cache of `max_positions`: ~128 workgroups' worth of splits per layer
+    (H100: 128 splits best for 1-4 kv heads, 64 for 16), fewer for short caches."""
+    want = min(128, max(32, 1024 // max(1, n_kv_heads)))
+    return max(1, min(want, -(-max_positions // 64)))
 
 
 def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_dim: int, n_heads: int,
@@ -43,7 +45,9 @@ def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int,
                       bc: int = 32) -> None:
     """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
     (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32."""
-    p = dev.pipeline("attention_prefill_f16_f32", WG=wg, BQ=bq, BC=bc)
+    if head_dim > 256 or head_dim % 8 or head_dim % (2 * wg // bq) or bc % 4:
+        raise ValueError(f"attention_prefill: head_dim {head_dim} unsupported with WG={wg}, BQ={bq}, BC={bc}")
+    p = dev.pipeline("attention_prefill_f16_f32", WG=wg, BQ=bq, BC=bc, HD=head_dim)
     push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
                        q_stride=n_heads * head_dim if q_stride is None else q_stride, q_offset=q_offset,
                        cache_slots=cache_slots, window=window, scale=scale)

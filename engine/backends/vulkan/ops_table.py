@@ -85,7 +85,7 @@ def _build() -> dict:
         Variant("attention_split_f16_f32", "attention.comp", 5, attn, {"ATTN_SPLIT": None}, attn_spec),
         Variant("attention_reduce_f32", "attention.comp", 2, attn, {"ATTN_REDUCE": None}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
-                {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32)}),
+                {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
     ]
     for kind, nb in (("argmax_block_f32", 2), ("argmax_final", 3), ("topk_block_f32", 2),
                      ("topk_final", 3), ("penalty_f32", 3)):
