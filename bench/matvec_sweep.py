@@ -25,7 +25,7 @@ SHAPES = [(21504, 5376), (5376, 21504), (10240, 2560), (2048, 640)]
 def random_blocks(qtype, rows, cols, rng):
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    raw[:, 0:2] = np.float16(0.01).view(np.uint8)
+    raw[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -56,7 +56,9 @@ def main(argv=None):
     print(dev.caps.summary(), flush=True)
     rng = np.random.default_rng(0)
     out = []
-    specs = [dict(WG=w, ROWS=r, THREAD_ROWS=0) for w in (32, 64, 128, 256) for r in (1, 2, 4, 8)]
+    sg = dev.caps.subgroup_size
+    specs = [dict(WG=w, ROWS=r, THREAD_ROWS=0, SUBGROUP_ROWS=0) for w in (32, 128, 256) for r in (2, 4, 8)]
+    specs += [dict(WG=k * sg, ROWS=r, THREAD_ROWS=0, SUBGROUP_ROWS=k) for k in (1, 2, 4, 8) for r in (1, 2, 4)]
     for tname in args.types.split(","):
         qt = Q[tname.upper()]
         for rows, cols in SHAPES:
@@ -74,7 +76,7 @@ def main(argv=None):
                     gbs = m.nbytes / us / 1e3
                     out.append(dict(type=tname, rows=rows, cols=cols, int_dot=int_dot, **spec, us=us, gb_s=gbs))
                     print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
-                          f"ROWS={spec['ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
+                          f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
             m.tensor.buffer.destroy()
             for b in (xb, xq, yb):
                 b.destroy()

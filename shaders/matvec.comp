@@ -22,6 +22,7 @@ layout(constant_id = 1) const uint ROWS = 2;
 // CPU Vulkan (lavapipe) runs invocations as SIMD lanes and pays for every barrier, so there
 // this is ~10x faster; GPUs want the cooperative form (THREAD_ROWS = 0).
 layout(constant_id = 2) const uint THREAD_ROWS = 0;
+layout(constant_id = 3) const uint SUBGROUP_ROWS = 0;
 
 PUSH_CONSTANTS
 
@@ -81,6 +82,118 @@ float row_dot(uint g, uint c, uint x_off) {
     return chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
 }
 
+// Partial dot products of rows first..first+ROWS-1 over the chunks t, t+stride, ... of each row.
+void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_chunks,
+                inout float acc[ROWS], inout float acc_up[ROWS]) {
+#ifdef HAS_PAIRS
+#ifdef INT_DOT
+    if ((pc.n_cols & 63u) == 0u && (x_off & 1u) == 0u) {
+#else
+    if ((pc.n_cols & 63u) == 0u && (x_off & 3u) == 0u) {
+#endif
+        // pairs of blocks: x loaded once per pair and reused by every row of the group
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            acc[i] = 0.0;
+#ifdef EPI_GEGLU
+            acc_up[i] = 0.0;
+#endif
+        }
+        uint n_pairs = pc.n_cols >> 6;
+        for (uint p = t; p < n_pairs; p += stride) {
+#ifdef INT_DOT
+            uint xw[20];
+            uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
+            [[unroll]] for (uint k = 0u; k < 5u; k++) {
+                uvec4 v = xq4[(xi >> 2) + k];
+                xw[4u * k] = v.x; xw[4u * k + 1u] = v.y; xw[4u * k + 2u] = v.z; xw[4u * k + 3u] = v.w;
+            }
+#else
+            vec4 xw[16];
+            uint xi = (x_off >> 2) + 16u * p;
+            [[unroll]] for (uint k = 0u; k < 16u; k++) xw[k] = xf4[xi + k];
+#endif
+            [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                uint g = first + i;
+                if (g >= total) break;
+#ifdef EPI_GEGLU
+                acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
+                acc_up[i] += pair_dot_w1(g, p, pc.n_cols, xw);
+#else
+                if (g < pc.rows0) acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
+                else if (g < pc.rows0 + pc.rows1) acc[i] += pair_dot_w1(g - pc.rows0, p, pc.n_cols, xw);
+                else acc[i] += pair_dot_w2(g - pc.rows0 - pc.rows1, p, pc.n_cols, xw);
+#endif
+            }
+        }
+    } else
+#endif
+    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+        acc[i] = 0.0;
+#ifdef EPI_GEGLU
+        acc_up[i] = 0.0;
+#endif
+        uint g = first + i;
+        if (g >= total) continue;
+        for (uint c = t; c < n_chunks; c += stride) {
+#ifdef INT_DOT
+            uint xb = (x_off + c) * 10u;     // x_off counts q8_1 blocks
+#else
+            uint xb = x_off + c * 32u;
+#endif
+#ifdef EPI_GEGLU
+            acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
+            acc_up[i] += chunk_dot_w1(g, c, pc.n_cols, xb);
+#else
+            // the matrix is uniform across the workgroup except where a group straddles two
+            if (g < pc.rows0) acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
+            else if (g < pc.rows0 + pc.rows1) acc[i] += chunk_dot_w1(g - pc.rows0, c, pc.n_cols, xb);
+            else acc[i] += chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
+#endif
+        }
+    }
+}
+
+// SUBGROUP_ROWS = RG > 0: each subgroup owns its own ROWS rows (RG row groups per workgroup),
+// reduced with subgroupAdd alone: no shared memory, no barrier. Short rows (a few hundred
+// blocks) keep every lane busy this way. Correct for any actual subgroup size: a subgroup
+// takes row groups sid, sid + nsg, ... < RG.
+void main_subgroup_rows() {
+    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint n_chunks = (pc.n_cols + 31u) >> 5;
+#ifdef EPI_GEGLU
+    uint total = pc.rows0;
+#else
+    uint total = pc.rows0 + pc.rows1 + pc.rows2;
+#endif
+    uint tok = gl_WorkGroupID.z;
+    uint x_off = pc.x_off + tok * pc.x_stride;
+    uint y_off = pc.y_off + tok * pc.y_stride;
+    uint res_off = pc.res_off + tok * pc.y_stride;
+    for (uint rg = gl_SubgroupID; rg < SUBGROUP_ROWS; rg += gl_NumSubgroups) {
+        uint first = (group * SUBGROUP_ROWS + rg) * ROWS;
+        if (first >= total) break;
+        float acc[ROWS];
+        float acc_up[ROWS];
+        accumulate(first, gl_SubgroupInvocationID, gl_SubgroupSize, total, x_off, n_chunks, acc, acc_up);
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            float s = subgroupAdd(acc[i]);
+#ifdef EPI_GEGLU
+            float su = subgroupAdd(acc_up[i]);
+#endif
+            uint g = first + i;
+            if (subgroupElect() && g < total) {
+#if defined(EPI_GEGLU)
+                y[y_off + g] = gelu_tanh(s) * su;
+#elif defined(EPI_ADD)
+                y[y_off + g] = res[res_off + g] + s;
+#else
+                y[y_off + g] = s;
+#endif
+            }
+        }
+    }
+}
+
 void main_thread_rows() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
@@ -120,6 +233,10 @@ void main() {
         main_thread_rows();
         return;
     }
+    if (SUBGROUP_ROWS != 0u) {
+        main_subgroup_rows();
+        return;
+    }
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_LocalInvocationID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
@@ -136,75 +253,8 @@ void main() {
     uint res_off = pc.res_off + tok * pc.y_stride;
 
     float acc[ROWS];
-#ifdef EPI_GEGLU
     float acc_up[ROWS];
-#endif
-#ifdef HAS_PAIRS
-#ifdef INT_DOT
-    if ((pc.n_cols & 63u) == 0u && (x_off & 1u) == 0u) {
-#else
-    if ((pc.n_cols & 63u) == 0u && (x_off & 3u) == 0u) {
-#endif
-        // pairs of blocks: x loaded once per pair and reused by every row of the group
-        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
-            acc[i] = 0.0;
-#ifdef EPI_GEGLU
-            acc_up[i] = 0.0;
-#endif
-        }
-        uint n_pairs = pc.n_cols >> 6;
-        for (uint p = t; p < n_pairs; p += WG) {
-#ifdef INT_DOT
-            uint xw[20];
-            uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
-            [[unroll]] for (uint k = 0u; k < 5u; k++) {
-                uvec4 v = xq4[(xi >> 2) + k];
-                xw[4u * k] = v.x; xw[4u * k + 1u] = v.y; xw[4u * k + 2u] = v.z; xw[4u * k + 3u] = v.w;
-            }
-#else
-            vec4 xw[16];
-            uint xi = (x_off >> 2) + 16u * p;
-            [[unroll]] for (uint k = 0u; k < 16u; k++) xw[k] = xf4[xi + k];
-#endif
-            [[unroll]] for (uint i = 0u; i < ROWS; i++) {
-                uint g = first + i;
-                if (g >= total) break;
-#ifdef EPI_GEGLU
-                acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
-                acc_up[i] += pair_dot_w1(g, p, pc.n_cols, xw);
-#else
-                if (g < pc.rows0) acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
-                else if (g < pc.rows0 + pc.rows1) acc[i] += pair_dot_w1(g - pc.rows0, p, pc.n_cols, xw);
-                else acc[i] += pair_dot_w2(g - pc.rows0 - pc.rows1, p, pc.n_cols, xw);
-#endif
-            }
-        }
-    } else
-#endif
-    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
-        acc[i] = 0.0;
-#ifdef EPI_GEGLU
-        acc_up[i] = 0.0;
-#endif
-        uint g = first + i;
-        if (g >= total) continue;
-        for (uint c = t; c < n_chunks; c += WG) {
-#ifdef INT_DOT
-            uint xb = (x_off + c) * 10u;     // x_off counts q8_1 blocks
-#else
-            uint xb = x_off + c * 32u;
-#endif
-#ifdef EPI_GEGLU
-            acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
-            acc_up[i] += chunk_dot_w1(g, c, pc.n_cols, xb);
-#else
-            // the matrix is uniform across the workgroup except where a group straddles two
-            if (g < pc.rows0) acc[i] += chunk_dot_w0(g, c, pc.n_cols, xb);
-            else if (g < pc.rows0 + pc.rows1) acc[i] += chunk_dot_w1(g - pc.rows0, c, pc.n_cols, xb);
-            else acc[i] += chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
-#endif
-        }
-    }
+    accumulate(first, t, WG, total, x_off, n_chunks, acc, acc_up);
 
     // reduce: subgroups first, then across subgroups through shared memory
     uint sg = gl_SubgroupID;

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType, GGUFWriter, RopeScalingType
 
 # layers, hidden, heads, kv heads, head_dim, intermediate, vocab, window, rope scaling, query_pre_attn_scalar
 SHAPES = {
@@ -83,7 +83,7 @@ def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", s
     w.add_vocab_size(vocab)
     w.add_uint32("gemma3.attention.query_pre_attn_scalar", qpas)
     if rope_scale != 1.0:
-        w.add_rope_scaling_type("linear")
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scale)
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)

@@ -40,10 +40,13 @@ def nmse(y, ref) -> float:
     return float(np.sum((y - ref) ** 2) / max(np.sum(ref ** 2), 1e-30))
 
 
-# both kernel shapes: rows shared by a workgroup (GPUs) and whole rows per invocation (CPU Vulkan)
+# every kernel shape: rows shared by a workgroup, rows owned by a subgroup (GPUs), whole rows
+# per invocation (CPU Vulkan)
 COOPERATIVE = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0}
 THREAD_ROWS = {"WG": 8, "ROWS": 2, "THREAD_ROWS": 1}
-SPECS = pytest.mark.parametrize("spec", [COOPERATIVE, THREAD_ROWS], ids=["coop", "thread_rows"])
+SUBGROUP_ROWS = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}   # rows per subgroup
+SPECS = pytest.mark.parametrize("spec", [COOPERATIVE, THREAD_ROWS, SUBGROUP_ROWS],
+                                ids=["coop", "thread_rows", "subgroup_rows"])
 
 
 def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None, spec=None):

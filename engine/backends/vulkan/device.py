@@ -183,9 +183,11 @@ def _probe(vk, pd, index: int) -> Capabilities:
         heaps.append((int(h.size), bool(h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)))
     want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
     big_local = max((s for s, local in heaps if local), default=0)
-    uma = any((mem.memoryTypes[i].propertyFlags & want) == want
-              and heaps[mem.memoryTypes[i].heapIndex][0] >= big_local
-              for i in range(mem.memoryTypeCount))
+    # integrated GPUs and CPU devices share system memory; a discrete card's host-visible VRAM
+    # window (resizable BAR) is not UMA: its reads from the host are slow
+    uma = int(props.deviceType) in (1, 4) and any(
+        (mem.memoryTypes[i].propertyFlags & want) == want and heaps[mem.memoryTypes[i].heapIndex][0] >= big_local
+        for i in range(mem.memoryTypeCount))
 
     fams = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
     ts_bits = max((q.timestampValidBits for q in fams if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
@@ -197,7 +199,7 @@ def _probe(vk, pd, index: int) -> Capabilities:
         device_type=_DEVICE_TYPES.get(int(props.deviceType), "other"),
         vendor_id=int(props.vendorID),
         api_version=(api >> 22, (api >> 12) & 0x3FF, api & 0xFFF),
-        driver=f"{drv.driverName} {drv.driverInfo}".strip(),
+        driver=f"{_cstr(vk, drv.driverName)} {_cstr(vk, drv.driverInfo)}".strip(),
         subgroup_size=int(sg.subgroupSize),
         subgroup_arithmetic=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
         fp16=bool(f12.shaderFloat16),
@@ -223,6 +225,10 @@ def _probe(vk, pd, index: int) -> Capabilities:
         uma=uma,
         extensions=exts,
     )
+
+
+def _cstr(vk, v) -> str:
+    return vk.ffi.string(v).decode(errors="replace") if isinstance(v, vk.ffi.CData) else str(v)
 
 
 def _max_allocation(vk, pd) -> int:

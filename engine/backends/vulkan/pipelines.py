@@ -102,7 +102,7 @@ MATVEC_PUSH = PushLayout("matvec", [
     ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
     ("y_stride", "u32"),       # per token: elements of y and of the residual
 ])
-MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0)}
+MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
@@ -122,6 +122,7 @@ def _matvec_variants() -> list[Variant]:
                 out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
                                    {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
+    out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     return out
 
 
