@@ -51,10 +51,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=30, help="capture after this many streamed deltas")
     ap.add_argument("--theme", default="light", choices=("light", "dark"))
     ap.add_argument("--json", help="also write the timings here")
+    ap.add_argument("--home", help="use this PHOENIX_CHAT_HOME (kept) instead of a throw-away one; "
+                                   "a second run then measures a warm start (engine caches built)")
     args = ap.parse_args()
 
     xvfb, display = start_xvfb()
-    home = Path(tempfile.mkdtemp(prefix="phoenix-shot-"))
+    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="phoenix-shot-"))
+    home.mkdir(parents=True, exist_ok=True)
     os.environ.update(DISPLAY=display, QT_QPA_PLATFORM="xcb", PHOENIX_CHAT_HOME=str(home))
     os.environ.pop("WAYLAND_DISPLAY", None)
     try:
@@ -62,7 +65,8 @@ def main() -> int:
     finally:
         xvfb.terminate()
         xvfb.wait(5)
-        shutil.rmtree(home, ignore_errors=True)
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def run(args, home: Path) -> int:
