@@ -58,6 +58,10 @@ void main() {
     const uint id = tokens[step.pos + t];
     if (id < pc.row_start || id - pc.row_start >= pc.rows) return;   // another range has it
     const uint rb = (id - pc.row_start) * pc.row_bytes;
-    for (uint e = gl_LocalInvocationID.x; e < pc.hidden; e += WG)
-        outp[t * pc.hidden + e] = element(rb, e) * pc.scale;
+    uint e = gl_LocalInvocationID.x;
+    for (; e + 3 * WG < pc.hidden; e += 4 * WG) {   // 4 independent lookups in flight
+        const vec4 v = vec4(element(rb, e), element(rb, e + WG), element(rb, e + 2 * WG), element(rb, e + 3 * WG));
+        for (uint u = 0; u < 4; u++) outp[t * pc.hidden + e + u * WG] = v[u] * pc.scale;
+    }
+    for (; e < pc.hidden; e += WG) outp[t * pc.hidden + e] = element(rb, e) * pc.scale;
 }

@@ -18,9 +18,8 @@
 //     Dispatch: (n_blocks, 1, 1).
 //   SAMPLE_TOPK_FINAL (sample_topk_final): gathers every list entry >= the largest of the
 //     blocks' K-th keys (a lower bound of the global K-th key) and sorts them in shared memory;
-//     when more than CAP are, finds the K-th largest key by bisection on the 32-bit ordered key
-//     (each block's list is sorted, so a count is a binary search) and gathers exactly K
-//     candidates. Either way: the top K by (value desc, id asc), sorted,
+//     when more than CAP are, finds the K-th largest key by radix select (8 bits a round, shared
+//     histogram) and gathers exactly K candidates. Either way: the top K by (value desc, id asc), sorted,
 //     then: p_i = exp((l_i - l_max) / T); top-p keeps the shortest prefix whose mass >= top_p
 //     (over the K, renormalized); min-p drops p_i < min_p * p_max; draws u with Philox2x32-10
 //     on counter (position of the drawn token + d, 0) keyed by step.seed.
@@ -80,9 +79,17 @@ void main() {
     const uint b = gl_WorkGroupID.x;
     uint bk = 0u, bi = 0xFFFFFFFFu;
     const uint end = min((b + 1) * BLOCK, pc.vocab);
-    for (uint e = b * BLOCK + gl_LocalInvocationID.x; e < end; e += WG) {
-        uint k = ordered_key(logits[e]);
-        if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e; }   // ascending e: first max wins
+    uint e = b * BLOCK + gl_LocalInvocationID.x;
+    for (; e + 3 * WG < end; e += 4 * WG) {      // 4 loads in flight
+        const vec4 v = vec4(logits[e], logits[e + WG], logits[e + 2 * WG], logits[e + 3 * WG]);
+        for (uint u = 0; u < 4; u++) {
+            const uint k = ordered_key(v[u]);
+            if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e + u * WG; }   // ascending ids: first max wins
+        }
+    }
+    for (; e < end; e += WG) {
+        const uint k = ordered_key(logits[e]);
+        if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e; }
     }
     uvec2 best = wg_argmax(bk, bi);
     if (gl_LocalInvocationID.x == 0) cand[b] = best;
@@ -157,6 +164,8 @@ shared uint n_keep_sh;
 #define CAP 1024
 shared uvec2 big[CAP];
 shared uint n_big_sh;
+shared uint hist[256];
+shared uvec2 radix_sh;
 shared float kept_sum_sh;
 
 // entries of block b (sorted by key desc) with key >= x
@@ -222,15 +231,32 @@ void main() {
         for (uint i = tid; i < KC; i += WG) sel[i] = i < K ? big[i] : uvec2(0u, 0xFFFFFFFFu);
         barrier();
     } else {
-    // Fallback (more than CAP entries >= L, e.g. flat logits): bisection for the largest
-    // threshold T with count(key >= T) >= K
-    uint T = 0u;
-    for (int bit = 31; bit >= 0; bit--) {
-        const uint c = T | (1u << uint(bit));
-        uint cnt = 0u;
-        for (uint b = tid; b < NB; b += WG) cnt += count_ge(b, c);
-        if (wg_sum_u(cnt) >= K) T = c;
+    // Fallback (more than CAP entries >= L, e.g. flat logits): radix select of the K-th largest
+    // key T over all NB * KC entries, 8 bits per round, with a shared histogram (each round
+    // streams the 128 KiB candidate list once, coalesced).
+    uint prefix = 0u, need = K;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint i = tid; i < 256u; i += WG) hist[i] = 0u;
+        barrier();
+        const uint hi_mask = shift == 24 ? 0u : 0xFFFFFFFFu << uint(shift + 8);
+        for (uint e = tid; e < NB * KC; e += WG) {
+            const uint key = cand[e].x;
+            if ((key & hi_mask) == prefix) atomicAdd(hist[(key >> uint(shift)) & 255u], 1u);
+        }
+        barrier();
+        if (tid == 0) {
+            uint acc = 0u;
+            for (int bk = 255; bk >= 0; bk--) {
+                if (acc + hist[bk] >= need) { prefix |= uint(bk) << uint(shift); need -= acc; break; }
+                acc += hist[bk];
+            }
+            radix_sh = uvec2(prefix, need);
+        }
+        barrier();
+        prefix = radix_sh.x;
+        need = radix_sh.y;
     }
+    const uint T = prefix;
     for (uint b = tid; b < NB; b += WG) {
         const uint ge = count_ge(b, T);
         const uint gt = T == 0xFFFFFFFFu ? 0u : count_ge(b, T + 1u);

@@ -160,3 +160,22 @@ def test_ties_at_the_threshold_fast_path(vk_device):
     logits[[90, 3, 7]] = 9.0                                  # K = 5: only id 3 of these
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=500, seed=8, temperature=100.0, top_k=5)
     assert set(draws.tolist()) == {17, 500, 2000, 29000, 3}
+
+
+def test_gaussian_logits_radix_select(vk_device):
+    """Gaussian logits over the full vocabulary: thousands of entries lie above the blocks'
+    40th keys (the radix-select path); the draws still follow the exact top-40 distribution."""
+    rng = np.random.default_rng(12)
+    logits = (rng.standard_normal(262144) * 3).astype(np.float32)
+    n = 3000
+    params = dict(temperature=0.5, top_k=40, top_p=1.0, min_p=0.0)
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=n, seed=77, **params)
+    ids, probs = ref_distribution(logits, **params)
+    assert set(draws.tolist()) <= set(ids.tolist())
+    big = probs * n >= 5
+    counts = np.array([(draws == i).sum() for i in ids])
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(probs[big] * n, probs[~big].sum() * n)
+    chi2 = float(np.sum((obs - exp) ** 2 / np.maximum(exp, 1e-9)))
+    df = len(obs) - 1
+    assert chi2 < df + 6 * np.sqrt(2 * df) + 10, (chi2, df)
