@@ -85,7 +85,13 @@ class ModelController(QObject):
             return True
         if self._load_future is None or self._load_future.done():
             self.request_load()
-        return await asyncio.shield(self._load_future)
+        while True:
+            future = self._load_future
+            if await asyncio.shield(future):
+                return True
+            if self._load_future is future or self._load_future.done() and not self._load_future.result():
+                return False
+            # A newer load replaced the one we waited for (a menu choice): wait for that one.
 
     def cancel_load(self) -> None:
         if self.load_id is not None:

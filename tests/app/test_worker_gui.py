@@ -108,3 +108,15 @@ def test_devices_menu_lists_the_workers_devices_and_greys_out_an_absent_npu(qtbo
         assert app.window.npu_reason_action.isVisible()
         assert npu.status in app.window.npu_reason_action.text()
         assert app.window.devices.npu.text == "not present"
+
+
+def test_a_message_sent_while_loading_waits_for_the_model_even_across_a_reload(qtbot, make_app, home):
+    preset(home, max_tokens=2, temperature=0.0)
+    app = make_app()
+    app.chat.send("Hello")                        # the model is still loading: the answer waits
+    assert app.window.chat.stop_button.isEnabled()
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=2 * LOAD_TIMEOUT_MS) as done:
+        app.window.context_actions[2048].trigger()    # a reload replaces the load in flight
+    assert done.args[1] in ("length", "stop")
+    assert app.models.info["context_length"] == 2048
+    assert app.window.context_label.text().endswith("/2,048")
