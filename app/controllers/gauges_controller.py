@@ -35,9 +35,14 @@ class GaugesController(QObject):
         worker.generation_finished.connect(lambda _id, _r, stats, _t: self._on_stats(_id, stats))
         worker.devices_changed.connect(lambda _d, npu: sampler.report_npu(bool(npu.get("present")),
                                                                           npu.get("reason", "")))
-        worker.model_changed.connect(lambda *_: sampler.report_engine(None, None))
+        worker.model_changed.connect(self._on_model)
+        self.backend: str | None = None
         worker.worker_died.connect(lambda *_: sampler.report_engine(None, None))
         self.last: Snapshot | None = None
+
+    def _on_model(self, _load_id: str, info: dict) -> None:
+        self.backend = info.get("backend")
+        self.sampler.report_engine(None, None)
 
     def start(self) -> None:
         self._timer.start()
@@ -68,8 +73,12 @@ class GaugesController(QObject):
 
     def show(self, snap: Snapshot) -> None:
         p = self.panel
-        if snap.gpu_busy is None:
-            p.gpu.set_value(None, detail="No amdgpu sysfs and the engine is not on a GPU that reports busy time")
+        if snap.gpu_busy is None and self.backend == "vulkan":
+            # A GPU is in use but nothing measures it: say so rather than "not present".
+            p.gpu.set_value(None, "not reported",
+                            detail="No amdgpu sysfs files, and this Vulkan backend does not report busy time")
+        elif snap.gpu_busy is None:
+            p.gpu.set_value(None, detail="No amdgpu sysfs, and the engine is not running on a GPU")
         else:
             src = "amdgpu sysfs" if snap.gpu_source == "amdgpu" else "engine timestamps"
             p.gpu.set_value(snap.gpu_busy, f"{snap.gpu_busy:.0%}", detail=f"source: {src}")

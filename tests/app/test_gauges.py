@@ -73,3 +73,11 @@ def test_panel_says_not_present_without_a_gpu(qtbot, qloop, make_app, home):
     for gauge in (panel.gpu, panel.vram, panel.gtt, panel.npu):
         assert gauge.text == NOT_PRESENT and gauge.fraction is None
     assert panel.cpu.text.endswith("%")
+
+
+def test_gpu_in_use_without_a_busy_source_says_not_reported(qtbot, qloop, make_app):
+    app = make_app(autoload=False)
+    app.gauges._on_model("load-1", {"backend": "vulkan"})
+    with qtbot.waitSignal(app.gauges.updated, timeout=5_000):
+        pass
+    assert app.window.devices.gpu.text == "not reported" and not app.window.devices.gpu.present
