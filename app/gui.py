@@ -8,12 +8,31 @@ import time
 
 
 def display_available() -> bool:
-    """True when a window can be shown: an X11/Wayland display, or an explicit Qt platform."""
+    """True when a window can be shown: a live X11/Wayland display, or an explicit Qt platform.
+
+    A local display whose socket is gone (a stale $DISPLAY in an ssh or container shell)
+    counts as absent, so the CLI falls back to the terminal chat instead of Qt aborting.
+    """
     if os.environ.get("QT_QPA_PLATFORM"):
         return True
     if sys.platform in ("win32", "darwin"):
         return True
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    wayland = os.environ.get("WAYLAND_DISPLAY")
+    if wayland:
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if os.path.isabs(wayland) or not runtime or os.path.exists(os.path.join(runtime, wayland)):
+            return True
+    return _x11_display_live(os.environ.get("DISPLAY", ""))
+
+
+def _x11_display_live(display: str) -> bool:
+    if not display:
+        return False
+    host, _, rest = display.rpartition(":")
+    number = rest.split(".")[0]
+    if host not in ("", "unix") or not number.isdigit():
+        return True          # a remote or unusual display: let Qt try it
+    return os.path.exists(f"/tmp/.X11-unix/X{number}")
 
 
 def run_gui(model_path: str | None = None, home=None) -> int:
