@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -259,7 +258,6 @@ class ChatController(QObject):
         answer = self.store.call("add_message", conv_id, "assistant", "", complete=False)
         self.answer_id = answer.id
         self.answer_dirty = False
-        self._started = time.monotonic()
         self.gen_id = self.worker.request_generation(prompt, sampling, max_tokens)
         self._save_timer.start()
 

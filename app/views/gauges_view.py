@@ -8,7 +8,7 @@ from collections import deque
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 NOT_PRESENT = "not present"
 
@@ -144,7 +144,6 @@ class DevicePanel(QWidget):
         for g in (self.gpu, self.vram, self.gtt, self.npu, self.cpu, self.ram):
             layout.addWidget(g)
         row = QWidget()
-        from PySide6.QtWidgets import QHBoxLayout
         h = QHBoxLayout(row)
         h.setContentsMargins(0, 6, 0, 0)
         h.addWidget(self.tps_label)
