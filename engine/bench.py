@@ -37,6 +37,8 @@ class BenchResult:
     python_pct_of_token: float | None
     peak_device_gib: float | None
     date: str = ""
+    decode_profile_us: dict | None = None      # GPU time of one decode step by op kind
+    matvec_tuning: dict | None = None          # the kernel path/shape the autotuner picked per matrix
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
@@ -121,6 +123,7 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
                 n += 1
         decode_s = time.perf_counter() - t0
         stats = be.stats()
+        profile = be.profile_decode() if hasattr(be, "profile_decode") else None
         dev = getattr(be, "dev", None)
         copy = copy_bandwidth(dev) if dev is not None else None
     finally:
@@ -140,6 +143,8 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         python_pct_of_token=(100 * py_ms * decode_tps / 1000) if py_ms is not None else None,
         peak_device_gib=(stats.get("allocated_bytes", 0) / 2**30) or None,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        decode_profile_us={k: round(v, 1) for k, v in profile.items()} if profile else None,
+        matvec_tuning=stats.get("matvec_tuning"),
     )
 
 

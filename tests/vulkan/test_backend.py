@@ -103,7 +103,8 @@ def tiny(tmp_path_factory, vk_device):
     from tools.make_synthetic_gguf import write
     path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=1)
     w = open_weights(path)
-    vk, cpu = VulkanBackend(w, 64, device=vk_device), CpuBackend(w, 64)
+    # autotune on: lavapipe times its one candidate per shape, the code path GPUs take
+    vk, cpu = VulkanBackend(w, 64, device=vk_device, autotune=True), CpuBackend(w, 64)
     yield cpu, vk
     vk.close()
     w.close()
@@ -122,3 +123,10 @@ def test_tiny_model_past_the_window_matches_cpu(tiny):
         np.testing.assert_allclose(vk.forward([ids[pos - 48]], pos), cpu.forward([ids[pos - 48]], pos),
                                    atol=2e-2 * np.abs(ref).max())
     np.testing.assert_allclose(vk.forward([7], 40), cpu.forward([7], 40), atol=2e-2 * np.abs(ref).max())
+
+
+def test_tiny_model_profile_and_tuning(tiny):
+    _cpu, vk = tiny
+    assert set(vk.stats()["matvec_tuning"]) >= {"qkv", "o", "geglu", "down"}
+    prof = vk.profile_decode()
+    assert prof["total"] > 0 and prof["gate_up_geglu"] > 0 and prof["attention"] > 0

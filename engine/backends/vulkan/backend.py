@@ -61,7 +61,7 @@ class VulkanBackend(Backend):
 
     def __init__(self, weights: WeightSource, context_length: int, *, device_index: int | None = None,
                  allow_software: bool = False, quant: str | None = None, progress=None,
-                 int_dot: bool | None = None, device: Device | None = None):
+                 int_dot: bool | None = None, device: Device | None = None, autotune: bool | None = None):
         super().__init__(weights.config, context_length)
         cfg = self.config
         if quant is not None and quant not in QUANT_TYPES:
@@ -83,6 +83,9 @@ class VulkanBackend(Backend):
             raise
         self._recordings: OrderedDict = OrderedDict()
         self._decode_lists: dict = {}
+        self.tuning: dict = {}
+        if autotune if autotune is not None else not caps.is_software:
+            self._autotune()
         self._py_time = 0.0
         self._py_tokens = 0
 
@@ -235,7 +238,8 @@ class VulkanBackend(Backend):
 
     # ---- recording -----------------------------------------------------------------------
 
-    def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0):
+    def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
+            force=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens)."""
         if T > 1 and x_off == 0:
@@ -255,21 +259,103 @@ class VulkanBackend(Backend):
                 off += m.rows
             return
         int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
+        spec = None
+        if force is not None:
+            int_dot, spec = force
+        elif key in self.tuning:
+            _us, int_dot, spec = self.tuning[key]
         if int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols)
-            cl.barrier()
+            self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off)
+                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
+
+    # ---- tuning and profiling ------------------------------------------------------------------
+
+    def _mark(self, cl, label: str) -> None:
+        """A barrier; when profiling, also a timestamp that closes the op named `label`."""
+        cl.barrier()
+        prof = getattr(cl, "profile_labels", None)
+        if prof is not None and len(prof) + 1 < cl.n_timestamps:
+            prof.append(label)
+            cl.timestamp(len(prof))
+
+    def _time_us(self, record, reps: int = 6) -> float:
+        cl = self.dev.commands(timestamps=reps + 1)
+        cl.timestamp(0)
+        for i in range(reps):
+            record(cl)
+            cl.barrier()
+            cl.timestamp(i + 1)
+        cl.end()
+        cl.submit()
+        cl.submit()
+        us = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
+        cl.destroy()
+        return us
+
+    def _matvec_cases(self):
+        cfg, L = self.config, self.layers[0]
+        H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        cases = {"o": ([L.o], self.attn, self.o, cfg.q_dim, H, None),
+                 "geglu": ([L.gate, L.up], self.h, self.mlp, H, I, "geglu"),
+                 "down": ([L.down], self.mlp, self.o, I, H, None)}
+        if len({m.qtype for m in L.qkv}) == 1:
+            cases["qkv"] = (L.qkv, self.h, self.qkv, H, self.qkv_dim, None)
+        if len(self.lm_head.tensor.ranges) == 1:
+            cases["lm"] = ([self.lm_head], self.h, self.logits, H, V, None)
+        return cases
+
+    def _autotune(self) -> None:
+        """Pick, per matvec shape of this model, the fastest kernel path (f32 / int8 activations)
+        and workgroup shape on this device, by timing candidates on the real weights (~1 s)."""
+        sg = max(8, min(64, self.dev.caps.subgroup_size))
+        specs = [{"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+                 {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+                 {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+                 {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+                 {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2}]
+        if self.dev.caps.is_software:
+            specs = [{"WG": self.dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+        for key, (mats, x, y, xc, yc, epi) in self._matvec_cases().items():
+            paths = [False] + ([True] if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats) else [])
+            best = None
+            for int_dot in paths:
+                for spec in specs:
+                    us = self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
+                                                           force=(int_dot, spec)))
+                    if best is None or us < best[0]:
+                        best = (us, int_dot, spec)
+            self.tuning[key] = best
+
+    def profile_decode(self) -> dict:
+        """GPU time of one decode step by op kind (us), from timestamps after every barrier."""
+        cl = self._record(1, "sample", greedy=True, penalty=False, profile=True)
+        self.tokens_view[0] = self.config.bos_token_id
+        self._write_step(pos=0, n_tokens=1)
+        cl.submit()
+        cl.submit()
+        self._write_step(pos=0, n_tokens=1)
+        cl.submit()
+        ts = np.diff(cl.timestamps_ns(len(cl.profile_labels) + 1)) / 1e3
+        out: dict = {}
+        for label, us in zip(cl.profile_labels, ts):
+            out[label] = out.get(label, 0.0) + float(us)
+        out["total"] = float(sum(ts))
+        out["dispatches"] = cl.dispatches
+        out["barriers"] = cl.barriers
+        cl.destroy()
+        return out
 
     def _qkv(self, cl, L: _Layer, T: int) -> None:
         cfg = self.config
         q, k, v = L.qkv
         single = all(len(m.tensor.ranges) == 1 for m in L.qkv)
         if single and q.qtype == k.qtype == v.qtype:
-            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
+            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv")
             return
         if T > 1:
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
@@ -279,27 +365,30 @@ class VulkanBackend(Backend):
             record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
                           x_stride=cfg.hidden_size, y_stride=self.qkv_dim)
 
-    def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False):
+    def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False):
         """mode: 'none' (fill the cache only), 'last' / 'all' (logits), 'sample' (decode step)."""
         cfg, dev = self.config, self.dev
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size
-        cl = dev.commands(name=f"forward[{T},{mode}]")
+        cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else 0)
+        if profile:
+            cl.profile_labels = []
+            cl.timestamp(0)
         ops_embed.embed(cl, dev, self.step, self.tokens, self.embed_table, self.x, wtype=self.embed_type.name,
                         hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
-        cl.barrier()
+        self._mark(cl, "embed")
         ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps)
         for i, L in enumerate(self.layers):
-            cl.barrier()
+            self._mark(cl, "norm")
             self._qkv(cl, L, T)
-            cl.barrier()
+            self._mark(cl, "qkv")
             ops_rope.rope_kv(cl, dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
                              L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
                              n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots,
                              theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=eps, max_tokens=T,
                              q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0, k_offset=cfg.q_dim,
                              v_offset=cfg.q_dim + cfg.kv_dim)
-            cl.barrier()
+            self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
             if T == 1:
                 ops_attention.attention_decode(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.partial,
@@ -312,28 +401,28 @@ class VulkanBackend(Backend):
                                                 n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, window=window,
                                                 scale=cfg.attn_scale, max_tokens=T, q_stride=self.qkv_dim,
                                                 q_offset=0)
-            cl.barrier()
-            self._mv(cl, [L.o], self.attn, self.o, T=T, x_cols=cfg.q_dim, y_cols=H)
-            cl.barrier()
+            self._mark(cl, "attention")
+            self._mv(cl, [L.o], self.attn, self.o, T=T, x_cols=cfg.q_dim, y_cols=H, key="o")
+            self._mark(cl, "o_proj")
             ops_norm.norm_add(cl, dev, self.o, L.norms["post_attention_layernorm"], self.x,
                               L.norms["pre_feedforward_layernorm"], self.h, rows=T, n=H, eps=eps)
-            cl.barrier()
+            self._mark(cl, "norm_add")
             self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
-                     epilogue="geglu")
-            cl.barrier()
-            self._mv(cl, [L.down], self.mlp, self.o, T=T, x_cols=cfg.intermediate_size, y_cols=H)
-            cl.barrier()
+                     epilogue="geglu", key="geglu")
+            self._mark(cl, "gate_up_geglu")
+            self._mv(cl, [L.down], self.mlp, self.o, T=T, x_cols=cfg.intermediate_size, y_cols=H, key="down")
+            self._mark(cl, "down")
             nxt = self.layers[i + 1].norms["input_layernorm"] if i + 1 < len(self.layers) else self.final_norm
             ops_norm.norm_add(cl, dev, self.o, L.norms["post_feedforward_layernorm"], self.x, nxt, self.h,
                               rows=T, n=H, eps=eps)
-        cl.barrier()
+        self._mark(cl, "norm_add")
         V = cfg.vocab_size
         if mode == "all":
             self._mv(cl, [self.lm_head], self.h, self.logits, T=T, x_cols=H, y_cols=V)
         elif mode in ("last", "sample"):
-            self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H)
+            self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm")
         if mode == "sample":
-            cl.barrier()
+            self._mark(cl, "lm_head")
             ops_sample.sample(cl, dev, self.step, self.logits, self.cand, self.tokens, vocab=V, greedy=greedy,
                               penalty=penalty)
         return cl.end()
@@ -436,6 +525,7 @@ class VulkanBackend(Backend):
             "scratch_bytes": self.budget["scratch"],
             "allocated_bytes": self.dev.allocated_bytes,
             "int_dot": self.int_dot,
+            "matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2]} for k, v in self.tuning.items()},
         }
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens

@@ -209,10 +209,11 @@ class CommandList:
         """end() if needed, submit, wait."""
         self.submit(wait=True)
 
-    def timestamps_ns(self) -> np.ndarray:
-        """Timestamps of the last completed run, in ns relative to timestamp 0."""
+    def timestamps_ns(self, count: int | None = None) -> np.ndarray:
+        """The first `count` (default all) timestamps of the last completed run, in ns relative to
+        timestamp 0. Every one of them must have been written."""
         vk, ffi = self.dev.vk, self.dev.ffi
-        n = self.n_timestamps
+        n = self.n_timestamps if count is None else count
         data = ffi.new("uint64_t[]", n)
         r = self.dev.lib.vkGetQueryPoolResults(self.dev.device, self.query_pool, 0, n, n * 8, data, 8,
                                                vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
