@@ -190,9 +190,11 @@ uvec2 philox2x32_10(uvec2 ctr, uint key) {
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks;
-    const bool greedy = step.temperature <= 0.0;
-    const uint q = step.pos + step.n_tokens;
-    uint K = (step.top_k == 0u || step.top_k > KC) ? KC : step.top_k;
+    // one read of the step buffer (it may live in host memory: every access can cross PCIe)
+    const Step st = step;
+    const bool greedy = st.temperature <= 0.0;
+    const uint q = st.pos + st.n_tokens;
+    uint K = (st.top_k == 0u || st.top_k > KC) ? KC : st.top_k;
     if (greedy) K = 1u;
 
     // Fast path: the K-th largest key is at least L = max over blocks of the block's K-th key
@@ -232,22 +234,33 @@ void main() {
         barrier();
     } else {
     // Fallback (more than CAP entries >= L, e.g. flat logits): radix select of the K-th largest
-    // key T over all NB * KC entries, 8 bits per round, with a shared histogram (each round
-    // streams the 128 KiB candidate list once, coalesced).
-    uint prefix = 0u, need = K;
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    // key T. Only entries >= L matter, and T lies in [L, U] (U = the largest key), so the rounds
+    // start below the bits L and U share; 8 bits a round, a shared histogram of the entries
+    // >= L (spread over the buckets: few atomics collide), the candidate list streamed once a round.
+    uint ub = 0u;
+    for (uint b = tid; b < NB; b += WG) ub = max(ub, cand[b * KC].x);
+    const uint U = wg_max_u(ub);
+    int top = int(findMSB(L ^ U));                 // highest bit where L and U differ (-1: equal)
+    uint prefix = L;                              // bits above `top` (all of L when L == U)
+    if (top == 31) prefix = 0u;
+    else if (top >= 0) prefix = L & ~((2u << uint(top)) - 1u);
+    uint need = K;
+    while (top >= 0) {
+        const uint width = uint(min(8, top + 1));
+        const uint shift = uint(top + 1) - width;
+        uint above = 0u;
+        if (top < 31) above = ~((2u << uint(top)) - 1u);
         for (uint i = tid; i < 256u; i += WG) hist[i] = 0u;
         barrier();
-        const uint hi_mask = shift == 24 ? 0u : 0xFFFFFFFFu << uint(shift + 8);
         for (uint e = tid; e < NB * KC; e += WG) {
             const uint key = cand[e].x;
-            if ((key & hi_mask) == prefix) atomicAdd(hist[(key >> uint(shift)) & 255u], 1u);
+            if (key >= L && (key & above) == prefix) atomicAdd(hist[(key >> shift) & ((1u << width) - 1u)], 1u);
         }
         barrier();
         if (tid == 0) {
             uint acc = 0u;
-            for (int bk = 255; bk >= 0; bk--) {
-                if (acc + hist[bk] >= need) { prefix |= uint(bk) << uint(shift); need -= acc; break; }
+            for (int bk = int((1u << width) - 1u); bk >= 0; bk--) {
+                if (acc + hist[bk] >= need) { prefix |= uint(bk) << shift; need -= acc; break; }
                 acc += hist[bk];
             }
             radix_sh = uvec2(prefix, need);
@@ -255,6 +268,7 @@ void main() {
         barrier();
         prefix = radix_sh.x;
         need = radix_sh.y;
+        top -= int(width);
     }
     const uint T = prefix;
     for (uint b = tid; b < NB; b += WG) {
@@ -298,7 +312,7 @@ void main() {
     }   // fallback
     if (tid == 0) {
         const float top = key_value(sel[0].x);
-        const float inv_t = greedy ? 1.0 : 1.0 / step.temperature;
+        const float inv_t = greedy ? 1.0 : 1.0 / st.temperature;
         float total = 0.0;
         for (uint i = 0; i < K; i++) {
             const float p = greedy ? (i == 0 ? 1.0 : 0.0) : exp((key_value(sel[i].x) - top) * inv_t);
@@ -306,15 +320,15 @@ void main() {
             total += p;
         }
         uint n_keep = K;
-        if (step.top_p < 1.0) {
+        if (st.top_p < 1.0) {
             float c = 0.0;
             for (uint i = 0; i < K; i++) {
                 c += prob[i];
-                if (c >= step.top_p * total) { n_keep = i + 1; break; }
+                if (c >= st.top_p * total) { n_keep = i + 1; break; }
             }
         }
-        if (step.min_p > 0.0) {
-            for (uint i = 1; i < n_keep; i++) if (prob[i] < step.min_p * prob[0]) { n_keep = i; break; }
+        if (st.min_p > 0.0) {
+            for (uint i = 1; i < n_keep; i++) if (prob[i] < st.min_p * prob[0]) { n_keep = i; break; }
         }
         float kept = 0.0;
         for (uint i = 0; i < n_keep; i++) kept += prob[i];
@@ -324,7 +338,7 @@ void main() {
     barrier();
     const uint n_keep = n_keep_sh;
     for (uint d = tid; d < pc.n_draws; d += WG) {
-        const uvec2 r = philox2x32_10(uvec2(q + d, 0u), step.seed);
+        const uvec2 r = philox2x32_10(uvec2(q + d, 0u), st.seed);
         const float u = float(r.x >> 8) * (1.0 / 16777216.0) * kept_sum_sh;
         uint chosen = n_keep - 1u;
         float c = 0.0;
@@ -345,16 +359,17 @@ STEP_BUFFER(0)
 layout(std430, binding = 1) buffer L { float logits[]; };
 layout(std430, binding = 2) readonly buffer Tok { uint tokens[]; };
 void main() {
-    if (step.rep_penalty == 1.0) return;
-    const uint q = step.pos + step.n_tokens;
-    const uint lo = q > step.rep_window ? q - step.rep_window : 0u;
+    const Step st = step;
+    if (st.rep_penalty == 1.0) return;
+    const uint q = st.pos + st.n_tokens;
+    const uint lo = q > st.rep_window ? q - st.rep_window : 0u;
     for (uint i = lo + gl_LocalInvocationID.x; i < q; i += WG) {
         const uint id = tokens[i];
         bool first = id < pc.vocab;
         for (uint j = lo; j < i && first; j++) first = tokens[j] != id;   // penalize each id once
         if (first) {
             const float l = logits[id];
-            logits[id] = l > 0.0 ? l / step.rep_penalty : l * step.rep_penalty;
+            logits[id] = l > 0.0 ? l / st.rep_penalty : l * st.rep_penalty;
         }
     }
 }
