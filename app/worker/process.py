@@ -85,9 +85,8 @@ class Worker:
 
     def _engine(self):
         if self.engine is None:
-            name = os.environ.get("PHOENIX_CHAT_ENGINE_MODULE", "engine")
-            self.engine = importlib.import_module(name)
-            importlib.import_module(f"{name}.generate")
+            self.engine = importlib.import_module("engine")
+            importlib.import_module("engine.generate")
         return self.engine
 
     # -- commands -------------------------------------------------------------------------

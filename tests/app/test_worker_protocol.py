@@ -1,7 +1,5 @@
-"""The worker channel on its own, with a stand-in engine (fast): ordering, cancel, load cancel.
-
-The GUI tests run the real engine; these pin down the protocol details quickly.
-"""
+"""The worker channel on its own, on the real engine and the embedded model (CPU backend):
+progress, ordering, cancel, errors, a dead worker replaced."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +10,7 @@ pytestmark = pytest.mark.gui
 
 
 @pytest.fixture
-def worker(qloop, monkeypatch):
-    monkeypatch.setenv("PHOENIX_CHAT_ENGINE_MODULE", "tests.app.fake_engine")
+def worker(qloop):
     client = WorkerClient()
     client.start()
     yield client
@@ -21,9 +18,9 @@ def worker(qloop, monkeypatch):
 
 
 def load(qtbot, worker, **kw):
-    args = dict(path=None, backend="auto", device=None, quant=None, context_length=2048, npu=None)
+    args = dict(path=None, backend="cpu", device=None, quant=None, context_length=2048, npu=None)
     args.update(kw)
-    with qtbot.waitSignal(worker.model_changed, timeout=30_000) as blocker:
+    with qtbot.waitSignal(worker.model_changed, timeout=300_000) as blocker:
         worker.request_load(**args)
     return blocker.args[1]
 
@@ -31,9 +28,9 @@ def load(qtbot, worker, **kw):
 def test_load_reports_progress_then_the_model(qtbot, worker):
     progress = []
     worker.loading_changed.connect(lambda _id, f, _m: progress.append(f))
-    info = load(qtbot, worker, quant="Q8_0")
-    assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress)
-    assert info["quant"] == "Q8_0" and info["context_length"] == 2048
+    info = load(qtbot, worker)
+    assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress) and len(progress) > 2
+    assert info["context_length"] == 2048
     assert info["is_instruction_tuned"] is False and worker.model_info == info
 
 
@@ -41,21 +38,22 @@ def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
     load(qtbot, worker)
     deltas = []
     worker.tokens_changed.connect(lambda _id, t: deltas.append(t))
-    with qtbot.waitSignal(worker.generation_finished, timeout=30_000) as done:
-        gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {"temperature": 0.0}, 20)
+    with qtbot.waitSignal(worker.generation_finished, timeout=300_000) as done:
+        gen_id = worker.request_generation([{"role": "user", "content": "Write one sentence about the ocean."}],
+                                           {"temperature": 0.0}, 12)
     fid, reason, stats, text = done.args
     assert fid == gen_id and reason == "length"
-    assert "".join(deltas) == text == "word " * 20
-    assert stats["generation_tokens"] == 20 and stats["engine_busy"] == 0.0
+    assert "".join(deltas) == text and text.startswith("Write one sentence about the ocean.")  # greedy, see goldens
+    assert stats["generation_tokens"] == 12
 
 
 def test_cancel_stops_between_tokens(qtbot, worker):
     load(qtbot, worker)
-    with qtbot.waitSignal(worker.tokens_changed, timeout=30_000):
-        gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {}, 5000)
-    with qtbot.waitSignal(worker.generation_finished, timeout=30_000) as done:
+    with qtbot.waitSignal(worker.tokens_changed, timeout=300_000):
+        gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {}, 1500)
+    with qtbot.waitSignal(worker.generation_finished, timeout=60_000) as done:
         worker.cancel_generation(gen_id)
-    assert done.args[1] == "cancelled" and len(done.args[3].split()) < 5000
+    assert done.args[1] == "cancelled" and done.args[2]["generation_tokens"] < 1500
 
 
 def test_generate_without_a_model_is_an_error_not_a_crash(qtbot, worker):
