@@ -60,19 +60,25 @@ def load(path=None, backend: str = "auto", context_length: int | None = None, qu
         raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     started = time.perf_counter()
     timings = {}
+    report = progress or (lambda fraction, message: None)
+    report(0.0, "opening model file")
     path = Path(path).expanduser() if path else embedded_model_path()
     weights = open_weights(path)
     timings["open_s"] = time.perf_counter() - started
     cfg = weights.config
     ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
     t = time.perf_counter()
+    report(0.02, "loading tokenizer (built once, then cached)")
     tokenizer = weights.tokenizer()
     timings["tokenizer_s"] = time.perf_counter() - t
     chat = ChatFormat(weights.chat_template or tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
                       eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
 
     t = time.perf_counter()
-    engine_backend, note = _make_backend(backend, weights, ctx, quant, device, progress, cancel)
+    report(0.1, "loading weights")
+    scaled = (lambda fraction, message: report(0.1 + 0.9 * fraction, message)) if progress else None
+    engine_backend, note = _make_backend(backend, weights, ctx, quant, device, scaled, cancel)
+    report(1.0, "ready")
     timings["backend_s"] = time.perf_counter() - t
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
     return LoadedModel(path=path, weights=weights, config=cfg, tokenizer=tokenizer, chat=chat,
