@@ -5,6 +5,8 @@
 // one type are concatenated in one dispatch (fused QKV: rows0 from W0, rows1 from W1, rows2
 // from W2). Epilogues: EPI_ADD y = res + Wx; EPI_GEGLU y = gelu_tanh(W0 x) * (W1 x).
 // INT_DOT: x is q8_1 blocks and the dot uses the packed int8 dot-product instruction.
+// INT_DOT + QUANT_IN_REGS (Q4_0/Q8_0, n_cols % 64 == 0 only): x stays f32 and each lane
+// quantizes the two blocks it needs in registers, saving a quantize dispatch and a barrier.
 // Workgroups are laid out 2-D (x up to 65535) so 262k-row LM heads fit the dispatch limits;
 // workgroup z is the token (prefill without a GEMM: x and y advance by x_stride / y_stride).
 #include "include/common.glsl"
@@ -29,6 +31,9 @@ PUSH_CONSTANTS
 #ifdef INT_DOT
 layout(binding = 0) readonly buffer X { uint xq[]; };
 layout(binding = 0) readonly buffer X4 { uvec4 xq4[]; };
+#ifdef QUANT_IN_REGS
+layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
+#endif
 #else
 layout(binding = 0) readonly buffer X { float xf[]; };
 layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
@@ -86,7 +91,7 @@ float row_dot(uint g, uint c, uint x_off) {
 void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_chunks,
                 inout float acc[ROWS], inout float acc_up[ROWS]) {
 #ifdef HAS_PAIRS
-#ifdef INT_DOT
+#if defined(INT_DOT) && !defined(QUANT_IN_REGS)
     if ((pc.n_cols & 63u) == 0u && (x_off & 1u) == 0u) {
 #else
     if ((pc.n_cols & 63u) == 0u && (x_off & 3u) == 0u) {
@@ -100,7 +105,29 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
         }
         uint n_pairs = pc.n_cols >> 6;
         for (uint p = t; p < n_pairs; p += stride) {
-#ifdef INT_DOT
+#if defined(INT_DOT) && defined(QUANT_IN_REGS)
+            uint xw[20];
+            uint xi = (x_off >> 2) + 16u * p;
+            [[unroll]] for (uint b = 0u; b < 2u; b++) {
+                vec4 v[8];
+                float amax = 0.0;
+                [[unroll]] for (uint k = 0u; k < 8u; k++) {
+                    v[k] = xf4[xi + 8u * b + k];
+                    vec4 a = abs(v[k]);
+                    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+                }
+                float d = amax / 127.0;
+                int s = 0;
+                [[unroll]] for (uint k = 0u; k < 8u; k++) {
+                    ivec4 q = d > 0.0 ? ivec4(round(v[k] / d)) : ivec4(0);
+                    s += q.x + q.y + q.z + q.w;
+                    xw[10u * b + k] = (uint(q.x) & 0xFFu) | ((uint(q.y) & 0xFFu) << 8)
+                                    | ((uint(q.z) & 0xFFu) << 16) | (uint(q.w) << 24);
+                }
+                xw[10u * b + 8u] = floatBitsToUint(d);
+                xw[10u * b + 9u] = floatBitsToUint(d * float(s));
+            }
+#elif defined(INT_DOT)
             uint xw[20];
             uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
             [[unroll]] for (uint k = 0u; k < 5u; k++) {

@@ -130,3 +130,24 @@ def test_tiny_model_profile_and_tuning(tiny):
     assert set(vk.stats()["matvec_tuning"]) >= {"qkv", "o", "geglu", "down"}
     prof = vk.profile_decode()
     assert prof["total"] > 0 and prof["gate_up_geglu"] > 0 and prof["attention"] > 0
+
+
+def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
+    """The int8-activation kernels (forced, whichever the autotuner picks per shape) in a whole model."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    from engine.backends.vulkan.backend import VulkanBackend
+    cpu, vk = tiny
+    vk8 = VulkanBackend(vk.weights_source, 64, device=vk_device, int_dot=True, autotune=True)
+    try:
+        assert vk8.int_dot
+        for mode in ("regs", True):           # each int8 flavour on every matrix
+            vk8.tuning = {k: (0.0, mode, None) for k in ("qkv", "o", "geglu", "down", "lm")}
+            vk8._recordings.clear()
+            ids = [5, 17, 300, 4000, 12, 99]
+            ref = cpu.forward(ids, 0, all_logits=True)
+            got = np.stack([vk8.forward([t], i) for i, t in enumerate(ids)])
+            assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.99, mode
+            assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max(), mode
+    finally:
+        vk8.close()

@@ -59,7 +59,9 @@ def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None, spe
         rb = dev.buffer(res.nbytes)
         dev.upload(rb, res.astype(np.float32))
     cl = dev.commands()
-    if int_dot:
+    if int_dot == "regs":
+        record_matvec(cl, dev, mats, xb, yb, epilogue=epilogue, res=rb, int_dot="regs", spec=spec)
+    elif int_dot:
         xq = dev.buffer(q8_1_bytes(x.size))
         record_quantize(cl, dev, xb, xq, x.size)
         cl.barrier()
@@ -172,3 +174,24 @@ def test_several_tokens_in_one_dispatch(vk_device, spec):
     cl.submit()
     y = dev.download(yb, np.float32, (n, rows)).astype(np.float64)
     assert nmse(y, res + x.astype(np.float64) @ ref.T) < F32_NMSE
+
+
+@SPECS
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+def test_matvec_int8_quantized_in_registers(vk_device, qtype, spec):
+    """f32 x quantized by each lane in registers (no quantize dispatch): plain, add and GEGLU."""
+    if not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
+    if spec.get("THREAD_ROWS"):
+        pytest.skip("the whole-row-per-invocation shape has no block-pair path")
+    rows, cols = 70, 1024
+    (gr, g), (ur, u) = make_weights(qtype, rows, cols, 20), make_weights(qtype, rows, cols, 21)
+    mats = [WeightMatrix.upload(vk_device, gr, qtype, g.shape), WeightMatrix.upload(vk_device, ur, qtype, u.shape)]
+    x = np.random.default_rng(22).standard_normal(cols).astype(np.float32) * 0.3
+    gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
+    assert nmse(run(vk_device, mats[:1], x, int_dot="regs", spec=spec), gx) < INT8_NMSE
+    res = np.random.default_rng(23).standard_normal(rows).astype(np.float32)
+    assert nmse(run(vk_device, mats[:1], x, int_dot="regs", epilogue="add", res=res, spec=spec), res + gx) < INT8_NMSE
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    y = run(vk_device, mats, x, epilogue="geglu", int_dot="regs", n_out=rows, spec=spec)
+    assert nmse(y, ref) < INT8_NMSE * 4

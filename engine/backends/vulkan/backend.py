@@ -27,7 +27,7 @@ from engine.backends.base import Backend
 from engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, WeightMatrix, q8_1_bytes, record_matvec,
-                                           record_quantize)
+                                           record_quantize, regs_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
 from engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -40,6 +40,7 @@ QUANT_TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "f16": QType.F16}
 PREFILL_CHUNK = 128       # tokens per prefill submission; local KV rings hold window + this
 LOGITS_CHUNK = 32         # tokens per submission when every position's logits come back
 MAX_RECORDINGS = 8
+REGS_SPEC = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
 
 @dataclass
@@ -67,6 +68,7 @@ class VulkanBackend(Backend):
         if quant is not None and quant not in QUANT_TYPES:
             raise ValueError(f"quant must be one of {sorted(QUANT_TYPES)}, got {quant!r}")
         self.quant = quant
+        self.weights_source = weights
         self._own_device = device is None
         self.dev = dev = device or Device.open(device_index, allow_software=allow_software)
         self.device_name = dev.name
@@ -264,7 +266,12 @@ class VulkanBackend(Backend):
             int_dot, spec = force
         elif key in self.tuning:
             _us, int_dot, spec = self.tuning[key]
-        if int_dot:
+        if int_dot == "regs":
+            if spec is None or spec.get("THREAD_ROWS"):
+                spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
+            record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
+        elif int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
@@ -321,10 +328,14 @@ class VulkanBackend(Backend):
         if self.dev.caps.is_software:
             specs = [{"WG": self.dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
         for key, (mats, x, y, xc, yc, epi) in self._matvec_cases().items():
-            paths = [False] + ([True] if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats) else [])
+            paths = [False]
+            if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
+                paths.append(True)
+                if all(regs_ok(m) for m in mats):
+                    paths.append("regs")
             best = None
             for int_dot in paths:
-                for spec in specs:
+                for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
                     us = self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
                                                            force=(int_dot, spec)))
                     if best is None or us < best[0]:

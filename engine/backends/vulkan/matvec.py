@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from engine.backends.vulkan.memory import Tensor
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES, WEIGHT_TYPES
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES, PAIR_TYPES, WEIGHT_TYPES
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 MAX_GROUPS_X = 65535
@@ -82,8 +82,14 @@ class WeightMatrix:
         return dev.caps.int_dot and self.qtype.name in INT_DOT_TYPES and self.cols % 32 == 0
 
 
-def variant_name(qtype: QType, epilogue: str | None, int_dot: bool) -> str:
-    name = f"matvec_{qtype.name.lower()}_{'q8_1' if int_dot else 'f32'}_f32"
+def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
+    return m.qtype.name in PAIR_TYPES and m.cols % 64 == 0 and x_off % 4 == 0
+
+
+def variant_name(qtype: QType, epilogue: str | None, int_dot) -> str:
+    """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot)."""
+    atype = "f32q" if int_dot == "regs" else ("q8_1" if int_dot else "f32")
+    name = f"matvec_{qtype.name.lower()}_{atype}_f32"
     return name + (f"_{epilogue}" if epilogue else "")
 
 
@@ -103,7 +109,8 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x).
-    int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks.
+    int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks;
+    int_dot="regs": x is f32 and quantized in registers (Q4_0/Q8_0 with n_cols % 64 == 0 only).
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
     advancing by x_stride / y_stride per token (prefill without a GEMM kernel).
     Every matrix must share one type and column count. No barrier is recorded.
@@ -116,6 +123,9 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if epilogue == "geglu" and (len(mats) != 2 or mats[0].rows != mats[1].rows):
         raise ValueError("geglu takes [gate, up] of equal shape")
     spec = spec or default_spec(dev)
+    if int_dot == "regs" and (not regs_ok(mats[0], x_off) or spec.get("THREAD_ROWS")):
+        raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0, x_off % 4 == 0 "
+                         "and a cooperative workgroup shape")
     p = dev.pipeline(variant_name(qtype, epilogue, int_dot), **spec)
     d = dummy(dev)
     resb = res if res is not None else d

@@ -90,6 +90,7 @@ class Variant:
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0")      # types with an int8 x int8 dot-product kernel
+PAIR_TYPES = ("Q8_0", "Q4_0")                 # block-pair kernels (n_cols % 64 == 0)
 
 MATVEC_PUSH = PushLayout("matvec", [
     ("n_cols", "u32"),         # K: length of x
@@ -121,6 +122,10 @@ def _matvec_variants() -> list[Variant]:
             for suffix, extra in (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None})):
                 out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
                                    {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
+                if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
+                    out.append(Variant(f"matvec_{lo}_f32q_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
+                                       {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra}, MATVEC_SPEC,
+                                       requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     return out
