@@ -11,7 +11,8 @@
 // 2-byte aligned and a range's size need not be a multiple of 4 (a 32-bit view would lose its
 // last bytes).
 //
-// -D: WTYPE_F32 / WTYPE_F16 / WTYPE_BF16 / WTYPE_Q8_0 / WTYPE_Q4_0
+// -D: WTYPE_F32 / F16 / BF16 / Q8_0 / Q4_0 (below), Q5_0 / Q4_K / Q5_K / Q6_K (through
+// include/gemm_dequant.glsl; K-quants need hidden % 256 == 0).
 // Bindings: 0 step, 1 tokens (u32), 2 table range, 3 out (f32 [tokens][hidden]).
 // Push: hidden, row_start, rows, row_bytes, scale.   Dispatch: (tokens recorded, 1, 1).
 layout(local_size_x_id = 0) in;
@@ -20,8 +21,7 @@ layout(constant_id = 0) const uint WG = 256;
 PUSH_CONSTANTS
 
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_shader_16bit_storage : require
-#extension GL_EXT_shader_explicit_arithmetic_types : require
+#include "include/common.glsl"
 #include "include/step.glsl"
 STEP_BUFFER(0)
 layout(std430, binding = 1) readonly buffer Tok { uint tokens[]; };
@@ -33,8 +33,17 @@ uint byte_at(uint b) { return (u16_at(b & ~1u) >> ((b & 1u) * 8u)) & 0xFFu; }
 float f16_at(uint b) { return unpackHalf2x16(u16_at(b)).x; }
 int i8_at(uint b) { return int(byte_at(b) << 24) >> 24; }
 
+#if defined(WTYPE_Q5_0) || defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K) || defined(WTYPE_Q6_K)
+#define W16 tw
+#define FN(n) PASTE(n, _t)
+#include "include/gemm_dequant.glsl"
+#define EMBED_VIA_GEMM_DEQUANT
+#endif
+
 float element(uint rb, uint e) {
-#if defined(WTYPE_F32)
+#if defined(EMBED_VIA_GEMM_DEQUANT)
+    return w_at_t(rb / pc.row_bytes, e, pc.hidden);
+#elif defined(WTYPE_F32)
     return uintBitsToFloat(u16_at(rb + 4u * e) | (u16_at(rb + 4u * e + 2u) << 16));
 #elif defined(WTYPE_F16)
     return f16_at(rb + 2u * e);

@@ -47,3 +47,33 @@ def test_embed(vk_device, wtype, hidden, vocab, pos, n_tokens, max_tokens, split
     want = deq[ids] * scale
     assert nmse(got[:n_tokens], want) < 1e-12
     assert np.all(got[n_tokens:] == 7.0), "rows beyond step.n_tokens must stay untouched"
+
+
+@pytest.mark.parametrize("wtype", ["Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("hidden,vocab,split_bytes", [(512, 900, None), (768, 2000, 32 * 1024)])
+def test_embed_more_types(vk_device, wtype, hidden, vocab, split_bytes):
+    """Tables in the other GGUF types (random blocks, checked against gguf's dequantize)."""
+    from tests.vulkan.test_ops_gemm import random_weight
+    dev = vk_device
+    rng = np.random.default_rng(hidden + vocab + len(wtype))
+    raw, deq = random_weight(wtype, vocab, hidden, rng)
+    row_bytes = raw.shape[1]
+    pos, n_tokens = 2, 6
+    tokens = np.zeros(16, np.uint32)
+    ids = rng.integers(0, vocab, n_tokens)
+    ids[0], ids[-1] = 0, vocab - 1
+    tokens[pos:pos + n_tokens] = ids
+    with Bufs(dev) as b:
+        t = Tensor.upload(dev, raw, row_bytes, name="embd")
+        b.all.append(t.buffer)
+        if split_bytes:
+            align = max(dev.caps.min_storage_offset_alignment, 4)
+            t.ranges = [RowRange(t.buffer, r * row_bytes, n * row_bytes, r, n)
+                        for r, n in row_ranges(vocab, row_bytes, split_bytes, align)]
+            assert len(t.ranges) >= 2
+        out = b.zeros(4 * n_tokens * hidden)
+        step, tok = b.step(pos=pos, n_tokens=n_tokens), b.of(tokens)
+        run(dev, lambda cl: embed(cl, dev, step, tok, t, out, wtype=wtype, hidden=hidden, scale=2.0,
+                                  max_tokens=n_tokens))
+        got = b.read(out, np.float32, (n_tokens, hidden))
+    assert nmse(got, deq[ids] * 2.0) < 1e-12

@@ -10,7 +10,7 @@ breaks the import cycle whichever module is imported first.
 """
 from __future__ import annotations
 
-EMBED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+EMBED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 GEMM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
 
