@@ -8,18 +8,19 @@
 //   Bindings: 0 step, 1 q (f32, [n_heads][D] at q_offset, already normed/rotated),
 //             2 K cache, 3 V cache ([n_kv_heads][cache_slots][D] f16), 4 partial (f32 scratch,
 //             n_heads * n_splits * (D + 2) floats).   Dispatch: (n_splits, n_kv_heads, 1).
-// ATTN_REDUCE (attention_reduce_f32): combines the splits of one query head (WG >= head_dim).
-//   Bindings: 0 partial, 1 out (f32 [n_heads][D]).   Dispatch: (n_heads, 1, 1).
+// ATTN_REDUCE (attention_reduce_f32): combines the used splits of one query head (WG >= head_dim).
+//   Bindings: 0 step, 1 partial, 2 out (f32 [n_heads][D]).   Dispatch: (n_heads, 1, 1).
 //
 // The query sits at position p = step.pos; it sees positions [lo, p] with lo = p - window + 1
 // on sliding-window layers (window > 0), else 0; position j lives in slot j % cache_slots.
-// The split count is fixed at record time; each split takes ceil(n / n_splits) positions of the
-// n visible at run time (empty splits write m = -1e30, l = 0).
+// The split count is fixed at record time; each split takes max(ceil(n / n_splits), MIN_CHUNK)
+// positions of the n visible at run time, so a short context uses few splits (the unused ones
+// write m = -1e30, l = 0 and the reduce pass skips them).
 // scores = (q . k) * scale, scale = 1/sqrt(query_pre_attn_scalar); f32 softmax and accumulation.
 // head_dim (HD) and the GQA group size G = n_heads / n_kv_heads are specialization constants, so
 // every inner loop has a constant trip count; loads are batched 4 at a time (with a run-time
 // head_dim the K-row loads were issued one latency at a time: 3-10x slower on an H100).
-// Limits: HD a multiple of 32, HD <= 2 * WG, WG / (HD / 2) a divisor of WG / 4, G <= 8,
+// Limits: HD a multiple of 64, HD <= 2 * WG, WG / (HD / 2) a divisor of WG / 4, G <= 8,
 // n_splits <= 256.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
@@ -28,8 +29,17 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint HD = 256;     // head_dim
 layout(constant_id = 2) const uint G = 1;        // query heads per kv head
-
 PUSH_CONSTANTS
+
+#define MIN_CHUNK 64u
+
+// positions [lo, pos] visible from the query at step.pos, split in chunks of `chunk`
+void visible(uint pos, out uint lo, out uint n, out uint chunk) {
+    lo = (pc.window > 0 && pos + 1 > pc.window) ? pos + 1 - pc.window : 0;
+    n = pos + 1 - lo;
+    chunk = max((n + pc.n_splits - 1) / pc.n_splits, MIN_CHUNK);
+}
+
 
 #ifdef ATTN_SPLIT
 #include "include/step.glsl"
@@ -67,9 +77,8 @@ void main() {
     const uint s = gl_WorkGroupID.x, kh = gl_WorkGroupID.y;
     const uint tid = gl_LocalInvocationID.x;
     const uint pos = step.pos;
-    const uint lo = (pc.window > 0 && pos + 1 > pc.window) ? pos + 1 - pc.window : 0;
-    const uint n = pos + 1 - lo;
-    const uint chunk = (n + pc.n_splits - 1) / pc.n_splits;
+    uint lo, n, chunk;
+    visible(pos, lo, n, chunk);
     const uint begin = min(lo + s * chunk, pos + 1);
     const uint end = min(begin + chunk, pos + 1);
     const uint slots = pc.cache_slots;
@@ -95,11 +104,11 @@ void main() {
         if (tid < nb) {
             const uint row = (kh * slots + (blk + tid) % slots) * (HD / 8);
             [[unroll]] for (uint g = 0; g < G; g++) sg[g] = 0.0;
-            // 4 row loads in flight per step; not fully unrolled (lavapipe's LLVM compile time explodes)
-            for (uint d8 = 0; d8 < HD / 8; d8 += 4) {
-                uvec4 w[4];
-                [[unroll]] for (uint u = 0; u < 4; u++) w[u] = kc[row + d8 + u];
-                [[unroll]] for (uint u = 0; u < 4; u++) {
+            // 8 row loads in flight per step; not fully unrolled (lavapipe's LLVM compile time explodes)
+            for (uint d8 = 0; d8 < HD / 8; d8 += 8) {
+                uvec4 w[8];
+                [[unroll]] for (uint u = 0; u < 8; u++) w[u] = kc[row + d8 + u];
+                [[unroll]] for (uint u = 0; u < 8; u++) {
                     const vec4 ka = vec4(unpackHalf2x16(w[u].x), unpackHalf2x16(w[u].y));
                     const vec4 kb = vec4(unpackHalf2x16(w[u].z), unpackHalf2x16(w[u].w));
                     [[unroll]] for (uint g = 0; g < G; g++)
@@ -169,15 +178,19 @@ void main() {
 
 #ifdef ATTN_REDUCE
 #define SMAX 256
-layout(std430, binding = 0) readonly buffer P { float part[]; };
-layout(std430, binding = 1) writeonly buffer O { float outp[]; };
+#include "include/step.glsl"
+STEP_BUFFER(0)
+layout(std430, binding = 1) readonly buffer P { float part[]; };
+layout(std430, binding = 2) writeonly buffer O { float outp[]; };
 shared float w_sh[SMAX];
 shared float red_sh[WG];
 
 void main() {
-    const uint S = pc.n_splits;
+    uint lo, n, chunk;
+    visible(step.pos, lo, n, chunk);
+    const uint S = (n + chunk - 1) / chunk;      // splits that hold positions
     const uint h = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
-    const uint base = h * S * (HD + 2);
+    const uint base = h * pc.n_splits * (HD + 2);
     // stats of every split in parallel, then weights exp(m_s - M) / L in shared memory
     for (uint s = tid; s < S; s += WG) w_sh[s] = part[base + s * (HD + 2) + HD];
     barrier();

@@ -23,8 +23,8 @@ def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_d
                      n_kv_heads: int, cache_slots: int, window: int, scale: float, n_splits: int,
                      q_offset: int = 0, wg: int = 128) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos."""
-    if head_dim % 8 or head_dim > 2 * wg:
-        raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 8, <= 2*WG)")
+    if head_dim % 64 or head_dim > 2 * wg:
+        raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 64, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
         raise ValueError("attention_decode: n_heads must be n_kv_heads * G with G <= 8")
     if not 1 <= n_splits <= 256:
@@ -36,7 +36,7 @@ def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_d
                            cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
     cl.dispatch(split, [step, q, k_cache, v_cache, partial], groups=(n_splits, n_kv_heads, 1), push=push)
     cl.barrier()
-    cl.dispatch(reduce, [partial, out], groups=(n_heads, 1, 1), push=push)
+    cl.dispatch(reduce, [step, partial, out], groups=(n_heads, 1, 1), push=push)
 
 
 def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int, n_heads: int,

@@ -83,7 +83,7 @@ def _build() -> dict:
         Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_split_f16_f32", "attention.comp", 5, attn, {"ATTN_SPLIT": None}, attn_spec),
-        Variant("attention_reduce_f32", "attention.comp", 2, attn, {"ATTN_REDUCE": None}, attn_spec),
+        Variant("attention_reduce_f32", "attention.comp", 3, attn, {"ATTN_REDUCE": None}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
                 {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
     ]
