@@ -151,3 +151,21 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
             assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max(), mode
     finally:
         vk8.close()
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "f16", "q4_0"])
+def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
+    """--quant re-quantizes every matrix on load; Q8_0/F16 of Q4_0 weights are nearly lossless,
+    Q4_0 of them is the same grid again."""
+    from engine.backends.vulkan.backend import VulkanBackend
+    cpu, vk = tiny
+    vq = VulkanBackend(vk.weights_source, 64, device=vk_device, quant=quant)
+    try:
+        types = {m.qtype.name for m in vq.layers[0].qkv}
+        assert types == {quant.upper()}
+        ids = np.random.default_rng(3).integers(3, 4096, 12).tolist()
+        ref = cpu.forward(ids, 0, all_logits=True)
+        got = vq.forward(ids, 0, all_logits=True)
+        assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.9
+    finally:
+        vq.close()
