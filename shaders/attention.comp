@@ -13,7 +13,7 @@
 //
 // The query sits at position p = step.pos; it sees positions [lo, p] with lo = p - window + 1
 // on sliding-window layers (window > 0), else 0; position j lives in slot j % cache_slots.
-// The split count is fixed at record time; each split takes max(ceil(n / n_splits), MIN_CHUNK)
+// The split count is fixed at record time; each split takes max(ceil(n / n_splits), MIN_CHUNK = 16)
 // positions of the n visible at run time, so a short context uses few splits (the unused ones
 // write m = -1e30, l = 0 and the reduce pass skips them).
 // scores = (q . k) * scale, scale = 1/sqrt(query_pre_attn_scalar); f32 softmax and accumulation.
@@ -31,7 +31,7 @@ layout(constant_id = 1) const uint HD = 256;     // head_dim
 layout(constant_id = 2) const uint G = 1;        // query heads per kv head
 PUSH_CONSTANTS
 
-#define MIN_CHUNK 64u
+#define MIN_CHUNK 16u   // balances the split pass (serial over its chunk) against the reduce (serial over splits)
 
 // positions [lo, pos] visible from the query at step.pos, split in chunks of `chunk`
 void visible(uint pos, out uint lo, out uint n, out uint chunk) {
