@@ -169,3 +169,23 @@ def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
         assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.9
     finally:
         vq.close()
+
+
+def test_tiny_model_greedy_decode_several_steps_per_submit(tiny):
+    """Decode records 4 token steps per command buffer here (a small model): ids match the CPU,
+    including a last submission that is only partly consumed, and context limits hold."""
+    cpu, vk = tiny
+    assert vk.steps_per_submit == 4
+    prompt = [2, 100, 200, 300]
+    logits = cpu.forward(prompt, 0)
+    want, pos = [], len(prompt)
+    for _ in range(11):
+        t = int(logits.argmax())
+        want.append(t)
+        logits = cpu.forward([t], pos)
+        pos += 1
+    first = int(vk.forward(prompt, 0).argmax())
+    got = [first] + list(vk.decode_tokens(first, len(prompt), SamplingParams(temperature=0.0), 10))
+    assert got == want
+    near_end = list(vk.decode_tokens(first, 60, SamplingParams(temperature=0.0), 10))
+    assert len(near_end) == 3          # positions 61..63 of a 64-token context

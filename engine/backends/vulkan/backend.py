@@ -5,7 +5,10 @@ forward pass is a recorded command list, recorded once per (token count, output 
 replayed; the per-step values live in the step buffer (shaders/include/step.glsl), the token
 ids in the `tokens` buffer. The decode step samples on the GPU, writes the id into `tokens`
 and advances the position itself, so a decode token costs the host one submit, one fence wait
-and one 4-byte read.
+and one 4-byte read. Small models record several token steps per command buffer
+(`steps_per_submit`) and keep three submissions queued, so the GPU never waits for the host.
+On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
+chosen per matrix shape by timing them at load (`tuning`); `profile_decode()` times every op.
 
 One layer, as recorded (B = barrier):
   [quantize B] QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention (split B reduce) B
@@ -385,15 +388,27 @@ class VulkanBackend(Backend):
             record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
                           x_stride=cfg.hidden_size, y_stride=self.qkv_dim)
 
-    def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False):
-        """mode: 'none' (fill the cache only), 'last' / 'all' (logits), 'sample' (decode step)."""
+    def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False,
+                steps: int = 1):
+        """mode: 'none' (fill the cache only), 'last' / 'all' (logits), 'sample' (decode step).
+        steps > 1 (decode only): that many token steps back to back in one command buffer; each
+        step's sampler advances step.pos, so the next one embeds the token just drawn."""
         cfg, dev = self.config, self.dev
-        eps = cfg.rms_norm_eps
-        H = cfg.hidden_size
         cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else 0)
+        assert steps == 1 or mode == "sample"
         if profile:
             cl.profile_labels = []
             cl.timestamp(0)
+        for i in range(steps):
+            if i:
+                self._mark(cl, "sample")
+            self._record_body(cl, T, mode, greedy, penalty)
+        return cl.end()
+
+    def _record_body(self, cl, T: int, mode: str, greedy: bool, penalty: bool) -> None:
+        cfg, dev = self.config, self.dev
+        eps = cfg.rms_norm_eps
+        H = cfg.hidden_size
         ops_embed.embed(cl, dev, self.step, self.tokens, self.embed_table, self.x, wtype=self.embed_type.name,
                         hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
         self._mark(cl, "embed")
@@ -445,7 +460,6 @@ class VulkanBackend(Backend):
             self._mark(cl, "lm_head")
             ops_sample.sample(cl, dev, self.step, self.logits, self.cand, self.tokens, vocab=V, greedy=greedy,
                               penalty=penalty)
-        return cl.end()
 
     def _recording(self, T: int, mode: str):
         key = (T, mode)
@@ -494,11 +508,19 @@ class VulkanBackend(Backend):
             return None      # the GPU sampler keeps at most KC candidates: sample on the CPU instead
         return self._decode(int(first_token), int(start_pos), params, int(max_tokens))
 
-    def _decode_lists_for(self, greedy: bool, penalty: bool):
-        key = (greedy, penalty)
+    @property
+    def steps_per_submit(self) -> int:
+        """Token steps per submission: small models are launch-bound (a submission costs ~0.3 ms
+        between steps on an H100), large ones stream so long that one step per submit is free."""
+        w = self.budget["weights"]
+        return 4 if w < (1 << 30) else (2 if w < (4 << 30) else 1)
+
+    def _decode_lists_for(self, greedy: bool, penalty: bool, steps: int):
+        key = (greedy, penalty, steps)
         if key not in self._decode_lists:
-            # identical recordings: the GPU runs the queued ones while the host reads an id
-            self._decode_lists[key] = [self._record(1, "sample", greedy, penalty) for _ in range(IN_FLIGHT)]
+            # identical recordings: the GPU runs the queued ones while the host reads ids
+            self._decode_lists[key] = [self._record(1, "sample", greedy, penalty, steps=steps)
+                                       for _ in range(IN_FLIGHT)]
         return self._decode_lists[key]
 
     def _decode(self, first_token, start_pos, params, max_tokens):
@@ -506,7 +528,10 @@ class VulkanBackend(Backend):
         if limit <= 0:
             return
         penalty = params.repetition_penalty != 1.0
-        lists = self._decode_lists_for(params.greedy, penalty)
+        K = self.steps_per_submit
+        if start_pos + -(-limit // K) * K >= self.context_length:
+            K = 1                         # the GPU must not step past the context
+        lists = self._decode_lists_for(params.greedy, penalty, K)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self.tokens_view[start_pos] = first_token
         self._write_step(pos=start_pos, n_tokens=1, seed=seed, top_k=max(0, params.top_k),
@@ -515,22 +540,28 @@ class VulkanBackend(Backend):
         inflight = deque()
         submitted = 0
         tokens = self.tokens_view
+        n_sub = -(-limit // K)
+        done = 0
         try:
-            for _ in range(limit):
+            for _ in range(n_sub):
                 t0 = time.perf_counter()
-                while len(inflight) < IN_FLIGHT and submitted < limit:
+                while len(inflight) < IN_FLIGHT and submitted < n_sub:
                     cl = lists[submitted % IN_FLIGHT]
                     cl.submit(wait=False)
+                    inflight.append((cl, start_pos + submitted * K + 1))
                     submitted += 1
-                    inflight.append((cl, start_pos + submitted))
                 cl, pos = inflight.popleft()
                 t1 = time.perf_counter()
                 cl.wait()
                 t2 = time.perf_counter()
-                tid = int(tokens[pos])
+                ids = [int(t) for t in tokens[pos:pos + K]]
                 self._py_time += (t1 - t0) + (time.perf_counter() - t2)
-                self._py_tokens += 1
-                yield tid
+                self._py_tokens += K
+                for tid in ids:
+                    if done == limit:
+                        break
+                    done += 1
+                    yield tid
         finally:
             for cl, _ in inflight:
                 cl.wait()
