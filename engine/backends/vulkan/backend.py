@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
-from engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
+from engine.backends.vulkan import kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, WeightMatrix, q8_1_bytes, record_matvec,
                                            record_quantize, regs_ok)
@@ -567,6 +567,14 @@ class VulkanBackend(Backend):
                 cl.wait()
 
     # ---- reporting ----------------------------------------------------------------------------
+
+    def export_kv(self, lo: int, hi: int) -> list:
+        """K/V rows of positions [lo, hi) as f32 (hand-off to another device; kv_handoff.py)."""
+        return kv_handoff.export_kv(self, lo, hi)
+
+    def import_kv(self, rows) -> int:
+        """Write K/V rows computed elsewhere (e.g. an NPU prefill) into this cache."""
+        return kv_handoff.import_kv(self, rows)
 
     def stats(self) -> dict:
         out = {
