@@ -106,8 +106,24 @@ def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
         from engine.backends.vulkan.backend import VulkanBackend
         return VulkanBackend(weights, ctx, device_index=device, allow_software=True, quant=quant,
                              progress=progress), ""
+    return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
+
+
+def _npu_hybrid(weights, ctx, quant, device, progress, cancel):
+    """NPU prefill; decode on a hardware Vulkan GPU when there is one, else on the CPU (said so)."""
     from engine.backends.npu_hybrid import NpuHybridBackend
-    return NpuHybridBackend(weights, ctx, progress=progress), ""
+    from npu.detect import npu_status
+    status = npu_status()
+    if not status.available:     # say why before loading anything
+        raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
+    try:
+        from engine.backends.vulkan.backend import VulkanBackend
+        decoder = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant, progress=progress)
+        note = "NPU prefill, Vulkan decode"
+    except DeviceUnavailableError as exc:
+        decoder, note = _cpu(weights, ctx, quant, progress, cancel), f"NPU prefill, CPU decode, because {exc}"
+        log.warning(note)
+    return NpuHybridBackend(weights, ctx, progress=progress, cancel=cancel, decoder=decoder), note
 
 
 def _cpu(weights, ctx, quant, progress, cancel):

@@ -1,9 +1,9 @@
-"""The "prefill on NPU" plan: prompt-chunk matmuls on the XDNA NPU, everything else on the CPU backend.
+"""The "prefill on NPU" plan: prompt-chunk matmuls on the XDNA NPU, decode on the iGPU (Vulkan) or CPU.
 
 Prefill (a chunk of ≥ `min_tokens` tokens) runs a prefill copy of the model whose `linear()` hook
 sends the projections of the chosen layers to the NPU int8 GEMM (npu/gemm.py); attention, norms,
-RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the normal
-backend, here the CPU reference. Both sides keep their own KV cache and the hand-off between them
+RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the decoder
+backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both sides keep their own KV cache and the hand-off between them
 is an explicit, timed copy of the rows written since the last hand-off:
 
   prefill → decode: after every prefill, the K/V rows of the prompt chunk;
@@ -85,9 +85,9 @@ class NpuHybridBackend(Backend):
         if not found:
             raise DeviceUnavailableError("NPU prefill is unavailable: no built NPU kernels"
                                          + (f" ({'; '.join(problems)})" if problems else ""))
-        self.device_name = ("CPU + emulated NPU (tests only)" if emulated
-                            else "CPU decode + AMD XDNA NPU prefill (Phoenix, npu1)")
         self.decoder = decoder or CpuBackend(weights, context_length, progress=progress, cancel=cancel)
+        self.device_name = (f"{self.decoder.device_name} decode + "
+                            + ("emulated NPU prefill (tests only)" if emulated else "AMD XDNA NPU prefill (Phoenix, npu1)"))
         base = getattr(self.decoder, "model", None)
         if not (hasattr(self.decoder, "export_kv") and hasattr(self.decoder, "import_kv")):
             if not isinstance(base, Gemma3Model):

@@ -1,0 +1,47 @@
+"""NPU prefill (emulated NPU) handing the KV cache to a Vulkan decoder (lavapipe here): the plan
+the product runs on a Phoenix laptop, NPU for the prompt and iGPU for the tokens."""
+from __future__ import annotations
+
+import pytest
+
+from engine.generate import generate_step
+from engine.sampling import SamplingParams
+from npu.emulator import EmulatedXrt, write_test_kernel
+from npu.kernels.spec import DEFAULT_SPECS
+
+
+class _Model:
+    def __init__(self, backend):
+        self.backend = backend
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    from engine.weights import embedded_model_path, open_weights
+    weights = open_weights(embedded_model_path())
+    kernels = tmp_path_factory.mktemp("npu-kernels")
+    for spec in DEFAULT_SPECS:
+        write_test_kernel(kernels, spec)
+    return weights, kernels
+
+
+def test_npu_prefill_then_vulkan_decode_equals_npu_prefill_then_cpu_decode(parts, vk_device):
+    from engine.backends.cpu import CpuBackend
+    from engine.backends.npu_hybrid import NpuHybridBackend
+    from engine.backends.vulkan.backend import VulkanBackend
+    weights, kernels = parts
+    prompt = weights.tokenizer().encode("The harbour town woke up long before the sun did. Fishing boats left")
+    vk = VulkanBackend(weights, 128, device=vk_device)
+    try:
+        on_gpu = NpuHybridBackend(weights, 128, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=vk)
+        on_cpu = NpuHybridBackend(weights, 128, xrt=EmulatedXrt(), kernel_dirs=[kernels],
+                                  decoder=CpuBackend(weights, 128))
+        greedy = SamplingParams(temperature=0)
+        a = list(generate_step(_Model(on_gpu), prompt, greedy, 8))
+        b = list(generate_step(_Model(on_cpu), prompt, greedy, 8))
+        assert a == b
+        st = on_gpu.stats()["handoff"]
+        assert st["to_decoder_rows"] == len(prompt) * weights.config.num_layers and st["bytes"] > 0
+        assert "llvmpipe" in on_gpu.device_name and "emulated NPU" in on_gpu.device_name
+    finally:
+        vk.close()
