@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (llama-cpp-python) on the same file")
     args = ap.parse_args(argv)
 
     runs = []
@@ -66,7 +67,30 @@ def main(argv=None) -> int:
             results.append(d)
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
+        if not args.no_llama_cpp:
+            results.append(_llama_cpp_side_by_side(label, path, args, [d for d in results if d["label"] == label]))
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _llama_cpp_side_by_side(label, path, args, ours) -> dict:
+    """llama.cpp's CPU build on the same GGUF and prompt, in the same run; ratios printed."""
+    import numpy as np
+    from bench.llama_cpp_peer import run_llama_cpp
+    prompt = [2] + np.random.default_rng(0).integers(1000, 200000, args.prompt_tokens - 1).tolist()
+    peer = run_llama_cpp(path, prompt, args.gen_tokens)
+    if peer is None:
+        print("llama.cpp: llama-cpp-python is not installed (pip install '.[bench]'); no side-by-side", flush=True)
+        return {"label": label, "backend": "llama.cpp", "error": "llama-cpp-python not installed"}
+    print(f"{peer.name}: prefill {peer.prefill_tok_s:.1f} tok/s, decode {peer.decode_tok_s:.1f} tok/s", flush=True)
+    d = {"label": label, "backend": "llama.cpp-cpu", **asdict(peer), "ratios": {}}
+    for r in ours:
+        ratio = {"prefill": r["prefill_tok_s"] / peer.prefill_tok_s, "decode": r["decode_tok_s"] / peer.decode_tok_s}
+        d["ratios"][r["backend"]] = ratio
+        print(f"  ours ({r['backend']}) / llama.cpp CPU: prefill x{ratio['prefill']:.2f}, decode x{ratio['decode']:.2f}",
+              flush=True)
+    return d
 
 
 if __name__ == "__main__":
