@@ -35,3 +35,24 @@ def test_rows_exported_then_imported_continue_the_same_sequence(tiny, vk_device)
     finally:
         a.close()
         b.close()
+
+
+def test_busy_fraction_comes_from_gpu_timestamps(tiny, vk_device):
+    """The gauge's engine figure: GPU time of this engine's command lists over the last second."""
+    import time
+    from engine.backends.vulkan.backend import VulkanBackend
+    if not vk_device.caps.timestamp_bits:
+        pytest.skip("this Vulkan device has no timestamp queries")
+    b = VulkanBackend(tiny, 64, device=vk_device)
+    try:
+        ids = list(range(1, 33))
+        t0 = time.perf_counter()
+        b.forward(ids, 0)
+        wall = time.perf_counter() - t0
+        busy = b.stats()["gpu_busy_fraction"]
+        assert 0.0 < busy <= 1.0
+        assert busy <= min(1.0, wall) + 1e-3        # GPU time cannot exceed the wall time it ran in
+        time.sleep(1.1)                             # idle: the window empties
+        assert b.busy_fraction() == 0.0
+    finally:
+        b.close()

@@ -88,6 +88,7 @@ class VulkanBackend(Backend):
             self.close()
             raise
         self._recordings: OrderedDict = OrderedDict()
+        self._busy: deque = deque()      # (host time at completion, GPU seconds) per command list
         self._decode_lists: dict = {}
         self.tuning: dict = {}
         if autotune if autotune is not None else not caps.is_software:
@@ -394,16 +395,38 @@ class VulkanBackend(Backend):
         steps > 1 (decode only): that many token steps back to back in one command buffer; each
         step's sampler advances step.pos, so the next one embeds the token just drawn."""
         cfg, dev = self.config, self.dev
-        cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else 0)
+        # Without profiling, two timestamps bracket the whole list: its GPU time feeds the busy gauge.
+        busy_ts = 2 if dev.caps.timestamp_bits else 0
+        cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else busy_ts)
         assert steps == 1 or mode == "sample"
         if profile:
             cl.profile_labels = []
+        if profile or busy_ts:
             cl.timestamp(0)
         for i in range(steps):
             if i:
                 self._mark(cl, "sample")
             self._record_body(cl, T, mode, greedy, penalty)
+        if busy_ts and not profile:
+            cl.timestamp(1)
+            cl.busy_timed = True
         return cl.end()
+
+    def _account_busy(self, cl) -> None:
+        """After a wait: remember how long the GPU worked on `cl` (timestamp queries)."""
+        if getattr(cl, "busy_timed", False):
+            gpu_s = float(cl.timestamps_ns(2)[1]) * 1e-9
+            self._busy.append((time.perf_counter(), gpu_s))
+
+    def busy_fraction(self, window_s: float = 1.0) -> float | None:
+        """Share of the last `window_s` seconds the GPU spent on this engine's work (None: the
+        device has no timestamps). An engine-side figure, so NVIDIA, Intel and lavapipe have one too."""
+        if not self.dev.caps.timestamp_bits:
+            return None
+        now = time.perf_counter()
+        while self._busy and self._busy[0][0] < now - window_s:
+            self._busy.popleft()
+        return min(1.0, sum(gpu for _, gpu in self._busy) / window_s)
 
     def _record_body(self, cl, T: int, mode: str, greedy: bool, penalty: bool) -> None:
         cfg, dev = self.config, self.dev
@@ -497,6 +520,7 @@ class VulkanBackend(Backend):
             self.tokens_view[start_pos + s:start_pos + s + m] = part
             self._write_step(pos=start_pos + s, n_tokens=m)
             cl.submit(wait=True)
+            self._account_busy(cl)
             if mode == "all":
                 outs.append(self.dev.download(self.logits, np.float32, (m, V)))
             elif mode == "last":
@@ -554,6 +578,7 @@ class VulkanBackend(Backend):
                 t1 = time.perf_counter()
                 cl.wait()
                 t2 = time.perf_counter()
+                self._account_busy(cl)
                 ids = [int(t) for t in tokens[pos:pos + K]]
                 self._py_time += (t1 - t0) + (time.perf_counter() - t2)
                 self._py_tokens += K
@@ -588,6 +613,9 @@ class VulkanBackend(Backend):
         }
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
+        busy = self.busy_fraction()
+        if busy is not None:
+            out["gpu_busy_fraction"] = busy
         return out
 
     def close(self) -> None:
