@@ -1,0 +1,128 @@
+"""Whole-model quality of the Vulkan backend against the CPU reference and the transformers goldens:
+teacher-forced top-1 agreement, greedy continuations on the golden prompts, perplexity, and the
+perplexity cost of re-quantizing on load. Runs on lavapipe in CI (slow, so texts are short).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.generate import generate_step
+from engine.perplexity import log_softmax_at
+from engine.sampling import SamplingParams
+
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
+CTX = 1024
+PPL_CTX = 128
+PPL_WINDOWS = 2
+
+
+@pytest.fixture(scope="module")
+def weights():
+    from engine.weights import embedded_model_path, open_weights
+    return open_weights(embedded_model_path())
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return np.load(GOLDENS / "transformers_270m.npz")
+
+
+@pytest.fixture(scope="module")
+def vulkan(weights, vk_device):
+    from engine.backends.vulkan.backend import VulkanBackend
+    backend = VulkanBackend(weights, CTX, device=vk_device)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def cpu(weights):
+    from engine.backends.cpu import CpuBackend
+    return CpuBackend(weights, CTX)
+
+
+def windowed_ppl(backend, ids, bos=2) -> float:
+    """llama.cpp's method (engine/perplexity.py) over the first PPL_WINDOWS windows."""
+    nll, count, first = 0.0, 0, PPL_CTX // 2
+    for w in range(PPL_WINDOWS):
+        window = list(ids[w * PPL_CTX:(w + 1) * PPL_CTX])
+        window[0] = bos
+        logits = backend.forward(window, 0, all_logits=True)
+        scored = log_softmax_at(logits[first:PPL_CTX - 1], np.asarray(window[first + 1:]))
+        nll -= float(scored.sum())
+        count += len(scored)
+    return float(np.exp(nll / count))
+
+
+def test_teacher_forced_top1_agrees_on_99_percent(vulkan, cpu, golden, record_property):
+    ids = golden["ppl_ids"][:128].tolist()
+    a = vulkan.forward(ids, 0, all_logits=True)
+    b = cpu.forward(ids, 0, all_logits=True)
+    agree = float((a.argmax(-1) == b.argmax(-1)).mean())
+    record_property("top1_agreement", agree)
+    record_property("max_abs_logit_diff", float(np.abs(a - b).max()))
+    print(f"top-1 agreement {agree:.4f}, max abs logit diff {np.abs(a - b).max():.4f}")
+    assert agree >= 0.99
+
+
+@pytest.mark.parametrize("name", ["chat", "capital", "code"])
+def test_greedy_16_tokens_identical_to_cpu_and_transformers(vulkan, cpu, golden, name):
+    class _M:  # generate_step needs only `.backend`
+        def __init__(self, backend):
+            self.backend = backend
+    ids = golden[f"{name}_prompt_ids"].tolist()
+    greedy = SamplingParams(temperature=0)
+    on_gpu = list(generate_step(_M(vulkan), ids, greedy, 16))
+    on_cpu = list(generate_step(_M(cpu), ids, greedy, 16))
+    assert on_gpu == on_cpu == golden[f"{name}_greedy_ids"][:16].tolist()
+
+
+def test_perplexity_within_1_percent_of_cpu(vulkan, cpu, golden, record_property):
+    ids = golden["ppl_ids"].tolist()
+    ppl_gpu, ppl_cpu = windowed_ppl(vulkan, ids), windowed_ppl(cpu, ids)
+    record_property("ppl_vulkan", ppl_gpu)
+    record_property("ppl_cpu", ppl_cpu)
+    print(f"perplexity vulkan {ppl_gpu:.4f} cpu {ppl_cpu:.4f}")
+    assert abs(ppl_gpu / ppl_cpu - 1) < 0.01
+
+
+class _Requantized:
+    """The CPU reference fed the same re-quantized weights (gguf's quantizer): what the device holds."""
+
+    def __init__(self, weights, qtype):
+        self.w, self.qtype = weights, qtype
+        self.config, self.tensors = weights.config, weights.tensors
+
+    def dequantize(self, name):
+        from gguf import GGMLQuantizationType as Q
+        from gguf import quants
+        data = self.w.dequantize(name)
+        if self.w.tensors[name].is_norm:
+            return data
+        qt = Q.Q8_0 if name == "embed_tokens" and self.qtype == Q.Q4_0 else self.qtype
+        return quants.dequantize(quants.quantize(data, qt), qt).reshape(data.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("quant", ["f16", "q8_0", "q4_0"])
+def test_requantized_perplexity_cost(weights, vk_device, golden, quant, record_property):
+    """Re-quantizing on load: the device's perplexity equals the CPU reference's on the same
+    re-quantized weights, and the cost against the file's own types is reported (docs/PERFORMANCE.md)."""
+    from gguf import GGMLQuantizationType as Q
+    from engine.backends.cpu import CpuBackend
+    from engine.backends.vulkan.backend import VulkanBackend
+    ids = golden["ppl_ids"].tolist()
+    backend = VulkanBackend(weights, CTX, device=vk_device, quant=quant)
+    try:
+        ppl = windowed_ppl(backend, ids)
+    finally:
+        backend.close()
+    qtype = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[quant]
+    reference = windowed_ppl(CpuBackend(_Requantized(weights, qtype), CTX), ids)
+    base = windowed_ppl(CpuBackend(weights, CTX), ids)
+    record_property(f"ppl_{quant}", ppl)
+    print(f"perplexity re-quantized to {quant}: {ppl:.4f} (CPU on the same weights {reference:.4f}, "
+          f"file types {base:.4f}, cost {100 * (ppl / base - 1):+.1f}%)")
+    assert abs(ppl / reference - 1) < 0.01
