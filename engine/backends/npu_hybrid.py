@@ -86,7 +86,7 @@ class NpuHybridBackend(Backend):
             raise DeviceUnavailableError("NPU prefill is unavailable: no built NPU kernels"
                                          + (f" ({'; '.join(problems)})" if problems else ""))
         self.decoder = decoder or CpuBackend(weights, context_length, progress=progress, cancel=cancel)
-        self.device_name = (f"{self.decoder.device_name} decode + "
+        self.device_name = (f"{getattr(self.decoder, 'device_name', type(self.decoder).__name__)} decode + "
                             + ("emulated NPU prefill (tests only)" if emulated else "AMD XDNA NPU prefill (Phoenix, npu1)"))
         base = getattr(self.decoder, "model", None)
         if not (hasattr(self.decoder, "export_kv") and hasattr(self.decoder, "import_kv")):
