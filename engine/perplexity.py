@@ -20,16 +20,25 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def perplexity(model, text: str, n_ctx: int = 512, progress: Callable | None = None) -> dict:
-    tokens = np.asarray(model.tokenizer.encode(text, add_bos=True, parse_special=False), dtype=np.int64)
+    tokens = model.tokenizer.encode(text, add_bos=True, parse_special=False)
+    return perplexity_of_ids(model.backend, tokens, n_ctx, model.config.bos_token_id, progress=progress)
+
+
+def perplexity_of_ids(backend, tokens, n_ctx: int, bos_id: int, max_windows: int | None = None,
+                      progress: Callable | None = None) -> dict:
+    """The windowed method on token ids already made (tests and benchmarks reuse it)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
     n_windows = len(tokens) // n_ctx
     if n_windows == 0:
         raise ValueError(f"text has {len(tokens)} tokens, fewer than one window of {n_ctx}")
+    if max_windows is not None:
+        n_windows = min(n_windows, max_windows)
     first = n_ctx // 2
     nll, count, running = 0.0, 0, []
     for w in range(n_windows):
         window = tokens[w * n_ctx:(w + 1) * n_ctx].copy()
-        window[0] = model.config.bos_token_id
-        logits = model.backend.forward(window.tolist(), 0, all_logits=True)
+        window[0] = bos_id
+        logits = backend.forward(window.tolist(), 0, all_logits=True)
         scored = log_softmax_at(logits[first:n_ctx - 1], window[first + 1:n_ctx])
         nll -= float(scored.sum())
         count += len(scored)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.generate import generate_step
-from engine.perplexity import log_softmax_at
+from engine.perplexity import perplexity_of_ids
 from engine.sampling import SamplingParams
 
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
@@ -46,15 +46,7 @@ def cpu(weights):
 
 def windowed_ppl(backend, ids, bos=2) -> float:
     """llama.cpp's method (engine/perplexity.py) over the first PPL_WINDOWS windows."""
-    nll, count, first = 0.0, 0, PPL_CTX // 2
-    for w in range(PPL_WINDOWS):
-        window = list(ids[w * PPL_CTX:(w + 1) * PPL_CTX])
-        window[0] = bos
-        logits = backend.forward(window, 0, all_logits=True)
-        scored = log_softmax_at(logits[first:PPL_CTX - 1], np.asarray(window[first + 1:]))
-        nll -= float(scored.sum())
-        count += len(scored)
-    return float(np.exp(nll / count))
+    return perplexity_of_ids(backend, ids, PPL_CTX, bos, max_windows=PPL_WINDOWS)["ppl"]
 
 
 def test_teacher_forced_top1_agrees_on_99_percent(vulkan, cpu, golden, record_property):
