@@ -98,7 +98,7 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
     try:
         rng = np.random.default_rng(seed)
         prompt = [cfg.bos_token_id] + rng.integers(1000, min(cfg.vocab_size, 200_000), prompt_tokens - 1).tolist()
-        be.forward(prompt[:8], 0)                       # warm-up: pipelines, recordings
+        be.forward(prompt, 0)         # warm-up: pipelines and every chunk's recording, as llama-bench warms up
         t0 = time.perf_counter()
         logits = be.forward(prompt, 0)
         prefill_s = time.perf_counter() - t0

@@ -22,10 +22,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.backends.vulkan.pipelines import SHADER_DIR, SPV_DIR, VARIANTS, Variant  # noqa: E402
 
 GLSLC_FLAGS = ["--target-env=vulkan1.2", "-O", "-fshader-stage=compute"]
+# cooperative-matrix variants: SPIR-V 1.6 / Vulkan 1.3, built by a glslc that knows the
+# extension (tools/modern_glslc.py finds or fetches one)
+COOPMAT_FLAGS = ["--target-env=vulkan1.3", "-O", "-fshader-stage=compute"]
+
+
+def needs_modern(v: Variant) -> bool:
+    return "cooperative_matrix" in v.requires
+
+
+def flags(v: Variant) -> list[str]:
+    return COOPMAT_FLAGS if needs_modern(v) else GLSLC_FLAGS
 MANIFEST = SPV_DIR / "manifest.json"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -46,12 +58,12 @@ def variant_hash(v: Variant) -> str:
     h = hashlib.sha256()
     for p in sorted(sources((SHADER_DIR / v.shader).resolve()), key=lambda p: str(p)):
         h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update("\0".join(v.define_args() + GLSLC_FLAGS).encode())
+    h.update("\0".join(v.define_args() + flags(v)).encode())
     return h.hexdigest()
 
 
 def compile_variant(v: Variant, glslc: str) -> tuple[str, str | None]:
-    cmd = [glslc, *GLSLC_FLAGS, *v.define_args(), str(SHADER_DIR / v.shader), "-o", str(v.spv_path)]
+    cmd = [glslc, *flags(v), *v.define_args(), str(SHADER_DIR / v.shader), "-o", str(v.spv_path)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     return v.name, (r.stderr or r.stdout or "glslc failed") if r.returncode else None
 
@@ -93,6 +105,17 @@ def main(argv=None) -> int:
         print("glslc not found: install it (Debian: apt-get install glslc)", file=sys.stderr)
         return 2
     todo = args.names or (list(VARIANTS) if args.force else stale)
+    modern = None
+    if any(needs_modern(VARIANTS[n]) for n in todo if n in VARIANTS):
+        import modern_glslc
+        try:
+            modern = modern_glslc.find()
+        except (subprocess.CalledProcessError, RuntimeError, FileNotFoundError) as exc:
+            print(f"no glslc with GL_KHR_cooperative_matrix (tools/modern_glslc.py): {exc}", file=sys.stderr)
+            return 2
+
+    def compiler(v: Variant) -> str:
+        return modern if needs_modern(v) else glslc
     unknown = [n for n in todo if n not in VARIANTS]
     if unknown:
         print(f"unknown variants: {unknown}", file=sys.stderr)
@@ -100,7 +123,7 @@ def main(argv=None) -> int:
     SPV_DIR.mkdir(parents=True, exist_ok=True)
     failed = 0
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for name, err in pool.map(lambda n: compile_variant(VARIANTS[n], glslc), todo):
+        for name, err in pool.map(lambda n: compile_variant(VARIANTS[n], compiler(VARIANTS[n])), todo):
             v = VARIANTS[name]
             if err:
                 failed += 1

@@ -1,5 +1,8 @@
 """Prefill GEMM against numpy over gguf's dequantize: every weight type, odd token counts and
-column counts (not multiples of the 64 x 64 tile), GEGLU epilogue, strides, row-range binding."""
+column counts (not multiples of the tiles), GEGLU epilogue, strides, row-range binding — for
+both kernels: the f32 tiled GEMM everywhere, the cooperative-matrix one (f16 operands, so a
+looser threshold) where the device has VK_KHR_cooperative_matrix (not lavapipe: those cases
+skip there and run on a real GPU)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +10,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
-from engine.backends.vulkan.ops_gemm import gemm
+from engine.backends.vulkan.ops_gemm import coopmat_ok, gemm
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 
 # byte offsets of the f16 scale fields inside one block (set to sane values in random blocks)
@@ -37,25 +40,37 @@ def gelu_tanh(x):
 
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+KERNELS = pytest.mark.parametrize("coopmat", [False, True], ids=["tiled", "coopmat"])
+
+
+def limit(dev, coopmat: bool) -> float:
+    """NMSE bound: f32 end to end, or f16 operands (~2^-11 relative rounding of x and W)."""
+    if coopmat and not coopmat_ok(dev):
+        pytest.skip(f"{dev.name} has no VK_KHR_cooperative_matrix f16 16x16x16")
+    return 1e-5 if coopmat else 1e-10
 
 
 @pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (37, 100, 512), (70, 130, 768)])
-def test_gemm(vk_device, wtype, m, n, k):
+@KERNELS
+def test_gemm(vk_device, wtype, m, n, k, coopmat):
     dev = vk_device
+    bound = limit(dev, coopmat)
     rng = np.random.default_rng(m * 131 + n + k)
     raw, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
         bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k))
+        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, coopmat=coopmat))
         got = b.read(by, np.float32, (m, n))
-    assert nmse(got, x.astype(np.float64) @ w.T) < 1e-10
+    assert nmse(got, x.astype(np.float64) @ w.T) < bound
 
 
 @pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K"])
-def test_gemm_geglu_strides(vk_device, wtype):
+@KERNELS
+def test_gemm_geglu_strides(vk_device, wtype, coopmat):
     dev = vk_device
+    bound = limit(dev, coopmat)
     rng = np.random.default_rng(5)
     m, n, k = 19, 96, 256
     rg, wg = random_weight(wtype, n, k, rng)
@@ -64,16 +79,18 @@ def test_gemm_geglu_strides(vk_device, wtype):
     with Bufs(dev) as b:
         bx, bg, bu, by = b.of(x), b.of(rg), b.of(ru), b.zeros(4 * m * (n + 3))
         run(dev, lambda cl: gemm(cl, dev, bx, bg, by, wtype=wtype, m=m, n=n, k=k, x_stride=k + 8,
-                                 y_stride=n + 3, w_up=bu))
+                                 y_stride=n + 3, w_up=bu, coopmat=coopmat))
         got = b.read(by, np.float32, (m, n + 3))
     xs = x[:, :k].astype(np.float64)
-    assert nmse(got[:, :n], gelu_tanh(xs @ wg.T) * (xs @ wu.T)) < 1e-10
+    assert nmse(got[:, :n], gelu_tanh(xs @ wg.T) * (xs @ wu.T)) < bound
     assert not got[:, n:].any()
 
 
-def test_gemm_row_ranges(vk_device):
+@KERNELS
+def test_gemm_row_ranges(vk_device, coopmat):
     """A weight bound in pieces (as tensors beyond maxStorageBufferRange are): one dispatch per range."""
     dev = vk_device
+    bound = limit(dev, coopmat)
     rng = np.random.default_rng(9)
     m, n, k = 9, 300, 256
     raw, w = random_weight("Q8_0", n, k, rng)
@@ -86,21 +103,23 @@ def test_gemm_row_ranges(vk_device):
                     for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)]
         assert len(t.ranges) >= 3
         bx, by = b.of(x), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k))
+        run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k, coopmat=coopmat))
         got = b.read(by, np.float32, (m, n))
-    assert nmse(got, x.astype(np.float64) @ w.T) < 1e-10
+    assert nmse(got, x.astype(np.float64) @ w.T) < bound
 
 
 @pytest.mark.parametrize("wtype", ["Q4_0", "Q6_K"])
-def test_gemm_several_tiles(vk_device, wtype):
+@KERNELS
+def test_gemm_several_tiles(vk_device, wtype, coopmat):
     """More tokens and columns than one 128 x 128 tile, neither a multiple of it."""
     dev = vk_device
     rng = np.random.default_rng(21)
+    bound = limit(dev, coopmat)
     m, n, k = 150, 260, 256
     raw, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
         bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k))
+        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, coopmat=coopmat))
         got = b.read(by, np.float32, (m, n))
-    assert nmse(got, x.astype(np.float64) @ w.T) < 1e-10
+    assert nmse(got, x.astype(np.float64) @ w.T) < bound

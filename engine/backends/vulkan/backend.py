@@ -357,13 +357,19 @@ class VulkanBackend(Backend):
 
     def profile_decode(self) -> dict:
         """GPU time of one decode step by op kind (us), from timestamps after every barrier."""
-        cl = self._record(1, "sample", greedy=True, penalty=False, profile=True)
-        self.tokens_view[0] = self.config.bos_token_id
-        self._write_step(pos=0, n_tokens=1)
-        cl.submit()
-        cl.submit()
-        self._write_step(pos=0, n_tokens=1)
-        cl.submit()
+        return self.profile_step(1)
+
+    def profile_step(self, tokens: int = 1) -> dict:
+        """GPU time by op kind (us) of one decode step (tokens = 1) or one prefill chunk of
+        `tokens` (<= PREFILL_CHUNK, last-position logits), from timestamps after every barrier."""
+        if not 1 <= tokens <= PREFILL_CHUNK:
+            raise ValueError(f"profile_step: 1 <= tokens <= {PREFILL_CHUNK}")
+        mode = "sample" if tokens == 1 else "last"
+        cl = self._record(tokens, mode, greedy=True, penalty=False, profile=True)
+        self.tokens_view[:tokens] = self.config.bos_token_id
+        for _ in range(3):        # the first runs warm clocks and caches
+            self._write_step(pos=0, n_tokens=tokens)
+            cl.submit()
         ts = np.diff(cl.timestamps_ns(len(cl.profile_labels) + 1)) / 1e3
         out: dict = {}
         for label, us in zip(cl.profile_labels, ts):
@@ -609,6 +615,7 @@ class VulkanBackend(Backend):
             "scratch_bytes": self.budget["scratch"],
             "allocated_bytes": self.dev.allocated_bytes,
             "int_dot": self.int_dot,
+            "prefill_gemm": ops_gemm.path(self.dev),
             "matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2]} for k, v in self.tuning.items()},
         }
         if self._py_tokens:

@@ -94,7 +94,7 @@ class Capabilities:
     storage16: bool                  # storageBuffer16BitAccess
     int_dot: bool                    # shaderIntegerDotProduct (the instruction exists)
     int_dot_accelerated: bool        # packed 4x8 signed dot is hardware-accelerated
-    cooperative_matrix: bool         # VK_KHR_cooperative_matrix
+    cooperative_matrix: bool         # VK_KHR_cooperative_matrix with 16x16x16 f16 x f16 -> f32 per subgroup
     shared_memory: int               # maxComputeSharedMemorySize
     max_storage_buffer_range: int
     max_push_constants: int
@@ -173,6 +173,10 @@ def _probe(vk, pd, index: int) -> Capabilities:
     if api >= vk.VK_MAKE_VERSION(1, 3, 0):
         f13 = vk.VkPhysicalDeviceVulkan13Features(pNext=chain)
         chain = f13
+    cm = None
+    if "VK_KHR_cooperative_matrix" in exts:
+        cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain)
+        chain = cm
     f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain)
     vk.vkGetPhysicalDeviceFeatures2(pd, f2)
 
@@ -210,7 +214,9 @@ def _probe(vk, pd, index: int) -> Capabilities:
         storage16=bool(f11.storageBuffer16BitAccess),
         int_dot=int_dot,
         int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
-        cooperative_matrix="VK_KHR_cooperative_matrix" in exts,
+        cooperative_matrix=bool(cm is not None and cm.cooperativeMatrix and f12.vulkanMemoryModel
+                                and f12.shaderFloat16 and f11.storageBuffer16BitAccess
+                                and api >= vk.VK_MAKE_VERSION(1, 3, 0) and _coopmat_f16_16x16(vk, pd)),
         shared_memory=int(lim.maxComputeSharedMemorySize),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_push_constants=int(lim.maxPushConstantsSize),
@@ -225,6 +231,20 @@ def _probe(vk, pd, index: int) -> Capabilities:
         uma=uma,
         extensions=exts,
     )
+
+
+def _coopmat_f16_16x16(vk, pd) -> bool:
+    """Does the device offer the one shape gemm_coopmat.comp uses: 16x16x16, f16 A/B, f32 C,
+    subgroup scope?"""
+    try:
+        get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        props = get(pd)
+    except Exception:        # the loader or driver lacks the entry point: treat as absent
+        return False
+    f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+    return any(p.MSize == 16 and p.NSize == 16 and p.KSize == 16 and p.AType == f16 and p.BType == f16
+               and p.CType == f32 and p.ResultType == f32 and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
+               for p in props)
 
 
 def _cstr(vk, v) -> str:
@@ -284,19 +304,26 @@ class Device:
 
         f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=caps.storage16,
                                                   uniformAndStorageBuffer16BitAccess=caps.storage16)
+        cm = caps.cooperative_matrix     # the coopmat GEMM's SPIR-V uses the Vulkan memory model
         f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11, shaderFloat16=caps.fp16, shaderInt8=caps.int8,
                                                   storageBuffer8BitAccess=caps.storage8,
-                                                  uniformAndStorageBuffer8BitAccess=caps.storage8)
+                                                  uniformAndStorageBuffer8BitAccess=caps.storage8,
+                                                  vulkanMemoryModel=cm)
         chain = f12
         if caps.api_version >= (1, 3, 0):
             chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
+        extensions = []
+        if cm:
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)
+            extensions.append("VK_KHR_cooperative_matrix")
         feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
                                            pQueuePriorities=[1.0])
         try:
             self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
-                pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo]), None)
+                pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions or None), None)
         except vk.VkError as exc:
             raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
                                          f"({type(exc).__name__})") from None

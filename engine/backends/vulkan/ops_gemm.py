@@ -1,9 +1,29 @@
-"""Prefill GEMM (shaders/gemm.comp): y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized."""
+"""Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
+
+Two kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
+accumulation) where the device has VK_KHR_cooperative_matrix, else shaders/gemm.comp (f32
+shared-memory tiles). `path(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns
+the matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
+"""
 from __future__ import annotations
+
+import os
 
 from engine.backends.vulkan.ops_table import GEMM_TYPES
 
-TILE = 64
+TILE = 64                    # gemm.comp: 64 tokens x 64 columns
+CM_TILE_M, CM_TILE_N = 64, 128   # gemm_coopmat.comp
+CM_SUBGROUPS = 8
+
+
+def coopmat_ok(dev) -> bool:
+    c = dev.caps
+    return (c.cooperative_matrix and os.environ.get("PHOENIX_VULKAN_COOPMAT", "1") != "0"
+            and CM_SUBGROUPS * c.subgroup_size <= c.max_workgroup_invocations and c.shared_memory >= 40 << 10)
+
+
+def path(dev) -> str:
+    return "coopmat f16 x f16 -> f32" if coopmat_ok(dev) else "tiled f32"
 
 
 def _ranges(w):
@@ -12,15 +32,23 @@ def _ranges(w):
 
 
 def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int | None = None,
-         y_stride: int | None = None, w_up=None) -> None:
+         y_stride: int | None = None, w_up=None, coopmat: bool | None = None) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
 
     `w` / `w_up`: a memory.Tensor (one dispatch per bound row range) or a plain binding of all n rows.
+    coopmat: None picks the matrix-core kernel where the device has one (`coopmat_ok`).
     """
     wt = wtype.upper()
     if wt not in GEMM_TYPES:
         raise ValueError(f"gemm: weight type {wtype} unsupported (have {', '.join(GEMM_TYPES)})")
-    p = dev.pipeline(f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else ""))
+    name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
+    cm = coopmat_ok(dev) if coopmat is None else coopmat
+    if cm:
+        p = dev.pipeline(name + "_coopmat", WG=CM_SUBGROUPS * dev.caps.subgroup_size)
+        tm, tn = CM_TILE_M, CM_TILE_N
+    else:
+        p = dev.pipeline(name)
+        tm = tn = TILE
     xs = k if x_stride is None else x_stride
     ys = n if y_stride is None else y_stride
     gate = _ranges(w) or [(w, 0, n)]
@@ -30,4 +58,4 @@ def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int 
     for i, (binding, row_start, rows) in enumerate(gate):
         push = p.push.pack(m=m, n=rows, k=k, x_stride=xs, y_stride=ys, y_off=row_start)
         binds = [x, y, binding] + ([up[i][0]] if up is not None else [])
-        cl.dispatch(p, binds, groups=(-(-rows // TILE), -(-m // TILE), 1), push=push)
+        cl.dispatch(p, binds, groups=(-(-rows // tn), -(-m // tm), 1), push=push)

@@ -98,6 +98,12 @@ def _build() -> dict:
         base = {"WTYPE_" + wt: None}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32", "gemm.comp", 3, gemm, base))
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, gemm, {**base, "GEMM_GEGLU": None}))
+        # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
+        cm = {"WG": (0, 256)}
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_coopmat", "gemm_coopmat.comp", 3, gemm, base, cm,
+                         requires=("cooperative_matrix",)))
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_coopmat", "gemm_coopmat.comp", 4, gemm,
+                         {**base, "GEMM_GEGLU": None}, cm, requires=("cooperative_matrix",)))
     t["VARIANTS"] = v
     return t
 

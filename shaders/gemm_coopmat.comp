@@ -1,0 +1,135 @@
+#version 450
+// Prefill GEMM on matrix cores (VK_KHR_cooperative_matrix): same contract as gemm.comp —
+// y[m, y_off + n] = sum_k x[m, k] * W[n, k], x f32 [m][x_stride], W in its GGUF layout
+// (-D WTYPE_*), GEMM_GEGLU: y = gelu_tanh(x Wg^T) * (x Wu^T) — on 16x16x16 f16 x f16 -> f32
+// cooperative matrices.
+//
+// Tile: BM = 64 tokens x BN = 128 output columns per workgroup, K in steps of BK = 32. Each
+// step stages x (converted to f16) and the dequantized W tile (f16) in shared memory; the
+// workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning 2 x 2 accumulators (32 x 32).
+// Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
+// normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
+// saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
+// WG (spec constant) must be 8 x the device's subgroup size: ops_gemm sets it.
+// Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
+// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / 128), ceil(m / 64), 1).
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#include "include/common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256;
+
+#define BM 64
+#define BN 128
+#define BK 32
+#define SK (BK + 8)          // shared row stride in halves: 80 bytes, a multiple of 16
+#define TM 2                 // accumulator tiles per subgroup along M ...
+#define TN 2                 // ... and along N
+#define C16 16
+
+PUSH_CONSTANTS
+
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 1) writeonly buffer Y { float y[]; };
+layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
+layout(binding = 2) readonly buffer W0b { float w0_f[]; };
+#define W16 w0_16
+#define WF w0_f
+#define FN(n) PASTE(n, _w0)
+#include "include/gemm_dequant.glsl"
+#undef W16
+#undef WF
+#undef FN
+#ifdef GEMM_GEGLU
+layout(binding = 3) readonly buffer W1a { uint16_t w1_16[]; };
+layout(binding = 3) readonly buffer W1b { float w1_f[]; };
+#define W16 w1_16
+#define WF w1_f
+#define FN(n) PASTE(n, _w1)
+#include "include/gemm_dequant.glsl"
+#endif
+
+shared float16_t xs[BM * SK];
+shared float16_t ws0[BN * SK];
+#ifdef GEMM_GEGLU
+shared float16_t ws1[BN * SK];
+#endif
+shared float cs[8 * C16 * C16];   // one 16 x 16 f32 staging tile per subgroup, for bounded stores
+
+#define ACC coopmat<float, gl_ScopeSubgroup, C16, C16, gl_MatrixUseAccumulator>
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint sg = gl_SubgroupID;
+    const uint sg_m = sg / 4u, sg_n = sg % 4u;          // 2 x 4 subgroup grid
+    const uint n0 = gl_WorkGroupID.x * BN, m0 = gl_WorkGroupID.y * BM;
+    const uint M = pc.m, N = pc.n, K = pc.k;
+
+    ACC acc0[TM][TN];
+#ifdef GEMM_GEGLU
+    ACC acc1[TM][TN];
+#endif
+    [[unroll]] for (uint i = 0; i < TM; i++) [[unroll]] for (uint j = 0; j < TN; j++) {
+        acc0[i][j] = ACC(0.0);
+#ifdef GEMM_GEGLU
+        acc1[i][j] = ACC(0.0);
+#endif
+    }
+
+    for (uint k0 = 0; k0 < K; k0 += BK) {
+        for (uint idx = tid; idx < BM * BK; idx += WG) {
+            const uint r = idx / BK, kk = idx % BK;
+            const uint m = m0 + r, k = k0 + kk;
+            const float v = (m < M && k < K) ? x[m * pc.x_stride + k] : 0.0;
+            xs[r * SK + kk] = float16_t(clamp(v, -65504.0, 65504.0));
+        }
+        for (uint idx = tid; idx < BN * BK; idx += WG) {
+            const uint r = idx / BK, kk = idx % BK;
+            const uint n = n0 + r, k = k0 + kk;
+            const bool ok = n < N && k < K;
+            ws0[r * SK + kk] = float16_t(ok ? w_at_w0(n, k, K) : 0.0);
+#ifdef GEMM_GEGLU
+            ws1[r * SK + kk] = float16_t(ok ? w_at_w1(n, k, K) : 0.0);
+#endif
+        }
+        barrier();
+        [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
+            coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseA> a[TM];
+            [[unroll]] for (uint i = 0; i < TM; i++)
+                coopMatLoad(a[i], xs, (sg_m * TM * C16 + i * C16) * SK + kk, SK,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint j = 0; j < TN; j++) {
+                const uint nb = (sg_n * TN * C16 + j * C16) * SK + kk;
+                coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseB> b;
+                coopMatLoad(b, ws0, nb, SK, gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0; i < TM; i++) acc0[i][j] = coopMatMulAdd(a[i], b, acc0[i][j]);
+#ifdef GEMM_GEGLU
+                coopMatLoad(b, ws1, nb, SK, gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0; i < TM; i++) acc1[i][j] = coopMatMulAdd(a[i], b, acc1[i][j]);
+#endif
+            }
+        }
+        barrier();
+    }
+
+    // Out through a per-subgroup staging tile: the block edges need bounds checks that a
+    // direct coopMatStore into y cannot make.
+    const uint lane = gl_SubgroupInvocationID, sgs = gl_SubgroupSize;
+    [[unroll]] for (uint i = 0; i < TM; i++) [[unroll]] for (uint j = 0; j < TN; j++) {
+        ACC r = acc0[i][j];
+#ifdef GEMM_GEGLU
+        for (int e = 0; e < r.length(); e++) r[e] = gelu_tanh(acc0[i][j][e]) * acc1[i][j][e];
+#endif
+        coopMatStore(r, cs, sg * C16 * C16, C16, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        const uint mt = m0 + sg_m * TM * C16 + i * C16, nt = n0 + sg_n * TN * C16 + j * C16;
+        for (uint e = lane; e < C16 * C16; e += sgs) {
+            const uint m = mt + e / C16, n = nt + e % C16;
+            if (m < M && n < N) y[m * pc.y_stride + pc.y_off + n] = cs[sg * C16 * C16 + e];
+        }
+        subgroupBarrier();
+    }
+}
