@@ -1,7 +1,7 @@
 #version 450
 // Prefill GEMM: y[m, y_off + n] = sum_k x[m, k] * W[n, k], x f32 [m][x_stride], W in its GGUF
 // layout (-D WTYPE_*), f32 accumulation. Tiles of BM=64 tokens x BN=64 output columns, K in
-// steps of 32: each step stages the x tile and the dequantized W tile in shared memory
+// steps of 32 (K a multiple of 32): each step stages the x tile and the dequantized W tile in shared memory
 // (dequantized once, reused by 64 tokens); each of the 256 threads owns a 4 x 4 block of
 // outputs strided by 16 (conflict-free shared reads).
 // GEMM_GEGLU: two weight matrices of one type (gate, up): y = gelu_tanh(x Wg^T) * (x Wu^T).
@@ -70,13 +70,15 @@ void main() {
             const uint m = m0 + r, k = k0 + kk;
             xs[kk][r] = (m < M && k < K) ? x[m * pc.x_stride + k] : 0.0;
         }
-        for (uint idx = tid; idx < BN * BK; idx += 256u) {
-            const uint r = idx / BK, kk = idx % BK;
-            const uint n = n0 + r, k = k0 + kk;
-            const bool ok = n < N && k < K;
-            ws0[kk][r] = ok ? w_at_w0(n, k, K) : 0.0;
+        for (uint run = tid; run < BN * BK / 16u; run += 256u) {   // runs of 16 weights of one row
+            const uint r = run / (BK / 16u), kk = (run % (BK / 16u)) * 16u;
+            const uint n = n0 + r;
+            float v[16];
+            if (n < N) w_run16_w0(n, k0 + kk, K, v); else [[unroll]] for (uint i = 0; i < 16; i++) v[i] = 0.0;
+            [[unroll]] for (uint i = 0; i < 16; i++) ws0[kk + i][r] = v[i];
 #ifdef GEMM_GEGLU
-            ws1[kk][r] = ok ? w_at_w1(n, k, K) : 0.0;
+            if (n < N) w_run16_w1(n, k0 + kk, K, v);
+            [[unroll]] for (uint i = 0; i < 16; i++) ws1[kk + i][r] = v[i];
 #endif
         }
         barrier();

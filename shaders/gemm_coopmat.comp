@@ -4,7 +4,8 @@
 // (-D WTYPE_*), GEMM_GEGLU: y = gelu_tanh(x Wg^T) * (x Wu^T) — on 16x16x16 f16 x f16 -> f32
 // cooperative matrices.
 //
-// Tile: BM = 64 tokens x BN = 128 output columns per workgroup, K in steps of BK = 32. Each
+// Tile: BM = 64 tokens x BN = 128 output columns per workgroup, K in steps of BK = 32 (K must
+// be a multiple of 32, as every GGUF block type makes it). Each
 // step stages x (converted to f16) and the dequantized W tile (f16) in shared memory; the
 // workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning 2 x 2 accumulators (32 x 32).
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
@@ -79,19 +80,22 @@ void main() {
     }
 
     for (uint k0 = 0; k0 < K; k0 += BK) {
-        for (uint idx = tid; idx < BM * BK; idx += WG) {
-            const uint r = idx / BK, kk = idx % BK;
-            const uint m = m0 + r, k = k0 + kk;
-            const float v = (m < M && k < K) ? x[m * pc.x_stride + k] : 0.0;
-            xs[r * SK + kk] = float16_t(clamp(v, -65504.0, 65504.0));
+        for (uint run = tid; run < BM * BK / 4u; run += WG) {       // x: runs of 4 of one token
+            const uint r = run / (BK / 4u), kk = (run % (BK / 4u)) * 4u;
+            const uint m = m0 + r, b = m * pc.x_stride + k0 + kk;
+            const vec4 v = m < M ? vec4(x[b], x[b + 1u], x[b + 2u], x[b + 3u]) : vec4(0.0);
+            const f16vec4 h = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
+            [[unroll]] for (uint i = 0; i < 4; i++) xs[r * SK + kk + i] = h[i];
         }
-        for (uint idx = tid; idx < BN * BK; idx += WG) {
-            const uint r = idx / BK, kk = idx % BK;
-            const uint n = n0 + r, k = k0 + kk;
-            const bool ok = n < N && k < K;
-            ws0[r * SK + kk] = float16_t(ok ? w_at_w0(n, k, K) : 0.0);
+        for (uint run = tid; run < BN * BK / 16u; run += WG) {      // W: runs of 16 of one row
+            const uint r = run / (BK / 16u), kk = (run % (BK / 16u)) * 16u;
+            const uint n = n0 + r;
+            float v[16];
+            if (n < N) w_run16_w0(n, k0 + kk, K, v); else [[unroll]] for (uint i = 0; i < 16; i++) v[i] = 0.0;
+            [[unroll]] for (uint i = 0; i < 16; i++) ws0[r * SK + kk + i] = float16_t(v[i]);
 #ifdef GEMM_GEGLU
-            ws1[r * SK + kk] = float16_t(ok ? w_at_w1(n, k, K) : 0.0);
+            if (n < N) w_run16_w1(n, k0 + kk, K, v);
+            [[unroll]] for (uint i = 0; i < 16; i++) ws1[r * SK + kk + i] = float16_t(v[i]);
 #endif
         }
         barrier();

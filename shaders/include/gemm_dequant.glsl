@@ -1,8 +1,10 @@
-// One weight of a GGUF-layout matrix, dequantized: FN(w_at)(row, col, n_cols).
+// Weights of a GGUF-layout matrix, dequantized: FN(w_at)(row, col, n_cols) one weight,
+// FN(w_run16)(row, col0, n_cols, v) the 16 weights col0 .. col0 + 15 (col0 % 16 == 0).
 // Reads the binding named by W16 / WF (u16 / f32 views of the same bytes); the GEMM includes
-// this once per weight binding (FN renames). Per element rather than per block: the GEMM
-// dequantizes each weight tile once into shared memory and reuses it for BM tokens, so the
-// extra address math is ~1/BM of the work. Block layouts: see matvec_dot.glsl (ggml-common.h).
+// this once per weight binding (FN renames). The GEMMs stage a weight tile per K step with
+// runs of 16: Q4_0 / Q8_0 (the usual big-model types) decode a run from one block header and
+// 8 u16 loads; other types loop over w_at (the tile is reused by every token of the chunk,
+// so their extra address math is a small share). Block layouts: see matvec_dot.glsl (ggml-common.h).
 // Needs include/common.glsl (half_lo, bf16, 16-bit storage).
 
 uint FN(wbyte)(uint b) { return (uint(W16[b >> 1]) >> ((b & 1u) << 3)) & 0xFFu; }
@@ -68,5 +70,29 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     return half_lo(W16[w + 104u]) * float(s) * float(int(lo | (hi << 4)) - 32);
 #else
 #error "gemm_dequant.glsl: no weight type defined"
+#endif
+}
+
+void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
+#if defined(WTYPE_Q4_0)
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 9u;    // 18 B blocks: d, 16 B of nibbles
+    const float d = half_lo(W16[w]);
+    const uint shift = (col0 & 16u) >> 2;                        // low nibbles: 0..15, high: 16..31
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[w + 1u + i]) >> shift;
+        v[2 * i] = d * (float(q & 15u) - 8.0);
+        v[2 * i + 1] = d * (float((q >> 8) & 15u) - 8.0);
+    }
+#elif defined(WTYPE_Q8_0)
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 17u;   // 34 B blocks: d, 32 int8
+    const float d = half_lo(W16[w]);
+    const uint o = w + 1u + ((col0 & 16u) >> 1);
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[o + i]);
+        v[2 * i] = d * float(int(q << 24) >> 24);
+        v[2 * i + 1] = d * float(int(q << 16) >> 24);
+    }
+#else
+    [[unroll]] for (uint i = 0; i < 16; i++) v[i] = FN(w_at)(row, col0 + i, n_cols);
 #endif
 }

@@ -40,7 +40,7 @@ from engine.sampling import SamplingParams
 from engine.weights.base import WeightSource
 
 QUANT_TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "f16": QType.F16}
-PREFILL_CHUNK = 128       # tokens per prefill submission; local KV rings hold window + this
+PREFILL_CHUNK = 512       # tokens per prefill submission (GEMM rows: more reuse of each dequantized weight tile); local KV rings hold window + this
 LOGITS_CHUNK = 32         # tokens per submission when every position's logits come back
 MAX_RECORDINGS = 8
 IN_FLIGHT = 3             # decode steps queued ahead: hides submit-to-start latency on the GPU

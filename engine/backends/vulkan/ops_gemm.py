@@ -39,6 +39,8 @@ def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int 
     coopmat: None picks the matrix-core kernel where the device has one (`coopmat_ok`).
     """
     wt = wtype.upper()
+    if k % 32:
+        raise ValueError(f"gemm: k = {k} is not a multiple of 32 (the kernels stage K in steps of 32)")
     if wt not in GEMM_TYPES:
         raise ValueError(f"gemm: weight type {wtype} unsupported (have {', '.join(GEMM_TYPES)})")
     name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
