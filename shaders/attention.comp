@@ -1,21 +1,25 @@
 #version 450
-// Decode attention for one query position, split-K over the KV cache (flash-decoding).
+// Decode attention for one query position, split-K over the KV cache (flash-decoding), in one
+// dispatch (attention_decode_f16_f32).
 //
-// ATTN_SPLIT  (attention_split_f16_f32): workgroup (s, kv head) scores its share of the
-//   positions against the G = n_heads / n_kv_heads query heads of that kv head (GQA: each K/V
-//   row is read once for all G heads), with an online softmax, and writes per query head and
-//   split the unnormalized output o[D], its running max m and sum l.
+// Workgroup (s, kv head) scores its share of the positions against the G = n_heads / n_kv_heads
+// query heads of that kv head (GQA: each K/V row is read once for all G heads), with an online
+// softmax, and writes per query head and split the unnormalized output o[D] and its running max
+// m and sum l. Then it counts itself in the kv head's arrival counter (include/last_arrival.glsl);
+// the last of the n_splits workgroups of that kv head combines the used splits of its G query
+// heads (weights exp(m_s - M) / L) and writes the output rows. No second dispatch, no barrier.
 //   Bindings: 0 step, 1 q (f32, [n_heads][D] at q_offset, already normed/rotated),
-//             2 K cache, 3 V cache ([n_kv_heads][cache_slots][D] f16), 4 partial (f32 scratch,
-//             n_heads * n_splits * (D + 2) floats).   Dispatch: (n_splits, n_kv_heads, 1).
-// ATTN_REDUCE (attention_reduce_f32): combines the used splits of one query head (WG >= head_dim).
-//   Bindings: 0 step, 1 partial, 2 out (f32 [n_heads][D]).   Dispatch: (n_heads, 1, 1).
+//             2 K cache, 3 V cache ([n_kv_heads][cache_slots][D] f16),
+//             4 partial (f32 scratch, n_heads * n_splits records of D + 4 floats: o[D], m, l, -, -),
+//             5 arrival counters (uint[n_kv_heads], 0 before and after the dispatch),
+//             6 out (f32 [n_heads][D]).
+//   Dispatch: (n_splits, n_kv_heads, 1).
 //
 // The query sits at position p = step.pos; it sees positions [lo, p] with lo = p - window + 1
 // on sliding-window layers (window > 0), else 0; position j lives in slot j % cache_slots.
 // The split count is fixed at record time; each split takes max(ceil(n / n_splits), MIN_CHUNK = 16)
 // positions of the n visible at run time, so a short context uses few splits (the unused ones
-// write m = -1e30, l = 0 and the reduce pass skips them).
+// write m = -1e30, l = 0, still count as arrived, and the reduce skips them).
 // scores = (q . k) * scale, scale = 1/sqrt(query_pre_attn_scalar); f32 softmax and accumulation.
 // head_dim (HD) and the GQA group size G = n_heads / n_kv_heads are specialization constants, so
 // every inner loop has a constant trip count; loads are batched 4 at a time (with a run-time
@@ -31,7 +35,8 @@ layout(constant_id = 1) const uint HD = 256;     // head_dim
 layout(constant_id = 2) const uint G = 1;        // query heads per kv head
 PUSH_CONSTANTS
 
-#define MIN_CHUNK 16u   // balances the split pass (serial over its chunk) against the reduce (serial over splits)
+#define MIN_CHUNK 16u   // balances the split work (serial over its chunk) against the reduce (serial over splits)
+#define SMAX 256u       // most splits
 
 // positions [lo, pos] visible from the query at step.pos, split in chunks of `chunk`
 void visible(uint pos, out uint lo, out uint n, out uint chunk) {
@@ -40,8 +45,6 @@ void visible(uint pos, out uint lo, out uint n, out uint chunk) {
     chunk = max((n + pc.n_splits - 1) / pc.n_splits, MIN_CHUNK);
 }
 
-
-#ifdef ATTN_SPLIT
 #include "include/step.glsl"
 STEP_BUFFER(0)
 #include "include/wg_reduce.glsl"
@@ -49,11 +52,19 @@ STEP_BUFFER(0)
 layout(std430, binding = 1) readonly buffer Q { float q[]; };
 layout(std430, binding = 2) readonly buffer KC { uvec4 kc[]; };
 layout(std430, binding = 3) readonly buffer VC { uint vc[]; };
-layout(std430, binding = 4) writeonly buffer P { float part[]; };
+// coherent: the last workgroup reads the other workgroups' partials in the same dispatch
+layout(std430, binding = 4) coherent buffer P { vec4 part[]; };
+#define ARRIVAL_BINDING 5
+#include "include/last_arrival.glsl"
+layout(std430, binding = 6) writeonly buffer O { vec4 outp[]; };
+
+const uint REC = HD / 4 + 1;   // vec4s per (query head, split) record: o[HD], then (m, l, 0, 0)
 
 shared vec4 qs[G * HD / 4];
 shared float sc[G * WG];
 shared float red[G * WG_REDUCE_MAX_SUBGROUPS];
+shared float wsh[G * SMAX];    // reduce: weight exp(m_s - M) of every used split
+shared vec4 osum[WG];          // reduce: partial output sums of the split groups
 
 // max (is_max) or sum over the workgroup of v[g] for every g < G at once: 2 barriers total
 void wg_reduce_g(inout float v[G], bool is_max) {
@@ -162,73 +173,76 @@ void main() {
         }
         barrier();
     }
-    for (uint i = tid; i < G * HD; i += WG) {
-        const uint g = i / HD, d = i % HD;
-        part[((kh * G + g) * pc.n_splits + s) * (HD + 2) + d] = qs[i / 4][i % 4];
+    for (uint i = tid; i < G * HD / 4; i += WG) {
+        const uint g = i / (HD / 4), d4 = i % (HD / 4);
+        part[((kh * G + g) * pc.n_splits + s) * REC + d4] = qs[i];
     }
     if (tid == 0) {
+        [[unroll]] for (uint g = 0; g < G; g++)
+            part[((kh * G + g) * pc.n_splits + s) * REC + HD / 4] = vec4(m[g], l[g], 0.0, 0.0);
+    }
+
+    if (!arrive_last(kh, pc.n_splits)) return;
+
+    // ---- the last workgroup of kv head kh: combine the used splits of its G query heads ----
+    const uint S = (n + chunk - 1) / chunk;      // splits that hold positions (>= 1)
+    float M[G];
+    [[unroll]] for (uint g = 0; g < G; g++) M[g] = -1e30;
+    for (uint sp = tid; sp < S; sp += WG)
+        [[unroll]] for (uint g = 0; g < G; g++)
+            M[g] = max(M[g], part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].x);
+    wg_reduce_g(M, true);
+    float L[G];
+    [[unroll]] for (uint g = 0; g < G; g++) L[g] = 0.0;
+    for (uint sp = tid; sp < S; sp += WG) {
         [[unroll]] for (uint g = 0; g < G; g++) {
-            const uint b = ((kh * G + g) * pc.n_splits + s) * (HD + 2) + HD;
-            part[b] = m[g];
-            part[b + 1] = l[g];
+            const vec2 ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
+            const float w = exp(ml.x - M[g]);
+            wsh[g * SMAX + sp] = w;
+            L[g] += ml.y * w;
+        }
+    }
+    wg_reduce_g(L, false);               // its barriers also publish wsh
+    // threads: NC4 vec4 columns (G rows of HD) x SG groups of splits; when the columns are fewer
+    // than the threads, the split groups' sums meet in shared memory. One workgroup reads every
+    // partial of its kv head here (latency-bound): 8 loads in flight a thread.
+    const uint NC4 = G * HD / 4;
+    const uint SG = NC4 >= WG ? 1 : WG / NC4;
+    for (uint i = tid; i < NC4 * SG; i += WG) {
+        const uint c4 = i % NC4, sg = i / NC4;
+        const uint g = c4 / (HD / 4);
+        const uint base = (kh * G + g) * pc.n_splits * REC + c4 % (HD / 4);
+        vec4 o0 = vec4(0.0), o1 = vec4(0.0), o2 = vec4(0.0), o3 = vec4(0.0);
+        uint sp = sg;
+        for (; sp + 7 * SG < S; sp += 8 * SG) {
+            vec4 a[8];
+            [[unroll]] for (uint u = 0; u < 8; u++) a[u] = part[base + (sp + u * SG) * REC];
+            [[unroll]] for (uint u = 0; u < 8; u += 4) {
+                o0 += a[u] * wsh[g * SMAX + sp + u * SG];
+                o1 += a[u + 1] * wsh[g * SMAX + sp + (u + 1) * SG];
+                o2 += a[u + 2] * wsh[g * SMAX + sp + (u + 2) * SG];
+                o3 += a[u + 3] * wsh[g * SMAX + sp + (u + 3) * SG];
+            }
+        }
+        for (; sp < S; sp += SG) o0 += part[base + sp * REC] * wsh[g * SMAX + sp];
+        const vec4 o = (o0 + o1) + (o2 + o3);
+        if (SG == 1) {
+            float inv_l = 0.0;
+            [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
+            outp[kh * NC4 + c4] = o * inv_l;
+        } else {
+            osum[i] = o;
+        }
+    }
+    if (SG > 1) {
+        barrier();
+        for (uint c4 = tid; c4 < NC4; c4 += WG) {
+            vec4 o = vec4(0.0);
+            for (uint k = 0; k < SG; k++) o += osum[k * NC4 + c4];
+            const uint g = c4 / (HD / 4);
+            float inv_l = 0.0;
+            [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
+            outp[kh * NC4 + c4] = o * inv_l;
         }
     }
 }
-#endif
-
-#ifdef ATTN_REDUCE
-#define SMAX 256
-#include "include/step.glsl"
-STEP_BUFFER(0)
-layout(std430, binding = 1) readonly buffer P { float part[]; };
-layout(std430, binding = 2) writeonly buffer O { float outp[]; };
-shared float w_sh[SMAX];
-shared float red_sh[WG];
-
-void main() {
-    uint lo, n, chunk;
-    visible(step.pos, lo, n, chunk);
-    const uint S = (n + chunk - 1) / chunk;      // splits that hold positions
-    const uint h = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
-    const uint base = h * pc.n_splits * (HD + 2);
-    // stats of every split in parallel, then weights exp(m_s - M) / L in shared memory
-    for (uint s = tid; s < S; s += WG) w_sh[s] = part[base + s * (HD + 2) + HD];
-    barrier();
-    float M = -1e30;
-    for (uint s = 0; s < S; s++) M = max(M, w_sh[s]);
-    barrier();
-    for (uint s = tid; s < S; s += WG) w_sh[s] = exp(w_sh[s] - M);
-    barrier();
-    float L = 0.0;
-    for (uint s = tid; s < S; s += WG) L += part[base + s * (HD + 2) + HD + 1] * w_sh[s];
-    red_sh[tid] = L;
-    barrier();
-    L = 0.0;
-    for (uint i = 0; i < WG; i++) L += red_sh[i];
-    const float invL = 1.0 / L;
-    barrier();                           // red_sh is reused below
-    // threads: HD columns x (WG / HD) groups of splits; loads unrolled by 4 for memory parallelism
-    const uint SG = WG / HD;             // WG >= HD (the wrapper checks)
-    const uint sg = tid / HD, d = tid % HD;
-    red_sh[tid] = 0.0;
-    if (sg < SG) {
-        float o0 = 0.0, o1 = 0.0, o2 = 0.0, o3 = 0.0;
-        uint s = sg;
-        for (; s + 3 * SG < S; s += 4 * SG) {
-            const float a0 = part[base + s * (HD + 2) + d];
-            const float a1 = part[base + (s + SG) * (HD + 2) + d];
-            const float a2 = part[base + (s + 2 * SG) * (HD + 2) + d];
-            const float a3 = part[base + (s + 3 * SG) * (HD + 2) + d];
-            o0 += a0 * w_sh[s]; o1 += a1 * w_sh[s + SG]; o2 += a2 * w_sh[s + 2 * SG]; o3 += a3 * w_sh[s + 3 * SG];
-        }
-        for (; s < S; s += SG) o0 += part[base + s * (HD + 2) + d] * w_sh[s];
-        red_sh[tid] = (o0 + o1) + (o2 + o3);
-    }
-    barrier();
-    if (tid < HD) {
-        float o = 0.0;
-        for (uint k = 0; k < SG; k++) o += red_sh[k * HD + tid];
-        outp[h * HD + tid] = o * invL;
-    }
-}
-#endif

@@ -1,34 +1,34 @@
 #version 450
 // Token sampling on the GPU over the logits of one position. The id goes to the token buffer
 // (step.glsl's token flow): tokens[step.pos + step.n_tokens + d] for draw d < n_draws
-// (n_draws = 1 when decoding; tests draw many at once). With advance = 1 the final pass then
+// (n_draws = 1 when decoding; tests draw many at once). With advance = 1 the sampler then
 // sets step.pos += step.n_tokens and step.n_tokens = 1 (the next step decodes the sampled id),
 // so a replayed decode step needs nothing from the host.
-// Block passes: many workgroups over blocks of BLOCK logits; final passes: one workgroup.
+// Each sampler is one dispatch: workgroup b reduces the block of BLOCK logits [b * BLOCK, ...)
+// to candidates in `cand`, counts itself in the arrival counter (include/last_arrival.glsl),
+// and the last block to arrive does the final pass over every block's candidates.
 //
 // Greedy (exact argmax, ties -> lowest id, as numpy.argmax):
-//   SAMPLE_ARGMAX_BLOCK (sample_argmax_block_f32): bindings 0 logits, 1 cand (uvec2 per block:
-//     ordered key, id).                 Dispatch: (n_blocks, 1, 1).
-//   SAMPLE_ARGMAX_FINAL (sample_argmax_final): bindings 0 step, 1 cand, 2 tokens.
-//     Dispatch: (1, 1, 1).
+//   SAMPLE_ARGMAX (sample_argmax_f32): a block keeps its best (ordered key, id); the final pass
+//     takes the best of those.
 // Temperature / top-k / top-p / min-p:
-//   SAMPLE_TOPK_BLOCK (sample_topk_block_f32): each workgroup sorts its BLOCK logits in shared
-//     memory (bitonic, by value desc then id asc) and keeps the best KC.
-//     Bindings: 0 logits, 1 cand (uvec2 per entry: ordered key, id; KC per block).
-//     Dispatch: (n_blocks, 1, 1).
-//   SAMPLE_TOPK_FINAL (sample_topk_final): gathers every list entry >= the largest of the
-//     blocks' K-th keys (a lower bound of the global K-th key) and sorts them in shared memory;
-//     when more than CAP are, finds the K-th largest key by radix select (8 bits a round, shared
-//     histogram) and gathers exactly K candidates. Either way: the top K by (value desc, id asc), sorted,
-//     then: p_i = exp((l_i - l_max) / T); top-p keeps the shortest prefix whose mass >= top_p
-//     (over the K, renormalized); min-p drops p_i < min_p * p_max; draws u with Philox2x32-10
-//     on counter (position of the drawn token + d, 0) keyed by step.seed.
+//   SAMPLE_TOPK (sample_topk_f32): a block sorts its BLOCK logits in shared memory (bitonic, by
+//     value desc then id asc) and keeps the best KC. The final pass gathers every list entry
+//     >= the largest of the blocks' K-th keys (a lower bound of the global K-th key) and sorts
+//     them in shared memory; when more than CAP are, finds the K-th largest key by radix select
+//     (8 bits a round, shared histogram) and gathers exactly K candidates. Either way: the top K
+//     by (value desc, id asc), sorted, then: p_i = exp((l_i - l_max) / T); top-p keeps the
+//     shortest prefix whose mass >= top_p (over the K, renormalized); min-p drops
+//     p_i < min_p * p_max; draws u with Philox2x32-10 on counter (position of the drawn token + d, 0)
+//     keyed by step.seed.
 //     K = top_k clamped to [1, KC] (top_k = 0 -> KC; temperature <= 0 -> 1, i.e. greedy).
-//     Bindings: 0 step, 1 cand, 2 tokens.   Dispatch: (1, 1, 1).
+//   Both: bindings 0 step, 1 logits, 2 cand (uvec2 entries: ordered key, id; 1 (argmax) or KC
+//     (top-k) per block), 3 tokens, 4 arrival counter (uint[1], 0 before and after).
+//     Dispatch: (n_blocks, 1, 1).
 //   SAMPLE_PENALTY (sample_penalty_f32): llama.cpp repetition penalty, in place on the logits,
 //     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
-//     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it before
-//     either block pass.  Bindings: 0 step, 1 logits, 2 tokens.   Dispatch: (1, 1, 1).
+//     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it (and a
+//     barrier) before either sampler.  Bindings: 0 step, 1 logits, 2 tokens.   Dispatch: (1, 1, 1).
 // Push (all variants): vocab, n_blocks = ceil(vocab / BLOCK), n_draws, advance.
 // NaN logits count as the lowest possible value.
 #extension GL_GOOGLE_include_directive : require
@@ -53,7 +53,18 @@ float key_value(uint k) {
     return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7FFFFFFFu : ~k);
 }
 
-#if defined(SAMPLE_ARGMAX_BLOCK) || defined(SAMPLE_ARGMAX_FINAL)
+#if defined(SAMPLE_ARGMAX) || defined(SAMPLE_TOPK)
+#include "include/step.glsl"
+STEP_BUFFER(0)
+layout(std430, binding = 1) readonly buffer Logits { float logits[]; };
+// coherent: the last block reads the other blocks' candidates in the same dispatch
+layout(std430, binding = 2) coherent buffer Cand { uvec2 cand[]; };
+layout(std430, binding = 3) buffer Tok { uint tokens[]; };
+#define ARRIVAL_BINDING 4
+#include "include/last_arrival.glsl"
+#endif
+
+#ifdef SAMPLE_ARGMAX
 shared uint sg_key[MAX_SG];
 shared uint sg_id[MAX_SG];
 
@@ -68,18 +79,15 @@ uvec2 wg_argmax(uint key, uint id) {
         uvec2 o = uvec2(sg_key[i], sg_id[i]);
         if (o.x > best.x || (o.x == best.x && o.y < best.y)) best = o;
     }
+    barrier();   // sg_key / sg_id are reused by the next call
     return best;
 }
-#endif
 
-#ifdef SAMPLE_ARGMAX_BLOCK
-layout(std430, binding = 0) readonly buffer L { float logits[]; };
-layout(std430, binding = 1) writeonly buffer C { uvec2 cand[]; };
 void main() {
-    const uint b = gl_WorkGroupID.x;
+    const uint b = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
     uint bk = 0u, bi = 0xFFFFFFFFu;
     const uint end = min((b + 1) * BLOCK, pc.vocab);
-    uint e = b * BLOCK + gl_LocalInvocationID.x;
+    uint e = b * BLOCK + tid;
     for (; e + 3 * WG < end; e += 4 * WG) {      // 4 loads in flight
         const vec4 v = vec4(logits[e], logits[e + WG], logits[e + 2 * WG], logits[e + 3 * WG]);
         for (uint u = 0; u < 4; u++) {
@@ -91,26 +99,20 @@ void main() {
         const uint k = ordered_key(logits[e]);
         if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e; }
     }
-    uvec2 best = wg_argmax(bk, bi);
-    if (gl_LocalInvocationID.x == 0) cand[b] = best;
-}
-#endif
+    const uvec2 blk = wg_argmax(bk, bi);
+    if (tid == 0) cand[b] = blk;
 
-#ifdef SAMPLE_ARGMAX_FINAL
-#include "include/step.glsl"
-STEP_BUFFER(0)
-layout(std430, binding = 1) readonly buffer C { uvec2 cand[]; };
-layout(std430, binding = 2) buffer Tok { uint tokens[]; };
-void main() {
-    uint bk = 0u, bi = 0xFFFFFFFFu;
-    for (uint b = gl_LocalInvocationID.x; b < pc.n_blocks; b += WG) {
-        uvec2 c = cand[b];
-        if (c.x > bk || (c.x == bk && c.y < bi)) { bk = c.x; bi = c.y; }
+    if (!arrive_last(0u, pc.n_blocks)) return;
+
+    // the last block: argmax over the blocks' candidates
+    bk = 0u; bi = 0xFFFFFFFFu;
+    for (uint c = tid; c < pc.n_blocks; c += WG) {
+        const uvec2 x = cand[c];
+        if (x.x > bk || (x.x == bk && x.y < bi)) { bk = x.x; bi = x.y; }
     }
-    uvec2 best = wg_argmax(bk, bi);
-    const uint q = step.pos + step.n_tokens;
-    barrier();   // every invocation has read step before it may change
-    if (gl_LocalInvocationID.x == 0) {
+    const uvec2 best = wg_argmax(bk, bi);
+    if (tid == 0) {
+        const uint q = step.pos + step.n_tokens;
         for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = best.y;
         if (pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
     }
@@ -120,39 +122,8 @@ void main() {
 // (key desc, id asc) order: true when a sorts before b
 bool before(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
 
-#ifdef SAMPLE_TOPK_BLOCK
-layout(std430, binding = 0) readonly buffer L { float logits[]; };
-layout(std430, binding = 1) writeonly buffer C { uvec2 cand[]; };
-shared uvec2 sh[BLOCK];
-void main() {
-    const uint b = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
-    for (uint i = tid; i < BLOCK; i += WG) {
-        const uint e = b * BLOCK + i;
-        sh[i] = e < pc.vocab ? uvec2(ordered_key(logits[e]), e) : uvec2(0u, 0xFFFFFFFFu);
-    }
-    barrier();
-    // bitonic sort, descending
-    for (uint k = 2; k <= BLOCK; k <<= 1) {
-        for (uint j = k >> 1; j > 0; j >>= 1) {
-            for (uint p = tid; p < BLOCK / 2; p += WG) {
-                const uint i = 2 * j * (p / j) + p % j, ixj = i + j;
-                const uvec2 x = sh[i], y = sh[ixj];
-                const bool first_half = (i & k) == 0;
-                if (first_half ? before(y, x) : before(x, y)) { sh[i] = y; sh[ixj] = x; }
-            }
-            barrier();
-        }
-    }
-    for (uint r = tid; r < KC; r += WG) cand[b * KC + r] = sh[r];
-}
-#endif
-
-#ifdef SAMPLE_TOPK_FINAL
-#include "include/step.glsl"
-STEP_BUFFER(0)
+#ifdef SAMPLE_TOPK
 #include "include/wg_reduce.glsl"
-layout(std430, binding = 1) readonly buffer C { uvec2 cand[]; };
-layout(std430, binding = 2) buffer Tok { uint tokens[]; };
 
 #define NBMAX 1024
 shared uint gt_off[NBMAX];
@@ -161,7 +132,7 @@ shared uint eq_off[NBMAX];
 shared uvec2 sel[KC];
 shared float prob[KC];
 shared uint n_keep_sh;
-#define CAP 1024
+#define CAP 1024          // >= BLOCK: the block sort uses big too
 shared uvec2 big[CAP];
 shared uint n_big_sh;
 shared uint hist[256];
@@ -188,8 +159,33 @@ uvec2 philox2x32_10(uvec2 ctr, uint key) {
     return ctr;
 }
 
+// block b: sort its BLOCK logits in big (bitonic, descending), keep the best KC in cand
+void block_top(uint b, uint tid) {
+    for (uint i = tid; i < BLOCK; i += WG) {
+        const uint e = b * BLOCK + i;
+        big[i] = e < pc.vocab ? uvec2(ordered_key(logits[e]), e) : uvec2(0u, 0xFFFFFFFFu);
+    }
+    barrier();
+    for (uint k = 2; k <= BLOCK; k <<= 1) {
+        for (uint j = k >> 1; j > 0; j >>= 1) {
+            for (uint p = tid; p < BLOCK / 2; p += WG) {
+                const uint i = 2 * j * (p / j) + p % j, ixj = i + j;
+                const uvec2 x = big[i], y = big[ixj];
+                const bool first_half = (i & k) == 0;
+                if (first_half ? before(y, x) : before(x, y)) { big[i] = y; big[ixj] = x; }
+            }
+            barrier();
+        }
+    }
+    for (uint r = tid; r < KC; r += WG) cand[b * KC + r] = big[r];
+}
+
 void main() {
     const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks;
+    block_top(gl_WorkGroupID.x, tid);
+    if (!arrive_last(0u, NB)) return;
+
+    // the last block: the final pass over every block's list
     // one read of the step buffer (it may live in host memory: every access can cross PCIe)
     const Step st = step;
     const bool greedy = st.temperature <= 0.0;

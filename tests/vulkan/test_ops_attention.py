@@ -1,11 +1,12 @@
-"""Decode attention (split-K + reduce) against numpy: GQA, sliding window over a ring cache,
-f16 K/V, one recording replayed at several positions."""
+"""Decode attention (split-K, the last workgroup of a kv head reduces) against numpy: GQA,
+sliding window over a ring cache, f16 K/V, one recording replayed at several positions (the
+arrival counters must be back at 0 after every run)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.ops_attention import attention_decode, partial_floats
+from engine.backends.vulkan.ops_attention import attention_decode, counter_words, partial_floats
 from engine.backends.vulkan.ops_common import pack_step
 from tests.vulkan.ops_helpers import Bufs, nmse
 
@@ -28,12 +29,15 @@ def attend_ref(q, kc, vc, pos, window, slots, scale):
 
 
 CASES = [  # D, H, KV, window, slots, n_splits, positions replayed
-    (256, 4, 1, 512, 512, 4, [0, 5]),                # 270M/1B local layer, first tokens
+    (256, 4, 1, 512, 512, 4, [0, 5, 5]),             # 270M/1B local layer, first tokens
     (256, 4, 1, 512, 530, 8, [1500, 1501]),          # ring: window < positions, slot wraps
     (128, 8, 4, 0, 1100, 16, [1031]),                # global layer, GQA 2
     (128, 32, 16, 1024, 1040, 8, [2047]),            # 27B shape, local
     (256, 8, 1, 0, 300, 3, [299]),                   # G = 8, splits not dividing the length
-    (256, 8, 4, 0, 200, 1, [130]),                   # one split
+    (256, 8, 4, 0, 200, 1, [130, 3]),                # one split
+    (128, 3, 3, 0, 4200, 256, [4100, 0, 17]),        # G = 1, most splits; more splits than positions
+    (64, 6, 2, 40, 64, 37, [63, 100, 101]),          # head_dim 64, G = 3, odd splits, ring of 64
+    (256, 4, 1, 0, 1200, 128, [1190, 1]),            # 270M global layer with the backend's split count
 ]
 
 
@@ -49,18 +53,55 @@ def test_attention_decode(vk_device, D, H, KV, window, slots, n_splits, position
         step = b.step(pos=positions[0])
         bq, bk, bv = b.of(q), b.of(kc), b.of(vc)
         part = b.zeros(4 * partial_floats(H, D, n_splits))
+        counters = b.zeros(4 * counter_words(KV))
         out = b.zeros(4 * H * D)
         cl = dev.commands()
-        attention_decode(cl, dev, step, bq, bk, bv, part, out, head_dim=D, n_heads=H, n_kv_heads=KV,
+        attention_decode(cl, dev, step, bq, bk, bv, part, counters, out, head_dim=D, n_heads=H, n_kv_heads=KV,
                          cache_slots=slots, window=window, scale=scale, n_splits=n_splits)
         cl.end()
         for pos in positions:      # one recording, replayed: the position comes from the step buffer
             step.write(np.frombuffer(pack_step(pos=pos), np.uint8))
+            dev.upload(out, np.full(H * D, np.nan, np.float32).view(np.uint8))
             cl.submit(wait=True)
             got = b.read(out, np.float32, (H, D))
             want = attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, window, slots, scale)
             assert nmse(got, want) < 1e-9, pos
+            assert not b.read(counters, np.uint32).any(), "the last workgroup resets its counter"
             if window and pos >= window:   # the window matters: attending to everything differs
                 assert nmse(got, attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, 0,
                                             slots, scale)) > 1e-6
+        cl.destroy()
+
+
+def test_attention_decode_one_recording_many_layers(vk_device):
+    """Several dispatches in one command list share one counter buffer (as the backend's layers
+    do), each on its own cache, separated by barriers; the list replays."""
+    dev = vk_device
+    D, H, KV, slots, n_splits = 128, 4, 2, 256, 16
+    rng = np.random.default_rng(5)
+    scale = 0.1
+    with Bufs(dev) as b:
+        step = b.step(pos=200)
+        q = (rng.standard_normal((H, D)) * 2).astype(np.float32)
+        bq = b.of(q)
+        part = b.zeros(4 * partial_floats(H, D, n_splits))
+        counters = b.zeros(4 * counter_words(KV))
+        layers = []
+        cl = dev.commands()
+        for _ in range(3):
+            kc = (rng.standard_normal((KV, slots, D)) * 2).astype(np.float16)
+            vc = rng.standard_normal((KV, slots, D)).astype(np.float16)
+            out = b.zeros(4 * H * D)
+            layers.append((kc, vc, out))
+            attention_decode(cl, dev, step, bq, b.of(kc), b.of(vc), part, counters, out, head_dim=D, n_heads=H,
+                             n_kv_heads=KV, cache_slots=slots, window=0, scale=scale, n_splits=n_splits)
+            cl.barrier()
+        cl.end()
+        for pos in (200, 31, 255):
+            step.write(np.frombuffer(pack_step(pos=pos), np.uint8))
+            cl.submit(wait=True)
+            for kc, vc, out in layers:
+                want = attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, 0, slots, scale)
+                assert nmse(b.read(out, np.float32, (H, D)), want) < 1e-9, pos
+            assert not b.read(counters, np.uint32).any()
         cl.destroy()

@@ -1,6 +1,7 @@
 """GPU sampling: greedy is exactly numpy.argmax; seeded top-k/top-p/min-p sampling is
 deterministic, matches the reference distribution (chi-square) and never yields excluded ids;
-repetition penalty; the step position advances."""
+repetition penalty; the step position advances; one recording replays (the arrival counter is
+back at 0 after every run)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,14 +18,16 @@ def _run_sample(dev, logits, *, greedy, pos=0, n_tokens=1, n_draws=1, advance=Tr
     tokens = np.zeros(pos + n_tokens + n_draws + 8, np.uint32) if tokens is None else tokens
     with Bufs(dev) as b:
         bl, cand, tok = b.of(logits.astype(np.float32)), b.zeros(scratch_bytes(vocab)), b.of(tokens)
+        counter = b.zeros(4)
         st = b.step(pos=pos, n_tokens=n_tokens, **step)
-        run(dev, lambda cl: sample(cl, dev, st, bl, cand, tok, vocab=vocab, greedy=greedy, penalty=penalty,
-                                   n_draws=n_draws, advance=advance))
+        run(dev, lambda cl: sample(cl, dev, st, bl, cand, counter, tok, vocab=vocab, greedy=greedy,
+                                   penalty=penalty, n_draws=n_draws, advance=advance))
+        assert b.read(counter, np.uint32)[0] == 0, "the last block resets the arrival counter"
         out = b.read(tok, np.uint32)
         return out[pos + n_tokens: pos + n_tokens + n_draws], b.read_step(st), b.read(bl, np.float32)
 
 
-@pytest.mark.parametrize("vocab", [262144, 262208, 1000, 5])
+@pytest.mark.parametrize("vocab", [262144, 262208, 1025, 1000, 5])
 def test_greedy_is_argmax(vk_device, vocab):
     rng = np.random.default_rng(vocab)
     logits = (rng.standard_normal(vocab) * 5).astype(np.float32)
@@ -179,3 +182,33 @@ def test_gaussian_logits_radix_select(vk_device):
     chi2 = float(np.sum((obs - exp) ** 2 / np.maximum(exp, 1e-9)))
     df = len(obs) - 1
     assert chi2 < df + 6 * np.sqrt(2 * df) + 10, (chi2, df)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_one_recording_replays(vk_device, greedy):
+    """A decode step's sampler recorded once and submitted again and again: each run draws at
+    the next position (advance) and leaves the arrival counter at 0 for the next."""
+    dev = vk_device
+    vocab, runs = 70000, 5
+    rng = np.random.default_rng(21)
+    logits = _peaked_logits(vocab, rng)
+    logits[[60001, 9]] = logits.max() + 1                     # greedy tie: 9 wins
+    with Bufs(dev) as b:
+        bl, cand, counter = b.of(logits), b.zeros(scratch_bytes(vocab)), b.zeros(4)
+        tok = b.of(np.zeros(32, np.uint32))
+        st = b.step(pos=2, n_tokens=1, seed=7, temperature=0.8, top_k=30)
+        cl = dev.commands()
+        sample(cl, dev, st, bl, cand, counter, tok, vocab=vocab, greedy=greedy)
+        cl.end()
+        for _ in range(runs):
+            cl.submit(wait=True)
+            assert b.read(counter, np.uint32)[0] == 0
+        cl.destroy()
+        got = b.read(tok, np.uint32)[3:3 + runs]
+        assert b.read_step(st)["pos"] == 2 + runs
+    if greedy:
+        assert got.tolist() == [9] * runs
+    else:   # the same draws as separate recordings at those positions
+        want = [_run_sample(dev, logits, greedy=False, pos=2 + i, seed=7, temperature=0.8, top_k=30)[0][0]
+                for i in range(runs)]
+        assert got.tolist() == want

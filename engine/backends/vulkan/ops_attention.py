@@ -1,15 +1,22 @@
 """Attention dispatches (shaders/attention.comp, attention_prefill.comp) over the f16 KV cache.
 
-Decode: `attention_decode` = split pass (n_splits x n_kv_heads workgroups) + barrier + reduce
-pass (n_heads workgroups). The split count is fixed at record time; the visible positions
-(step.pos and the window) are read at run time, so one recording serves every position.
+Decode: `attention_decode` is one dispatch (n_splits x n_kv_heads workgroups): each workgroup
+scores a split of the positions, writes its partial (o, m, l), and the last workgroup of each kv
+head to finish (an arrival counter) combines the splits into the output rows. The split count is
+fixed at record time; the visible positions (step.pos and the window) are read at run time, so
+one recording serves every position.
 """
 from __future__ import annotations
 
 
 def partial_floats(n_heads: int, head_dim: int, n_splits: int) -> int:
-    """Size (in floats) of the scratch buffer the split pass writes."""
-    return n_heads * n_splits * (head_dim + 2)
+    """Size (in floats) of the scratch buffer of per-split partials: (o[head_dim], m, l, pad, pad)."""
+    return n_heads * n_splits * (head_dim + 4)
+
+
+def counter_words(n_kv_heads: int) -> int:
+    """Arrival counters (uint32) attention_decode needs: one per kv head, zeroed once at allocation."""
+    return n_kv_heads
 
 
 def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
@@ -19,24 +26,23 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
     return max(1, min(want, -(-max_positions // 64)))
 
 
-def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, out, *, head_dim: int, n_heads: int,
-                     n_kv_heads: int, cache_slots: int, window: int, scale: float, n_splits: int,
-                     q_offset: int = 0, wg: int = 128) -> None:
-    """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos."""
+def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, counters, out, *, head_dim: int,
+                     n_heads: int, n_kv_heads: int, cache_slots: int, window: int, scale: float,
+                     n_splits: int, q_offset: int = 0, wg: int = 128) -> None:
+    """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos.
+    partial: partial_floats(...) * 4 bytes of scratch; counters: counter_words(n_kv_heads) uint32s,
+    all 0 (the kernel leaves them 0 again, so a recording replays as is)."""
     if head_dim % 64 or head_dim > 2 * wg:
         raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 64, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
         raise ValueError("attention_decode: n_heads must be n_kv_heads * G with G <= 8")
     if not 1 <= n_splits <= 256:
         raise ValueError("attention_decode: 1 <= n_splits <= 256")
-    g = n_heads // n_kv_heads
-    split = dev.pipeline("attention_split_f16_f32", WG=wg, HD=head_dim, G=g)
-    reduce = dev.pipeline("attention_reduce_f32", WG=max(256, head_dim), HD=head_dim, G=g)
-    push = split.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
-                           cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
-    cl.dispatch(split, [step, q, k_cache, v_cache, partial], groups=(n_splits, n_kv_heads, 1), push=push)
-    cl.barrier()
-    cl.dispatch(reduce, [step, partial, out], groups=(n_heads, 1, 1), push=push)
+    p = dev.pipeline("attention_decode_f16_f32", WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
+    push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
+                       cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
+    cl.dispatch(p, [step, q, k_cache, v_cache, partial, counters, out], groups=(n_splits, n_kv_heads, 1),
+                push=push)
 
 
 def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int, n_heads: int,

@@ -81,17 +81,12 @@ def _build() -> dict:
     v = [
         Variant("norm_f32", "norm.comp", 3, norm, {}, norm_spec),
         Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
-        # + q8_1 blocks of `out` for an int8 matvec: its quantize dispatch folded in
-        Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None}, norm_spec),
-        Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
-        Variant("attention_split_f16_f32", "attention.comp", 5, attn, {"ATTN_SPLIT": None}, attn_spec),
-        Variant("attention_reduce_f32", "attention.comp", 3, attn, {"ATTN_REDUCE": None}, attn_spec),
+        Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
                 {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
     ]
-    for kind, nb in (("argmax_block_f32", 2), ("argmax_final", 3), ("topk_block_f32", 2),
-                     ("topk_final", 3), ("penalty_f32", 3)):
+    for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, sample, {define: None}, sample_spec))
     for wt in EMBED_TYPES:
