@@ -133,22 +133,37 @@ def test_tiny_model_profile_and_tuning(tiny):
 
 
 def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
-    """The int8-activation kernels (forced, whichever the autotuner picks per shape) in a whole model."""
+    """The int8-activation kernels (forced, whichever the autotuner picks per shape) in a whole model:
+    decode token by token (norms writing h's q8_1 blocks for qkv/geglu/lm) and a prefill whose
+    last position goes through the int8 lm head."""
     if not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
     from engine.backends.vulkan.backend import VulkanBackend
     cpu, vk = tiny
     vk8 = VulkanBackend(vk.weights_source, 64, device=vk_device, int_dot=True, autotune=True)
+    keys = ("qkv", "o", "geglu", "down", "lm")
+    mixed = dict(zip(keys, (True, "regs", False, True, True)))
     try:
         assert vk8.int_dot
-        for mode in ("regs", True):           # each int8 flavour on every matrix
-            vk8.tuning = {k: (0.0, mode, None) for k in ("qkv", "o", "geglu", "down", "lm")}
+        vk8.tuning = {k: (0.0, False, None) for k in keys}
+        vk8._recordings.clear()
+        f32_dispatches = vk8.profile_decode()["dispatches"]
+        for name, modes in (("regs", dict.fromkeys(keys, "regs")), ("q8_1", dict.fromkeys(keys, True)),
+                            ("mixed", mixed)):
+            vk8.tuning = {k: (0.0, m, None) for k, m in modes.items()}
             vk8._recordings.clear()
             ids = [5, 17, 300, 4000, 12, 99]
             ref = cpu.forward(ids, 0, all_logits=True)
             got = np.stack([vk8.forward([t], i) for i, t in enumerate(ids)])
-            assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.99, mode
-            assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max(), mode
+            assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.99, name
+            assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max(), name
+            last = vk8.forward(ids, 0)          # prefill: the lm head reads the last row of h
+            assert last.argmax() == ref[-1].argmax(), name
+            assert np.abs(last - ref[-1]).max() < 0.1 * np.abs(ref).max(), name
+            # quantize dispatches are left only before o-proj and down (their inputs come from
+            # attention / GEGLU, not from a norm)
+            extra = sum(m is True for k, m in modes.items() if k in ("o", "down")) * vk8.config.num_layers
+            assert vk8.profile_decode()["dispatches"] == f32_dispatches + extra, name
     finally:
         vk8.close()
 

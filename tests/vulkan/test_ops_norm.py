@@ -55,3 +55,59 @@ def test_norm_add(vk_device, rows, n):
     want_res = res + rmsnorm(x, w1, 1e-6)
     assert nmse(dev.download(br, np.float32, (rows, n)), want_res) < 1e-10
     assert nmse(dev.download(bo, np.float32, (rows, n)), rmsnorm(want_res, w2, 1e-6)) < 1e-10
+
+
+def _quantize_rows(dev, out_buf, rows, n):
+    """q8_1 of each row of out_buf by quantize_q8_1.comp (the reference the fused variant must equal)."""
+    from engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+    nb = -(-n // 32)
+    got = []
+    for r in range(rows):
+        xq = dev.buffer(q8_1_bytes(n))
+        cl = dev.commands()
+        record_quantize(cl, dev, out_buf, xq, n, x_off=r * n)
+        cl.end()
+        cl.submit(wait=True)
+        got.append(dev.download(xq, np.uint32, (nb * 10,)))
+        cl.destroy()
+        xq.destroy()
+    return np.stack(got)
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["norm", "norm_add"])
+@pytest.mark.parametrize("rows,n", [(1, 640), (3, 1152), (2, 1000), (1, 5376), (3, 7), (2, 333)])
+def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n):
+    """The *_q8_1 variants: the same f32 output, plus q8_1 blocks equal bit for bit to running
+    quantize_q8_1 on that output (odd n: the last block of each row zero-padded)."""
+    from engine.backends.vulkan.matvec import q8_1_bytes
+    dev = vk_device
+    rng = np.random.default_rng(11 * rows + n + add)
+    x = (rng.standard_normal((rows, n)) * 20).astype(np.float32)
+    res = (rng.standard_normal((rows, n)) * 300).astype(np.float32)
+    x[0, : min(n, 40)] = res[0, : min(n, 40)] = 0.0      # an all-zero output block: d = 0, q = 0
+    w1 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
+    w2 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
+    outs = []
+    for fused in (False, True):
+        bx, bw1, br, bw2, bo = _buf(dev, x), _buf(dev, w1), _buf(dev, res), _buf(dev, w2), dev.buffer(x.nbytes)
+        bq = dev.buffer(rows * q8_1_bytes(n)) if fused else None
+        cl = dev.commands()
+        if add:
+            norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, q=bq)
+        else:
+            norm(cl, dev, bx, bw1, bo, rows=rows, n=n, eps=1e-6, q=bq)
+        cl.end()
+        cl.submit(wait=True)
+        cl.destroy()
+        o = dev.download(bo, np.float32, (rows, n))
+        q = dev.download(bq, np.uint32, (rows, -(-n // 32) * 10)) if fused else _quantize_rows(dev, bo, rows, n)
+        outs.append((o, dev.download(br, np.float32, (rows, n)), q))
+        for b in (bx, bw1, br, bw2, bo, bq):
+            if b is not None:
+                b.destroy()
+    (o0, r0, q0), (o1, r1, q1) = outs
+    np.testing.assert_array_equal(o1, o0)
+    np.testing.assert_array_equal(r1, r0)
+    np.testing.assert_array_equal(q1, q0)
+    blocks = q1.reshape(rows, -1, 10)
+    assert np.all(blocks[0, 0, 8] == 0) and np.any(blocks[..., 8] != 0)   # the zero block, and real scales

@@ -11,9 +11,11 @@ On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup
 chosen per matrix shape by timing them at load (`tuning`); `profile_decode()` times every op.
 
 One layer, as recorded (B = barrier):
-  [quantize B] QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention (split B reduce) B
+  QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention (split B reduce) B
   [quantize B] o matvec B  norm_add (x += norm(o); h = norm(x)) B
-  [quantize B] gate/up GEGLU matvec B  [quantize B] down matvec B  norm_add (next layer's h)
+  gate/up GEGLU matvec B  [quantize B] down matvec B  norm_add (next layer's h)
+In decode, where the matvec reading h (QKV, gate/up, LM head) takes the q8_1 int8 path, the norm
+that writes h also writes h's q8_1 blocks into `hq`: that matvec needs no quantize dispatch.
 """
 from __future__ import annotations
 
@@ -125,6 +127,7 @@ class VulkanBackend(Backend):
         scratch = (acts + LOGITS_CHUNK * cfg.vocab_size * 4 + ops_sample.scratch_bytes(cfg.vocab_size)
                    + ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * 4
                    + q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size))
+                   + T * q8_1_bytes(cfg.hidden_size)
                    + (self.context_length + 2) * 4 + Device.STAGING_BYTES)
         self.budget = {"weights": w_bytes, "kv_cache": kv_bytes, "scratch": scratch}
         need = w_bytes + kv_bytes + scratch
@@ -231,6 +234,7 @@ class VulkanBackend(Backend):
         self.attn = dev.buffer(T * cfg.q_dim * f, name="attn")
         self.mlp = dev.buffer(T * cfg.intermediate_size * f, name="mlp")
         self.xq = dev.buffer(q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size)), name="xq")
+        self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
         self.logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
         self.partial = dev.buffer(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * f,
                                   name="attn_partial")
@@ -248,10 +252,32 @@ class VulkanBackend(Backend):
 
     # ---- recording -----------------------------------------------------------------------
 
+    def _path(self, mats, key=None):
+        """(int_dot, spec) the matvec of `mats` takes: the tuned choice for `key`, else the
+        default; int8 only where every matrix has an int8 kernel (layers may differ in type)."""
+        int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
+        spec = None
+        if key in self.tuning:
+            _us, tuned, spec = self.tuning[key]
+            int_dot = tuned if int_dot else False
+        return int_dot, spec
+
+    def _h_q8_1(self, mats, key):
+        """`hq` when the matvec of `mats` reading h runs the int8 path on q8_1 input: the norm that
+        writes h then writes h's q8_1 blocks into it, and the matvec needs no quantize dispatch.
+        A buffer of its own (not the shared `xq`): no later quantize can overwrite it first."""
+        return self.hq if self._path(mats, key)[0] is True else None
+
+    def _qkv_fused(self, L: _Layer) -> bool:
+        """The decode QKV is one matvec (key "qkv"): same type, each matrix in one binding."""
+        return all(len(m.tensor.ranges) == 1 for m in L.qkv) and len({m.qtype for m in L.qkv}) == 1
+
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-            force=None):
+            force=None, xq=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
-        several tokens go through the tiled GEMM (weights read once per 64 tokens)."""
+        several tokens go through the tiled GEMM (weights read once per 64 tokens).
+        xq: the q8_1 blocks of x already exist there (written by the norm that produced x; same
+        offsets): the int8 path reads them instead of recording a quantize dispatch."""
         if T > 1 and x_off == 0:
             if y_off:
                 y = (y, y_off * 4, y.size - y_off * 4)
@@ -268,22 +294,20 @@ class VulkanBackend(Backend):
                               x_stride=x_cols, y_stride=y_cols)
                 off += m.rows
             return
-        int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
-        spec = None
-        if force is not None:
-            int_dot, spec = force
-        elif key in self.tuning:
-            _us, int_dot, spec = self.tuning[key]
+        int_dot, spec = force if force is not None else self._path(mats, key)
         if int_dot == "regs":
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
                           x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
+        elif int_dot and xq is not None:
+            record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
+                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
         elif int_dot:
-            record_quantize(cl, self.dev, x, self.xq, T * x_cols)
+            record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
                           x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
@@ -343,7 +367,14 @@ class VulkanBackend(Backend):
             while time.perf_counter() - t0 < 0.1:
                 self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
                                                   force=(False, specs[0])), reps=20)
+        # The matvecs reading h get its q8_1 blocks from the norm that writes h (no quantize
+        # dispatch in decode), so their int8 path is timed without one; hq holds real blocks.
+        cl = self.dev.commands()
+        record_quantize(cl, self.dev, self.h, self.hq, self.config.hidden_size)
+        cl.submit()
+        cl.destroy()
         for key, (mats, x, y, xc, yc, epi) in cases.items():
+            xq = self.hq if key in ("qkv", "geglu", "lm") else None
             paths = [False]
             if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
                 paths.append(True)
@@ -353,7 +384,7 @@ class VulkanBackend(Backend):
             for int_dot in paths:
                 for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
                     us = self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                                           force=(int_dot, spec)), reps=reps)
+                                                           force=(int_dot, spec), xq=xq), reps=reps)
                     if best is None or us < best[0]:
                         best = (us, int_dot, spec)
             self.tuning[key] = best
@@ -383,12 +414,12 @@ class VulkanBackend(Backend):
         cl.destroy()
         return out
 
-    def _qkv(self, cl, L: _Layer, T: int) -> None:
+    def _qkv(self, cl, L: _Layer, T: int, hq=None) -> None:
         cfg = self.config
         q, k, v = L.qkv
-        single = all(len(m.tensor.ranges) == 1 for m in L.qkv)
-        if single and q.qtype == k.qtype == v.qtype:
-            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv")
+        if self._qkv_fused(L):
+            self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv",
+                     xq=hq)
             return
         if T > 1:
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
@@ -444,10 +475,19 @@ class VulkanBackend(Backend):
         ops_embed.embed(cl, dev, self.step, self.tokens, self.embed_table, self.x, wtype=self.embed_type.name,
                         hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
         self._mark(cl, "embed")
-        ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps)
+        # Decode: where the matvec reading h takes the int8 path, the norm writing h also writes
+        # its q8_1 blocks (hq), so that matvec needs no quantize dispatch.
+        dec = T == 1
+
+        def qkv_hq(L):
+            return self._h_q8_1(L.qkv, "qkv") if dec and self._qkv_fused(L) else None
+
+        hq = qkv_hq(self.layers[0])
+        ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps,
+                      q=hq)
         for i, L in enumerate(self.layers):
             self._mark(cl, "norm")
-            self._qkv(cl, L, T)
+            self._qkv(cl, L, T, hq=hq)
             self._mark(cl, "qkv")
             ops_rope.rope_kv(cl, dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
                              L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
@@ -472,23 +512,29 @@ class VulkanBackend(Backend):
             self._mark(cl, "attention")
             self._mv(cl, [L.o], self.attn, self.o, T=T, x_cols=cfg.q_dim, y_cols=H, key="o")
             self._mark(cl, "o_proj")
+            hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
             ops_norm.norm_add(cl, dev, self.o, L.norms["post_attention_layernorm"], self.x,
-                              L.norms["pre_feedforward_layernorm"], self.h, rows=T, n=H, eps=eps)
+                              L.norms["pre_feedforward_layernorm"], self.h, rows=T, n=H, eps=eps, q=hq)
             self._mark(cl, "norm_add")
             self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
-                     epilogue="geglu", key="geglu")
+                     epilogue="geglu", key="geglu", xq=hq)
             self._mark(cl, "gate_up_geglu")
             self._mv(cl, [L.down], self.mlp, self.o, T=T, x_cols=cfg.intermediate_size, y_cols=H, key="down")
             self._mark(cl, "down")
-            nxt = self.layers[i + 1].norms["input_layernorm"] if i + 1 < len(self.layers) else self.final_norm
+            if i + 1 < len(self.layers):
+                nxt, hq = self.layers[i + 1].norms["input_layernorm"], qkv_hq(self.layers[i + 1])
+            else:      # the lm head reads one row of h (the last token's), through the int8 path or not
+                nxt, hq = self.final_norm, (self._h_q8_1([self.lm_head], "lm") if mode in ("last", "sample")
+                                            else None)
             ops_norm.norm_add(cl, dev, self.o, L.norms["post_feedforward_layernorm"], self.x, nxt, self.h,
-                              rows=T, n=H, eps=eps)
+                              rows=T, n=H, eps=eps, q=hq)
         self._mark(cl, "norm_add")
         V = cfg.vocab_size
         if mode == "all":
             self._mv(cl, [self.lm_head], self.h, self.logits, T=T, x_cols=H, y_cols=V)
         elif mode in ("last", "sample"):
-            self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm")
+            self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm",
+                     xq=hq)
         if mode == "sample":
             self._mark(cl, "lm_head")
             ops_sample.sample(cl, dev, self.step, self.logits, self.cand, self.counters, self.tokens, vocab=V,

@@ -1,15 +1,26 @@
-"""RMSNorm dispatches (shaders/norm.comp): one workgroup per row, f32."""
+"""RMSNorm dispatches (shaders/norm.comp): one workgroup per row, f32.
+
+`q`: a buffer for the q8_1 blocks of `out` (ceil(n/32) blocks of 40 bytes per row, the layout
+`matvec.record_quantize` writes), filled by the same dispatch, for an int8 matvec that reads
+`out` next; None writes only the f32 output.
+"""
 from __future__ import annotations
 
 
-def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, wg: int = 256) -> None:
+def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int = 256) -> None:
     """out[r] = rmsnorm(x[r]) * w  (w is Gemma's (1 + weight) multiplier)."""
-    p = dev.pipeline("norm_f32", WG=wg)
-    cl.dispatch(p, [x, w, out], groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
+    name, binds = "norm_f32", [x, w, out]
+    if q is not None:
+        name, binds = name + "_q8_1", binds + [q]
+    p = dev.pipeline(name, WG=wg)
+    cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
 
 
-def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float,
+def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None,
              wg: int = 256) -> None:
     """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch)."""
-    p = dev.pipeline("norm_add_f32", WG=wg)
-    cl.dispatch(p, [x, w_post, residual, w_next, out], groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
+    name, binds = "norm_add_f32", [x, w_post, residual, w_next, out]
+    if q is not None:
+        name, binds = name + "_q8_1", binds + [q]
+    p = dev.pipeline(name, WG=wg)
+    cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))

@@ -81,6 +81,9 @@ def _build() -> dict:
     v = [
         Variant("norm_f32", "norm.comp", 3, norm, {}, norm_spec),
         Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
+        # + q8_1 blocks of `out` for an int8 matvec: its quantize dispatch folded in
+        Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None}, norm_spec),
+        Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},

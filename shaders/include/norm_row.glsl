@@ -1,0 +1,117 @@
+// Gemma RMSNorm of one row by one workgroup, shared by norm.comp and matvec.comp's norm tail
+// (EPI_NORM), so both compute the same thing the same way. f32 throughout (Gemma 3 overflows f16).
+//
+// The includer declares the spec constant WG (invocations) and these arrays, by macro name:
+//   NORM_IN   f32, read:            the row to normalize
+//   NORM_W0   f32, read:            w (norm_row) / w_post (norm_add_row)
+//   NORM_RES  f32, read-write:      the residual stream (norm_add_row)
+//   NORM_W1   f32, read:            w_next (norm_add_row)
+//   NORM_OUT  f32, written (declared coherent where quantize_row_q8_1 reads it back)
+//   NORM_Q    uint, written:        q8_1 blocks (quantize_row_q8_1)
+// Call from uniform control flow only (barriers inside).
+#ifndef NORM_ROW_GLSL
+#define NORM_ROW_GLSL
+#include "wg_reduce.glsl"
+
+// Loops touch 4 elements per step so 4 loads are in flight (a plain strided loop waits one
+// memory latency per element: 2x slower for n = 5376 on an H100).
+
+float norm_sumsq_in(uint in_base, uint n) {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint n4 = n / (4 * WG) * (4 * WG);
+    float ss = 0.0;
+    for (uint i = tid; i < n4; i += 4 * WG) {
+        const vec4 v = vec4(NORM_IN[in_base + i], NORM_IN[in_base + i + WG], NORM_IN[in_base + i + 2 * WG],
+                            NORM_IN[in_base + i + 3 * WG]);
+        ss += dot(v, v);
+    }
+    for (uint i = n4 + tid; i < n; i += WG) { const float v = NORM_IN[in_base + i]; ss += v * v; }
+    return wg_sum(ss);
+}
+
+#ifdef NORM_ROW_PLAIN
+// NORM_OUT[base + i] = rmsnorm(NORM_IN[in_base + i]) * NORM_W0[i]
+void norm_row(uint in_base, uint base, uint n, float eps) {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint n4 = n / (4 * WG) * (4 * WG);
+    const float inv = inversesqrt(norm_sumsq_in(in_base, n) / float(n) + eps);
+    for (uint i = tid; i < n4; i += 4 * WG) {
+        const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
+        const vec4 r = vec4(NORM_IN[in_base + k.x], NORM_IN[in_base + k.y], NORM_IN[in_base + k.z],
+                            NORM_IN[in_base + k.w]) * inv
+                     * vec4(NORM_W0[k.x], NORM_W0[k.y], NORM_W0[k.z], NORM_W0[k.w]);
+        NORM_OUT[base + k.x] = r.x; NORM_OUT[base + k.y] = r.y; NORM_OUT[base + k.z] = r.z; NORM_OUT[base + k.w] = r.w;
+    }
+    for (uint i = n4 + tid; i < n; i += WG) NORM_OUT[base + i] = NORM_IN[in_base + i] * inv * NORM_W0[i];
+}
+#endif
+
+#ifdef NORM_ROW_ADD
+// NORM_RES[base + i] += rmsnorm(NORM_IN[in_base + ..]) * NORM_W0;  NORM_OUT[base + i] = rmsnorm(NORM_RES) * NORM_W1
+// (Gemma's sandwich norm, the residual add and the next pre-norm).
+void norm_add_row(uint in_base, uint base, uint n, float eps) {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint n4 = n / (4 * WG) * (4 * WG);
+    const float inv = inversesqrt(norm_sumsq_in(in_base, n) / float(n) + eps);
+    float ss2 = 0.0;
+    for (uint i = tid; i < n4; i += 4 * WG) {
+        const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
+        const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
+                     + vec4(NORM_IN[in_base + k.x], NORM_IN[in_base + k.y], NORM_IN[in_base + k.z],
+                            NORM_IN[in_base + k.w]) * inv
+                     * vec4(NORM_W0[k.x], NORM_W0[k.y], NORM_W0[k.z], NORM_W0[k.w]);
+        NORM_RES[base + k.x] = r.x; NORM_RES[base + k.y] = r.y; NORM_RES[base + k.z] = r.z; NORM_RES[base + k.w] = r.w;
+        ss2 += dot(r, r);
+    }
+    for (uint i = n4 + tid; i < n; i += WG) {
+        const float r = NORM_RES[base + i] + NORM_IN[in_base + i] * inv * NORM_W0[i];
+        NORM_RES[base + i] = r;
+        ss2 += r * r;
+    }
+    const float inv2 = inversesqrt(wg_sum(ss2) / float(n) + eps);
+    // each invocation re-reads only what it wrote itself: no barrier needed
+    for (uint i = tid; i < n4; i += 4 * WG) {
+        const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
+        const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
+                     * inv2 * vec4(NORM_W1[k.x], NORM_W1[k.y], NORM_W1[k.z], NORM_W1[k.w]);
+        NORM_OUT[base + k.x] = r.x; NORM_OUT[base + k.y] = r.y; NORM_OUT[base + k.z] = r.z; NORM_OUT[base + k.w] = r.w;
+    }
+    for (uint i = n4 + tid; i < n; i += WG) NORM_OUT[base + i] = NORM_RES[base + i] * inv2 * NORM_W1[i];
+}
+#endif
+
+#ifdef NORM_ROW_Q8_1
+// NORM_Q[q_block ...] <- q8_1 blocks of NORM_OUT[base : base + n], the last block zero-padded:
+// exactly what quantize_q8_1.comp writes for the row (same expressions; max and the integer sum
+// are exact in any order), so an int8 matvec reads bit-identical input. Reads back what the
+// other invocations wrote: NORM_OUT must be declared coherent.
+void quantize_row_q8_1(uint base, uint n, uint q_block) {
+    memoryBarrierBuffer();
+    barrier();
+    const uint nb = (n + 31u) / 32u;
+    for (uint b = gl_LocalInvocationID.x; b < nb; b += WG) {
+        float v[32];
+        float amax = 0.0;
+        [[unroll]] for (uint k = 0u; k < 32u; k++) {
+            const uint i = b * 32u + k;
+            v[k] = i < n ? NORM_OUT[base + i] : 0.0;
+            amax = max(amax, abs(v[k]));
+        }
+        const float d = amax / 127.0;
+        int s = 0;
+        const uint q0 = (q_block + b) * 10u;
+        [[unroll]] for (uint j = 0u; j < 8u; j++) {
+            uint w = 0u;
+            [[unroll]] for (uint k = 0u; k < 4u; k++) {
+                const int qi = d > 0.0 ? int(round(v[4u * j + k] / d)) : 0;
+                s += qi;
+                w |= (uint(qi) & 0xFFu) << (8u * k);
+            }
+            NORM_Q[q0 + j] = w;
+        }
+        NORM_Q[q0 + 8u] = floatBitsToUint(d);
+        NORM_Q[q0 + 9u] = floatBitsToUint(d * float(s));
+    }
+}
+#endif
+#endif
