@@ -9,6 +9,12 @@
 // quantizes the two blocks it needs in registers, saving a quantize dispatch and a barrier.
 // Workgroups are laid out 2-D (x up to 65535) so 262k-row LM heads fit the dispatch limits;
 // workgroup z is the token (prefill without a GEMM: x and y advance by x_stride / y_stride).
+// EPI_NORM (decode, one token, one matrix in one binding): y = W x as the plain kernel, then
+// the norm_add of norm.comp on the whole of y, in the same dispatch: every workgroup counts
+// itself in an arrival counter once its rows of y are written, and the last to arrive runs
+//   residual += rmsnorm(y) * w_post;  h = rmsnorm(residual) * w_next   [+ q8_1 of h if pc.q8]
+// (include/last_arrival.glsl, include/norm_row.glsl), saving a dispatch and a barrier.
+// Residual, h and the q8_1 blocks start at element / block 0.
 #include "include/common.glsl"
 #ifdef INT_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -38,7 +44,11 @@ layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
 layout(binding = 0) readonly buffer X { float xf[]; };
 layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
 #endif
+#ifdef EPI_NORM
+layout(binding = 1) coherent buffer Y { float y[]; };     // read back by the last workgroup
+#else
 layout(binding = 1) buffer Y { float y[]; };
+#endif
 layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
 layout(binding = 2) readonly buffer W0b { float w0_f[]; };
 layout(binding = 2) readonly buffer W0c { uint w0_32[]; };
@@ -48,7 +58,26 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 layout(binding = 4) readonly buffer W2a { uint16_t w2_16[]; };
 layout(binding = 4) readonly buffer W2b { float w2_f[]; };
 layout(binding = 4) readonly buffer W2c { uint w2_32[]; };
+#ifdef EPI_NORM
+layout(binding = 5) buffer R { float res[]; };            // the residual stream, updated
+layout(binding = 6) readonly buffer NW0 { float w_post[]; };
+layout(binding = 7) readonly buffer NW1 { float w_next[]; };
+layout(binding = 8) coherent buffer NO { float h_out[]; };
+layout(binding = 9) writeonly buffer NQ { uint h_q[]; };
+#define ARRIVAL_BINDING 10
+#include "include/last_arrival.glsl"
+#define NORM_IN y
+#define NORM_W0 w_post
+#define NORM_RES res
+#define NORM_W1 w_next
+#define NORM_OUT h_out
+#define NORM_Q h_q
+#define NORM_ROW_ADD
+#define NORM_ROW_Q8_1
+#include "include/norm_row.glsl"
+#else
 layout(binding = 5) readonly buffer R { float res[]; };
+#endif
 
 #define W16 w0_16
 #define WF w0_f
@@ -255,15 +284,7 @@ void main_thread_rows() {
     }
 }
 
-void main() {
-    if (THREAD_ROWS != 0u) {
-        main_thread_rows();
-        return;
-    }
-    if (SUBGROUP_ROWS != 0u) {
-        main_subgroup_rows();
-        return;
-    }
+void main_cooperative() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_LocalInvocationID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
@@ -331,4 +352,17 @@ void main() {
 #endif
         }
     }
+}
+
+void main() {
+    // spec constants: uniform branches; the sub-kernels' early returns end only their own call
+    if (THREAD_ROWS != 0u) main_thread_rows();
+    else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();
+    else main_cooperative();
+#ifdef EPI_NORM
+    if (arrive_last(0u, gl_NumWorkGroups.x * gl_NumWorkGroups.y)) {
+        norm_add_row(pc.y_off, 0u, pc.rows0, pc.eps);
+        if (pc.q8 != 0u) quantize_row_q8_1(0u, pc.rows0, 0u);
+    }
+#endif
 }

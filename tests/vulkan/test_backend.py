@@ -134,8 +134,8 @@ def test_tiny_model_profile_and_tuning(tiny):
 
 def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
     """The int8-activation kernels (forced, whichever the autotuner picks per shape) in a whole model:
-    decode token by token (norms writing h's q8_1 blocks for qkv/geglu/lm) and a prefill whose
-    last position goes through the int8 lm head."""
+    decode token by token (norms writing h's q8_1 blocks for qkv/geglu/lm, o-proj/down with the
+    norm tail) and a prefill whose last position goes through the int8 lm head."""
     if not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
     from engine.backends.vulkan.backend import VulkanBackend

@@ -195,3 +195,91 @@ def test_matvec_int8_quantized_in_registers(vk_device, qtype, spec):
     ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
     y = run(vk_device, mats, x, epilogue="geglu", int_dot="regs", n_out=rows, spec=spec)
     assert nmse(y, ref) < INT8_NMSE * 4
+
+
+def _rmsnorm(v, w, eps):
+    return v / np.sqrt(np.mean(v * v) + eps) * w
+
+
+@pytest.mark.parametrize("int_dot", [False, True, "regs"], ids=["f32", "q8_1", "regs"])
+@SPECS
+def test_norm_tail_epilogue(vk_device, spec, int_dot):
+    """Decode o-proj/down + norm_add in one dispatch: every workgroup writes its rows of y, the
+    last to arrive runs residual += rmsnorm(y) * w_post; h = rmsnorm(residual) * w_next (+ q8_1
+    of h). Replayed 3 times: the tail must run every time (the arrival counter is back at 0)."""
+    from engine.backends.vulkan.matvec import NormTail
+    from engine.backends.vulkan.ops_norm import norm_add
+    dev = vk_device
+    if int_dot and not dev.caps.int_dot:
+        pytest.skip(f"{dev.name} has no shaderIntegerDotProduct")
+    if int_dot == "regs" and spec.get("THREAD_ROWS"):
+        pytest.skip("the whole-row-per-invocation shape has no block-pair path")
+    rows, cols, eps = 200, 1024, 1e-6      # several workgroups in every shape
+    raw, ref = make_weights(Q.Q8_0, rows, cols, seed=30)
+    m = WeightMatrix.upload(dev, raw, Q.Q8_0, (rows, cols))
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal(cols).astype(np.float32)
+    res0 = (rng.standard_normal(rows) * 300).astype(np.float32)
+    w_post = (1 + rng.standard_normal(rows) * 0.1).astype(np.float32)
+    w_next = (1 + rng.standard_normal(rows) * 0.1).astype(np.float32)
+
+    def buf(a):
+        b = dev.buffer(a.nbytes)
+        dev.upload(b, a)
+        return b
+
+    xb, rb, wpb, wnb = buf(x), buf(res0), buf(w_post), buf(w_next)
+    yb, hb, hqb = dev.buffer(rows * 4), dev.buffer(rows * 4), dev.buffer(q8_1_bytes(rows))
+    arrival = buf(np.zeros(4, np.uint32))
+    cl = dev.commands()
+    xin = xb
+    if int_dot is True:
+        xin = dev.buffer(q8_1_bytes(cols))
+        record_quantize(cl, dev, xb, xin, cols)
+        cl.barrier()
+    record_matvec(cl, dev, [m], xin, yb, epilogue="norm", int_dot=int_dot, spec=spec,
+                  tail=NormTail(wpb, rb, wnb, hb, arrival, eps, q=hqb))
+    cl.end()
+    y_ref = ref @ x.astype(np.float64)
+    res = res0.astype(np.float64)
+    for _ in range(3):
+        cl.submit(wait=True)
+        res = res + _rmsnorm(y_ref, w_post, eps)
+    tol = INT8_NMSE if int_dot else F32_NMSE
+    y = dev.download(yb, np.float32, (rows,))
+    assert nmse(y.astype(np.float64), y_ref) < tol
+    got_res = dev.download(rb, np.float32, (rows,)).astype(np.float64)
+    assert nmse(got_res, res) < tol
+    h = dev.download(hb, np.float32, (rows,))
+    assert nmse(h.astype(np.float64), _rmsnorm(res, w_next, eps)) < tol
+    assert dev.download(arrival, np.uint32, (4,)).tolist() == [0, 0, 0, 0]
+    # the q8_1 blocks of h: bit-identical to quantize_q8_1 of the h just written
+    want_q = dev.buffer(q8_1_bytes(rows))
+    cl2 = dev.commands()
+    record_quantize(cl2, dev, hb, want_q, rows)
+    cl2.submit(wait=True)
+    np.testing.assert_array_equal(dev.download(hqb, np.uint32), dev.download(want_q, np.uint32))
+    # and the tail matches the separate norm_add dispatch on the same y (f32 reassociation only)
+    r2, h2 = buf(got_res.astype(np.float32)), dev.buffer(rows * 4)
+    cl3 = dev.commands()
+    norm_add(cl3, dev, yb, wpb, r2, wnb, h2, rows=1, n=rows, eps=eps)
+    cl3.submit(wait=True)
+    want_res = got_res + _rmsnorm(y.astype(np.float64), w_post, eps)
+    assert nmse(dev.download(r2, np.float32, (rows,)).astype(np.float64), want_res) < F32_NMSE
+    for c in (cl, cl2, cl3):
+        c.destroy()
+
+
+def test_norm_tail_refuses_what_one_dispatch_cannot_finish(vk_device, monkeypatch):
+    """A matrix bound in several row ranges needs several dispatches: no single last workgroup."""
+    from engine.backends.vulkan.matvec import NormTail
+    dev = vk_device
+    raw, _ref = make_weights(Q.Q8_0, 300, 640, seed=32)
+    monkeypatch.setattr(dev.caps, "max_storage_buffer_range", 64 * 680)
+    m = WeightMatrix.upload(dev, raw, Q.Q8_0, (300, 640))
+    assert len(m.tensor.ranges) > 1
+    b = dev.buffer(4096)
+    cl = dev.commands()
+    with pytest.raises(ValueError, match="one binding"):
+        record_matvec(cl, dev, [m], b, b, epilogue="norm", tail=NormTail(b, b, b, b, b, 1e-6))
+    cl.destroy()

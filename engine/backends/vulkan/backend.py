@@ -10,12 +10,14 @@ and one 4-byte read. Small models record several token steps per command buffer
 On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
 chosen per matrix shape by timing them at load (`tuning`); `profile_decode()` times every op.
 
-One layer, as recorded (B = barrier):
-  QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention (split B reduce) B
-  [quantize B] o matvec B  norm_add (x += norm(o); h = norm(x)) B
-  gate/up GEGLU matvec B  [quantize B] down matvec B  norm_add (next layer's h)
-In decode, where the matvec reading h (QKV, gate/up, LM head) takes the q8_1 int8 path, the norm
-that writes h also writes h's q8_1 blocks into `hq`: that matvec needs no quantize dispatch.
+One decode layer, as recorded (B = barrier; 5 dispatches, 7 where o/down take the int8 path):
+  QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention B
+  [quantize B] o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec B
+  [quantize B] down matvec + norm_add (next layer's h) B
+The matvec's last workgroup to finish runs the norm_add (`NormTail`); where the matvec reading h
+(QKV, gate/up, LM head) takes the q8_1 int8 path, that norm_add (or the first norm) also writes
+h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch. Prefill (T > 1) runs
+GEMMs and separate norm_add dispatches.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from gguf import quants as gguf_quants
 from engine.backends.base import Backend
 from engine.backends.vulkan import kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, WeightMatrix, q8_1_bytes, record_matvec,
+from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, q8_1_bytes, record_matvec,
                                            record_quantize, regs_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
@@ -235,6 +237,9 @@ class VulkanBackend(Backend):
         self.mlp = dev.buffer(T * cfg.intermediate_size * f, name="mlp")
         self.xq = dev.buffer(q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size)), name="xq")
         self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
+        # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
+        self.mv_arrival = dev.buffer(16, name="matvec_arrival")
+        dev.upload(self.mv_arrival, np.zeros(4, np.uint32))
         self.logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
         self.partial = dev.buffer(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * f,
                                   name="attn_partial")
@@ -273,11 +278,15 @@ class VulkanBackend(Backend):
         return all(len(m.tensor.ranges) == 1 for m in L.qkv) and len({m.qtype for m in L.qkv}) == 1
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-            force=None, xq=None):
+            force=None, xq=None, tail=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         xq: the q8_1 blocks of x already exist there (written by the norm that produced x; same
-        offsets): the int8 path reads them instead of recording a quantize dispatch."""
+        offsets): the int8 path reads them instead of recording a quantize dispatch.
+        tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding)."""
+        if tail is not None:
+            assert T == 1 and epilogue is None
+            epilogue = "norm"
         if T > 1 and x_off == 0:
             if y_off:
                 y = (y, y_off * 4, y.size - y_off * 4)
@@ -299,18 +308,36 @@ class VulkanBackend(Backend):
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
         elif int_dot and xq is not None:
             record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
+                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
+                          tail=tail)
         elif int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
+
+    def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
+                     w_post, w_next, hq=None) -> str:
+        """o = m x, then x += rmsnorm(o) * w_post; h = rmsnorm(x) * w_next (+ q8_1 of h into hq).
+        Decode: one dispatch (the matvec's last workgroup runs the norm); else the matvec, a
+        barrier and norm_add. Returns the profile label of what is still open (no barrier after)."""
+        cfg = self.config
+        H = cfg.hidden_size
+        if T == 1 and len(m.tensor.ranges) == 1:
+            self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key,
+                     tail=NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
+            return label + "+norm_add"
+        self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key)
+        self._mark(cl, label)
+        ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
+                          q=hq)
+        return "norm_add"
 
     # ---- tuning and profiling ------------------------------------------------------------------
 
@@ -373,8 +400,18 @@ class VulkanBackend(Backend):
         record_quantize(cl, self.dev, self.h, self.hq, self.config.hidden_size)
         cl.submit()
         cl.destroy()
+        # o-proj and down run with the norm_add tail in decode (its cost depends on the workgroup
+        # shape too), so they are timed with it.
+        L0 = self.layers[0]
+        tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
+                 "down": ("post_feedforward_layernorm", "input_layernorm")}
         for key, (mats, x, y, xc, yc, epi) in cases.items():
             xq = self.hq if key in ("qkv", "geglu", "lm") else None
+            tail = None
+            if key in tails and len(mats[0].tensor.ranges) == 1:
+                w_post, w_next = (L0.norms[n] for n in tails[key])
+                tail = NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, self.config.rms_norm_eps,
+                                q=self.hq)
             paths = [False]
             if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
                 paths.append(True)
@@ -384,7 +421,8 @@ class VulkanBackend(Backend):
             for int_dot in paths:
                 for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
                     us = self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                                           force=(int_dot, spec), xq=xq), reps=reps)
+                                                           force=(int_dot, spec), xq=xq, tail=tail),
+                                       reps=reps)
                     if best is None or us < best[0]:
                         best = (us, int_dot, spec)
             self.tuning[key] = best
@@ -485,8 +523,9 @@ class VulkanBackend(Backend):
         hq = qkv_hq(self.layers[0])
         ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps,
                       q=hq)
+        open_op = "norm"           # the op the next barrier closes (profile label)
         for i, L in enumerate(self.layers):
-            self._mark(cl, "norm")
+            self._mark(cl, open_op)
             self._qkv(cl, L, T, hq=hq)
             self._mark(cl, "qkv")
             ops_rope.rope_kv(cl, dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
@@ -510,25 +549,23 @@ class VulkanBackend(Backend):
                                                 scale=cfg.attn_scale, max_tokens=T, q_stride=self.qkv_dim,
                                                 q_offset=0)
             self._mark(cl, "attention")
-            self._mv(cl, [L.o], self.attn, self.o, T=T, x_cols=cfg.q_dim, y_cols=H, key="o")
-            self._mark(cl, "o_proj")
+            # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
-            ops_norm.norm_add(cl, dev, self.o, L.norms["post_attention_layernorm"], self.x,
-                              L.norms["pre_feedforward_layernorm"], self.h, rows=T, n=H, eps=eps, q=hq)
-            self._mark(cl, "norm_add")
+            self._mark(cl, self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
+                                             w_post=L.norms["post_attention_layernorm"],
+                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq))
             self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
                      epilogue="geglu", key="geglu", xq=hq)
             self._mark(cl, "gate_up_geglu")
-            self._mv(cl, [L.down], self.mlp, self.o, T=T, x_cols=cfg.intermediate_size, y_cols=H, key="down")
-            self._mark(cl, "down")
             if i + 1 < len(self.layers):
                 nxt, hq = self.layers[i + 1].norms["input_layernorm"], qkv_hq(self.layers[i + 1])
             else:      # the lm head reads one row of h (the last token's), through the int8 path or not
                 nxt, hq = self.final_norm, (self._h_q8_1([self.lm_head], "lm") if mode in ("last", "sample")
                                             else None)
-            ops_norm.norm_add(cl, dev, self.o, L.norms["post_feedforward_layernorm"], self.x, nxt, self.h,
-                              rows=T, n=H, eps=eps, q=hq)
-        self._mark(cl, "norm_add")
+            open_op = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
+                                        label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
+                                        hq=hq)
+        self._mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
             self._mv(cl, [self.lm_head], self.h, self.logits, T=T, x_cols=H, y_cols=V)

@@ -1,8 +1,9 @@
 """Host side of the matvec kernel family: weight matrices on the device and dispatch recording.
 
 `WeightMatrix.upload` puts a GGUF tensor's bytes on the device unchanged (dequantized inside
-the kernel). `record_matvec` records y = W x (or fused QKV, GEGLU gate/up, residual add) into
-a CommandList, splitting a matrix bound in several row ranges into one dispatch per range.
+the kernel). `record_matvec` records y = W x (or fused QKV, GEGLU gate/up, residual add, or a
+decode matvec followed by norm_add in the same dispatch: `NormTail`) into a CommandList,
+splitting a matrix bound in several row ranges into one dispatch per range.
 """
 from __future__ import annotations
 
@@ -82,6 +83,21 @@ class WeightMatrix:
         return dev.caps.int_dot and self.qtype.name in INT_DOT_TYPES and self.cols % 32 == 0
 
 
+@dataclass
+class NormTail:
+    """The norm_add that follows a decode matvec, run by its last workgroup (epilogue "norm"):
+    residual += rmsnorm(y) * w_post;  out = rmsnorm(residual) * w_next;  q <- q8_1 of out (if q).
+    `arrival`: a uint32 counter at 0 (the kernel puts it back to 0); dispatches separated by a
+    barrier may share it. residual / out / q start at element / block 0."""
+    w_post: object
+    residual: object
+    w_next: object
+    out: object
+    arrival: object
+    eps: float
+    q: object = None
+
+
 def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
     return m.qtype.name in PAIR_TYPES and m.cols % 64 == 0 and x_off % 4 == 0
 
@@ -105,10 +121,13 @@ def q8_1_bytes(n: int) -> int:
 
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
-                  tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None) -> None:
+                  tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
+                  tail: NormTail | None = None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
-    epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x).
+    epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
+    | "norm" (y = Wx, then `tail`, the norm_add over all of y, in the same dispatch: one matrix
+    in one binding, one token; the last workgroup to finish runs it).
     int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks;
     int_dot="regs": x is f32 and quantized in registers (Q4_0/Q8_0 with n_cols % 64 == 0 only).
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
@@ -129,6 +148,17 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     p = dev.pipeline(variant_name(qtype, epilogue, int_dot), **spec)
     d = dummy(dev)
     resb = res if res is not None else d
+    if epilogue == "norm":
+        # one dispatch must produce all of y: its last workgroup normalizes the whole row
+        if tail is None or len(mats) != 1 or len(mats[0].tensor.ranges) > 1 or tokens != 1:
+            raise ValueError("the norm epilogue takes one matrix in one binding, one token and a NormTail")
+        m = mats[0]
+        push = p.push.pack(n_cols=cols, rows0=m.rows, rows1=0, rows2=0, x_off=x_off, y_off=y_off, res_off=0,
+                           x_stride=0, y_stride=0, eps=tail.eps, q8=int(tail.q is not None))
+        binds = [x, y, m.tensor.ranges[0], d, d, tail.residual, tail.w_post, tail.w_next, tail.out,
+                 tail.q if tail.q is not None else d, tail.arrival]
+        cl.dispatch(p, binds, groups_2d(-(-m.rows // rows_per_group(spec))), push)
+        return
     if len(mats) == 1 and len(mats[0].tensor.ranges) > 1:
         for rr in mats[0].tensor.ranges:      # one dispatch per bound row range
             push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,

@@ -84,9 +84,11 @@ class Variant:
 #
 # y[r] = sum_c W[r, c] * x[c]   for rows of up to three weight matrices of one type
 # (fused QKV: the rows of Wq, Wk, Wv in one dispatch, written one after the other), with
-# epilogues: plain, residual add (y = res + Wx), GEGLU (y = gelu_tanh(Wg x) * (Wu x)).
+# epilogues: plain, residual add (y = res + Wx), GEGLU (y = gelu_tanh(Wg x) * (Wu x)),
+# norm (decode: y = Wx, then the last workgroup runs norm.comp's norm_add on y: `_norm`).
 # Bindings: 0 x (f32 activations, or q8_1 blocks for the int8 path), 1 y (f32 out),
-#           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual.
+#           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual;
+#           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0")      # types with an int8 x int8 dot-product kernel
@@ -103,6 +105,10 @@ MATVEC_PUSH = PushLayout("matvec", [
     ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
     ("y_stride", "u32"),       # per token: elements of y and of the residual
 ])
+MATVEC_NORM_PUSH = PushLayout("matvec_norm", MATVEC_PUSH.fields + [
+    ("eps", "f32"),            # RMSNorm epsilon of the norm tail
+    ("q8", "u32"),             # 1: the tail also writes q8_1 blocks of h (binding 9)
+])
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
@@ -118,12 +124,16 @@ def _matvec_variants() -> list[Variant]:
                            {**base, "EPI_ADD": None}, MATVEC_SPEC))
         out.append(Variant(f"matvec_{lo}_f32_f32_geglu", "matvec.comp", 6, MATVEC_PUSH,
                            {**base, "EPI_GEGLU": None}, MATVEC_SPEC))
+        out.append(Variant(f"matvec_{lo}_f32_f32_norm", "matvec.comp", 11, MATVEC_NORM_PUSH,
+                           {**base, "EPI_NORM": None}, MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
-            for suffix, extra in (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None})):
-                out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
+            for suffix, extra in (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None}),
+                                  ("_norm", {"EPI_NORM": None})):
+                nb, push = (11, MATVEC_NORM_PUSH) if suffix == "_norm" else (6, MATVEC_PUSH)
+                out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", nb, push,
                                    {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
                 if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
-                    out.append(Variant(f"matvec_{lo}_f32q_f32{suffix}", "matvec.comp", 6, MATVEC_PUSH,
+                    out.append(Variant(f"matvec_{lo}_f32q_f32{suffix}", "matvec.comp", nb, push,
                                        {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra}, MATVEC_SPEC,
                                        requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
