@@ -485,6 +485,8 @@ class VulkanBackend(Backend):
             if i:
                 self._mark(cl, "sample")
             self._record_body(cl, T, mode, greedy, penalty)
+        if profile:               # close the last op: the sampler (decode) or the LM head (prefill)
+            self._mark(cl, "sample" if mode == "sample" else "lm_head")
         if busy_ts and not profile:
             cl.timestamp(1)
             cl.busy_timed = True
