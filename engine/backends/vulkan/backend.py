@@ -95,6 +95,7 @@ class VulkanBackend(Backend):
         self._busy: deque = deque()      # (host time at completion, GPU seconds) per command list
         self._decode_lists: dict = {}
         self.tuning: dict = {}
+        self.norm_tail: dict = {}     # key -> run the following norm_add in the matvec's last workgroup (tuned)
         if autotune if autotune is not None else not caps.is_software:
             self._autotune()
         self._py_time = 0.0
@@ -329,7 +330,7 @@ class VulkanBackend(Backend):
         barrier and norm_add. Returns the profile label of what is still open (no barrier after)."""
         cfg = self.config
         H = cfg.hidden_size
-        if T == 1 and len(m.tensor.ranges) == 1:
+        if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
             self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key,
                      tail=NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
             return label + "+norm_add"
@@ -400,8 +401,9 @@ class VulkanBackend(Backend):
         record_quantize(cl, self.dev, self.h, self.hq, self.config.hidden_size)
         cl.submit()
         cl.destroy()
-        # o-proj and down run with the norm_add tail in decode (its cost depends on the workgroup
-        # shape too), so they are timed with it.
+        # o-proj and down can run the following norm_add in their last workgroup (one dispatch and
+        # barrier fewer, but one workgroup of the matvec's shape does the whole norm): timed both
+        # ways, the tail with each workgroup shape, the plain matvec plus a norm_add dispatch.
         L0 = self.layers[0]
         tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
                  "down": ("post_feedforward_layernorm", "input_layernorm")}
@@ -418,14 +420,22 @@ class VulkanBackend(Backend):
                 if all(regs_ok(m) for m in mats):
                     paths.append("regs")
             best = None
-            for int_dot in paths:
-                for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
-                    us = self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                                           force=(int_dot, spec), xq=xq, tail=tail),
-                                       reps=reps)
-                    if best is None or us < best[0]:
-                        best = (us, int_dot, spec)
-            self.tuning[key] = best
+            for use_tail in ([True, False] if tail is not None else [False]):
+                for int_dot in paths:
+                    for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
+                        def record(cl, int_dot=int_dot, spec=spec, use_tail=use_tail):
+                            self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi, force=(int_dot, spec),
+                                     xq=xq, tail=tail if use_tail else None)
+                            if tail is not None and not use_tail:
+                                cl.barrier()
+                                ops_norm.norm_add(cl, self.dev, y, tail.w_post, self.x, tail.w_next, self.h, rows=1,
+                                                  n=yc, eps=self.config.rms_norm_eps, q=self.hq)
+                        us = self._time_us(record, reps=reps)
+                        if best is None or us < best[0][0]:
+                            best = ((us, int_dot, spec), use_tail)
+            self.tuning[key] = best[0]
+            if tail is not None:
+                self.norm_tail[key] = best[1]
 
     def profile_decode(self) -> dict:
         """GPU time of one decode step by op kind (us), from timestamps after every barrier."""
@@ -705,7 +715,9 @@ class VulkanBackend(Backend):
             "allocated_bytes": self.dev.allocated_bytes,
             "int_dot": self.int_dot,
             "prefill_gemm": ops_gemm.path(self.dev),
-            "matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2]} for k, v in self.tuning.items()},
+            "matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2],
+                                  **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
+                              for k, v in self.tuning.items()},
         }
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
