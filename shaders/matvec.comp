@@ -361,8 +361,13 @@ void main() {
     else main_cooperative();
 #ifdef EPI_NORM
     if (arrive_last(0u, gl_NumWorkGroups.x * gl_NumWorkGroups.y)) {
-        norm_add_row(pc.y_off, 0u, pc.rows0, pc.eps);
-        if (pc.q8 != 0u) quantize_row_q8_1(0u, pc.rows0, 0u);
+        float ov[NORM_MAXE];
+        if (norm_add_row_regs(pc.y_off, 0u, pc.rows0, pc.eps, ov)) {
+            if (pc.q8 != 0u) quantize_regs_q8_1(ov, pc.rows0, 0u);
+        } else {
+            norm_add_row(pc.y_off, 0u, pc.rows0, pc.eps);
+            if (pc.q8 != 0u) quantize_row_q8_1(0u, pc.rows0, 0u);
+        }
     }
 #endif
 }

@@ -62,6 +62,13 @@ void main() {
     const uint row = gl_WorkGroupID.x;
     const uint base = row * pc.n;
 #ifdef NORM_ADD
+    float ov[NORM_MAXE];
+    if (norm_add_row_regs(base, base, pc.n, pc.eps, ov)) {     // uniform: the row fits in registers
+#ifdef NORM_Q8_1
+        quantize_regs_q8_1(ov, pc.n, row * ((pc.n + 31u) / 32u));
+#endif
+        return;
+    }
     norm_add_row(base, base, pc.n, pc.eps);
 #else
     norm_row(base, base, pc.n, pc.eps);

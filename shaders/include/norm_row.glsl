@@ -13,6 +13,8 @@
 #define NORM_ROW_GLSL
 #include "wg_reduce.glsl"
 
+#define NORM_MAXE 8      // register path: elements per invocation (ops_norm.NORM_MAXE)
+
 // Loops touch 4 elements per step so 4 loads are in flight (a plain strided loop waits one
 // memory latency per element: 2x slower for n = 5376 on an H100).
 
@@ -80,7 +82,86 @@ void norm_add_row(uint in_base, uint base, uint n, float eps) {
 }
 #endif
 
+#ifdef NORM_ROW_ADD
+// The same, with the row held in registers (NORM_MAXE elements per invocation: n <= NORM_MAXE * WG,
+// and WG a multiple of 32 for the q8_1 step below): every load (x, residual, both weights) is
+// issued up front, so the row costs one memory latency instead of one per pass, and the q8_1
+// blocks come from registers (quantize_regs_q8_1) instead of a read-back of NORM_OUT. On an H100,
+// norm_add + q8_1 over 5376 floats took ~16 us as three global passes and a strided read-back.
+// Returns false (nothing done) when the row does not fit; the caller then takes norm_add_row.
+bool norm_add_row_regs(uint in_base, uint base, uint n, float eps, out float ov[NORM_MAXE]) {
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) ov[j] = 0.0;
+    if (n > NORM_MAXE * WG || WG % 32u != 0u) return false;
+    const uint tid = gl_LocalInvocationID.x;
+    float xv[NORM_MAXE], rv[NORM_MAXE], a[NORM_MAXE], b[NORM_MAXE];
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
+        const uint i = tid + j * WG;
+        const bool ok = i < n;
+        xv[j] = ok ? NORM_IN[in_base + i] : 0.0;
+        rv[j] = ok ? NORM_RES[base + i] : 0.0;
+        a[j] = ok ? NORM_W0[i] : 0.0;
+        b[j] = ok ? NORM_W1[i] : 0.0;
+    }
+    float ss = 0.0;
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) ss += xv[j] * xv[j];
+    const float inv = inversesqrt(wg_sum(ss) / float(n) + eps);
+    float ss2 = 0.0;
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
+        rv[j] += xv[j] * inv * a[j];
+        ss2 += rv[j] * rv[j];
+        const uint i = tid + j * WG;
+        if (i < n) NORM_RES[base + i] = rv[j];
+    }
+    const float inv2 = inversesqrt(wg_sum(ss2) / float(n) + eps);
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
+        const uint i = tid + j * WG;
+        ov[j] = rv[j] * inv2 * b[j];          // 0 beyond n (b is 0 there)
+        if (i < n) NORM_OUT[base + i] = ov[j];
+    }
+    return true;
+}
+#endif
+
 #ifdef NORM_ROW_Q8_1
+// q8_1 blocks of a row held as norm_add_row_regs leaves it (element tid + j * WG in ov[j]):
+// slice j (WG elements) goes through shared memory, padded one float per 32 so each of the
+// WG / 32 quantizing invocations reads its block without bank conflicts. Same expressions as
+// quantize_row_q8_1 below, so the blocks are bit-identical.
+shared float nq_sh[WG + WG / 32u];
+void quantize_regs_q8_1(float ov[NORM_MAXE], uint n, uint q_block) {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint nb = (n + 31u) / 32u;
+    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
+        if (j * WG >= n) break;
+        barrier();                          // the previous slice has been read
+        nq_sh[tid + tid / 32u] = ov[j];
+        barrier();
+        const uint b = j * (WG / 32u) + tid;
+        if (tid < WG / 32u && b < nb) {
+            float v[32];
+            float amax = 0.0;
+            [[unroll]] for (uint k = 0u; k < 32u; k++) {
+                v[k] = nq_sh[33u * tid + k];
+                amax = max(amax, abs(v[k]));
+            }
+            const float d = amax / 127.0;
+            int s = 0;
+            const uint q0 = (q_block + b) * 10u;
+            [[unroll]] for (uint w8 = 0u; w8 < 8u; w8++) {
+                uint w = 0u;
+                [[unroll]] for (uint k = 0u; k < 4u; k++) {
+                    const int qi = d > 0.0 ? int(round(v[4u * w8 + k] / d)) : 0;
+                    s += qi;
+                    w |= (uint(qi) & 0xFFu) << (8u * k);
+                }
+                NORM_Q[q0 + w8] = w;
+            }
+            NORM_Q[q0 + 8u] = floatBitsToUint(d);
+            NORM_Q[q0 + 9u] = floatBitsToUint(d * float(s));
+        }
+    }
+}
+
 // NORM_Q[q_block ...] <- q8_1 blocks of NORM_OUT[base : base + n], the last block zero-padded:
 // exactly what quantize_q8_1.comp writes for the row (same expressions; max and the integer sum
 // are exact in any order), so an int8 matvec reads bit-identical input. Reads back what the

@@ -38,8 +38,14 @@ def test_norm(vk_device, rows, n):
     assert nmse(got, rmsnorm(x, w, 1e-6)) < 1e-10
 
 
-@pytest.mark.parametrize("rows,n", [(1, 640), (4, 2560), (3, 333)])
-def test_norm_add(vk_device, rows, n):
+# wg None: the size ops_norm picks, row in registers (norm_row.glsl); 64: rows of 640+ exceed
+# 8 elements per invocation, so the three-pass path runs
+WGS = pytest.mark.parametrize("wg", [None, 64], ids=["regs", "passes"])
+
+
+@pytest.mark.parametrize("rows,n", [(1, 640), (4, 2560), (3, 333), (1, 5376)])
+@WGS
+def test_norm_add(vk_device, rows, n, wg):
     dev = vk_device
     rng = np.random.default_rng(7 + rows + n)
     x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
@@ -49,7 +55,7 @@ def test_norm_add(vk_device, rows, n):
     bx, bw1, br, bw2 = _buf(dev, x), _buf(dev, w1), _buf(dev, res), _buf(dev, w2)
     bo = dev.buffer(x.nbytes)
     cl = dev.commands()
-    norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6)
+    norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, wg=wg)
     cl.end()
     cl.submit(wait=True)
     want_res = res + rmsnorm(x, w1, 1e-6)
@@ -76,7 +82,8 @@ def _quantize_rows(dev, out_buf, rows, n):
 
 @pytest.mark.parametrize("add", [False, True], ids=["norm", "norm_add"])
 @pytest.mark.parametrize("rows,n", [(1, 640), (3, 1152), (2, 1000), (1, 5376), (3, 7), (2, 333)])
-def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n):
+@WGS
+def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg):
     """The *_q8_1 variants: the same f32 output, plus q8_1 blocks equal bit for bit to running
     quantize_q8_1 on that output (odd n: the last block of each row zero-padded)."""
     from engine.backends.vulkan.matvec import q8_1_bytes
@@ -93,7 +100,7 @@ def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n):
         bq = dev.buffer(rows * q8_1_bytes(n)) if fused else None
         cl = dev.commands()
         if add:
-            norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, q=bq)
+            norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, q=bq, wg=wg)
         else:
             norm(cl, dev, bx, bw1, bo, rows=rows, n=n, eps=1e-6, q=bq)
         cl.end()

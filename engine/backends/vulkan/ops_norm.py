@@ -16,9 +16,18 @@ def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int =
     cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
 
 
+NORM_MAXE = 8      # elements per invocation norm_row.glsl's register path holds
+
+
+def add_workgroup(dev, n: int) -> int:
+    """Invocations for norm_add over rows of n: enough that the row fits the register path."""
+    return min(dev.caps.max_workgroup_invocations, max(256, 1 << (-(-n // NORM_MAXE) - 1).bit_length()))
+
+
 def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None,
-             wg: int = 256) -> None:
+             wg: int | None = None) -> None:
     """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch)."""
+    wg = add_workgroup(dev, n) if wg is None else wg
     name, binds = "norm_add_f32", [x, w_post, residual, w_next, out]
     if q is not None:
         name, binds = name + "_q8_1", binds + [q]
