@@ -2,6 +2,8 @@
 
     python -m bench.matvec_sweep [--types q4_0,q8_0] [--json OUT]
 GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode).
+A wider grid than the load-time autotune (VulkanBackend._autotune), which times a few of
+these shapes on the model's own matrices with the same `timing.time_us`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
 from engine.backends.vulkan.device import Device  # noqa: E402
 from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize  # noqa: E402
+from engine.backends.vulkan.timing import time_us  # noqa: E402
 
 SHAPES = [(21504, 5376), (5376, 21504), (10240, 2560), (2048, 640)]
 
@@ -30,21 +33,9 @@ def random_blocks(qtype, rows, cols, rng):
 
 
 def time_spec(dev, m, xb, xq, yb, spec, int_dot, rep=20):
-    cl = dev.commands(timestamps=rep + 1)
-    cl.timestamp(0)
-    for i in range(rep):
-        if int_dot:
-            record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec)
-        else:
-            record_matvec(cl, dev, [m], xb, yb, spec=spec)
-        cl.barrier()
-        cl.timestamp(i + 1)
-    cl.end()
-    cl.submit()
-    cl.submit()
-    us = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
-    cl.destroy()
-    return us
+    if int_dot:
+        return time_us(dev, lambda cl: record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec), rep)
+    return time_us(dev, lambda cl: record_matvec(cl, dev, [m], xb, yb, spec=spec), rep)
 
 
 def main(argv=None):

@@ -31,7 +31,8 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
-from engine.backends.vulkan import kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
+from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
+                                    ops_sample, timing)
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, q8_1_bytes, record_matvec,
                                            record_quantize, regs_ok)
@@ -351,18 +352,7 @@ class VulkanBackend(Backend):
             cl.timestamp(len(prof))
 
     def _time_us(self, record, reps: int = 6) -> float:
-        cl = self.dev.commands(timestamps=reps + 1)
-        cl.timestamp(0)
-        for i in range(reps):
-            record(cl)
-            cl.barrier()
-            cl.timestamp(i + 1)
-        cl.end()
-        cl.submit()
-        cl.submit()
-        us = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
-        cl.destroy()
-        return us
+        return timing.time_us(self.dev, record, reps)
 
     def _matvec_cases(self):
         cfg, L = self.config, self.layers[0]
