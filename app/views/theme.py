@@ -1,12 +1,10 @@
 """Light and dark looks: Fusion style + a palette + the style sheet from resources/themes."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtGui import QColor, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources"
+import resources
 
 _COLORS = {
     "light": {"window": "#f3f4f6", "base": "#ffffff", "alt": "#f7f7f8", "text": "#1f2328",
@@ -19,7 +17,7 @@ _COLORS = {
 
 
 def app_icon() -> QIcon:
-    return QIcon(str(RESOURCES / "icons" / "phoenix.svg"))
+    return QIcon(str(resources.path("icons/phoenix.svg")))
 
 
 def apply_theme(app: QApplication, theme: str) -> None:
@@ -36,5 +34,5 @@ def apply_theme(app: QApplication, theme: str) -> None:
     for r in (role.Text, role.WindowText, role.ButtonText):
         pal.setColor(QPalette.Disabled, r, QColor(c["muted"]))
     app.setPalette(pal)
-    qss = RESOURCES / "themes" / f"{theme}.qss"
+    qss = resources.path(f"themes/{theme}.qss")
     app.setStyleSheet(qss.read_text() if qss.exists() else "")
