@@ -1,4 +1,4 @@
-"""Shared fixtures: the real embedded model, opened once per session."""
+"""Shared fixtures: the real embedded model, opened once per session; NPU emulator kernels."""
 from __future__ import annotations
 
 import json
@@ -29,6 +29,17 @@ def model_path() -> Path:
 def gguf(model_path):
     from engine.weights.gguf_file import GGUFFile
     return GGUFFile(model_path)
+
+
+@pytest.fixture(scope="session")
+def npu_test_kernels(tmp_path_factory) -> Path:
+    """A folder of emulator stand-in kernels, one per default GEMM spec (shared: copy it to alter it)."""
+    from npu.emulator import write_test_kernel
+    from npu.kernels.spec import DEFAULT_SPECS
+    folder = tmp_path_factory.mktemp("npu-kernels")
+    for spec in DEFAULT_SPECS:
+        write_test_kernel(folder, spec)
+    return folder
 
 
 @pytest.fixture(scope="session")

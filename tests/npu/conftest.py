@@ -1,19 +1,18 @@
 """Fixtures for the NPU tests: emulator stand-in kernels in a temporary folder."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from npu.emulator import EmulatedXrt, write_test_kernel
-from npu.kernels.spec import DEFAULT_SPECS
+from npu.emulator import EmulatedXrt
 from npu.runtime import NpuDevice, find_kernels
 
 
 @pytest.fixture
-def kernel_dir(tmp_path):
-    folder = tmp_path / "kernels"
-    for spec in DEFAULT_SPECS:
-        write_test_kernel(folder, spec)
-    return folder
+def kernel_dir(tmp_path, npu_test_kernels):
+    """This test's own copy of the shared stand-in kernels (tests may break one)."""
+    return shutil.copytree(npu_test_kernels, tmp_path / "kernels")
 
 
 @pytest.fixture

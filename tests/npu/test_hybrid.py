@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from engine.errors import DeviceUnavailableError
-from npu.emulator import EmulatedXrt, write_test_kernel
-from npu.kernels.spec import DEFAULT_SPECS
+from npu.emulator import EmulatedXrt
 
 N_PROMPT = 64
 
@@ -17,13 +16,9 @@ def _log_softmax(x):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(gguf, npu_test_kernels):
     from engine.backends.cpu import CpuBackend
-    from engine.weights import embedded_model_path, open_weights
-    weights = open_weights(embedded_model_path())
-    kernels = tmp_path_factory.mktemp("npu-kernels")
-    for spec in DEFAULT_SPECS:
-        write_test_kernel(kernels, spec)
+    weights, kernels = gguf, npu_test_kernels
     cpu = CpuBackend(weights, 256)
     text = (__import__("pathlib").Path(__file__).parents[1] / "goldens" / "ppl_text.txt").read_text()
     ids = weights.tokenizer().encode(text)[:N_PROMPT + 1]

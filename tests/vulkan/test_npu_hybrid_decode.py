@@ -2,12 +2,9 @@
 the product runs on a Phoenix laptop, NPU for the prompt and iGPU for the tokens."""
 from __future__ import annotations
 
-import pytest
-
 from engine.generate import generate_step
 from engine.sampling import SamplingParams
-from npu.emulator import EmulatedXrt, write_test_kernel
-from npu.kernels.spec import DEFAULT_SPECS
+from npu.emulator import EmulatedXrt
 
 
 class _Model:
@@ -15,21 +12,11 @@ class _Model:
         self.backend = backend
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    from engine.weights import embedded_model_path, open_weights
-    weights = open_weights(embedded_model_path())
-    kernels = tmp_path_factory.mktemp("npu-kernels")
-    for spec in DEFAULT_SPECS:
-        write_test_kernel(kernels, spec)
-    return weights, kernels
-
-
-def test_npu_prefill_then_vulkan_decode_equals_npu_prefill_then_cpu_decode(parts, vk_device):
+def test_npu_prefill_then_vulkan_decode_equals_npu_prefill_then_cpu_decode(gguf, npu_test_kernels, vk_device):
     from engine.backends.cpu import CpuBackend
     from engine.backends.npu_hybrid import NpuHybridBackend
     from engine.backends.vulkan.backend import VulkanBackend
-    weights, kernels = parts
+    weights, kernels = gguf, npu_test_kernels
     prompt = weights.tokenizer().encode("The harbour town woke up long before the sun did. Fishing boats left")
     vk = VulkanBackend(weights, 128, device=vk_device)
     try:
