@@ -7,7 +7,8 @@ Desktop app map (PySide6 + qasync; the engine runs in another process and never 
     worker/protocol.py   the message names (*_requested commands, *_changed events)
     worker/client.py     GUI side of the pipe: reader thread → asyncio queue → Qt signals
     controllers/         app (wiring, theme), model (menus ↔ settings ↔ loads), chat
-                         (conversations, answers, persistence), gauges (3 Hz sampling)
+                         (conversations, answers, persistence), gauges (3 Hz sampling);
+                         wiring.py: signal → slot tables the controllers share
     views/               widgets only: main window + menus, chat pane, list, device panel
     gauges/              amdgpu sysfs reader, psutil, engine/NPU figures → one Snapshot
     store.py             SQLite history (WAL), export_all(); settings.py: typed settings

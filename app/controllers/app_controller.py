@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QApplication
 from app.controllers.chat_controller import ChatController
 from app.controllers.gauges_controller import GaugesController
 from app.controllers.model_controller import ModelController
+from app.controllers.wiring import choice_sets
 from app.gauges.amdgpu import DEFAULT_ROOT
 from app.gauges.sampler import GaugeSampler
 from app.settings import SettingsModel
@@ -39,7 +40,7 @@ class AppController(QObject):
         s = self.settings.values
         w = self.window
         w.theme_actions[s.theme].setChecked(True)
-        w.theme_group.triggered.connect(lambda a: self.settings.set("theme", a.data()))
+        choice_sets(w.theme_group, self.settings, "theme")
         w.device_dock.setVisible(s.show_device_panel)
         w.device_panel_action.toggled.connect(self._on_panel_toggled)
         w.quit_action.triggered.connect(w.close)

@@ -15,6 +15,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
 from app.controllers.model_controller import ModelController
+from app.controllers.wiring import connect, connect_actions
 from app.settings import SettingsModel
 from app.store import Message, StoreThread
 from app.views.chat_view import ShownMessage
@@ -55,27 +56,18 @@ class ChatController(QObject):
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
 
-        v = self.view
-        v.send_requested.connect(self.send)
-        v.stop_requested.connect(self.stop)
-        v.regenerate_requested.connect(self.regenerate)
-        v.edit_requested.connect(self.begin_edit)
-        v.edit_cancelled.connect(self.cancel_edit)
-        v.settings_requested.connect(self._edit_chat_settings)
-        lv = self.list_view
-        lv.selected.connect(self.open_conversation)
-        lv.new_requested.connect(self.new_conversation)
-        lv.rename_requested.connect(self._ask_rename)
-        lv.delete_requested.connect(self._ask_delete)
-        lv.search_changed.connect(self._on_search)
-        window.new_chat_action.triggered.connect(self.new_conversation)
-        window.export_markdown_action.triggered.connect(lambda: self._ask_export("markdown"))
-        window.export_json_action.triggered.connect(lambda: self._ask_export("json"))
-        worker.tokens_changed.connect(self._on_tokens)
-        worker.stats_changed.connect(self._on_stats)
-        worker.generation_finished.connect(self._on_finished)
-        worker.error_raised.connect(self._on_error)
-        worker.worker_died.connect(self._on_worker_died)
+        connect(self.view, send_requested=self.send, stop_requested=self.stop,
+                regenerate_requested=self.regenerate, edit_requested=self.begin_edit,
+                edit_cancelled=self.cancel_edit, settings_requested=self._edit_chat_settings)
+        connect(self.list_view, selected=self.open_conversation, new_requested=self.new_conversation,
+                rename_requested=self._ask_rename, delete_requested=self._ask_delete,
+                search_changed=self._on_search)
+        connect_actions(window, new_chat_action=self.new_conversation,
+                        export_markdown_action=lambda: self._ask_export("markdown"),
+                        export_json_action=lambda: self._ask_export("json"))
+        connect(worker, tokens_changed=self._on_tokens, stats_changed=self._on_stats,
+                generation_finished=self._on_finished, error_raised=self._on_error,
+                worker_died=self._on_worker_died)
 
         last = settings.values.last_conversation_id
         convs = self.store.call("list_conversations")

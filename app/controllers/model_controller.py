@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
+from app.controllers.wiring import choice_sets, connect, connect_actions
 from app.settings import SettingsModel
 from app.views.main_window import APP_TITLE, MainWindow
 from app.worker.client import WorkerClient
@@ -39,22 +40,18 @@ class ModelController(QObject):
         self.devices: list[dict] = []
         self.npu: dict = {"present": False, "reason": "not detected yet"}
 
-        w = window
-        worker.loading_changed.connect(self._on_progress)
-        worker.model_changed.connect(self._on_model)
-        worker.load_failed.connect(self._on_load_failed)
-        worker.devices_changed.connect(self._on_devices)
-        worker.worker_died.connect(self._on_worker_died)
-        w.load_cancel.clicked.connect(self.cancel_load)
-        w.reload_action.triggered.connect(lambda: self.request_load())
-        w.model_info_action.triggered.connect(self._show_info)
-        w.open_file_action.triggered.connect(self._open_file)
-        w.open_folder_action.triggered.connect(self._open_folder)
-        w.embedded_action.triggered.connect(lambda: self.settings.set("model_path", None))
-        w.quant_group.triggered.connect(lambda a: self.settings.set("quant", a.data()))
-        w.npu_group.triggered.connect(lambda a: self.settings.set("npu", a.data()))
-        w.context_group.triggered.connect(lambda a: self.settings.set("context_length", a.data() or None))
-        w.backend_group.triggered.connect(lambda a: self.settings.set("backend", a.data()))
+        connect(worker, loading_changed=self._on_progress, model_changed=self._on_model,
+                load_failed=self._on_load_failed, devices_changed=self._on_devices,
+                worker_died=self._on_worker_died)
+        window.load_cancel.clicked.connect(self.cancel_load)
+        connect_actions(window, reload_action=lambda: self.request_load(),
+                        model_info_action=self._show_info, open_file_action=self._open_file,
+                        open_folder_action=self._open_folder,
+                        embedded_action=lambda: self.settings.set("model_path", None))
+        choice_sets(window.quant_group, settings, "quant")
+        choice_sets(window.npu_group, settings, "npu")
+        choice_sets(window.context_group, settings, "context_length", lambda n: n or None)
+        choice_sets(window.backend_group, settings, "backend")
         settings.subscribe(self._on_setting)
         self._sync_menus()
         self._refresh_recent()
