@@ -27,7 +27,7 @@ def test_helper_resolves_every_resource_the_app_uses():
         assert f"themes/{name}.qss" in resources.FILES
 
 
-def test_setuptools_packages_every_resource(tmp_path):
+def test_setuptools_packages_every_resource_and_shader(tmp_path):
     # build_py is the step that fills a wheel: run it on a copy of the project (so egg_info writes
     # nowhere in the checkout) and look at what it built. Not a whole wheel: with this venv's
     # setuptools that needs the `wheel` package, and the test stays offline.
@@ -35,8 +35,12 @@ def test_setuptools_packages_every_resource(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "resources", src / "resources", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("resources", "shaders"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
                     "build_py", "--build-lib", str(lib)], cwd=src, check=True, capture_output=True)
     built = {p.relative_to(lib).as_posix() for p in lib.rglob("*") if p.is_file()}
     assert {f"resources/{name}" for name in resources.FILES} | {"resources/__init__.py"} <= built
+    # the SPIR-V of every pipeline variant the Vulkan backend can load
+    from engine.backends.vulkan.pipelines import VARIANTS
+    assert {f"shaders/spv/{name}.spv" for name in VARIANTS} | {"shaders/spv/manifest.json"} <= built

@@ -18,9 +18,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-SHADER_DIR = REPO / "shaders"
-SPV_DIR = SHADER_DIR / "spv"
+from shaders import SHADER_DIR, SPV_DIR  # noqa: F401  (the shader package's folders; re-exported for tools/)
+
 MAX_PUSH_BYTES = 128          # the minimum maxPushConstantsSize every device offers
 
 _SCALARS = {"u32": ("I", "uint"), "i32": ("i", "int"), "f32": ("f", "float")}

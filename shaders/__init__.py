@@ -1,0 +1,9 @@
+"""GLSL compute sources (one .comp per kernel family, include/) and their committed SPIR-V (spv/).
+
+A package so that a wheel carries the SPIR-V the Vulkan backend loads (package data in
+pyproject.toml); `tools/build_shaders.py` compiles the sources into spv/.
+"""
+from pathlib import Path
+
+SHADER_DIR = Path(__file__).resolve().parent
+SPV_DIR = SHADER_DIR / "spv"
