@@ -98,13 +98,18 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
     try:
         rng = np.random.default_rng(seed)
         prompt = [cfg.bos_token_id] + rng.integers(1000, min(cfg.vocab_size, 200_000), prompt_tokens - 1).tolist()
-        be.forward(prompt, 0)         # warm-up: pipelines and every chunk's recording, as llama-bench warms up
+        # warm-up: pipelines, every chunk's recording, and clocks (a GPU idling before the run ramps
+        # up over ~0.5 s: a first cold run on an H100 measured the 270M's prefill 4.7x slow)
+        t0 = time.perf_counter()
+        be.forward(prompt, 0)
+        while backend != "cpu" and time.perf_counter() - t0 < 0.5:
+            be.forward(prompt, 0)
         t0 = time.perf_counter()
         logits = be.forward(prompt, 0)
         prefill_s = time.perf_counter() - t0
         first = int(np.argmax(logits))
         greedy = SamplingParams(temperature=0.0)
-        gen = be.decode_tokens(first, prompt_tokens, greedy, 4)
+        gen = be.decode_tokens(first, prompt_tokens, greedy, 16)
         if gen is not None:                             # warm-up of the recorded token step
             list(gen)
             if hasattr(be, "_py_time"):

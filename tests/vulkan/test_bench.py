@@ -1,0 +1,31 @@
+"""The benchmark's own numbers are measured, consistent and complete (a tiny synthetic Gemma 3 on
+whatever Vulkan device exists, lavapipe in CI; the figures in docs/PERFORMANCE.md come from the
+same function on an H100)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    from tools.make_synthetic_gguf import write
+    return write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
+
+
+def test_bench_vulkan_reports_roofline_python_share_and_profile(tiny_path, vk_device):
+    from engine.bench import run_bench
+    r = run_bench(tiny_path, "vulkan", prompt_tokens=24, gen_tokens=6)
+    assert r.gen_tokens == 6 and r.prefill_tok_s > 0 and r.decode_tok_s > 0
+    assert r.copy_gb_s > 0
+    assert r.decode_gb_s == pytest.approx(r.weights_gib * 2**30 * r.decode_tok_s / 1e9)
+    assert r.decode_pct_of_copy == pytest.approx(100 * r.decode_gb_s / r.copy_gb_s)
+    assert 0 < r.python_pct_of_token < 100
+    assert r.decode_profile_us["dispatches"] > 0 and r.decode_profile_us["total"] > 0
+    assert isinstance(r.matvec_tuning, dict)        # empty where the device skips autotuning (lavapipe)
+    assert "decode_pct_of_copy" in r.table()
+
+
+def test_bench_cpu_has_no_device_figures(tiny_path):
+    from engine.bench import run_bench
+    r = run_bench(tiny_path, "cpu", prompt_tokens=12, gen_tokens=3)
+    assert r.decode_tok_s > 0 and r.copy_gb_s is None and r.decode_pct_of_copy is None
