@@ -11,7 +11,9 @@
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
 // normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
 // saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
-// WG (spec constant) must be 8 x the device's subgroup size: ops_gemm sets it.
+// WG (spec constant) is 8 x the device's reported subgroup size (ops_gemm sets it): 8 subgroups
+// own the 2 x 4 tile grid; if a driver runs narrower waves, the extra subgroups only stage data.
+// (Wider waves than reported would leave tiles unowned: no driver we know does that.)
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
 // Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / 128), ceil(m / 64), 1).
 #extension GL_GOOGLE_include_directive : require
@@ -99,7 +101,9 @@ void main() {
 #endif
         }
         barrier();
-        [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
+        // subgroups past the 8 of the tile grid (a driver running narrower waves than the
+        // subgroupSize it reports) only help with the staging above
+        if (sg < 8u) [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
             coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseA> a[TM];
             [[unroll]] for (uint i = 0; i < TM; i++)
                 coopMatLoad(a[i], xs, (sg_m * TM * C16 + i * C16) * SK + kk, SK,
@@ -120,6 +124,7 @@ void main() {
 
     // Out through a per-subgroup staging tile: the block edges need bounds checks that a
     // direct coopMatStore into y cannot make.
+    if (sg >= 8u) return;
     const uint lane = gl_SubgroupInvocationID, sgs = gl_SubgroupSize;
     [[unroll]] for (uint i = 0; i < TM; i++) [[unroll]] for (uint j = 0; j < TN; j++) {
         ACC r = acc0[i][j];

@@ -109,3 +109,31 @@ def test_dispatch_replay_and_timestamps(vk_device):
     ts = cl.timestamps_ns()
     assert ts[1] >= 0
     cl.destroy()
+
+
+def test_refused_cooperative_matrices_fall_back_loudly(caplog):
+    """A driver that advertises cooperative matrices but refuses them at vkCreateDevice: the
+    device still opens, without them, and says so (log + the prefill GEMM path)."""
+    import logging
+
+    from engine.backends.vulkan import device as d
+    from engine.backends.vulkan import ops_gemm
+    try:
+        vk = d._vk()
+        pds = d._physical_devices(vk)
+    except DeviceUnavailableError as exc:     # no loader / device here
+        pytest.skip(str(exc))
+    if not pds:
+        pytest.skip("no Vulkan device")
+    caps = d._probe(vk, pds[0], 0)
+    if caps.cooperative_matrix:
+        pytest.skip(f"{caps.name} really has cooperative matrices")
+    caps.cooperative_matrix = True          # claim what this driver will refuse
+    with caplog.at_level(logging.WARNING):
+        dev = d.Device(vk, pds[0], caps)
+    try:
+        assert dev.caps.cooperative_matrix is False
+        assert "falls back to the f32 tiled kernel" in caplog.text
+        assert ops_gemm.path(dev) == "tiled f32"
+    finally:
+        dev.close()

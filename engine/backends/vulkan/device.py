@@ -51,12 +51,15 @@ buffer, `shaders/include/step.glsl`, which the host writes through a mapped poin
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.errors import DeviceUnavailableError
+
+log = logging.getLogger(__name__)
 
 UINT64_MAX = (1 << 64) - 1   # the binding's VK_WHOLE_SIZE is -1; use this
 
@@ -301,32 +304,22 @@ class Device:
         compute = [i for i, q in enumerate(fams) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
         # prefer a family that also does graphics: it has timestamps on every driver we know
         self.queue_family = compute[0]
-
-        f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=caps.storage16,
-                                                  uniformAndStorageBuffer16BitAccess=caps.storage16)
-        cm = caps.cooperative_matrix     # the coopmat GEMM's SPIR-V uses the Vulkan memory model
-        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11, shaderFloat16=caps.fp16, shaderInt8=caps.int8,
-                                                  storageBuffer8BitAccess=caps.storage8,
-                                                  uniformAndStorageBuffer8BitAccess=caps.storage8,
-                                                  vulkanMemoryModel=cm)
-        chain = f12
-        if caps.api_version >= (1, 3, 0):
-            chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
-        extensions = []
-        if cm:
-            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)
-            extensions.append("VK_KHR_cooperative_matrix")
-        feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
-        f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
-        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
-                                           pQueuePriorities=[1.0])
         try:
-            self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
-                pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
-                enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions or None), None)
+            self.device = self._create(vk, physical, caps, coopmat=caps.cooperative_matrix)
         except vk.VkError as exc:
-            raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
-                                         f"({type(exc).__name__})") from None
+            if not caps.cooperative_matrix:
+                raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
+                                             f"({type(exc).__name__})") from None
+            # the driver advertised cooperative matrices but refused them: run without (the
+            # prefill GEMM then takes the f32 kernel; stats()["prefill_gemm"] and the log say so)
+            log.warning("%s: vkCreateDevice with cooperative matrices failed (%s); prefill GEMM falls "
+                        "back to the f32 tiled kernel", caps.name, type(exc).__name__)
+            caps.cooperative_matrix = False
+            try:
+                self.device = self._create(vk, physical, caps, coopmat=False)
+            except vk.VkError as exc2:
+                raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
+                                             f"({type(exc2).__name__})") from None
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
         self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
@@ -336,6 +329,30 @@ class Device:
         self._buffers = []          # weak bookkeeping for close(): everything we allocated
         self._closed = False
         self.allocated_bytes = 0
+
+    def _create(self, vk, physical, caps: Capabilities, *, coopmat: bool):
+        """vkCreateDevice with the features the kernels use (coopmat: + VK_KHR_cooperative_matrix
+        and the Vulkan memory model its SPIR-V declares)."""
+        f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=caps.storage16,
+                                                  uniformAndStorageBuffer16BitAccess=caps.storage16)
+        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11, shaderFloat16=caps.fp16, shaderInt8=caps.int8,
+                                                  storageBuffer8BitAccess=caps.storage8,
+                                                  uniformAndStorageBuffer8BitAccess=caps.storage8,
+                                                  vulkanMemoryModel=coopmat)
+        chain = f12
+        if caps.api_version >= (1, 3, 0):
+            chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
+        extensions = []
+        if coopmat:
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)
+            extensions.append("VK_KHR_cooperative_matrix")
+        feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
+                                           pQueuePriorities=[1.0])
+        return vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+            pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+            enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions or None), None)
 
     # -- construction --
     @classmethod
