@@ -12,8 +12,13 @@
 //             2 K cache, 3 V cache ([n_kv_heads][cache_slots][D] f16),
 //             4 partial (f32 scratch, n_heads * n_splits records of D + 4 floats: o[D], m, l, -, -),
 //             5 arrival counters (uint[n_kv_heads], 0 before and after the dispatch),
-//             6 out (f32 [n_heads][D]).
+//             6 out (f32 [n_heads][D]),
+//             7 (ATTN_Q8_1 only: attention_decode_f16_f32_q8_1) out's q8_1 blocks (n_heads * D / 32
+//               blocks of 8 packed int8 words, d, d * sum(q)).
 //   Dispatch: (n_splits, n_kv_heads, 1).
+// ATTN_Q8_1: the combining workgroup also quantizes the G output rows it wrote (whole blocks:
+// D is a multiple of 64) from shared memory, with quantize_q8_1.comp's expressions, so the
+// blocks are bit-identical to a quantize dispatch on `out` and an int8 o-proj matvec needs none.
 //
 // The query sits at position p = step.pos; it sees positions [lo, p] with lo = p - window + 1
 // on sliding-window layers (window > 0), else 0; position j lives in slot j % cache_slots.
@@ -57,6 +62,9 @@ layout(std430, binding = 4) coherent buffer P { vec4 part[]; };
 #define ARRIVAL_BINDING 5
 #include "include/last_arrival.glsl"
 layout(std430, binding = 6) writeonly buffer O { vec4 outp[]; };
+#ifdef ATTN_Q8_1
+layout(std430, binding = 7) writeonly buffer OQ { uint oq[]; };
+#endif
 
 const uint REC = HD / 4 + 1;   // vec4s per (query head, split) record: o[HD], then (m, l, 0, 0)
 
@@ -230,6 +238,9 @@ void main() {
             float inv_l = 0.0;
             [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
             outp[kh * NC4 + c4] = o * inv_l;
+#ifdef ATTN_Q8_1
+            qs[c4] = o * inv_l;          // qs is free again: the output rows, for the q8_1 step
+#endif
         } else {
             osum[i] = o;
         }
@@ -243,6 +254,38 @@ void main() {
             float inv_l = 0.0;
             [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
             outp[kh * NC4 + c4] = o * inv_l;
+#ifdef ATTN_Q8_1
+            qs[c4] = o * inv_l;
+#endif
         }
     }
+#ifdef ATTN_Q8_1
+    // q8_1 blocks of the G output rows (G * HD / 32 blocks, one per invocation), from the values
+    // just written: same expressions as quantize_q8_1.comp (max and the integer sum are exact in
+    // any order), so the int8 matvec reads bit-identical input.
+    barrier();
+    for (uint b = tid; b < NC4 / 8; b += WG) {
+        float v[32];
+        float amax = 0.0;
+        [[unroll]] for (uint k4 = 0; k4 < 8; k4++) {
+            const vec4 t = qs[8 * b + k4];
+            v[4 * k4] = t.x; v[4 * k4 + 1] = t.y; v[4 * k4 + 2] = t.z; v[4 * k4 + 3] = t.w;
+        }
+        [[unroll]] for (uint k = 0; k < 32; k++) amax = max(amax, abs(v[k]));
+        const float d = amax / 127.0;
+        int sum = 0;
+        const uint q0 = (kh * (NC4 / 8) + b) * 10;
+        [[unroll]] for (uint j = 0; j < 8; j++) {
+            uint w = 0u;
+            [[unroll]] for (uint k = 0; k < 4; k++) {
+                const int qi = d > 0.0 ? int(round(v[4 * j + k] / d)) : 0;
+                sum += qi;
+                w |= (uint(qi) & 0xFFu) << (8u * k);
+            }
+            oq[q0 + j] = w;
+        }
+        oq[q0 + 8] = floatBitsToUint(d);
+        oq[q0 + 9] = floatBitsToUint(d * float(sum));
+    }
+#endif
 }

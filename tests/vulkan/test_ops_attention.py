@@ -105,3 +105,50 @@ def test_attention_decode_one_recording_many_layers(vk_device):
                 assert nmse(b.read(out, np.float32, (H, D)), want) < 1e-9, pos
             assert not b.read(counters, np.uint32).any()
         cl.destroy()
+
+
+@pytest.mark.parametrize("D,H,KV,window,slots,n_splits,positions", CASES)
+def test_attention_decode_writes_q8_1_bit_identical(vk_device, D, H, KV, window, slots, n_splits, positions):
+    """The _q8_1 variant (q=): the same f32 output as the plain one, plus q8_1 blocks equal bit for
+    bit to quantize_q8_1 of that output, rewritten on every replay; an all-zero block has d = 0."""
+    from engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+    dev = vk_device
+    rng = np.random.default_rng(D * 5 + H + slots)
+    kc = (rng.standard_normal((KV, slots, D)) * 2).astype(np.float16)
+    vc = (rng.standard_normal((KV, slots, D)) * 3).astype(np.float16)
+    vc[0, :, :32] = 0.0        # the first block of every query head of kv head 0 is all zero
+    q = (rng.standard_normal((H, D)) * 2).astype(np.float32)
+    scale = 1.0 / np.sqrt(168.0 if D == 128 else 256.0)
+    nq = q8_1_bytes(H * D) // 4
+    with Bufs(dev) as b:
+        step = b.step(pos=positions[0])
+        bq, bk, bv = b.of(q), b.of(kc), b.of(vc)
+        part = b.zeros(4 * partial_floats(H, D, n_splits))
+        counters = b.zeros(4 * counter_words(KV))
+        out0, out1 = b.zeros(4 * H * D), b.zeros(4 * H * D)
+        oq, ref_q = b.zeros(4 * nq), b.zeros(4 * nq)
+        kw = dict(head_dim=D, n_heads=H, n_kv_heads=KV, cache_slots=slots, window=window, scale=scale,
+                  n_splits=n_splits)
+        cl = dev.commands()
+        attention_decode(cl, dev, step, bq, bk, bv, part, counters, out0, **kw)
+        cl.barrier()
+        attention_decode(cl, dev, step, bq, bk, bv, part, counters, out1, q=oq, **kw)
+        cl.barrier()
+        record_quantize(cl, dev, out1, ref_q, H * D)
+        cl.end()
+        for pos in positions:
+            step.write(np.frombuffer(pack_step(pos=pos), np.uint8))
+            for buf, n in ((out1, H * D), (oq, nq), (ref_q, nq)):
+                dev.upload(buf, np.full(n, 0xFFFFFFFF, np.uint32).view(np.uint8))
+            cl.submit(wait=True)
+            got = b.read(out1, np.float32, (H, D))
+            np.testing.assert_array_equal(got.view(np.uint32), b.read(out0, np.float32, (H, D)).view(np.uint32))
+            want = attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, window, slots, scale)
+            assert nmse(got, want) < 1e-9, pos
+            blocks = b.read(oq, np.uint32, (H * D // 32, 10))
+            np.testing.assert_array_equal(blocks, b.read(ref_q, np.uint32, (H * D // 32, 10)))
+            zero = np.zeros(H * D // 32, bool)
+            zero[np.arange(H // KV) * (D // 32)] = True      # block 0 of kv head 0's query heads
+            assert np.all(blocks[zero] == 0) and np.all(blocks[~zero, 8] != 0), pos
+            assert not b.read(counters, np.uint32).any()
+        cl.destroy()

@@ -10,14 +10,15 @@ and one 4-byte read. Small models record several token steps per command buffer
 On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
 chosen per matrix shape by timing them at load (`tuning`); `profile_decode()` times every op.
 
-One decode layer, as recorded (B = barrier; 5 dispatches, 7 where o/down take the int8 path):
+One decode layer, as recorded (B = barrier; 5 dispatches, 6 where down takes the q8_1 int8 path):
   QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention B
-  [quantize B] o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec B
+  o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec B
   [quantize B] down matvec + norm_add (next layer's h) B
 The matvec's last workgroup to finish runs the norm_add (`NormTail`); where the matvec reading h
 (QKV, gate/up, LM head) takes the q8_1 int8 path, that norm_add (or the first norm) also writes
-h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch. Prefill (T > 1) runs
-GEMMs and separate norm_add dispatches.
+h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch; likewise attention writes
+its output's q8_1 blocks into `attnq` for an int8 o matvec. Prefill (T > 1) runs GEMMs and
+separate norm_add dispatches.
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class VulkanBackend(Backend):
         scratch = (acts + LOGITS_CHUNK * cfg.vocab_size * 4 + ops_sample.scratch_bytes(cfg.vocab_size)
                    + ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * 4
                    + q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size))
-                   + T * q8_1_bytes(cfg.hidden_size)
+                   + T * q8_1_bytes(cfg.hidden_size) + q8_1_bytes(cfg.q_dim)
                    + (self.context_length + 2) * 4 + Device.STAGING_BYTES)
         self.budget = {"weights": w_bytes, "kv_cache": kv_bytes, "scratch": scratch}
         need = w_bytes + kv_bytes + scratch
@@ -239,6 +240,7 @@ class VulkanBackend(Backend):
         self.mlp = dev.buffer(T * cfg.intermediate_size * f, name="mlp")
         self.xq = dev.buffer(q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size)), name="xq")
         self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
+        self.attnq = dev.buffer(q8_1_bytes(cfg.q_dim), name="attnq")   # q8_1 of attn, from decode attention
         # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
         self.mv_arrival = dev.buffer(16, name="matvec_arrival")
         dev.upload(self.mv_arrival, np.zeros(4, np.uint32))
@@ -274,6 +276,11 @@ class VulkanBackend(Backend):
         writes h then writes h's q8_1 blocks into it, and the matvec needs no quantize dispatch.
         A buffer of its own (not the shared `xq`): no later quantize can overwrite it first."""
         return self.hq if self._path(mats, key)[0] is True else None
+
+    def _attn_q8_1(self, L: _Layer):
+        """`attnq` when L's decode o-proj runs the int8 path on q8_1 input: attention then writes
+        its output's q8_1 blocks into it (as `_h_q8_1` for h), and the o matvec needs no quantize."""
+        return self.attnq if self._path([L.o], "o")[0] is True else None
 
     def _qkv_fused(self, L: _Layer) -> bool:
         """The decode QKV is one matvec (key "qkv"): same type, each matrix in one binding."""
@@ -325,17 +332,18 @@ class VulkanBackend(Backend):
                           x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, hq=None) -> str:
+                     w_post, w_next, hq=None, xq=None) -> str:
         """o = m x, then x += rmsnorm(o) * w_post; h = rmsnorm(x) * w_next (+ q8_1 of h into hq).
         Decode: one dispatch (the matvec's last workgroup runs the norm); else the matvec, a
-        barrier and norm_add. Returns the profile label of what is still open (no barrier after)."""
+        barrier and norm_add. xq: x's q8_1 blocks, as for `_mv`. Returns the profile label of
+        what is still open (no barrier after)."""
         cfg = self.config
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
-            self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key,
+            self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key, xq=xq,
                      tail=NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
             return label + "+norm_add"
-        self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key)
+        self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq)
         self._mark(cl, label)
         ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
@@ -385,10 +393,12 @@ class VulkanBackend(Backend):
             while time.perf_counter() - t0 < 0.1:
                 self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
                                                   force=(False, specs[0])), reps=20)
-        # The matvecs reading h get its q8_1 blocks from the norm that writes h (no quantize
-        # dispatch in decode), so their int8 path is timed without one; hq holds real blocks.
+        # The matvecs reading h get its q8_1 blocks from the norm that writes h, the o-proj its
+        # input's from attention (no quantize dispatch in decode), so their int8 path is timed
+        # without one; hq and attnq hold real blocks.
         cl = self.dev.commands()
         record_quantize(cl, self.dev, self.h, self.hq, self.config.hidden_size)
+        record_quantize(cl, self.dev, self.attn, self.attnq, self.config.q_dim)
         cl.submit()
         cl.destroy()
         # o-proj and down can run the following norm_add in their last workgroup (one dispatch and
@@ -398,7 +408,7 @@ class VulkanBackend(Backend):
         tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
                  "down": ("post_feedforward_layernorm", "input_layernorm")}
         for key, (mats, x, y, xc, yc, epi) in cases.items():
-            xq = self.hq if key in ("qkv", "geglu", "lm") else None
+            xq = self.hq if key in ("qkv", "geglu", "lm") else (self.attnq if key == "o" else None)
             tail = None
             if key in tails and len(mats[0].tensor.ranges) == 1:
                 w_post, w_next = (L0.norms[n] for n in tails[key])
@@ -516,7 +526,8 @@ class VulkanBackend(Backend):
                         hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
         self._mark(cl, "embed")
         # Decode: where the matvec reading h takes the int8 path, the norm writing h also writes
-        # its q8_1 blocks (hq), so that matvec needs no quantize dispatch.
+        # its q8_1 blocks (hq), so that matvec needs no quantize dispatch; attention does the
+        # same for the o matvec (attnq).
         dec = T == 1
 
         def qkv_hq(L):
@@ -538,12 +549,13 @@ class VulkanBackend(Backend):
                              v_offset=cfg.q_dim + cfg.kv_dim)
             self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
+            attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
             if T == 1:
                 ops_attention.attention_decode(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.partial,
                                                self.counters, self.attn, head_dim=cfg.head_dim,
                                                n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
                                                cache_slots=L.slots, window=window, scale=cfg.attn_scale,
-                                               n_splits=self.n_splits, q_offset=0)
+                                               n_splits=self.n_splits, q_offset=0, q=attnq)
             else:
                 ops_attention.attention_prefill(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.attn,
                                                 head_dim=cfg.head_dim, n_heads=cfg.num_heads,
@@ -555,7 +567,7 @@ class VulkanBackend(Backend):
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
             self._mark(cl, self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
                                              w_post=L.norms["post_attention_layernorm"],
-                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq))
+                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq))
             self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
                      epilogue="geglu", key="geglu", xq=hq)
             self._mark(cl, "gate_up_geglu")

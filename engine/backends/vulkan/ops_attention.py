@@ -4,7 +4,9 @@ Decode: `attention_decode` is one dispatch (n_splits x n_kv_heads workgroups): e
 scores a split of the positions, writes its partial (o, m, l), and the last workgroup of each kv
 head to finish (an arrival counter) combines the splits into the output rows. The split count is
 fixed at record time; the visible positions (step.pos and the window) are read at run time, so
-one recording serves every position.
+one recording serves every position. With `q`, the combining workgroups also write the q8_1
+blocks of the output rows (`attention_decode_f16_f32_q8_1`), bit-identical to
+`matvec.record_quantize` of `out`, so an int8 o-proj matvec needs no quantize dispatch.
 """
 from __future__ import annotations
 
@@ -27,23 +29,27 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
     return max(1, min(want, -(-max_positions // 16)))
 
 
-def attention_decode(cl, dev, step, q, k_cache, v_cache, partial, counters, out, *, head_dim: int,
+def attention_decode(cl, dev, step, query, k_cache, v_cache, partial, counters, out, *, head_dim: int,
                      n_heads: int, n_kv_heads: int, cache_slots: int, window: int, scale: float,
-                     n_splits: int, q_offset: int = 0, wg: int = 128) -> None:
-    """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos.
-    partial: partial_floats(...) * 4 bytes of scratch; counters: counter_words(n_kv_heads) uint32s,
-    all 0 (the kernel leaves them 0 again, so a recording replays as is)."""
+                     n_splits: int, q_offset: int = 0, q=None, wg: int = 128) -> None:
+    """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos
+    (q_h: row h of `query`, from q_offset). partial: partial_floats(...) * 4 bytes of scratch;
+    counters: counter_words(n_kv_heads) uint32s, all 0 (the kernel leaves them 0 again, so a
+    recording replays as is). q: None, or q8_1_bytes(n_heads * head_dim) bytes that receive the
+    q8_1 blocks of out (the layout matvec.record_quantize writes)."""
     if head_dim % 64 or head_dim > 2 * wg:
         raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 64, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
         raise ValueError("attention_decode: n_heads must be n_kv_heads * G with G <= 8")
     if not 1 <= n_splits <= 256:
         raise ValueError("attention_decode: 1 <= n_splits <= 256")
-    p = dev.pipeline("attention_decode_f16_f32", WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
+    name, binds = "attention_decode_f16_f32", [step, query, k_cache, v_cache, partial, counters, out]
+    if q is not None:
+        name, binds = name + "_q8_1", binds + [q]
+    p = dev.pipeline(name, WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
     push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
                        cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
-    cl.dispatch(p, [step, q, k_cache, v_cache, partial, counters, out], groups=(n_splits, n_kv_heads, 1),
-                push=push)
+    cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, 1), push=push)
 
 
 def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int, n_heads: int,

@@ -86,6 +86,8 @@ def _build() -> dict:
         Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
+        # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
+        Variant("attention_decode_f16_f32_q8_1", "attention.comp", 8, attn, {"ATTN_Q8_1": None}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
                 {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
     ]
