@@ -17,7 +17,7 @@
 //               blocks of 8 packed int8 words, d, d * sum(q)).
 //   Dispatch: (n_splits, n_kv_heads, 1).
 // ATTN_Q8_1: the combining workgroup also quantizes the G output rows it wrote (whole blocks:
-// D is a multiple of 64) from shared memory, with quantize_q8_1.comp's expressions, so the
+// D is a multiple of 64) from shared memory, through quantize_q8_1.comp's encoder, so the
 // blocks are bit-identical to a quantize dispatch on `out` and an int8 o-proj matvec needs none.
 //
 // The query sits at position p = step.pos; it sees positions [lo, p] with lo = p - window + 1
@@ -64,6 +64,8 @@ layout(std430, binding = 4) coherent buffer P { vec4 part[]; };
 layout(std430, binding = 6) writeonly buffer O { vec4 outp[]; };
 #ifdef ATTN_Q8_1
 layout(std430, binding = 7) writeonly buffer OQ { uint oq[]; };
+#define Q8_1_OUT oq
+#include "include/q8_1_block.glsl"
 #endif
 
 const uint REC = HD / 4 + 1;   // vec4s per (query head, split) record: o[HD], then (m, l, 0, 0)
@@ -261,31 +263,15 @@ void main() {
     }
 #ifdef ATTN_Q8_1
     // q8_1 blocks of the G output rows (G * HD / 32 blocks, one per invocation), from the values
-    // just written: same expressions as quantize_q8_1.comp (max and the integer sum are exact in
-    // any order), so the int8 matvec reads bit-identical input.
+    // just written, through quantize_q8_1.comp's encoder: the int8 matvec reads bit-identical input.
     barrier();
     for (uint b = tid; b < NC4 / 8; b += WG) {
         float v[32];
-        float amax = 0.0;
         [[unroll]] for (uint k4 = 0; k4 < 8; k4++) {
             const vec4 t = qs[8 * b + k4];
             v[4 * k4] = t.x; v[4 * k4 + 1] = t.y; v[4 * k4 + 2] = t.z; v[4 * k4 + 3] = t.w;
         }
-        [[unroll]] for (uint k = 0; k < 32; k++) amax = max(amax, abs(v[k]));
-        const float d = amax / 127.0;
-        int sum = 0;
-        const uint q0 = (kh * (NC4 / 8) + b) * 10;
-        [[unroll]] for (uint j = 0; j < 8; j++) {
-            uint w = 0u;
-            [[unroll]] for (uint k = 0; k < 4; k++) {
-                const int qi = d > 0.0 ? int(round(v[4 * j + k] / d)) : 0;
-                sum += qi;
-                w |= (uint(qi) & 0xFFu) << (8u * k);
-            }
-            oq[q0 + j] = w;
-        }
-        oq[q0 + 8] = floatBitsToUint(d);
-        oq[q0 + 9] = floatBitsToUint(d * float(sum));
+        q8_1_store(v, kh * (NC4 / 8) + b);
     }
 #endif
 }

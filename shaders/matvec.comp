@@ -15,6 +15,8 @@
 //   residual += rmsnorm(y) * w_post;  h = rmsnorm(residual) * w_next   [+ q8_1 of h if pc.q8]
 // (include/last_arrival.glsl, include/norm_row.glsl), saving a dispatch and a barrier.
 // Residual, h and the q8_1 blocks start at element / block 0.
+// EPI_GEGLU + OUT_Q8_1 (decode, one token): also writes y's q8_1 blocks (binding 5) for an int8
+// down matvec, so it needs no quantize dispatch; every workgroup's rows are whole blocks.
 #include "include/common.glsl"
 #ifdef INT_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -75,9 +77,29 @@ layout(binding = 9) writeonly buffer NQ { uint h_q[]; };
 #define NORM_ROW_ADD
 #define NORM_ROW_Q8_1
 #include "include/norm_row.glsl"
+#elif defined(EPI_GEGLU) && defined(OUT_Q8_1)
+layout(binding = 5) writeonly buffer YQ { uint yq[]; };   // q8_1 blocks of y (no residual here)
+#define Q8_1_OUT yq
 #else
 layout(binding = 5) readonly buffer R { float res[]; };
 #endif
+#include "include/q8_1_block.glsl"
+
+// rows of y one workgroup computes (contiguous, from group * group_rows())
+uint group_rows() { return THREAD_ROWS != 0u ? ROWS * WG : (SUBGROUP_ROWS != 0u ? ROWS * SUBGROUP_ROWS : ROWS); }
+
+#ifdef OUT_Q8_1
+#define OUT_Q8_1_MAX_ROWS 256u     // matvec.OUT_Q8_1_MAX_ROWS
+shared float yq_sh[OUT_Q8_1_MAX_ROWS];   // this workgroup's rows of y, for the q8_1 step
+#endif
+
+// y[yi] = v for row `local` of this workgroup's rows (kept for the q8_1 step with OUT_Q8_1)
+void store_row(uint yi, uint local, float v) {
+    y[yi] = v;
+#ifdef OUT_Q8_1
+    yq_sh[local] = v;
+#endif
+}
 
 #define W16 w0_16
 #define WF w0_f
@@ -138,23 +160,14 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
             uint xw[20];
             uint xi = (x_off >> 2) + 16u * p;
             [[unroll]] for (uint b = 0u; b < 2u; b++) {
-                vec4 v[8];
-                float amax = 0.0;
+                float v[32];
                 [[unroll]] for (uint k = 0u; k < 8u; k++) {
-                    v[k] = xf4[xi + 8u * b + k];
-                    vec4 a = abs(v[k]);
-                    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+                    const vec4 t = xf4[xi + 8u * b + k];
+                    v[4u * k] = t.x; v[4u * k + 1u] = t.y; v[4u * k + 2u] = t.z; v[4u * k + 3u] = t.w;
                 }
-                float d = amax / 127.0;
-                int s = 0;
-                [[unroll]] for (uint k = 0u; k < 8u; k++) {
-                    ivec4 q = d > 0.0 ? ivec4(round(v[k] / d)) : ivec4(0);
-                    s += q.x + q.y + q.z + q.w;
-                    xw[10u * b + k] = (uint(q.x) & 0xFFu) | ((uint(q.y) & 0xFFu) << 8)
-                                    | ((uint(q.z) & 0xFFu) << 16) | (uint(q.w) << 24);
-                }
-                xw[10u * b + 8u] = floatBitsToUint(d);
-                xw[10u * b + 9u] = floatBitsToUint(d * float(s));
+                uint words[10];
+                q8_1_encode(v, words);
+                [[unroll]] for (uint k = 0u; k < 10u; k++) xw[10u * b + k] = words[k];
             }
 #elif defined(INT_DOT)
             uint xw[20];
@@ -239,7 +252,7 @@ void main_subgroup_rows() {
             uint g = first + i;
             if (subgroupElect() && g < total) {
 #if defined(EPI_GEGLU)
-                y[y_off + g] = gelu_tanh(s) * su;
+                store_row(y_off + g, g - group * group_rows(), gelu_tanh(s) * su);
 #elif defined(EPI_ADD)
                 y[y_off + g] = res[res_off + g] + s;
 #else
@@ -272,7 +285,7 @@ void main_thread_rows() {
             acc += row_dot(g, c, x_off);
             up += row_dot(g + pc.rows0, c, x_off);
         }
-        y[y_off + g] = gelu_tanh(acc) * up;
+        store_row(y_off + g, g - group * group_rows(), gelu_tanh(acc) * up);
 #else
         for (uint c = 0u; c < n_chunks; c++) acc += row_dot(g, c, x_off);
 #ifdef EPI_ADD
@@ -344,7 +357,7 @@ void main_cooperative() {
             uint g = first + i;
             if (g >= total) break;
 #if defined(EPI_GEGLU)
-            y[y_off + g] = gelu_tanh(acc[i]) * acc_up[i];
+            store_row(y_off + g, i, gelu_tanh(acc[i]) * acc_up[i]);
 #elif defined(EPI_ADD)
             y[y_off + g] = res[res_off + g] + acc[i];
 #else
@@ -359,6 +372,18 @@ void main() {
     if (THREAD_ROWS != 0u) main_thread_rows();
     else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();
     else main_cooperative();
+#ifdef OUT_Q8_1
+    // this workgroup's rows of y are whole q8_1 blocks (group_rows() and rows0 multiples of 32)
+    barrier();
+    const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    for (uint b = gl_LocalInvocationID.x; b < group_rows() / 32u; b += WG) {
+        const uint row0 = group * group_rows() + 32u * b;
+        if (row0 >= pc.rows0) break;
+        float v[32];
+        [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = yq_sh[32u * b + k];
+        q8_1_store(v, row0 / 32u);
+    }
+#endif
 #ifdef EPI_NORM
     if (arrive_last(0u, gl_NumWorkGroups.x * gl_NumWorkGroups.y)) {
         float ov[NORM_MAXE];

@@ -13,7 +13,9 @@
 #define NORM_ROW_GLSL
 #include "wg_reduce.glsl"
 
-#define NORM_MAXE 8      // register path: elements per invocation (ops_norm.NORM_MAXE)
+#ifndef NORM_MAXE       // register path: elements per invocation; a -D from the pipeline table
+#error "NORM_MAXE comes from engine/backends/vulkan/ops_norm.py (the pipeline's defines)"
+#endif
 
 // Loops touch 4 elements per step so 4 loads are in flight (a plain strided loop waits one
 // memory latency per element: 2x slower for n = 5376 on an H100).
@@ -123,10 +125,12 @@ bool norm_add_row_regs(uint in_base, uint base, uint n, float eps, out float ov[
 #endif
 
 #ifdef NORM_ROW_Q8_1
+#define Q8_1_OUT NORM_Q
+#include "q8_1_block.glsl"
+
 // q8_1 blocks of a row held as norm_add_row_regs leaves it (element tid + j * WG in ov[j]):
 // slice j (WG elements) goes through shared memory, padded one float per 32 so each of the
-// WG / 32 quantizing invocations reads its block without bank conflicts. Same expressions as
-// quantize_row_q8_1 below, so the blocks are bit-identical.
+// WG / 32 quantizing invocations reads its block without bank conflicts.
 shared float nq_sh[WG + WG / 32u];
 void quantize_regs_q8_1(float ov[NORM_MAXE], uint n, uint q_block) {
     const uint tid = gl_LocalInvocationID.x;
@@ -139,59 +143,26 @@ void quantize_regs_q8_1(float ov[NORM_MAXE], uint n, uint q_block) {
         const uint b = j * (WG / 32u) + tid;
         if (tid < WG / 32u && b < nb) {
             float v[32];
-            float amax = 0.0;
-            [[unroll]] for (uint k = 0u; k < 32u; k++) {
-                v[k] = nq_sh[33u * tid + k];
-                amax = max(amax, abs(v[k]));
-            }
-            const float d = amax / 127.0;
-            int s = 0;
-            const uint q0 = (q_block + b) * 10u;
-            [[unroll]] for (uint w8 = 0u; w8 < 8u; w8++) {
-                uint w = 0u;
-                [[unroll]] for (uint k = 0u; k < 4u; k++) {
-                    const int qi = d > 0.0 ? int(round(v[4u * w8 + k] / d)) : 0;
-                    s += qi;
-                    w |= (uint(qi) & 0xFFu) << (8u * k);
-                }
-                NORM_Q[q0 + w8] = w;
-            }
-            NORM_Q[q0 + 8u] = floatBitsToUint(d);
-            NORM_Q[q0 + 9u] = floatBitsToUint(d * float(s));
+            [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = nq_sh[33u * tid + k];
+            q8_1_store(v, q_block + b);
         }
     }
 }
 
 // NORM_Q[q_block ...] <- q8_1 blocks of NORM_OUT[base : base + n], the last block zero-padded:
-// exactly what quantize_q8_1.comp writes for the row (same expressions; max and the integer sum
-// are exact in any order), so an int8 matvec reads bit-identical input. Reads back what the
-// other invocations wrote: NORM_OUT must be declared coherent.
+// exactly what quantize_q8_1.comp writes for the row (both encode through q8_1_block.glsl).
+// Reads back what the other invocations wrote: NORM_OUT must be declared coherent.
 void quantize_row_q8_1(uint base, uint n, uint q_block) {
     memoryBarrierBuffer();
     barrier();
     const uint nb = (n + 31u) / 32u;
     for (uint b = gl_LocalInvocationID.x; b < nb; b += WG) {
         float v[32];
-        float amax = 0.0;
         [[unroll]] for (uint k = 0u; k < 32u; k++) {
             const uint i = b * 32u + k;
             v[k] = i < n ? NORM_OUT[base + i] : 0.0;
-            amax = max(amax, abs(v[k]));
         }
-        const float d = amax / 127.0;
-        int s = 0;
-        const uint q0 = (q_block + b) * 10u;
-        [[unroll]] for (uint j = 0u; j < 8u; j++) {
-            uint w = 0u;
-            [[unroll]] for (uint k = 0u; k < 4u; k++) {
-                const int qi = d > 0.0 ? int(round(v[4u * j + k] / d)) : 0;
-                s += qi;
-                w |= (uint(qi) & 0xFFu) << (8u * k);
-            }
-            NORM_Q[q0 + j] = w;
-        }
-        NORM_Q[q0 + 8u] = floatBitsToUint(d);
-        NORM_Q[q0 + 9u] = floatBitsToUint(d * float(s));
+        q8_1_store(v, q_block + b);
     }
 }
 #endif

@@ -137,6 +137,61 @@ def test_geglu_gate_up(vk_device, int_dot, spec):
     assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
 
 
+# workgroup shapes whose row groups are whole q8_1 blocks (32 rows): 32 = 2 x 16 per subgroup,
+# 4 x 8 per workgroup, 8 x 4 per invocation
+OUT_Q8_SPECS = pytest.mark.parametrize("spec", [
+    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 16},
+    {"WG": 64, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 8},
+    {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1}], ids=["subgroup_rows", "subgroup_rows_wide", "thread_rows"])
+
+
+@OUT_Q8_SPECS
+@pytest.mark.parametrize("int_dot", [False, True, "regs"], ids=["f32", "int8", "regs"])
+def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
+    """The decode GEGLU's q8_1 output (for the int8 down matvec) is exactly quantize_q8_1 of its
+    own y, over more workgroups than rows divide evenly (the last group is partly empty)."""
+    if int_dot and not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    if int_dot == "regs" and spec.get("THREAD_ROWS"):
+        pytest.skip("in-register quantization lives in the cooperative kernels")
+    dev = vk_device
+    rows, cols = 224, 640            # 7 blocks of rows: not a multiple of 2 or 4 row groups of 32
+    (gr, g), (ur, u) = make_weights(Q.Q4_0, rows, cols, 17), make_weights(Q.Q4_0, rows, cols, 18)
+    mats = [WeightMatrix.upload(dev, gr, Q.Q4_0, g.shape), WeightMatrix.upload(dev, ur, Q.Q4_0, u.shape)]
+    x = np.random.default_rng(19).standard_normal(cols).astype(np.float32) * 0.3
+    xb, yb, yq, ref_q = dev.buffer(x.nbytes), dev.buffer(rows * 4), dev.buffer(q8_1_bytes(rows)), dev.buffer(q8_1_bytes(rows))
+    dev.upload(xb, x)
+    cl = dev.commands()
+    src = xb
+    if int_dot is True:
+        src = dev.buffer(q8_1_bytes(cols))
+        record_quantize(cl, dev, xb, src, cols)
+        cl.barrier()
+    record_matvec(cl, dev, mats, src, yb, epilogue="geglu_q8_1", int_dot=int_dot, spec=spec, y_q8_1=yq)
+    cl.barrier()
+    record_quantize(cl, dev, yb, ref_q, rows)
+    cl.submit()
+    y = dev.download(yb, np.float32, (rows,)).astype(np.float64)
+    got, want = dev.download(yq, np.uint32, (rows // 32 * 10,)), dev.download(ref_q, np.uint32, (rows // 32 * 10,))
+    cl.destroy()
+    gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
+    assert np.count_nonzero(want) > want.size // 2, "the reference blocks are not empty"
+    np.testing.assert_array_equal(got, want)
+
+
+def test_geglu_q8_1_refuses_row_groups_that_split_blocks(vk_device):
+    rows, cols = 64, 64
+    (gr, g), (ur, u) = make_weights(Q.Q8_0, rows, cols, 1), make_weights(Q.Q8_0, rows, cols, 2)
+    mats = [WeightMatrix.upload(vk_device, gr, Q.Q8_0, g.shape), WeightMatrix.upload(vk_device, ur, Q.Q8_0, u.shape)]
+    cl = vk_device.commands()
+    buf = vk_device.buffer(1024)
+    with pytest.raises(ValueError, match="whole q8_1 blocks"):
+        record_matvec(cl, vk_device, mats, buf, buf, epilogue="geglu_q8_1", y_q8_1=buf, spec=SUBGROUP_ROWS)
+    cl.destroy()
+
+
 def test_matrix_bound_in_row_ranges(vk_device, monkeypatch):
     """A tensor above maxStorageBufferRange is bound in aligned pieces, one dispatch each."""
     rows, cols = 300, 640

@@ -153,3 +153,33 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, quant, record_p
     print(f"perplexity re-quantized to {quant}: {ppl:.4f} (CPU on the same weights {reference:.4f}, "
           f"file types {base:.4f}, cost {100 * (ppl / base - 1):+.1f}%)")
     assert abs(ppl / reference - 1) < 0.01
+
+
+def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_property):
+    """Every matrix re-quantized to Q8_0 puts the down-proj on the int8 path, so the decode GEGLU
+    writes down's q8_1 input blocks itself (no quantize dispatch): decode steps against the CPU
+    reference on the same re-quantized weights, held to the int8 path's standard (top-1 differs
+    only on near-ties)."""
+    if not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name} has no integer dot product")
+    from gguf import GGMLQuantizationType as Q
+    from engine.backends.cpu import CpuBackend
+    from engine.backends.vulkan.backend import VulkanBackend
+    ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
+    ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
+    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True, quant="q8_0")
+    try:
+        assert backend.stats()["geglu_q8_1"] is not None, "the GEGLU should write down's q8_1 input here"
+        backend.forward(ids[:8], 0)
+        got = np.stack([backend.forward([ids[p]], p) for p in range(8, len(ids))])
+    finally:
+        backend.close()
+    flips = np.nonzero(got.argmax(-1) != ref.argmax(-1))[0]
+    top2 = np.sort(ref, -1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    diff = float(np.abs(got - ref).max())
+    record_property("int8_geglu_q8_1_max_abs_logit_diff", diff)
+    print(f"int8 decode (GEGLU writes q8_1): {len(flips)} of {len(ref)} top-1 differ "
+          f"(margins {margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}")
+    assert (margins[flips] < 0.1).all()
+    assert diff < 1.0

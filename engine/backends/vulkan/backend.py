@@ -10,14 +10,16 @@ and one 4-byte read. Small models record several token steps per command buffer
 On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
 chosen per matrix shape by timing them at load (`tuning`); `profile_decode()` times every op.
 
-One decode layer, as recorded (B = barrier; 5 dispatches, 6 where down takes the q8_1 int8 path):
+One decode layer, as recorded (B = barrier; 5 dispatches, 6 where down takes the q8_1 int8 path
+and the GEGLU does not write its q8_1 blocks itself):
   QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention B
-  o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec B
+  o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec [+ q8_1 of its output] B
   [quantize B] down matvec + norm_add (next layer's h) B
 The matvec's last workgroup to finish runs the norm_add (`NormTail`); where the matvec reading h
 (QKV, gate/up, LM head) takes the q8_1 int8 path, that norm_add (or the first norm) also writes
 h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch; likewise attention writes
-its output's q8_1 blocks into `attnq` for an int8 o matvec. Prefill (T > 1) runs GEMMs and
+its output's q8_1 blocks into `attnq` for an int8 o matvec, and the GEGLU its output's into
+`mlpq` for an int8 down matvec (`geglu_q8_1`, where timing says it pays). Prefill (T > 1) runs GEMMs and
 separate norm_add dispatches.
 """
 from __future__ import annotations
@@ -33,10 +35,10 @@ from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
-                                    ops_sample, timing)
+                                    ops_sample, prefetch, timing)
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, q8_1_bytes, record_matvec,
-                                           record_quantize, regs_ok)
+from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, out_q8_1_ok, q8_1_bytes,
+                                           record_matvec, record_quantize, regs_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
 from engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -100,6 +102,15 @@ class VulkanBackend(Backend):
         self.norm_tail: dict = {}     # key -> run the following norm_add in the matvec's last workgroup (tuned)
         if autotune if autotune is not None else not caps.is_software:
             self._autotune()
+        # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
+        # matvec (no quantize dispatch between them), or None
+        self.geglu_q8_1 = self._choose_geglu_q8_1()
+        # bytes of the next matrices read into the cache beside each latency-bound decode kernel
+        # (prefetch.py); timed whole decode steps decide, off where not tuned
+        self.prefetch_bytes = 0
+        self.prefetch_timing: dict = {}
+        if self.tuning:
+            self._tune_prefetch()
         self._py_time = 0.0
         self._py_tokens = 0
 
@@ -241,6 +252,7 @@ class VulkanBackend(Backend):
         self.xq = dev.buffer(q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size)), name="xq")
         self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
         self.attnq = dev.buffer(q8_1_bytes(cfg.q_dim), name="attnq")   # q8_1 of attn, from decode attention
+        self.mlpq = dev.buffer(q8_1_bytes(cfg.intermediate_size), name="mlpq")   # q8_1 of mlp, from the GEGLU
         # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
         self.mv_arrival = dev.buffer(16, name="matvec_arrival")
         dev.upload(self.mv_arrival, np.zeros(4, np.uint32))
@@ -287,12 +299,13 @@ class VulkanBackend(Backend):
         return all(len(m.tensor.ranges) == 1 for m in L.qkv) and len({m.qtype for m in L.qkv}) == 1
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-            force=None, xq=None, tail=None):
+            force=None, xq=None, tail=None, y_q8_1=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         xq: the q8_1 blocks of x already exist there (written by the norm that produced x; same
         offsets): the int8 path reads them instead of recording a quantize dispatch.
-        tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding)."""
+        tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding).
+        y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks."""
         if tail is not None:
             assert T == 1 and epilogue is None
             epilogue = "norm"
@@ -317,26 +330,27 @@ class VulkanBackend(Backend):
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
         elif int_dot and xq is not None:
             record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
                           x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
-                          tail=tail)
+                          tail=tail, y_q8_1=y_q8_1)
         elif int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, hq=None, xq=None) -> str:
+                     w_post, w_next, hq=None, xq=None, then=(), split=False) -> str:
         """o = m x, then x += rmsnorm(o) * w_post; h = rmsnorm(x) * w_next (+ q8_1 of h into hq).
-        Decode: one dispatch (the matvec's last workgroup runs the norm); else the matvec, a
-        barrier and norm_add. xq: x's q8_1 blocks, as for `_mv`. Returns the profile label of
-        what is still open (no barrier after)."""
+        Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm); else the
+        matvec, a barrier and norm_add, beside which the decode step prefetches the matrices
+        `then` (read next). xq: x's q8_1 blocks, as for `_mv`. Returns the profile label of what
+        is still open (no barrier after)."""
         cfg = self.config
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
@@ -347,7 +361,77 @@ class VulkanBackend(Backend):
         self._mark(cl, label)
         ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
+        if T == 1:
+            self._prefetch(cl, list(then), split=split)
         return "norm_add"
+
+    def _geglu_q8_1_applies(self, L: _Layer) -> bool:
+        """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1
+        blocks (int8 path, not quantized in registers) and gate/up take the path `geglu_q8_1` was
+        chosen for (layers may differ in type)."""
+        idot = self._path([L.gate, L.up], "geglu")[0]
+        return self._path([L.down], "down")[0] is True and idot == self.geglu_q8_1[0] and \
+            self.config.intermediate_size % 32 == 0
+
+    def _geglu_q8_1_specs(self) -> list[dict]:
+        """Workgroup shapes whose row groups are whole q8_1 blocks (matvec.out_q8_1_ok)."""
+        I, caps = self.config.intermediate_size, self.dev.caps
+        if caps.is_software:
+            wg = caps.subgroup_size
+            specs = [{"WG": wg, "ROWS": max(1, 32 // wg), "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+        else:
+            sg = max(8, min(64, caps.subgroup_size))
+            specs = [{"WG": 4 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4, 8)]
+            specs += [{"WG": 8 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4)]
+        return [s for s in specs if out_q8_1_ok(s, I)]
+
+    def _choose_geglu_q8_1(self):
+        """Where the down matvec reads q8_1 blocks, the GEGLU before it can write them (a
+        quantize dispatch and a barrier fewer per layer). Tuned devices keep it only if timing
+        says so (its workgroups hold 32 rows, which may stream worse than the tuned shape);
+        untuned ones (CPU Vulkan) take it whenever it applies."""
+        L = self.layers[0]
+        specs = self._geglu_q8_1_specs()
+        if not specs or self._path([L.down], "down")[0] is not True:
+            return None
+        int_dot, tuned_spec = self._path([L.gate, L.up], "geglu")
+        if int_dot == "regs" and self.dev.caps.is_software:
+            return None
+        if "geglu" not in self.tuning:
+            return (int_dot, specs[0])
+        cfg = self.config
+        H, I = cfg.hidden_size, cfg.intermediate_size
+
+        def separate(cl):
+            self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu",
+                     force=(int_dot, tuned_spec), xq=self.hq)
+            cl.barrier()
+            record_quantize(cl, self.dev, self.mlp, self.xq, I)
+        sep_us, best = self._time_us(separate, reps=10), None
+        for spec in specs:
+            def fused(cl, spec=spec):
+                self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu_q8_1",
+                         force=(int_dot, spec), xq=self.hq, y_q8_1=self.mlpq)
+            us = self._time_us(fused, reps=10)
+            if best is None or us < best[0]:
+                best = (us, spec)
+        self.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
+        return (int_dot, best[1]) if best[0] < sep_us else None
+
+    def _tune_prefetch(self) -> None:
+        """Time whole decode steps (at a mid-context position, so attention has its real length)
+        with each prefetch budget and keep the fastest."""
+        self._write_step(pos=min(self.context_length - 1, 512), n_tokens=1)
+        for budget in prefetch.BUDGETS:
+            self.prefetch_bytes = budget
+            self.prefetch_timing[budget] = round(self._time_us(
+                lambda cl: self._record_body(cl, 1, "last", True, False), reps=5), 1)
+        self.prefetch_bytes = min(self.prefetch_timing, key=self.prefetch_timing.get)
+
+    def _prefetch(self, cl, mats, *, skip: int = 0, split: bool = False) -> None:
+        """Decode only: the first prefetch_bytes of `mats` (after `skip`) into the cache, no barrier."""
+        if self.prefetch_bytes:
+            prefetch.record_prefetch(cl, self.dev, mats, self.prefetch_bytes, skip=skip, split=split)
 
     # ---- tuning and profiling ------------------------------------------------------------------
 
@@ -536,6 +620,8 @@ class VulkanBackend(Backend):
         hq = qkv_hq(self.layers[0])
         ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps,
                       q=hq)
+        if dec:
+            self._prefetch(cl, self.layers[0].qkv)
         open_op = "norm"           # the op the next barrier closes (profile label)
         for i, L in enumerate(self.layers):
             self._mark(cl, open_op)
@@ -547,6 +633,8 @@ class VulkanBackend(Backend):
                              theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=eps, max_tokens=T,
                              q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0, k_offset=cfg.q_dim,
                              v_offset=cfg.q_dim + cfg.kv_dim)
+            if dec:
+                self._prefetch(cl, [L.o])
             self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
             attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
@@ -556,6 +644,7 @@ class VulkanBackend(Backend):
                                                n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
                                                cache_slots=L.slots, window=window, scale=cfg.attn_scale,
                                                n_splits=self.n_splits, q_offset=0, q=attnq)
+                self._prefetch(cl, [L.o], skip=self.prefetch_bytes)
             else:
                 ops_attention.attention_prefill(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.attn,
                                                 head_dim=cfg.head_dim, n_heads=cfg.num_heads,
@@ -567,9 +656,16 @@ class VulkanBackend(Backend):
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
             self._mark(cl, self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
                                              w_post=L.norms["post_attention_layernorm"],
-                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq))
-            self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
-                     epilogue="geglu", key="geglu", xq=hq)
+                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq,
+                                             then=(L.gate, L.up), split=True))
+            mlpq = None
+            if dec and self.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
+                mlpq = self.mlpq          # the int8 down matvec's input blocks, from the GEGLU itself
+                self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=cfg.intermediate_size,
+                         epilogue="geglu_q8_1", force=self.geglu_q8_1, xq=hq, y_q8_1=mlpq)
+            else:
+                self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
+                         epilogue="geglu", key="geglu", xq=hq)
             self._mark(cl, "gate_up_geglu")
             if i + 1 < len(self.layers):
                 nxt, hq = self.layers[i + 1].norms["input_layernorm"], qkv_hq(self.layers[i + 1])
@@ -578,7 +674,8 @@ class VulkanBackend(Backend):
                                             else None)
             open_op = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
                                         label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
-                                        hq=hq)
+                                        hq=hq, xq=mlpq,
+                                        then=self.layers[i + 1].qkv if i + 1 < len(self.layers) else [self.lm_head])
         self._mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
@@ -721,6 +818,13 @@ class VulkanBackend(Backend):
                                   **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
                               for k, v in self.tuning.items()},
         }
+        out["prefetch_bytes"] = self.prefetch_bytes
+        if self.prefetch_timing:
+            out["prefetch_step_us"] = dict(self.prefetch_timing)
+        out["geglu_q8_1"] = (None if self.geglu_q8_1 is None else
+                             {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
+        if getattr(self, "geglu_q8_1_timing", None):
+            out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
         busy = self.busy_fraction()
@@ -728,10 +832,14 @@ class VulkanBackend(Backend):
             out["gpu_busy_fraction"] = busy
         return out
 
-    def close(self) -> None:
-        dev = getattr(self, "dev", None)
-        if dev is None:
-            return
+    def set_prefetch(self, nbytes: int) -> None:
+        """Prefetch `nbytes` per latency-bound decode interval (0: off) instead of the tuned
+        choice; drops the recorded steps so the next ones are recorded with it."""
+        self.dev.wait_idle()
+        self._drop_recordings()
+        self.prefetch_bytes = int(nbytes)
+
+    def _drop_recordings(self) -> None:
         for cl in getattr(self, "_recordings", {}).values():
             cl.destroy()
         for pair in getattr(self, "_decode_lists", {}).values():
@@ -739,6 +847,12 @@ class VulkanBackend(Backend):
                 cl.destroy()
         self._recordings = OrderedDict()
         self._decode_lists = {}
+
+    def close(self) -> None:
+        dev = getattr(self, "dev", None)
+        if dev is None:
+            return
+        self._drop_recordings()
         if self._own_device:
             dev.close()
         self.dev = None

@@ -98,6 +98,15 @@ class NormTail:
     q: object = None
 
 
+OUT_Q8_1_MAX_ROWS = 256    # rows one workgroup holds for the q8_1 step (matvec.comp)
+
+
+def out_q8_1_ok(spec: dict, rows: int) -> bool:
+    """The GEGLU matvec can write y's q8_1 blocks itself: every workgroup's rows are whole blocks."""
+    g = rows_per_group(spec)
+    return rows % 32 == 0 and g % 32 == 0 and g <= OUT_Q8_1_MAX_ROWS
+
+
 def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
     return m.qtype.name in PAIR_TYPES and m.cols % 64 == 0 and x_off % 4 == 0
 
@@ -111,8 +120,9 @@ def variant_name(qtype: QType, epilogue: str | None, int_dot) -> str:
 
 def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0) -> None:
     """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32)."""
-    p = dev.pipeline("quantize_q8_1", WG=32)
-    cl.dispatch(p, [x, xq], groups_2d(-(-n // 32)), p.push.pack(n=n, x_off=x_off))
+    wg = 32                        # one invocation per block of 32 values
+    p = dev.pipeline("quantize_q8_1", WG=wg)
+    cl.dispatch(p, [x, xq], groups_2d(-(-n // (32 * wg))), p.push.pack(n=n, x_off=x_off))
 
 
 def q8_1_bytes(n: int) -> int:
@@ -122,12 +132,14 @@ def q8_1_bytes(n: int) -> int:
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
                   tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None) -> None:
+                  tail: NormTail | None = None, y_q8_1=None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
     | "norm" (y = Wx, then `tail`, the norm_add over all of y, in the same dispatch: one matrix
-    in one binding, one token; the last workgroup to finish runs it).
+    in one binding, one token; the last workgroup to finish runs it)
+    | "geglu_q8_1" (geglu that also writes y's q8_1 blocks into `y_q8_1`, for an int8 down matvec:
+    one token, y_off 0, a workgroup shape whose row groups are whole blocks, see `out_q8_1_ok`).
     int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks;
     int_dot="regs": x is f32 and quantized in registers (Q4_0/Q8_0 with n_cols % 64 == 0 only).
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
@@ -139,9 +151,14 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     qtype, cols = mats[0].qtype, mats[0].cols
     if any(m.qtype != qtype or m.cols != cols for m in mats):
         raise ValueError("fused matrices must share type and column count")
-    if epilogue == "geglu" and (len(mats) != 2 or mats[0].rows != mats[1].rows):
+    if epilogue in ("geglu", "geglu_q8_1") and (len(mats) != 2 or mats[0].rows != mats[1].rows):
         raise ValueError("geglu takes [gate, up] of equal shape")
     spec = spec or default_spec(dev)
+    if epilogue == "geglu_q8_1":
+        if y_q8_1 is None or tokens != 1 or y_off or not out_q8_1_ok(spec, mats[0].rows):
+            raise ValueError("geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups of "
+                             f"whole q8_1 blocks (rows {mats[0].rows}, {rows_per_group(spec)} per workgroup)")
+        res = y_q8_1
     if int_dot == "regs" and (not regs_ok(mats[0], x_off) or spec.get("THREAD_ROWS")):
         raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0, x_off % 4 == 0 "
                          "and a cooperative workgroup shape")
@@ -171,7 +188,7 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
         raise ValueError("fused matrices must each fit one binding")
     binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
     rows = [m.rows for m in mats] + [0] * (3 - len(mats))
-    total = rows[0] if epilogue == "geglu" else sum(rows)
+    total = rows[0] if epilogue in ("geglu", "geglu_q8_1") else sum(rows)
     push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
                        y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
     gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))

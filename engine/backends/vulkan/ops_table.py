@@ -15,6 +15,7 @@ GEMM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_
 
 
 def _build() -> dict:
+    from engine.backends.vulkan.ops_norm import NORM_MAXE
     from engine.backends.vulkan.pipelines import PushLayout, Variant
 
     t: dict = {}
@@ -78,12 +79,14 @@ def _build() -> dict:
         ("y_off", "u32"),          # column of y where this binding's rows land
     ])
 
+    maxe = {"NORM_MAXE": NORM_MAXE}
     v = [
-        Variant("norm_f32", "norm.comp", 3, norm, {}, norm_spec),
-        Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None}, norm_spec),
+        Variant("norm_f32", "norm.comp", 3, norm, {**maxe}, norm_spec),
+        Variant("norm_add_f32", "norm.comp", 5, norm, {"NORM_ADD": None, **maxe}, norm_spec),
         # + q8_1 blocks of `out` for an int8 matvec: its quantize dispatch folded in
-        Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None}, norm_spec),
-        Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None}, norm_spec),
+        Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None, **maxe}, norm_spec),
+        Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe},
+                norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in

@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.backends.vulkan.ops_norm import NORM_MAXE
 from shaders import SHADER_DIR, SPV_DIR  # noqa: F401  (the shader package's folders; re-exported for tools/)
 
 MAX_PUSH_BYTES = 128          # the minimum maxPushConstantsSize every device offers
@@ -84,9 +85,11 @@ class Variant:
 # y[r] = sum_c W[r, c] * x[c]   for rows of up to three weight matrices of one type
 # (fused QKV: the rows of Wq, Wk, Wv in one dispatch, written one after the other), with
 # epilogues: plain, residual add (y = res + Wx), GEGLU (y = gelu_tanh(Wg x) * (Wu x)),
-# norm (decode: y = Wx, then the last workgroup runs norm.comp's norm_add on y: `_norm`).
+# norm (decode: y = Wx, then the last workgroup runs norm.comp's norm_add on y: `_norm`),
+# GEGLU writing y's q8_1 blocks too (decode: `_geglu_q8_1`, for an int8 down matvec).
 # Bindings: 0 x (f32 activations, or q8_1 blocks for the int8 path), 1 y (f32 out),
-#           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual;
+#           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual (y's q8_1
+#           blocks for `_geglu_q8_1`);
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
@@ -113,21 +116,23 @@ MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_R
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
 
+# epilogue suffix -> its defines (the norm tail's row length per invocation comes from ops_norm)
+_EPILOGUES = (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None}),
+              ("_geglu_q8_1", {"EPI_GEGLU": None, "OUT_Q8_1": None}),
+              ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}))
+
+
 def _matvec_variants() -> list[Variant]:
     out = []
     for wt in WEIGHT_TYPES:
         lo = wt.lower()
         base = {"WTYPE_" + wt: None}
-        out.append(Variant(f"matvec_{lo}_f32_f32", "matvec.comp", 6, MATVEC_PUSH, dict(base), MATVEC_SPEC))
-        out.append(Variant(f"matvec_{lo}_f32_f32_add", "matvec.comp", 6, MATVEC_PUSH,
-                           {**base, "EPI_ADD": None}, MATVEC_SPEC))
-        out.append(Variant(f"matvec_{lo}_f32_f32_geglu", "matvec.comp", 6, MATVEC_PUSH,
-                           {**base, "EPI_GEGLU": None}, MATVEC_SPEC))
-        out.append(Variant(f"matvec_{lo}_f32_f32_norm", "matvec.comp", 11, MATVEC_NORM_PUSH,
-                           {**base, "EPI_NORM": None}, MATVEC_SPEC))
+        for suffix, extra in _EPILOGUES:
+            nb, push = (11, MATVEC_NORM_PUSH) if suffix == "_norm" else (6, MATVEC_PUSH)
+            out.append(Variant(f"matvec_{lo}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra},
+                               MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
-            for suffix, extra in (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None}),
-                                  ("_norm", {"EPI_NORM": None})):
+            for suffix, extra in _EPILOGUES:
                 nb, push = (11, MATVEC_NORM_PUSH) if suffix == "_norm" else (6, MATVEC_PUSH)
                 out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", nb, push,
                                    {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
@@ -137,6 +142,8 @@ def _matvec_variants() -> list[Variant]:
                                        requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
+    out.append(Variant("prefetch_u32x4", "prefetch.comp", 2, PushLayout("prefetch", [("n", "u32"), ("magic", "u32")]),
+                       {}, {"WG": (0, 256)}))
     return out
 
 
