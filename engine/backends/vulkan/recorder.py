@@ -132,16 +132,18 @@ class CommandList:
         vk.vkCmdDispatch(self.cmd, *groups)
         self.dispatches += 1
 
-    def barrier(self, *, all_commands: bool = False) -> None:
-        """Make every earlier compute/transfer write visible to every later read and write."""
+    def barrier(self, *, all_commands: bool = False, transfer: bool = True) -> None:
+        """Make every earlier compute/transfer write visible to every later read and write.
+        transfer=False: compute shaders only (nothing but dispatches on either side)."""
         vk = self.dev.vk
+        xfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT if transfer else 0
         stages = (vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT if all_commands else
-                  vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
+                  vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | xfer)
         mb = vk.VkMemoryBarrier(
-            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | (vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
             | (vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT if all_commands else 0),
             dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-            | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+            | (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0))
         vk.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
         self.barriers += 1
 
