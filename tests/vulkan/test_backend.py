@@ -206,23 +206,3 @@ def test_tiny_model_greedy_decode_several_steps_per_submit(tiny):
     near_end = list(vk.decode_tokens(first, 60, SamplingParams(temperature=0.0), 10))
     assert len(near_end) == 3          # positions 61..63 of a 64-token context
 
-
-def test_decode_with_prefetch_gives_identical_logits(backends, text_ids):
-    """Prefetch beside the RoPE, attention and norm kernels (as a GPU with a large cache would be
-    tuned to): the same logits, bit for bit, as without."""
-    _cpu, vk = backends
-    ids = text_ids[:12]
-    assert vk.prefetch_bytes == 0          # lavapipe is not tuned: off
-    vk.forward(ids[:8], 0)
-    off = np.stack([vk.forward([t], 8 + i) for i, t in enumerate(ids[8:])])
-    plain = vk.profile_decode()["dispatches"]
-    vk.set_prefetch(1 << 16)
-    try:
-        vk.forward(ids[:8], 0)
-        on = np.stack([vk.forward([t], 8 + i) for i, t in enumerate(ids[8:])])
-        with_prefetch = vk.profile_decode()["dispatches"]
-    finally:
-        vk.set_prefetch(0)
-    np.testing.assert_array_equal(on, off)
-    # per layer: beside RoPE, attention and (separate) norms; lavapipe runs the norm tails
-    assert with_prefetch >= plain + 2 * vk.config.num_layers

@@ -35,7 +35,7 @@ from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
-                                    ops_sample, prefetch, timing)
+                                    ops_sample, timing)
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, out_q8_1_ok, q8_1_bytes,
                                            record_matvec, record_quantize, regs_ok)
@@ -105,12 +105,6 @@ class VulkanBackend(Backend):
         # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
         # matvec (no quantize dispatch between them), or None
         self.geglu_q8_1 = self._choose_geglu_q8_1()
-        # bytes of the next matrices read into the cache beside each latency-bound decode kernel
-        # (prefetch.py); timed whole decode steps decide, off where not tuned
-        self.prefetch_bytes = 0
-        self.prefetch_timing: dict = {}
-        if self.tuning:
-            self._tune_prefetch()
         self._py_time = 0.0
         self._py_tokens = 0
 
@@ -345,12 +339,11 @@ class VulkanBackend(Backend):
                           x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, hq=None, xq=None, then=(), split=False) -> str:
+                     w_post, w_next, hq=None, xq=None) -> str:
         """o = m x, then x += rmsnorm(o) * w_post; h = rmsnorm(x) * w_next (+ q8_1 of h into hq).
         Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm); else the
-        matvec, a barrier and norm_add, beside which the decode step prefetches the matrices
-        `then` (read next). xq: x's q8_1 blocks, as for `_mv`. Returns the profile label of what
-        is still open (no barrier after)."""
+        matvec, a barrier and norm_add. xq: x's q8_1 blocks, as for `_mv`. Returns the profile
+        label of what is still open (no barrier after)."""
         cfg = self.config
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
@@ -361,8 +354,6 @@ class VulkanBackend(Backend):
         self._mark(cl, label)
         ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
-        if T == 1:
-            self._prefetch(cl, list(then), split=split)
         return "norm_add"
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
@@ -407,6 +398,7 @@ class VulkanBackend(Backend):
                      force=(int_dot, tuned_spec), xq=self.hq)
             cl.barrier()
             record_quantize(cl, self.dev, self.mlp, self.xq, I)
+        timing.warm_up(self.dev, separate, 0.1)
         sep_us, best = self._time_us(separate, reps=10), None
         for spec in specs:
             def fused(cl, spec=spec):
@@ -415,23 +407,9 @@ class VulkanBackend(Backend):
             us = self._time_us(fused, reps=10)
             if best is None or us < best[0]:
                 best = (us, spec)
+        sep_us = min(sep_us, self._time_us(separate, reps=10))      # timed on both sides of the candidates
         self.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
         return (int_dot, best[1]) if best[0] < sep_us else None
-
-    def _tune_prefetch(self) -> None:
-        """Time whole decode steps (at a mid-context position, so attention has its real length)
-        with each prefetch budget and keep the fastest."""
-        self._write_step(pos=min(self.context_length - 1, 512), n_tokens=1)
-        for budget in prefetch.BUDGETS:
-            self.prefetch_bytes = budget
-            self.prefetch_timing[budget] = round(self._time_us(
-                lambda cl: self._record_body(cl, 1, "last", True, False), reps=5), 1)
-        self.prefetch_bytes = min(self.prefetch_timing, key=self.prefetch_timing.get)
-
-    def _prefetch(self, cl, mats, *, skip: int = 0, split: bool = False) -> None:
-        """Decode only: the first prefetch_bytes of `mats` (after `skip`) into the cache, no barrier."""
-        if self.prefetch_bytes:
-            prefetch.record_prefetch(cl, self.dev, mats, self.prefetch_bytes, skip=skip, split=split)
 
     # ---- tuning and profiling ------------------------------------------------------------------
 
@@ -472,11 +450,11 @@ class VulkanBackend(Backend):
         cases = self._matvec_cases()
         mats, x, y, xc, yc, epi = cases["geglu"]
         reps = 2 if self.dev.caps.is_software else 10
-        if not self.dev.caps.is_software:      # ~100 ms of work first, so clocks are up when timing
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 0.1:
-                self._time_us(lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                                  force=(False, specs[0])), reps=20)
+        def warm(seconds=0.1):             # clocks up before timing (timing.warm_up)
+            if not self.dev.caps.is_software:
+                timing.warm_up(self.dev, lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
+                                                             force=(False, specs[0])), seconds)
+        warm()
         # The matvecs reading h get its q8_1 blocks from the norm that writes h, the o-proj its
         # input's from attention (no quantize dispatch in decode), so their int8 path is timed
         # without one; hq and attnq hold real blocks.
@@ -498,6 +476,7 @@ class VulkanBackend(Backend):
                 w_post, w_next = (L0.norms[n] for n in tails[key])
                 tail = NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, self.config.rms_norm_eps,
                                 q=self.hq)
+            warm(0.03)
             paths = [False]
             if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
                 paths.append(True)
@@ -620,8 +599,6 @@ class VulkanBackend(Backend):
         hq = qkv_hq(self.layers[0])
         ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps,
                       q=hq)
-        if dec:
-            self._prefetch(cl, self.layers[0].qkv)
         open_op = "norm"           # the op the next barrier closes (profile label)
         for i, L in enumerate(self.layers):
             self._mark(cl, open_op)
@@ -633,8 +610,6 @@ class VulkanBackend(Backend):
                              theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=eps, max_tokens=T,
                              q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0, k_offset=cfg.q_dim,
                              v_offset=cfg.q_dim + cfg.kv_dim)
-            if dec:
-                self._prefetch(cl, [L.o])
             self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
             attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
@@ -644,7 +619,6 @@ class VulkanBackend(Backend):
                                                n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
                                                cache_slots=L.slots, window=window, scale=cfg.attn_scale,
                                                n_splits=self.n_splits, q_offset=0, q=attnq)
-                self._prefetch(cl, [L.o], skip=self.prefetch_bytes)
             else:
                 ops_attention.attention_prefill(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.attn,
                                                 head_dim=cfg.head_dim, n_heads=cfg.num_heads,
@@ -656,8 +630,7 @@ class VulkanBackend(Backend):
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
             self._mark(cl, self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
                                              w_post=L.norms["post_attention_layernorm"],
-                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq,
-                                             then=(L.gate, L.up), split=True))
+                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq))
             mlpq = None
             if dec and self.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
                 mlpq = self.mlpq          # the int8 down matvec's input blocks, from the GEGLU itself
@@ -674,8 +647,7 @@ class VulkanBackend(Backend):
                                             else None)
             open_op = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
                                         label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
-                                        hq=hq, xq=mlpq,
-                                        then=self.layers[i + 1].qkv if i + 1 < len(self.layers) else [self.lm_head])
+                                        hq=hq, xq=mlpq)
         self._mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
@@ -818,9 +790,6 @@ class VulkanBackend(Backend):
                                   **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
                               for k, v in self.tuning.items()},
         }
-        out["prefetch_bytes"] = self.prefetch_bytes
-        if self.prefetch_timing:
-            out["prefetch_step_us"] = dict(self.prefetch_timing)
         out["geglu_q8_1"] = (None if self.geglu_q8_1 is None else
                              {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
         if getattr(self, "geglu_q8_1_timing", None):
@@ -831,13 +800,6 @@ class VulkanBackend(Backend):
         if busy is not None:
             out["gpu_busy_fraction"] = busy
         return out
-
-    def set_prefetch(self, nbytes: int) -> None:
-        """Prefetch `nbytes` per latency-bound decode interval (0: off) instead of the tuned
-        choice; drops the recorded steps so the next ones are recorded with it."""
-        self.dev.wait_idle()
-        self._drop_recordings()
-        self.prefetch_bytes = int(nbytes)
 
     def _drop_recordings(self) -> None:
         for cl in getattr(self, "_recordings", {}).values():

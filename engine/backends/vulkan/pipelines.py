@@ -142,8 +142,6 @@ def _matvec_variants() -> list[Variant]:
                                        requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
-    out.append(Variant("prefetch_u32x4", "prefetch.comp", 2, PushLayout("prefetch", [("n", "u32"), ("magic", "u32")]),
-                       {}, {"WG": (0, 256)}))
     return out
 
 
