@@ -126,25 +126,8 @@ bool norm_add_row_regs(uint in_base, uint base, uint n, float eps, out float ov[
 
 #ifdef NORM_ROW_Q8_1
 #define Q8_1_OUT NORM_Q
-#ifdef NORM_Q8_CLUSTERED
-#define Q8_1_CLUSTERED
-#endif
 #include "q8_1_block.glsl"
 
-#ifdef NORM_Q8_CLUSTERED
-// q8_1 blocks of a row held as norm_add_row_regs leaves it (element tid + j * WG in ov[j]):
-// with subgroups of >= 32 lanes every block of slice j sits in one 32-lane cluster, which
-// encodes it with clustered subgroup operations (q8_1_store_lane): all blocks at once, no barrier.
-void quantize_regs_q8_1(float ov[NORM_MAXE], uint n, uint q_block) {
-    const uint tid = gl_LocalInvocationID.x;
-    const uint nb = (n + 31u) / 32u;
-    [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
-        if (j * WG >= n) break;
-        const uint b = (j * WG + tid) / 32u;
-        q8_1_store_lane(ov[j], q_block + b, tid % 32u, b < nb);
-    }
-}
-#else
 // q8_1 blocks of a row held as norm_add_row_regs leaves it (element tid + j * WG in ov[j]):
 // slice j (WG elements) goes through shared memory, padded one float per 32 so each of the
 // WG / 32 quantizing invocations reads its block without bank conflicts.
@@ -165,7 +148,6 @@ void quantize_regs_q8_1(float ov[NORM_MAXE], uint n, uint q_block) {
         }
     }
 }
-#endif
 
 // NORM_Q[q_block ...] <- q8_1 blocks of NORM_OUT[base : base + n], the last block zero-padded:
 // exactly what quantize_q8_1.comp writes for the row (both encode through q8_1_block.glsl).

@@ -35,24 +35,4 @@ void q8_1_store(float v[32], uint block) {
     [[unroll]] for (uint k = 0u; k < Q8_1_WORDS; k++) Q8_1_OUT[block * Q8_1_WORDS + k] = words[k];
 }
 #endif
-
-#ifdef Q8_1_CLUSTERED
-#extension GL_KHR_shader_subgroup_clustered : require
-// The same block from 32 lanes holding one value each: a cluster of 32 consecutive subgroup
-// lanes (subgroup size >= 32, invocations laid out linearly: lane = local id % subgroup size),
-// value k of the block in lane k of the cluster. The cluster reduces max and sum itself: no
-// shared memory, no barrier. Lane 4w writes word w, lane 0 the scales; `write` false stores
-// nothing (a block past the end). Call from uniform control flow (every lane of the cluster).
-void q8_1_store_lane(float v, uint block, uint lane, bool write) {
-    const float d = subgroupClusteredMax(abs(v), 32u) / 127.0;
-    const int qi = d > 0.0 ? int(round(v / d)) : 0;
-    const int sum = subgroupClusteredAdd(qi, 32u);
-    const uint w = subgroupClusteredOr((uint(qi) & 0xFFu) << (8u * (lane & 3u)), 4u);
-    if (write && (lane & 3u) == 0u) Q8_1_OUT[block * Q8_1_WORDS + lane / 4u] = w;
-    if (write && lane == 0u) {
-        Q8_1_OUT[block * Q8_1_WORDS + 8u] = floatBitsToUint(d);
-        Q8_1_OUT[block * Q8_1_WORDS + 9u] = floatBitsToUint(d * float(sum));
-    }
-}
-#endif
 #endif

@@ -80,20 +80,14 @@ def _quantize_rows(dev, out_buf, rows, n):
     return np.stack(got)
 
 
-@pytest.mark.parametrize("clustered", [False, True], ids=["shared", "clustered"])
 @pytest.mark.parametrize("add", [False, True], ids=["norm", "norm_add"])
 @pytest.mark.parametrize("rows,n", [(1, 640), (3, 1152), (2, 1000), (1, 5376), (3, 7), (2, 333)])
 @WGS
-def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg, clustered):
+def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg):
     """The *_q8_1 variants: the same f32 output, plus q8_1 blocks equal bit for bit to running
-    quantize_q8_1 on that output (odd n: the last block of each row zero-padded). norm_add's
-    blocks are encoded through shared memory or, where subgroups have >= 32 lanes, by clusters."""
+    quantize_q8_1 on that output (odd n: the last block of each row zero-padded)."""
     from engine.backends.vulkan.matvec import q8_1_bytes
     dev = vk_device
-    if clustered and not add:
-        pytest.skip("only norm_add's register path has the clustered encoder")
-    if clustered and not dev.caps.subgroup_clusters_32:
-        pytest.skip(f"{dev.name}: subgroups of {dev.caps.subgroup_size} lanes, no 32-lane clusters")
     rng = np.random.default_rng(11 * rows + n + add)
     x = (rng.standard_normal((rows, n)) * 20).astype(np.float32)
     res = (rng.standard_normal((rows, n)) * 300).astype(np.float32)
@@ -106,7 +100,7 @@ def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg, clustered):
         bq = dev.buffer(rows * q8_1_bytes(n)) if fused else None
         cl = dev.commands()
         if add:
-            norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, q=bq, wg=wg, clustered=clustered)
+            norm_add(cl, dev, bx, bw1, br, bw2, bo, rows=rows, n=n, eps=1e-6, q=bq, wg=wg)
         else:
             norm(cl, dev, bx, bw1, bo, rows=rows, n=n, eps=1e-6, q=bq)
         cl.end()

@@ -89,7 +89,6 @@ class Capabilities:
     driver: str
     subgroup_size: int
     subgroup_arithmetic: bool
-    subgroup_clusters_32: bool       # clustered subgroup ops over 32-lane clusters (subgroup size >= 32)
     fp16: bool                       # shaderFloat16
     int8: bool                       # shaderInt8
     int16: bool
@@ -210,8 +209,6 @@ def _probe(vk, pd, index: int) -> Capabilities:
         driver=f"{_cstr(vk, drv.driverName)} {_cstr(vk, drv.driverInfo)}".strip(),
         subgroup_size=int(sg.subgroupSize),
         subgroup_arithmetic=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
-        subgroup_clusters_32=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_CLUSTERED_BIT
-                                  and sg.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT and sg.subgroupSize >= 32),
         fp16=bool(f12.shaderFloat16),
         int8=bool(f12.shaderInt8),
         int16=bool(f2.features.shaderInt16),

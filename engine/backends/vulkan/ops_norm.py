@@ -25,15 +25,11 @@ def add_workgroup(dev, n: int) -> int:
 
 
 def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None,
-             wg: int | None = None, clustered: bool = True) -> None:
-    """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch).
-    With q, where the device has 32-lane subgroup clusters, the q8_1 blocks are encoded by
-    subgroup clusters instead of through shared memory (clustered=False: the latter anyway)."""
+             wg: int | None = None) -> None:
+    """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch)."""
     wg = add_workgroup(dev, n) if wg is None else wg
     name, binds = "norm_add_f32", [x, w_post, residual, w_next, out]
     if q is not None:
         name, binds = name + "_q8_1", binds + [q]
-        if clustered and dev.caps.subgroup_clusters_32:
-            name += "_sg"
     p = dev.pipeline(name, WG=wg)
     cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))

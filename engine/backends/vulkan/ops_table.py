@@ -87,10 +87,6 @@ def _build() -> dict:
         Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None, **maxe}, norm_spec),
         Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe},
                 norm_spec),
-        # the same, its q8_1 blocks encoded by 32-lane subgroup clusters (no shared memory, no barrier)
-        Variant("norm_add_f32_q8_1_sg", "norm.comp", 6, norm,
-                {"NORM_ADD": None, "NORM_Q8_1": None, "NORM_Q8_CLUSTERED": None, **maxe}, norm_spec,
-                requires=("subgroup_clusters_32",)),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
