@@ -16,7 +16,9 @@
 // (include/last_arrival.glsl, include/norm_row.glsl), saving a dispatch and a barrier.
 // Residual, h and the q8_1 blocks start at element / block 0.
 // EPI_GEGLU + OUT_Q8_1 (decode, one token): also writes y's q8_1 blocks (binding 5) for an int8
-// down matvec, so it needs no quantize dispatch; every workgroup's rows are whole blocks.
+// down matvec, so it needs no quantize dispatch. A workgroup whose rows are whole blocks encodes
+// them from shared memory; where 32 / (its rows) workgroups share a block, they count themselves
+// in that block's arrival counter (binding 6) and the last to arrive encodes it.
 #include "include/common.glsl"
 #ifdef INT_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -46,7 +48,7 @@ layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
 layout(binding = 0) readonly buffer X { float xf[]; };
 layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
 #endif
-#ifdef EPI_NORM
+#if defined(EPI_NORM) || defined(OUT_Q8_1)
 layout(binding = 1) coherent buffer Y { float y[]; };     // read back by the last workgroup
 #else
 layout(binding = 1) buffer Y { float y[]; };
@@ -80,6 +82,8 @@ layout(binding = 9) writeonly buffer NQ { uint h_q[]; };
 #elif defined(EPI_GEGLU) && defined(OUT_Q8_1)
 layout(binding = 5) writeonly buffer YQ { uint yq[]; };   // q8_1 blocks of y (no residual here)
 #define Q8_1_OUT yq
+#define ARRIVAL_BINDING 6
+#include "include/last_arrival.glsl"
 #else
 layout(binding = 5) readonly buffer R { float res[]; };
 #endif
@@ -373,15 +377,26 @@ void main() {
     else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();
     else main_cooperative();
 #ifdef OUT_Q8_1
-    // this workgroup's rows of y are whole q8_1 blocks (group_rows() and rows0 multiples of 32)
-    barrier();
     const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    for (uint b = gl_LocalInvocationID.x; b < group_rows() / 32u; b += WG) {
-        const uint row0 = group * group_rows() + 32u * b;
-        if (row0 >= pc.rows0) break;
-        float v[32];
-        [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = yq_sh[32u * b + k];
-        q8_1_store(v, row0 / 32u);
+    const uint gr = group_rows();       // rows0 is a multiple of 32; gr a multiple or divisor of 32
+    if (gr >= 32u) {
+        // this workgroup's rows of y are whole q8_1 blocks
+        barrier();
+        for (uint b = gl_LocalInvocationID.x; b < gr / 32u; b += WG) {
+            const uint row0 = group * gr + 32u * b;
+            if (row0 >= pc.rows0) break;
+            float v[32];
+            [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = yq_sh[32u * b + k];
+            q8_1_store(v, row0 / 32u);
+        }
+    } else if (group * gr < pc.rows0) {
+        // 32 / gr workgroups share the block: the last to arrive encodes it from y
+        const uint blk = group * gr / 32u;
+        if (arrive_last(blk, 32u / gr) && gl_LocalInvocationIndex == 0u) {
+            float v[32];
+            [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = y[32u * blk + k];
+            q8_1_store(v, blk);
+        }
     }
 #endif
 #ifdef EPI_NORM

@@ -137,12 +137,17 @@ def test_geglu_gate_up(vk_device, int_dot, spec):
     assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
 
 
-# workgroup shapes whose row groups are whole q8_1 blocks (32 rows): 32 = 2 x 16 per subgroup,
-# 4 x 8 per workgroup, 8 x 4 per invocation
+# workgroup shapes whose row groups make whole q8_1 blocks (32 rows): 32 = 2 x 16 per subgroup,
+# 4 x 8 per workgroup, 8 x 4 per invocation; and shapes where several workgroups share a block
+# (8 rows: 4 per block, 2 rows: 16 per block), which count in the block's arrival counter
 OUT_Q8_SPECS = pytest.mark.parametrize("spec", [
     {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 16},
     {"WG": 64, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 8},
-    {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1}], ids=["subgroup_rows", "subgroup_rows_wide", "thread_rows"])
+    {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1},
+    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0},
+    {"WG": 8, "ROWS": 1, "THREAD_ROWS": 1}],
+    ids=["subgroup_rows", "subgroup_rows_wide", "thread_rows", "shared_8", "coop_shared_2", "thread_rows_shared_8"])
 
 
 @OUT_Q8_SPECS
@@ -167,10 +172,15 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
         src = dev.buffer(q8_1_bytes(cols))
         record_quantize(cl, dev, xb, src, cols)
         cl.barrier()
-    record_matvec(cl, dev, mats, src, yb, epilogue="geglu_q8_1", int_dot=int_dot, spec=spec, y_q8_1=yq)
-    cl.barrier()
+    arrival = dev.buffer(4 * rows // 32)
+    dev.upload(arrival, np.zeros(rows // 32, np.uint32))
+    for _ in range(2):        # twice: the counters must be back at 0 after the first
+        record_matvec(cl, dev, mats, src, yb, epilogue="geglu_q8_1", int_dot=int_dot, spec=spec, y_q8_1=yq,
+                      arrival=arrival)
+        cl.barrier()
     record_quantize(cl, dev, yb, ref_q, rows)
     cl.submit()
+    assert not dev.download(arrival, np.uint32, (rows // 32,)).any()
     y = dev.download(yb, np.float32, (rows,)).astype(np.float64)
     got, want = dev.download(yq, np.uint32, (rows // 32 * 10,)), dev.download(ref_q, np.uint32, (rows // 32 * 10,))
     cl.destroy()
@@ -182,13 +192,15 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
 
 
 def test_geglu_q8_1_refuses_row_groups_that_split_blocks(vk_device):
+    """12 rows per workgroup: neither whole blocks nor a whole number of workgroups per block."""
     rows, cols = 64, 64
     (gr, g), (ur, u) = make_weights(Q.Q8_0, rows, cols, 1), make_weights(Q.Q8_0, rows, cols, 2)
     mats = [WeightMatrix.upload(vk_device, gr, Q.Q8_0, g.shape), WeightMatrix.upload(vk_device, ur, Q.Q8_0, u.shape)]
     cl = vk_device.commands()
     buf = vk_device.buffer(1024)
     with pytest.raises(ValueError, match="whole q8_1 blocks"):
-        record_matvec(cl, vk_device, mats, buf, buf, epilogue="geglu_q8_1", y_q8_1=buf, spec=SUBGROUP_ROWS)
+        record_matvec(cl, vk_device, mats, buf, buf, epilogue="geglu_q8_1", y_q8_1=buf,
+                      spec={"WG": 32, "ROWS": 3, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4})
     cl.destroy()
 
 

@@ -37,8 +37,8 @@ from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, out_q8_1_ok, q8_1_bytes,
-                                           record_matvec, record_quantize, regs_ok)
+from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, default_spec, out_q8_1_ok,
+                                           q8_1_bytes, record_matvec, record_quantize, regs_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
 from engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -247,6 +247,8 @@ class VulkanBackend(Backend):
         self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
         self.attnq = dev.buffer(q8_1_bytes(cfg.q_dim), name="attnq")   # q8_1 of attn, from decode attention
         self.mlpq = dev.buffer(q8_1_bytes(cfg.intermediate_size), name="mlpq")   # q8_1 of mlp, from the GEGLU
+        # per-block arrival counters of that GEGLU (workgroups sharing a q8_1 block; left at 0)
+        self.block_arrival = dev.buffer(4 * -(-cfg.intermediate_size // 32), name="block_arrival")
         # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
         self.mv_arrival = dev.buffer(16, name="matvec_arrival")
         dev.upload(self.mv_arrival, np.zeros(4, np.uint32))
@@ -262,6 +264,7 @@ class VulkanBackend(Backend):
             cl.fill(L.k_cache, 0)
             cl.fill(L.v_cache, 0)
         cl.fill(self.counters, 0)              # once: the kernels return them to 0
+        cl.fill(self.block_arrival, 0)
         cl.submit()
         cl.destroy()
 
@@ -300,6 +303,7 @@ class VulkanBackend(Backend):
         offsets): the int8 path reads them instead of recording a quantize dispatch.
         tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding).
         y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks."""
+        arrival = self.block_arrival if epilogue == "geglu_q8_1" else None
         if tail is not None:
             assert T == 1 and epilogue is None
             epilogue = "norm"
@@ -324,19 +328,19 @@ class VulkanBackend(Backend):
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
         elif int_dot and xq is not None:
             record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
                           x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
-                          tail=tail, y_q8_1=y_q8_1)
+                          tail=tail, y_q8_1=y_q8_1, arrival=arrival)
         elif int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
                      w_post, w_next, hq=None, xq=None) -> str:
@@ -365,22 +369,29 @@ class VulkanBackend(Backend):
             self.config.intermediate_size % 32 == 0
 
     def _geglu_q8_1_specs(self) -> list[dict]:
-        """Workgroup shapes whose row groups are whole q8_1 blocks (matvec.out_q8_1_ok)."""
+        """Workgroup shapes that make whole q8_1 blocks (matvec.out_q8_1_ok): the GEGLU's tuned
+        shape where it qualifies (its workgroups then share blocks through arrival counters),
+        and shapes of 32 rows per workgroup (no counters, but fewer workgroups)."""
         I, caps = self.config.intermediate_size, self.dev.caps
+        tuned = self.tuning.get("geglu")
         if caps.is_software:
             wg = caps.subgroup_size
             specs = [{"WG": wg, "ROWS": max(1, 32 // wg), "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
         else:
             sg = max(8, min(64, caps.subgroup_size))
-            specs = [{"WG": 4 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4, 8)]
-            specs += [{"WG": 8 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4)]
-        return [s for s in specs if out_q8_1_ok(s, I)]
+            specs = ([tuned[2]] if tuned and tuned[2] else []) + [default_spec(self.dev)]
+            specs += [{"WG": 4 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4, 8)]
+        out = []
+        for s in specs:
+            if out_q8_1_ok(s, I) and s not in out:
+                out.append(s)
+        return out
 
     def _choose_geglu_q8_1(self):
         """Where the down matvec reads q8_1 blocks, the GEGLU before it can write them (a
         quantize dispatch and a barrier fewer per layer). Tuned devices keep it only if timing
-        says so (its workgroups hold 32 rows, which may stream worse than the tuned shape);
-        untuned ones (CPU Vulkan) take it whenever it applies."""
+        says so (block arrival counting, or 32-row workgroups that stream worse, can cost more
+        than the dispatch saved); untuned ones (CPU Vulkan) take it whenever it applies."""
         L = self.layers[0]
         specs = self._geglu_q8_1_specs()
         if not specs or self._path([L.down], "down")[0] is not True:

@@ -102,9 +102,10 @@ OUT_Q8_1_MAX_ROWS = 256    # rows one workgroup holds for the q8_1 step (matvec.
 
 
 def out_q8_1_ok(spec: dict, rows: int) -> bool:
-    """The GEGLU matvec can write y's q8_1 blocks itself: every workgroup's rows are whole blocks."""
+    """The GEGLU matvec can write y's q8_1 blocks itself: a workgroup's rows are whole blocks, or
+    a whole number of workgroups makes a block (they count in the block's arrival counter)."""
     g = rows_per_group(spec)
-    return rows % 32 == 0 and g % 32 == 0 and g <= OUT_Q8_1_MAX_ROWS
+    return rows % 32 == 0 and (g % 32 == 0 and g <= OUT_Q8_1_MAX_ROWS or 32 % g == 0)
 
 
 def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
@@ -132,14 +133,15 @@ def q8_1_bytes(n: int) -> int:
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
                   tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None, y_q8_1=None) -> None:
+                  tail: NormTail | None = None, y_q8_1=None, arrival=None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
     | "norm" (y = Wx, then `tail`, the norm_add over all of y, in the same dispatch: one matrix
     in one binding, one token; the last workgroup to finish runs it)
     | "geglu_q8_1" (geglu that also writes y's q8_1 blocks into `y_q8_1`, for an int8 down matvec:
-    one token, y_off 0, a workgroup shape whose row groups are whole blocks, see `out_q8_1_ok`).
+    one token, y_off 0, a workgroup shape per `out_q8_1_ok`; `arrival`: rows / 32 uint32 counters
+    at 0, which the kernel leaves at 0, needed where several workgroups share a block).
     int_dot: x is a q8_1 buffer from `record_quantize` and x_off counts its blocks;
     int_dot="regs": x is f32 and quantized in registers (Q4_0/Q8_0 with n_cols % 64 == 0 only).
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
@@ -156,8 +158,10 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     spec = spec or default_spec(dev)
     if epilogue == "geglu_q8_1":
         if y_q8_1 is None or tokens != 1 or y_off or not out_q8_1_ok(spec, mats[0].rows):
-            raise ValueError("geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups of "
+            raise ValueError("geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups that make "
                              f"whole q8_1 blocks (rows {mats[0].rows}, {rows_per_group(spec)} per workgroup)")
+        if arrival is None and rows_per_group(spec) < 32:
+            raise ValueError("geglu_q8_1 with workgroups sharing a block needs block arrival counters")
         res = y_q8_1
     if int_dot == "regs" and (not regs_ok(mats[0], x_off) or spec.get("THREAD_ROWS")):
         raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0, x_off % 4 == 0 "
@@ -192,4 +196,5 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
                        y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
     gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
-    cl.dispatch(p, [x, y, *binds, resb], (gx, gy, tokens), push)
+    extra = [arrival if arrival is not None else d] if epilogue == "geglu_q8_1" else []
+    cl.dispatch(p, [x, y, *binds, resb, *extra], (gx, gy, tokens), push)

@@ -89,7 +89,7 @@ class Variant:
 # GEGLU writing y's q8_1 blocks too (decode: `_geglu_q8_1`, for an int8 down matvec).
 # Bindings: 0 x (f32 activations, or q8_1 blocks for the int8 path), 1 y (f32 out),
 #           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual (y's q8_1
-#           blocks for `_geglu_q8_1`);
+#           blocks for `_geglu_q8_1`, 6 its per-block arrival counters);
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
@@ -122,18 +122,25 @@ _EPILOGUES = (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": No
               ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}))
 
 
+def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
+    """(bindings, push layout) of a matvec epilogue."""
+    if suffix == "_norm":
+        return 11, MATVEC_NORM_PUSH
+    return (7 if suffix == "_geglu_q8_1" else 6), MATVEC_PUSH
+
+
 def _matvec_variants() -> list[Variant]:
     out = []
     for wt in WEIGHT_TYPES:
         lo = wt.lower()
         base = {"WTYPE_" + wt: None}
         for suffix, extra in _EPILOGUES:
-            nb, push = (11, MATVEC_NORM_PUSH) if suffix == "_norm" else (6, MATVEC_PUSH)
+            nb, push = _matvec_layout(suffix)
             out.append(Variant(f"matvec_{lo}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra},
                                MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
             for suffix, extra in _EPILOGUES:
-                nb, push = (11, MATVEC_NORM_PUSH) if suffix == "_norm" else (6, MATVEC_PUSH)
+                nb, push = _matvec_layout(suffix)
                 out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", nb, push,
                                    {**base, "INT_DOT": None, **extra}, MATVEC_SPEC, requires=("int_dot",)))
                 if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
