@@ -15,6 +15,9 @@
 //   residual += rmsnorm(y) * w_post;  h = rmsnorm(residual) * w_next   [+ q8_1 of h if pc.q8]
 // (include/last_arrival.glsl, include/norm_row.glsl), saving a dispatch and a barrier.
 // Residual, h and the q8_1 blocks start at element / block 0.
+// EPI_ROPE (decode, one token, fused QKV at y_off 0): each head's QK-norm + RoPE + KV-cache
+// write (include/rope_head.glsl) run by the last workgroup to finish that head's rows (per-head
+// arrival counters): the rope dispatch and its barrier go away. head_dim % rows per group == 0.
 // EPI_GEGLU + OUT_Q8_1 (decode, one token): also writes y's q8_1 blocks (binding 5) for an int8
 // down matvec, so it needs no quantize dispatch. A workgroup whose rows are whole blocks encodes
 // them from shared memory; where 32 / (its rows) workgroups share a block, they count themselves
@@ -48,7 +51,7 @@ layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
 layout(binding = 0) readonly buffer X { float xf[]; };
 layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
 #endif
-#if defined(EPI_NORM) || defined(OUT_Q8_1)
+#if defined(EPI_NORM) || defined(OUT_Q8_1) || defined(EPI_ROPE)
 layout(binding = 1) coherent buffer Y { float y[]; };     // read back by the last workgroup
 #else
 layout(binding = 1) buffer Y { float y[]; };
@@ -88,6 +91,27 @@ layout(binding = 5) writeonly buffer YQ { uint yq[]; };   // q8_1 blocks of y (n
 layout(binding = 5) readonly buffer R { float res[]; };
 #endif
 #include "include/q8_1_block.glsl"
+
+#ifdef EPI_ROPE
+#extension GL_GOOGLE_include_directive : require
+#include "include/step.glsl"
+STEP_BUFFER(6)
+layout(binding = 7) readonly buffer QW { float qw[]; };
+layout(binding = 8) readonly buffer KW { float kw[]; };
+layout(binding = 9) writeonly buffer KC { uint kc[]; };
+layout(binding = 10) writeonly buffer VC { uint vc[]; };
+#define ARRIVAL_BINDING 11
+#include "include/last_arrival.glsl"
+#include "include/wg_reduce.glsl"
+#define ROPE_Q y
+#define ROPE_K y
+#define ROPE_V y
+#define ROPE_QW qw
+#define ROPE_KW kw
+#define ROPE_KC kc
+#define ROPE_VC vc
+#include "include/rope_head.glsl"
+#endif
 
 // rows of y one workgroup computes (contiguous, from group * group_rows())
 uint group_rows() { return THREAD_ROWS != 0u ? ROWS * WG : (SUBGROUP_ROWS != 0u ? ROWS * SUBGROUP_ROWS : ROWS); }
@@ -396,6 +420,22 @@ void main() {
             float v[32];
             [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = y[32u * blk + k];
             q8_1_store(v, blk);
+        }
+    }
+#endif
+#ifdef EPI_ROPE
+    {
+        // the workgroups of one head (head_dim / group_rows() of them) count themselves in the
+        // head's counter; the last one runs QK-norm + RoPE (q in place) or the cache write (k, v)
+        const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+        const uint first = group * group_rows();
+        if (first < pc.rows0 + pc.rows1 + pc.rows2) {
+            const uint D = pc.head_dim, hh = first / D;
+            if (arrive_last(hh, D / group_rows())) {
+                if (hh < pc.n_heads) rope_q_head(hh * D, step.pos);
+                else if (hh < pc.n_heads + pc.n_kv_heads) rope_k_head(hh * D, hh - pc.n_heads, step.pos);
+                else copy_v_head(hh * D, hh - pc.n_heads - pc.n_kv_heads, step.pos);
+            }
         }
     }
 #endif

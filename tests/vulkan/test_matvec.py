@@ -350,3 +350,60 @@ def test_norm_tail_refuses_what_one_dispatch_cannot_finish(vk_device, monkeypatc
     with pytest.raises(ValueError, match="one binding"):
         record_matvec(cl, dev, [m], b, b, epilogue="norm", tail=NormTail(b, b, b, b, b, 1e-6))
     cl.destroy()
+
+
+@pytest.mark.parametrize("spec", [THREAD_ROWS, SUBGROUP_ROWS, COOPERATIVE], ids=["thread_rows", "subgroup_rows", "coop"])
+@pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
+def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot):
+    """The decode QKV matvec whose last workgroup per head runs QK-norm + RoPE + the KV-cache
+    write gives what the plain fused matvec followed by rope_kv gives: q rotated in place, k and v
+    in their cache slots (ring position pos % slots), and leaves its arrival counters at 0."""
+    from engine.backends.vulkan.matvec import RopeTail
+    from engine.backends.vulkan.ops_rope import rope_kv
+    from tests.vulkan.ops_helpers import Bufs
+    dev = vk_device
+    if int_dot and not dev.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    D, H, KV, cols, slots, pos = 64, 4, 2, 640, 24, 29
+    parts = [make_weights(Q.Q8_0, r, cols, seed=s) for r, s in ((H * D, 21), (KV * D, 22), (KV * D, 23))]
+    mats = [WeightMatrix.upload(dev, raw, Q.Q8_0, ref.shape) for raw, ref in parts]
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal(cols).astype(np.float32)
+    qw, kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32), (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    n = (H + 2 * KV) * D
+    with Bufs(dev) as b:
+        step, bx, bqw, bkw = b.step(pos=pos, n_tokens=1), b.of(x), b.of(qw), b.of(kw)
+        src = bx
+        if int_dot:
+            src = b.zeros(q8_1_bytes(cols))
+            cl = dev.commands()
+            record_quantize(cl, dev, bx, src, cols)
+            cl.submit()
+            cl.destroy()
+        out = []
+        for fused in (False, True):
+            qkv, kc, vc = b.zeros(n * 4), b.zeros(KV * slots * D * 2), b.zeros(KV * slots * D * 2)
+            arrival = b.zeros(4 * (H + 2 * KV))
+            cl = dev.commands()
+            if fused:
+                tail = RopeTail(step, bqw, bkw, kc, vc, arrival, head_dim=D, n_heads=H, n_kv_heads=KV,
+                                cache_slots=slots, theta=10000.0, scale_factor=1.0, eps=1e-6)
+                record_matvec(cl, dev, mats, src, qkv, epilogue="rope", rope=tail, int_dot=int_dot, spec=spec)
+            else:
+                record_matvec(cl, dev, mats, src, qkv, int_dot=int_dot, spec=spec)
+                cl.barrier()
+                rope_kv(cl, dev, step, qkv, qkv, qkv, bqw, bkw, kc, vc, head_dim=D, n_heads=H, n_kv_heads=KV,
+                        cache_slots=slots, theta=10000.0, eps=1e-6, q_stride=n, kv_stride=n, q_offset=0,
+                        k_offset=H * D, v_offset=(H + KV) * D)
+            cl.submit()
+            cl.destroy()
+            out.append((b.read(qkv)[: H * D], b.read(kc, np.float16), b.read(vc, np.float16)))
+            if fused:
+                assert not b.read(arrival, np.uint32).any()
+    (q0, k0, v0), (q1, k1, v1) = out
+    assert np.abs(k0).max() > 0.1 and np.abs(v0).max() > 0.1          # the slot was written
+    np.testing.assert_allclose(q1, q0, rtol=1e-5, atol=1e-5)        # the norm's sum order may differ
+    np.testing.assert_allclose(k1.astype(np.float32), k0.astype(np.float32), rtol=2e-3, atol=1e-3)
+    np.testing.assert_array_equal(v1, v0)
+    for m in mats:
+        m.tensor.buffer.destroy()

@@ -170,6 +170,7 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
     backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True, quant="q8_0")
     try:
         assert backend.stats()["geglu_q8_1"] is not None, "the GEGLU should write down's q8_1 input here"
+        assert backend.stats()["qkv_rope"] is not None, "uniform q/k/v types: the QKV matvec runs the rope"
         backend.forward(ids[:8], 0)
         got = np.stack([backend.forward([ids[p]], p) for p in range(8, len(ids))])
     finally:
@@ -183,3 +184,27 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
           f"(margins {margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}")
     assert (margins[flips] < 0.1).all()
     assert diff < 1.0
+
+
+def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, record_property):
+    """Q8_0 everywhere gives every layer one fused QKV matvec, whose last workgroup per head runs
+    QK-norm + RoPE + the KV write (no rope dispatch): decode steps with f32 activations against
+    the CPU reference on the same re-quantized weights, top-1 identical at every position."""
+    from gguf import GGMLQuantizationType as Q
+    from engine.backends.cpu import CpuBackend
+    from engine.backends.vulkan.backend import VulkanBackend
+    ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
+    ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
+    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=False, quant="q8_0")
+    try:
+        assert backend.stats()["qkv_rope"] is not None
+        assert "qkv+rope_kv" in backend.profile_decode()
+        backend.forward(ids[:8], 0)
+        got = np.stack([backend.forward([ids[p]], p) for p in range(8, len(ids))])
+    finally:
+        backend.close()
+    diff = float(np.abs(got - ref).max())
+    record_property("rope_in_qkv_max_abs_logit_diff", diff)
+    print(f"f32 decode, rope in the QKV matvec: max abs logit diff {diff:.4f}")
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    assert diff < 0.05

@@ -37,8 +37,8 @@ from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, WeightMatrix, default_spec, out_q8_1_ok,
-                                           q8_1_bytes, record_matvec, record_quantize, regs_ok)
+from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, out_q8_1_ok,
+                                           q8_1_bytes, record_matvec, record_quantize, regs_ok, rope_tail_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
 from engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -105,6 +105,9 @@ class VulkanBackend(Backend):
         # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
         # matvec (no quantize dispatch between them), or None
         self.geglu_q8_1 = self._choose_geglu_q8_1()
+        # (int_dot, spec) of a decode QKV matvec whose last workgroup per head runs QK-norm +
+        # RoPE + the KV write (no rope dispatch), or None
+        self.qkv_rope = self._choose_qkv_rope()
         self._py_time = 0.0
         self._py_tokens = 0
 
@@ -247,8 +250,10 @@ class VulkanBackend(Backend):
         self.hq = dev.buffer(T * q8_1_bytes(cfg.hidden_size), name="hq")    # q8_1 of h, from the norms
         self.attnq = dev.buffer(q8_1_bytes(cfg.q_dim), name="attnq")   # q8_1 of attn, from decode attention
         self.mlpq = dev.buffer(q8_1_bytes(cfg.intermediate_size), name="mlpq")   # q8_1 of mlp, from the GEGLU
-        # per-block arrival counters of that GEGLU (workgroups sharing a q8_1 block; left at 0)
-        self.block_arrival = dev.buffer(4 * -(-cfg.intermediate_size // 32), name="block_arrival")
+        # arrival counters (left at 0) of the GEGLU's q8_1 blocks (workgroups sharing a block) and
+        # of the QKV matvec's heads (rope epilogue); barriers separate the two uses
+        self.block_arrival = dev.buffer(4 * max(-(-cfg.intermediate_size // 32), cfg.num_heads + 2 * cfg.num_kv_heads),
+                                        name="block_arrival")
         # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
         self.mv_arrival = dev.buffer(16, name="matvec_arrival")
         dev.upload(self.mv_arrival, np.zeros(4, np.uint32))
@@ -296,17 +301,21 @@ class VulkanBackend(Backend):
         return all(len(m.tensor.ranges) == 1 for m in L.qkv) and len({m.qtype for m in L.qkv}) == 1
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-            force=None, xq=None, tail=None, y_q8_1=None):
+            force=None, xq=None, tail=None, y_q8_1=None, rope=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         xq: the q8_1 blocks of x already exist there (written by the norm that produced x; same
         offsets): the int8 path reads them instead of recording a quantize dispatch.
         tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding).
-        y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks."""
+        y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks.
+        rope: a RopeTail run per head after the fused decode QKV (epilogue "rope")."""
         arrival = self.block_arrival if epilogue == "geglu_q8_1" else None
         if tail is not None:
             assert T == 1 and epilogue is None
             epilogue = "norm"
+        if rope is not None:
+            assert T == 1 and epilogue is None
+            epilogue = "rope"
         if T > 1 and x_off == 0:
             if y_off:
                 y = (y, y_off * 4, y.size - y_off * 4)
@@ -328,19 +337,19 @@ class VulkanBackend(Backend):
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         elif int_dot and xq is not None:
             record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
                           x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
-                          tail=tail, y_q8_1=y_q8_1, arrival=arrival)
+                          tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         elif int_dot:
             record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
             self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
                      w_post, w_next, hq=None, xq=None) -> str:
@@ -359,6 +368,56 @@ class VulkanBackend(Backend):
         ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
         return "norm_add"
+
+    def _rope_tail(self, i: int) -> RopeTail:
+        cfg, L = self.config, self.layers[i]
+        return RopeTail(self.step, L.norms["self_attn.q_norm"], L.norms["self_attn.k_norm"], L.k_cache, L.v_cache,
+                        self.block_arrival, head_dim=cfg.head_dim, n_heads=cfg.num_heads,
+                        n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, theta=cfg.rope_base(i),
+                        scale_factor=cfg.rope_scale(i), eps=cfg.rms_norm_eps)
+
+    def _rope_kv(self, cl, i: int, T: int) -> None:
+        """QK-norm + RoPE of q in place, k and v into layer i's cache (its own dispatch)."""
+        cfg, L = self.config, self.layers[i]
+        ops_rope.rope_kv(cl, self.dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
+                         L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
+                         n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots,
+                         theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=cfg.rms_norm_eps,
+                         max_tokens=T, q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0,
+                         k_offset=cfg.q_dim, v_offset=cfg.q_dim + cfg.kv_dim)
+
+    def _choose_qkv_rope(self):
+        """The decode QKV matvec can run each head's rope in its last workgroup (per-head arrival
+        counters) where its workgroups' rows lie within one head. Tuned devices keep it only if
+        timing says so (against the matvec, a barrier and the rope dispatch); untuned ones take
+        it whenever it applies."""
+        L, H = self.layers[0], self.config.hidden_size
+        if not self._qkv_fused(L):
+            return None
+        int_dot, spec = self._path(L.qkv, "qkv")
+        if int_dot == "regs" and spec is None:
+            spec = REGS_SPEC
+        spec = spec or default_spec(self.dev)
+        if not rope_tail_ok(spec, self.config.head_dim):
+            return None
+        if "qkv" not in self.tuning:
+            return (int_dot, spec)
+        hq = self.hq if int_dot is True else None
+
+        def separate(cl):
+            self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim, force=(int_dot, spec), xq=hq)
+            cl.barrier()
+            self._rope_kv(cl, 0, 1)
+
+        def fused(cl):
+            self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim, force=(int_dot, spec), xq=hq,
+                     rope=self._rope_tail(0))
+        self._write_step(pos=min(self.context_length - 1, 512), n_tokens=1)
+        timing.warm_up(self.dev, separate, 0.05)
+        sep = min(self._time_us(separate, reps=10), self._time_us(separate, reps=10))
+        fus = min(self._time_us(fused, reps=10), self._time_us(fused, reps=10))
+        self.qkv_rope_timing = {"fused_us": round(fus, 1), "qkv_and_rope_us": round(sep, 1)}
+        return (int_dot, spec) if fus < sep else None
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
         """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1
@@ -536,9 +595,14 @@ class VulkanBackend(Backend):
         cl.destroy()
         return out
 
-    def _qkv(self, cl, L: _Layer, T: int, hq=None) -> None:
+    def _qkv(self, cl, L: _Layer, T: int, hq=None, rope: RopeTail | None = None) -> None:
+        """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope."""
         cfg = self.config
         q, k, v = L.qkv
+        if rope is not None:
+            self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=cfg.hidden_size, y_cols=self.qkv_dim,
+                     force=self.qkv_rope, xq=hq if self.qkv_rope[0] is True else None, rope=rope)
+            return
         if self._qkv_fused(L):
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv",
                      xq=hq)
@@ -613,15 +677,15 @@ class VulkanBackend(Backend):
         open_op = "norm"           # the op the next barrier closes (profile label)
         for i, L in enumerate(self.layers):
             self._mark(cl, open_op)
-            self._qkv(cl, L, T, hq=hq)
-            self._mark(cl, "qkv")
-            ops_rope.rope_kv(cl, dev, self.step, self.qkv, self.qkv, self.qkv, L.norms["self_attn.q_norm"],
-                             L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
-                             n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots,
-                             theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=eps, max_tokens=T,
-                             q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0, k_offset=cfg.q_dim,
-                             v_offset=cfg.q_dim + cfg.kv_dim)
-            self._mark(cl, "rope_kv")
+            if dec and self.qkv_rope is not None and self._qkv_fused(L) and \
+                    self._path(L.qkv, "qkv")[0] == self.qkv_rope[0]:
+                self._qkv(cl, L, T, hq=hq, rope=self._rope_tail(i))
+                self._mark(cl, "qkv+rope_kv")
+            else:
+                self._qkv(cl, L, T, hq=hq)
+                self._mark(cl, "qkv")
+                self._rope_kv(cl, i, T)
+                self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
             attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
             if T == 1:
@@ -801,6 +865,9 @@ class VulkanBackend(Backend):
                                   **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
                               for k, v in self.tuning.items()},
         }
+        out["qkv_rope"] = None if self.qkv_rope is None else {"int8": self.qkv_rope[0], **self.qkv_rope[1]}
+        if getattr(self, "qkv_rope_timing", None):
+            out["qkv_rope_timing"] = self.qkv_rope_timing
         out["geglu_q8_1"] = (None if self.geglu_q8_1 is None else
                              {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
         if getattr(self, "geglu_q8_1_timing", None):

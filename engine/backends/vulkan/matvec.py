@@ -98,6 +98,31 @@ class NormTail:
     q: object = None
 
 
+@dataclass
+class RopeTail:
+    """QK-norm + RoPE + KV-cache write after the decode fused QKV matvec, per head, by the last
+    workgroup to finish the head's rows (epilogue "rope"; the maths of ops_rope.rope_kv).
+    `arrival`: n_heads + 2 * n_kv_heads uint32 counters at 0 (the kernel leaves them 0)."""
+    step: object
+    q_norm: object
+    k_norm: object
+    k_cache: object
+    v_cache: object
+    arrival: object
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    cache_slots: int
+    theta: float
+    scale_factor: float
+    eps: float
+
+
+def rope_tail_ok(spec: dict, head_dim: int) -> bool:
+    """Every workgroup's rows lie in one head."""
+    return head_dim % rows_per_group(spec) == 0
+
+
 OUT_Q8_1_MAX_ROWS = 256    # rows one workgroup holds for the q8_1 step (matvec.comp)
 
 
@@ -133,12 +158,13 @@ def q8_1_bytes(n: int) -> int:
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
                   tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None, y_q8_1=None, arrival=None) -> None:
+                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
     | "norm" (y = Wx, then `tail`, the norm_add over all of y, in the same dispatch: one matrix
     in one binding, one token; the last workgroup to finish runs it)
+    | "rope" (fused [q, k, v] at y_off 0, one token, then `rope` per head: see RopeTail)
     | "geglu_q8_1" (geglu that also writes y's q8_1 blocks into `y_q8_1`, for an int8 down matvec:
     one token, y_off 0, a workgroup shape per `out_q8_1_ok`; `arrival`: rows / 32 uint32 counters
     at 0, which the kernel leaves at 0, needed where several workgroups share a block).
@@ -169,6 +195,21 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     p = dev.pipeline(variant_name(qtype, epilogue, int_dot), **spec)
     d = dummy(dev)
     resb = res if res is not None else d
+    if epilogue == "rope":
+        if (rope is None or len(mats) != 3 or tokens != 1 or y_off or any(len(m.tensor.ranges) > 1 for m in mats)
+                or not rope_tail_ok(spec, rope.head_dim)):
+            raise ValueError("the rope epilogue takes fused [q, k, v] in one binding each, one token at y_off 0, "
+                             f"a RopeTail and workgroups within one head ({rows_per_group(spec)} rows per group, "
+                             f"head_dim {None if rope is None else rope.head_dim})")
+        r = rope
+        push = p.push.pack(n_cols=cols, rows0=mats[0].rows, rows1=mats[1].rows, rows2=mats[2].rows, x_off=x_off,
+                           y_off=0, res_off=0, x_stride=0, y_stride=0, head_dim=r.head_dim, n_heads=r.n_heads,
+                           n_kv_heads=r.n_kv_heads, cache_slots=r.cache_slots, theta=r.theta,
+                           pos_scale=1.0 / r.scale_factor, eps=r.eps)
+        binds = [x, y, *(m.tensor.ranges[0] for m in mats), d, r.step, r.q_norm, r.k_norm, r.k_cache, r.v_cache,
+                 r.arrival]
+        cl.dispatch(p, binds, groups_2d(-(-sum(m.rows for m in mats) // rows_per_group(spec))), push)
+        return
     if epilogue == "norm":
         # one dispatch must produce all of y: its last workgroup normalizes the whole row
         if tail is None or len(mats) != 1 or len(mats[0].tensor.ranges) > 1 or tokens != 1:

@@ -86,10 +86,12 @@ class Variant:
 # (fused QKV: the rows of Wq, Wk, Wv in one dispatch, written one after the other), with
 # epilogues: plain, residual add (y = res + Wx), GEGLU (y = gelu_tanh(Wg x) * (Wu x)),
 # norm (decode: y = Wx, then the last workgroup runs norm.comp's norm_add on y: `_norm`),
-# GEGLU writing y's q8_1 blocks too (decode: `_geglu_q8_1`, for an int8 down matvec).
+# GEGLU writing y's q8_1 blocks too (decode: `_geglu_q8_1`, for an int8 down matvec),
+# fused QKV followed by QK-norm + RoPE + KV write per head (decode: `_rope`).
 # Bindings: 0 x (f32 activations, or q8_1 blocks for the int8 path), 1 y (f32 out),
 #           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual (y's q8_1
 #           blocks for `_geglu_q8_1`, 6 its per-block arrival counters);
+#           `_rope` adds 6 step, 7 q_norm w, 8 k_norm w, 9 k cache, 10 v cache, 11 per-head arrival;
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
@@ -111,6 +113,13 @@ MATVEC_NORM_PUSH = PushLayout("matvec_norm", MATVEC_PUSH.fields + [
     ("eps", "f32"),            # RMSNorm epsilon of the norm tail
     ("q8", "u32"),             # 1: the tail also writes q8_1 blocks of h (binding 9)
 ])
+MATVEC_ROPE_PUSH = PushLayout("matvec_rope", MATVEC_PUSH.fields + [
+    ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
+    ("cache_slots", "u32"),    # position p goes to slot p % cache_slots
+    ("theta", "f32"),          # RoPE base of this layer
+    ("pos_scale", "f32"),      # 1 / linear scaling factor
+    ("eps", "f32"),            # QK-norm epsilon
+])
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
@@ -119,13 +128,15 @@ QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 # epilogue suffix -> its defines (the norm tail's row length per invocation comes from ops_norm)
 _EPILOGUES = (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None}),
               ("_geglu_q8_1", {"EPI_GEGLU": None, "OUT_Q8_1": None}),
-              ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}))
+              ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}), ("_rope", {"EPI_ROPE": None}))
 
 
 def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
     """(bindings, push layout) of a matvec epilogue."""
     if suffix == "_norm":
         return 11, MATVEC_NORM_PUSH
+    if suffix == "_rope":
+        return 12, MATVEC_ROPE_PUSH
     return (7 if suffix == "_geglu_q8_1" else 6), MATVEC_PUSH
 
 
