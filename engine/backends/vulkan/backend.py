@@ -546,7 +546,6 @@ class VulkanBackend(Backend):
                 w_post, w_next = (L0.norms[n] for n in tails[key])
                 tail = NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, self.config.rms_norm_eps,
                                 q=self.hq)
-            warm(0.03)
             paths = [False]
             if self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
                 paths.append(True)
