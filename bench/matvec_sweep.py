@@ -1,9 +1,10 @@
 """Matvec kernel sweep on one device: GB/s per (path, WG, ROWS) for Gemma-shaped Q4_0 matrices.
 
     python -m bench.matvec_sweep [--types q4_0,q8_0] [--json OUT]
-GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode).
+GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode),
+every candidate of a shape recorded first and timed with the GPU kept busy (timing.time_many).
 A wider grid than the load-time autotune (VulkanBackend._autotune), which times a few of
-these shapes on the model's own matrices with the same `timing.time_us`.
+these shapes on the model's own matrices with the same `timing.time_many`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
 from engine.backends.vulkan.device import Device  # noqa: E402
 from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize  # noqa: E402
-from engine.backends.vulkan.timing import time_us  # noqa: E402
+from engine.backends.vulkan.timing import time_many  # noqa: E402
 
 SHAPES = [(21504, 5376), (5376, 21504), (10240, 2560), (2048, 640)]
 
@@ -32,10 +33,10 @@ def random_blocks(qtype, rows, cols, rng):
     return raw.reshape(rows, -1)
 
 
-def time_spec(dev, m, xb, xq, yb, spec, int_dot, rep=20):
+def spec_record(dev, m, xb, xq, yb, spec, int_dot):
     if int_dot:
-        return time_us(dev, lambda cl: record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec), rep)
-    return time_us(dev, lambda cl: record_matvec(cl, dev, [m], xb, yb, spec=spec), rep)
+        return lambda cl: record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec)
+    return lambda cl: record_matvec(cl, dev, [m], xb, yb, spec=spec)
 
 
 def main(argv=None):
@@ -61,13 +62,15 @@ def main(argv=None):
             record_quantize(cl, dev, xb, xq, cols)
             cl.submit()
             yb = dev.buffer(rows * 4)
-            for int_dot in ((False, True) if dev.caps.int_dot else (False,)):
-                for spec in specs:
-                    us = time_spec(dev, m, xb, xq, yb, spec, int_dot)
-                    gbs = m.nbytes / us / 1e3
-                    out.append(dict(type=tname, rows=rows, cols=cols, int_dot=int_dot, **spec, us=us, gb_s=gbs))
-                    print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
-                          f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
+            grid = [(int_dot, i) for int_dot in ((False, True) if dev.caps.int_dot else (False,))
+                    for i in range(len(specs))]
+            times = time_many(dev, {(d, i): spec_record(dev, m, xb, xq, yb, specs[i], d) for d, i in grid}, 20)
+            for (int_dot, i), us in times.items():
+                spec = specs[i]
+                gbs = m.nbytes / us / 1e3
+                out.append(dict(type=tname, rows=rows, cols=cols, int_dot=int_dot, **spec, us=us, gb_s=gbs))
+                print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
+                      f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
             m.tensor.buffer.destroy()
             for b in (xb, xq, yb):
                 b.destroy()

@@ -413,9 +413,8 @@ class VulkanBackend(Backend):
             self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim, force=(int_dot, spec), xq=hq,
                      rope=self._rope_tail(0))
         self._write_step(pos=min(self.context_length - 1, 512), n_tokens=1)
-        timing.warm_up(self.dev, separate, 0.05)
-        sep = min(self._time_us(separate, reps=10), self._time_us(separate, reps=10))
-        fus = min(self._time_us(fused, reps=10), self._time_us(fused, reps=10))
+        times = timing.time_many(self.dev, {"separate": separate, "fused": fused}, reps=10)
+        sep, fus = times["separate"], times["fused"]
         self.qkv_rope_timing = {"fused_us": round(fus, 1), "qkv_and_rope_us": round(sep, 1)}
         return (int_dot, spec) if fus < sep else None
 
@@ -468,16 +467,16 @@ class VulkanBackend(Backend):
                      force=(int_dot, tuned_spec), xq=self.hq)
             cl.barrier()
             record_quantize(cl, self.dev, self.mlp, self.xq, I)
-        timing.warm_up(self.dev, separate, 0.1)
-        sep_us, best = self._time_us(separate, reps=10), None
-        for spec in specs:
+        records = {"separate": separate}
+        for i, spec in enumerate(specs):
             def fused(cl, spec=spec):
                 self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu_q8_1",
                          force=(int_dot, spec), xq=self.hq, y_q8_1=self.mlpq)
-            us = self._time_us(fused, reps=10)
-            if best is None or us < best[0]:
-                best = (us, spec)
-        sep_us = min(sep_us, self._time_us(separate, reps=10))      # timed on both sides of the candidates
+            records[i] = fused
+        times = timing.time_many(self.dev, records, reps=10)
+        sep_us = times.pop("separate")
+        i = min(times, key=times.get)
+        best = (times[i], specs[i])
         self.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
         return (int_dot, best[1]) if best[0] < sep_us else None
 
@@ -490,9 +489,6 @@ class VulkanBackend(Backend):
         if prof is not None and len(prof) + 1 < cl.n_timestamps:
             prof.append(label)
             cl.timestamp(len(prof))
-
-    def _time_us(self, record, reps: int = 6) -> float:
-        return timing.time_us(self.dev, record, reps)
 
     def _matvec_cases(self):
         cfg, L = self.config, self.layers[0]
@@ -518,13 +514,7 @@ class VulkanBackend(Backend):
         if self.dev.caps.is_software:
             specs = [{"WG": self.dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
         cases = self._matvec_cases()
-        mats, x, y, xc, yc, epi = cases["geglu"]
         reps = 2 if self.dev.caps.is_software else 10
-        def warm(seconds=0.1):             # clocks up before timing (timing.warm_up)
-            if not self.dev.caps.is_software:
-                timing.warm_up(self.dev, lambda cl: self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                                             force=(False, specs[0])), seconds)
-        warm()
         # The matvecs reading h get its q8_1 blocks from the norm that writes h, the o-proj its
         # input's from attention (no quantize dispatch in decode), so their int8 path is timed
         # without one; hq and attnq hold real blocks.
@@ -539,6 +529,8 @@ class VulkanBackend(Backend):
         L0 = self.layers[0]
         tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
                  "down": ("post_feedforward_layernorm", "input_layernorm")}
+        # every candidate of every matrix recorded first, then timed in one go (timing.time_many)
+        candidates: dict = {}
         for key, (mats, x, y, xc, yc, epi) in cases.items():
             xq = self.hq if key in ("qkv", "geglu", "lm") else (self.attnq if key == "o" else None)
             tail = None
@@ -551,23 +543,25 @@ class VulkanBackend(Backend):
                 paths.append(True)
                 if all(regs_ok(m) for m in mats):
                     paths.append("regs")
-            best = None
             for use_tail in ([True, False] if tail is not None else [False]):
                 for int_dot in paths:
-                    for spec in (specs if int_dot != "regs" or not self.dev.caps.is_software else [REGS_SPEC]):
-                        def record(cl, int_dot=int_dot, spec=spec, use_tail=use_tail):
+                    for si, spec in enumerate(specs if int_dot != "regs" or not self.dev.caps.is_software
+                                              else [REGS_SPEC]):
+                        def record(cl, mats=mats, x=x, y=y, xc=xc, yc=yc, epi=epi, xq=xq, tail=tail,
+                                   int_dot=int_dot, spec=spec, use_tail=use_tail):
                             self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi, force=(int_dot, spec),
                                      xq=xq, tail=tail if use_tail else None)
                             if tail is not None and not use_tail:
                                 cl.barrier()
                                 ops_norm.norm_add(cl, self.dev, y, tail.w_post, self.x, tail.w_next, self.h, rows=1,
                                                   n=yc, eps=self.config.rms_norm_eps, q=self.hq)
-                        us = self._time_us(record, reps=reps)
-                        if best is None or us < best[0][0]:
-                            best = ((us, int_dot, spec), use_tail)
-            self.tuning[key] = best[0]
-            if tail is not None:
-                self.norm_tail[key] = best[1]
+                        candidates[(key, use_tail, str(int_dot), si)] = (record, (int_dot, spec))
+        times = timing.time_many(self.dev, {k: rec for k, (rec, _) in candidates.items()}, reps=reps)
+        for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
+            if key not in self.tuning:
+                self.tuning[key] = (us, *candidates[(key, use_tail, _i, _s)][1])
+                if key in tails and len(cases[key][0][0].tensor.ranges) == 1:
+                    self.norm_tail[key] = use_tail
 
     def profile_decode(self) -> dict:
         """GPU time of one decode step by op kind (us), from timestamps after every barrier."""

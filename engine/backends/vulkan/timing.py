@@ -1,21 +1,23 @@
-"""GPU time of a recorded piece of work, from timestamp queries (the autotuner and bench/)."""
+"""GPU time of recorded pieces of work, from timestamp queries (the autotuner and bench/).
+
+Clocks: a GPU left idle, even for the milliseconds the host spends recording the next
+candidate, drops its clocks, and work timed then reads several times slow (an H100 timed a
+27B-shaped o-proj matvec at 69 us against 11 us inside a running decode step), which made the
+autotuner's choices noise. So `time_many` records every candidate first, keeps the GPU busy
+replaying them back to back (WARM_S first, BUSY_S before each timed run), and only then reads
+the timestamps. CPU Vulkan has no clocks to raise: one untimed run, then the timed one.
+"""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-# A GPU left idle (while the host uploads or records) drops its clocks, and a short list timed
-# then reads several times slow: an H100 timed a 27B-shaped o-proj matvec at 69 us against
-# 11 us in a running decode step, which made the load-time autotune's choices noise. Before
-# timing, the recorded list is replayed back to back for this long (hardware devices).
-BUSY_S = 0.02
+WARM_S = 0.3      # replay before the first candidate (hardware devices)
+BUSY_S = 0.02     # replay of each candidate before its timed run
 
 
-def time_us(dev, record, reps: int = 6, busy_s: float | None = None) -> float:
-    """Median GPU microseconds of `record(cl)`, recorded `reps` times back to back with a barrier
-    after each (dependent work, as in a decode step). The list is replayed for `busy_s` seconds
-    first (default BUSY_S on hardware, 0 on CPU Vulkan), so clocks are up, then timed once."""
+def _record(dev, record, reps: int):
     cl = dev.commands(timestamps=reps + 1)
     cl.timestamp(0)
     for i in range(reps):
@@ -23,17 +25,35 @@ def time_us(dev, record, reps: int = 6, busy_s: float | None = None) -> float:
         cl.barrier()
         cl.timestamp(i + 1)
     cl.end()
-    cl.submit()
-    busy_s = (0.0 if dev.caps.is_software else BUSY_S) if busy_s is None else busy_s
+    return cl
+
+
+def _replay(cl, seconds: float) -> None:
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < busy_s:
-        cl.submit(wait=False)
     cl.submit()
-    us = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
-    cl.destroy()
-    return us
+    while time.perf_counter() - t0 < seconds:
+        cl.submit()
 
 
-def warm_up(dev, record, seconds: float = 0.1) -> None:
-    """Replay `record(cl)` back to back for `seconds`, so the clocks are up for what follows."""
-    time_us(dev, record, reps=20, busy_s=seconds)
+def time_many(dev, records: dict, reps: int = 6) -> dict:
+    """{key: median GPU microseconds of records[key](cl)}, each recorded `reps` times back to back
+    with a barrier after each (dependent work, as in a decode step)."""
+    hw = not dev.caps.is_software
+    lists = {k: _record(dev, rec, reps) for k, rec in records.items()}
+    out = {}
+    try:
+        if hw and lists:
+            _replay(next(iter(lists.values())), WARM_S)
+        for k, cl in lists.items():
+            _replay(cl, BUSY_S if hw else 0.0)
+            cl.submit()
+            out[k] = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
+    finally:
+        for cl in lists.values():
+            cl.destroy()
+    return out
+
+
+def time_us(dev, record, reps: int = 6) -> float:
+    """Median GPU microseconds of `record(cl)` (time_many of one)."""
+    return time_many(dev, {0: record}, reps)[0]
