@@ -125,6 +125,28 @@ def test_tiny_model_past_the_window_matches_cpu(tiny):
     np.testing.assert_allclose(vk.forward([7], 40), cpu.forward([7], 40), atol=2e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("tail", [{"o": False, "down": False}, {"o": True, "down": False}], ids=["split", "mixed"])
+def test_tiny_model_decode_norm_add_paths_match_cpu(tiny, tail):
+    """Decode with the norm_add as its own many-workgroup dispatch (the residual moving between
+    x and x_alt, an odd number of moves per layer in the mixed case) against the CPU, token by
+    token past the prompt."""
+    cpu, vk = tiny
+    saved = dict(vk.norm_tail)
+    try:
+        vk.norm_tail = dict(tail)
+        vk._recordings.clear()
+        ids = [2, 9, 311, 4000, 12, 99, 7, 1234]
+        ref = cpu.forward(ids, 0, all_logits=True)
+        vk.forward(ids[:3], 0)
+        got = np.stack([vk.forward([t], p) for p, t in enumerate(ids[3:], start=3)])
+        assert (got.argmax(-1) == ref[3:].argmax(-1)).all()
+        np.testing.assert_allclose(got, ref[3:], atol=2e-3 * np.abs(ref).max())
+        assert vk.profile_decode()["norm_add"] > 0
+    finally:
+        vk.norm_tail = saved
+        vk._recordings.clear()
+
+
 def test_tiny_model_profile_and_tuning(tiny):
     _cpu, vk = tiny
     assert set(vk.stats()["matvec_tuning"]) >= {"qkv", "o", "geglu", "down"}

@@ -118,3 +118,38 @@ def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg):
     np.testing.assert_array_equal(q1, q0)
     blocks = q1.reshape(rows, -1, 10)
     assert np.all(blocks[0, 0, 8] == 0) and np.any(blocks[..., 8] != 0)   # the zero block, and real scales
+
+
+@pytest.mark.parametrize("n", [640, 2560, 5376, 1000, 333, 7])
+@pytest.mark.parametrize("wg", [None, 64], ids=["one_pass", "passes"])
+def test_norm_add_split(vk_device, n, wg):
+    """Decode's norm_add over many workgroups (the second norm's sum of squares from the
+    expansion of (res + a)^2): the numpy norm_add on residual out and h, the residual in left
+    as it was, and q8_1 blocks bit-identical to quantize_q8_1 of its own h."""
+    from engine.backends.vulkan.matvec import q8_1_bytes
+    from engine.backends.vulkan.ops_norm import norm_add_split
+    dev = vk_device
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    res = (rng.standard_normal(n) * 300).astype(np.float32)
+    zero = n > 64
+    if zero:
+        x[:40] = res[:40] = 0.0           # an all-zero h block: d = 0, q = 0
+    w1 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
+    w2 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
+    bx, bw1, br, bw2 = _buf(dev, x), _buf(dev, w1), _buf(dev, res), _buf(dev, w2)
+    bo, br2, bq = dev.buffer(x.nbytes), dev.buffer(x.nbytes), dev.buffer(q8_1_bytes(n))
+    cl = dev.commands()
+    norm_add_split(cl, dev, bx, bw1, br, bw2, bo, br2, n=n, eps=1e-6, q=bq, wg=wg)
+    cl.end()
+    cl.submit(wait=True)
+    want_res = res + rmsnorm(x, w1, 1e-6)
+    h = dev.download(bo, np.float32, (1, n))
+    np.testing.assert_array_equal(dev.download(br, np.float32, (n,)), res)
+    assert nmse(dev.download(br2, np.float32, (n,)), want_res) < 1e-10
+    assert nmse(h, rmsnorm(want_res, w2, 1e-6)) < 1e-10
+    q = dev.download(bq, np.uint32, (-(-n // 32) * 10,))
+    np.testing.assert_array_equal(q, _quantize_rows(dev, bo, 1, n)[0])
+    assert (q[8] == 0) == zero and np.any(q.reshape(-1, 10)[:, 8] != 0)
+    with pytest.raises(ValueError):
+        norm_add_split(cl, dev, bx, bw1, br, bw2, bo, br, n=n, eps=1e-6)

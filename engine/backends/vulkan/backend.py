@@ -15,7 +15,9 @@ and the GEGLU does not write its q8_1 blocks itself):
   QKV matvec (fused) B  QK-norm+RoPE+KV write B  attention B
   o matvec + norm_add (x += norm(o); h = norm(x)) B  gate/up GEGLU matvec [+ q8_1 of its output] B
   [quantize B] down matvec + norm_add (next layer's h) B
-The matvec's last workgroup to finish runs the norm_add (`NormTail`); where the matvec reading h
+The matvec's last workgroup to finish runs the norm_add (`NormTail`) where timing says so; else
+the matvec is followed by a norm_add spread over many workgroups (`ops_norm.norm_add_split`),
+which moves the residual between `x` and `x_alt`. Where the matvec reading h
 (QKV, gate/up, LM head) takes the q8_1 int8 path, that norm_add (or the first norm) also writes
 h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch; likewise attention writes
 its output's q8_1 blocks into `attnq` for an int8 o matvec, and the GEGLU its output's into
@@ -135,7 +137,8 @@ class VulkanBackend(Backend):
                       for i in range(cfg.num_layers)]
         kv_bytes = sum(self.slots) * cfg.kv_dim * 2 * 2
         T = PREFILL_CHUNK
-        acts = T * (3 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + cfg.q_dim + cfg.intermediate_size) * 4
+        acts = (T * (3 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + cfg.q_dim + cfg.intermediate_size)
+                + cfg.hidden_size) * 4          # + x_alt
         self.n_splits = ops_attention.default_splits(self.context_length)
         scratch = (acts + LOGITS_CHUNK * cfg.vocab_size * 4 + ops_sample.scratch_bytes(cfg.vocab_size)
                    + ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, self.n_splits) * 4
@@ -241,6 +244,8 @@ class VulkanBackend(Backend):
         self.tokens = dev.buffer((self.context_length + 2) * 4, host=True, name="tokens")
         self.tokens_view = self.tokens.view(np.uint32)
         self.x = dev.buffer(T * cfg.hidden_size * f, name="x")
+        # decode's split norm_add reads the residual from one buffer and writes the other
+        self.x_alt = dev.buffer(cfg.hidden_size * f, name="x_alt")
         self.h = dev.buffer(T * cfg.hidden_size * f, name="h")
         self.o = dev.buffer(T * cfg.hidden_size * f, name="o")
         self.qkv = dev.buffer(T * self.qkv_dim * f, name="qkv")
@@ -351,23 +356,33 @@ class VulkanBackend(Backend):
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
                           x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
 
+    def _other_residual(self, res):
+        return self.x_alt if res is self.x else self.x
+
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, hq=None, xq=None) -> str:
-        """o = m x, then x += rmsnorm(o) * w_post; h = rmsnorm(x) * w_next (+ q8_1 of h into hq).
-        Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm); else the
-        matvec, a barrier and norm_add. xq: x's q8_1 blocks, as for `_mv`. Returns the profile
-        label of what is still open (no barrier after)."""
+                     w_post, w_next, res, hq=None, xq=None) -> tuple[str, object]:
+        """o = m x, then res += rmsnorm(o) * w_post; h = rmsnorm(res) * w_next (+ q8_1 of h into
+        hq). Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm), else
+        the matvec, a barrier and the split norm_add, which writes the residual to the other of
+        x / x_alt; prefill: the matvec and a norm_add per row, in place. xq: x's q8_1 blocks, as
+        for `_mv`. Returns the profile label of what is still open (no barrier after) and the
+        buffer that now holds the residual."""
         cfg = self.config
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
             self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key, xq=xq,
-                     tail=NormTail(w_post, self.x, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
-            return label + "+norm_add"
+                     tail=NormTail(w_post, res, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
+            return label + "+norm_add", res
         self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq)
         self._mark(cl, label)
-        ops_norm.norm_add(cl, self.dev, self.o, w_post, self.x, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
+        if T == 1:
+            out = self._other_residual(res)
+            ops_norm.norm_add_split(cl, self.dev, self.o, w_post, res, w_next, self.h, out, n=H,
+                                    eps=cfg.rms_norm_eps, q=hq)
+            return "norm_add", out
+        ops_norm.norm_add(cl, self.dev, self.o, w_post, res, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
-        return "norm_add"
+        return "norm_add", res
 
     def _rope_tail(self, i: int) -> RopeTail:
         cfg, L = self.config, self.layers[i]
@@ -553,8 +568,8 @@ class VulkanBackend(Backend):
                                      xq=xq, tail=tail if use_tail else None)
                             if tail is not None and not use_tail:
                                 cl.barrier()
-                                ops_norm.norm_add(cl, self.dev, y, tail.w_post, self.x, tail.w_next, self.h, rows=1,
-                                                  n=yc, eps=self.config.rms_norm_eps, q=self.hq)
+                                ops_norm.norm_add_split(cl, self.dev, y, tail.w_post, self.x, tail.w_next, self.h,
+                                                        self.x_alt, n=yc, eps=self.config.rms_norm_eps, q=self.hq)
                         candidates[(key, use_tail, str(int_dot), si)] = (record, (int_dot, spec))
         times = timing.time_many(self.dev, {k: rec for k, (rec, _) in candidates.items()}, reps=reps)
         for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
@@ -668,6 +683,7 @@ class VulkanBackend(Backend):
         ops_norm.norm(cl, dev, self.x, self.layers[0].norms["input_layernorm"], self.h, rows=T, n=H, eps=eps,
                       q=hq)
         open_op = "norm"           # the op the next barrier closes (profile label)
+        res = self.x               # the buffer holding the residual stream (decode alternates)
         for i, L in enumerate(self.layers):
             self._mark(cl, open_op)
             if dec and self.qkv_rope is not None and self._qkv_fused(L) and \
@@ -696,9 +712,10 @@ class VulkanBackend(Backend):
             self._mark(cl, "attention")
             # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
-            self._mark(cl, self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
+            open_op, res = self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
                                              w_post=L.norms["post_attention_layernorm"],
-                                             w_next=L.norms["pre_feedforward_layernorm"], hq=hq, xq=attnq))
+                                             w_next=L.norms["pre_feedforward_layernorm"], res=res, hq=hq, xq=attnq)
+            self._mark(cl, open_op)
             mlpq = None
             if dec and self.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
                 mlpq = self.mlpq          # the int8 down matvec's input blocks, from the GEGLU itself
@@ -713,9 +730,9 @@ class VulkanBackend(Backend):
             else:      # the lm head reads one row of h (the last token's), through the int8 path or not
                 nxt, hq = self.final_norm, (self._h_q8_1([self.lm_head], "lm") if mode in ("last", "sample")
                                             else None)
-            open_op = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
-                                        label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
-                                        hq=hq, xq=mlpq)
+            open_op, res = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
+                                             label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
+                                             res=res, hq=hq, xq=mlpq)
         self._mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":

@@ -87,6 +87,10 @@ def _build() -> dict:
         Variant("norm_f32_q8_1", "norm.comp", 4, norm, {"NORM_Q8_1": None, **maxe}, norm_spec),
         Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe},
                 norm_spec),
+        # decode (one row): spread over ceil(n / WG) workgroups, residual in -> residual out
+        Variant("norm_add_split_f32", "norm.comp", 6, norm, {"NORM_ADD_SPLIT": None, **maxe}, norm_spec),
+        Variant("norm_add_split_f32_q8_1", "norm.comp", 7, norm,
+                {"NORM_ADD_SPLIT": None, "NORM_Q8_1": None, **maxe}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
