@@ -112,16 +112,19 @@ vec4 split_sums(uint n) {
 
 void norm_add_split(uint n, float eps) {
     const uint tid = gl_LocalInvocationID.x;
+    // this invocation's element, loaded before the sums so w_next's memory latency overlaps them
+    const uint i = gl_WorkGroupID.x * WG + tid;
+    const bool own = i < n;
+    const float xi = own ? x[i] : 0.0, ri = own ? res[i] : 0.0, ai = own ? w0[i] : 0.0, bi = own ? w1[i] : 0.0;
     const vec4 s = split_sums(n);
     const float inv = inversesqrt(s.x / float(n) + eps);
     const float ss2 = max(0.0, s.y + 2.0 * inv * s.z + inv * inv * s.w);
     const float inv2 = inversesqrt(ss2 / float(n) + eps);
-    const uint i = gl_WorkGroupID.x * WG + tid;
     float o = 0.0;
-    if (i < n) {
-        const float r = res[i] + x[i] * inv * w0[i];
+    if (own) {
+        const float r = ri + xi * inv * ai;
         res_out[i] = r;
-        o = r * inv2 * w1[i];
+        o = r * inv2 * bi;
         outp[i] = o;
     }
 #ifdef NORM_Q8_1
