@@ -5,8 +5,8 @@ decode token's ~10 dependent steps per layer.
 Times chains of dispatches (GPU timestamps, median of repeats): a one-workgroup kernel with a
 barrier after each (the cost of launch + drain + barrier), the same with a compute-only
 barrier, the same with no barrier (launch alone), and streaming copies of decode-matvec sizes
-with a barrier after each, whose excess over bytes / copy bandwidth is the ramp-up and tail
-a dependent step pays.
+with a barrier after each (each copy on its own buffers, so none is served from L2), whose
+excess over bytes / copy bandwidth is the ramp-up and tail a dependent step pays.
 """
 from __future__ import annotations
 
@@ -51,13 +51,16 @@ def main(argv=None) -> int:
     big = min(big, dev.caps.max_storage_buffer_range) // 16 * 16
     ba, bb = dev.buffer(big), dev.buffer(big)
 
-    def copy_us(nbytes, transfer=True):
+    def copy_us(nbytes, transfer=True, pairs=None):
+        """One copy of nbytes, from a chain of 8 with a barrier after each. `pairs`: 8 distinct
+        (src, dst) buffers, one per copy, so small copies do not run out of L2 (H100: 50 MB)."""
         n16 = nbytes // 16
         groups = min(65535, max(1, -(-n16 // 256 // 4)))
 
         def record(cl):
-            for _ in range(8):
-                cl.dispatch(p, [ba, bb], (groups, 1, 1), p.push.pack(n=n16))
+            for k in range(8):
+                src, dst = pairs[k] if pairs else (ba, bb)
+                cl.dispatch(p, [src, dst], (groups, 1, 1), p.push.pack(n=n16))
                 cl.barrier(transfer=transfer)
         return time_us(dev, record, reps=4) / 8
 
@@ -67,7 +70,11 @@ def main(argv=None) -> int:
              "gate_up_27b_130MB": 130_056_192}
     for name, nbytes in sizes.items():
         nbytes = int(nbytes * args.scale) // 32 * 32
-        us = copy_us(nbytes // 2)        # read + write = nbytes moved, as a matvec reads its weights
+        pairs = [(dev.buffer(nbytes // 2), dev.buffer(nbytes // 2)) for _ in range(8)]
+        us = copy_us(nbytes // 2, pairs=pairs)   # read + write = nbytes moved, as a matvec reads its weights
+        for pair in pairs:
+            for buf in pair:
+                buf.destroy()
         ideal = nbytes / (bw * 1e9) * 1e6
         out[f"copy_{name}_us"] = us
         out[f"copy_{name}_pct_of_bw"] = 100 * ideal / us

@@ -1,16 +1,18 @@
 """Matvec kernel sweep on one device: GB/s per (path, WG, ROWS) for Gemma-shaped Q4_0 matrices.
 
-    python -m bench.matvec_sweep [--types q4_0,q8_0] [--json OUT]
+    python -m bench.matvec_sweep [--types q4_0,q8_0] [--copies 8] [--json OUT]
 GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode),
 every candidate of a shape recorded first and timed with the GPU kept busy (timing.time_many).
 A wider grid than the load-time autotune (VulkanBackend._autotune), which times a few of
 these shapes on the model's own matrices with the same `timing.time_many`.
-Caveat: a matrix that fits the GPU's L2 (H100: 50 MB) partly stays there across the repeated
-dispatches, so its GB/s here is above a decode step's (27B QKV: 2.58 TB/s here, ~1.4 in a step).
+A matrix that fits the GPU's L2 (H100: 50 MB) partly stays there across repeated dispatches,
+so its GB/s with one copy is above a decode step's (27B QKV: 2.58 TB/s, ~1.4 in a step);
+--copies 8 times each repeat on its own copy, read from memory as in a step.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -35,16 +37,21 @@ def random_blocks(qtype, rows, cols, rng):
     return raw.reshape(rows, -1)
 
 
-def spec_record(dev, m, xb, xq, yb, spec, int_dot):
+def spec_record(dev, ms, xb, xq, yb, spec, int_dot):
+    """A recorder of one matvec; each call takes the next of the copies `ms` (timing.time_many
+    records it once per repeat), so with enough copies no repeat finds its matrix in L2."""
+    copies = itertools.cycle(ms)
     if int_dot:
-        return lambda cl: record_matvec(cl, dev, [m], xq, yb, int_dot=True, spec=spec)
-    return lambda cl: record_matvec(cl, dev, [m], xb, yb, spec=spec)
+        return lambda cl: record_matvec(cl, dev, [next(copies)], xq, yb, int_dot=True, spec=spec)
+    return lambda cl: record_matvec(cl, dev, [next(copies)], xb, yb, spec=spec)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_0,q8_0")
     ap.add_argument("--json")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="distinct copies of each matrix, used in turn (8: none is read from L2)")
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=True)
     print(dev.caps.summary(), flush=True)
@@ -56,7 +63,9 @@ def main(argv=None):
     for tname in args.types.split(","):
         qt = Q[tname.upper()]
         for rows, cols in SHAPES:
-            m = WeightMatrix.upload(dev, random_blocks(qt, rows, cols, rng), qt, (rows, cols))
+            blocks = random_blocks(qt, rows, cols, rng)
+            ms = [WeightMatrix.upload(dev, blocks, qt, (rows, cols)) for _ in range(args.copies)]
+            m = ms[0]
             xb = dev.buffer(cols * 4)
             dev.upload(xb, rng.standard_normal(cols).astype(np.float32))
             xq = dev.buffer(q8_1_bytes(cols))
@@ -66,14 +75,16 @@ def main(argv=None):
             yb = dev.buffer(rows * 4)
             grid = [(int_dot, i) for int_dot in ((False, True) if dev.caps.int_dot else (False,))
                     for i in range(len(specs))]
-            times = time_many(dev, {(d, i): spec_record(dev, m, xb, xq, yb, specs[i], d) for d, i in grid}, 20)
+            times = time_many(dev, {(d, i): spec_record(dev, ms, xb, xq, yb, specs[i], d) for d, i in grid}, 20)
             for (int_dot, i), us in times.items():
                 spec = specs[i]
                 gbs = m.nbytes / us / 1e3
-                out.append(dict(type=tname, rows=rows, cols=cols, int_dot=int_dot, **spec, us=us, gb_s=gbs))
+                out.append(dict(type=tname, rows=rows, cols=cols, copies=args.copies, int_dot=int_dot, **spec,
+                                us=us, gb_s=gbs))
                 print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
                       f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
-            m.tensor.buffer.destroy()
+            for c in ms:
+                c.tensor.buffer.destroy()
             for b in (xb, xq, yb):
                 b.destroy()
     if args.json:
