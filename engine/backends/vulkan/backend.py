@@ -26,6 +26,7 @@ separate norm_add dispatches.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import OrderedDict, deque
@@ -53,6 +54,7 @@ QUANT_TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "f16": QType.F16}
 PREFILL_CHUNK = 512       # tokens per prefill submission (GEMM rows: more reuse of each dequantized weight tile); local KV rings hold window + this
 LOGITS_CHUNK = 32         # tokens per submission when every position's logits come back
 MAX_RECORDINGS = 8
+TUNE_LAYERS = 8           # layers the load-time timing cycles through (`_tuning_layers`)
 IN_FLIGHT = 3             # decode steps queued ahead: hides submit-to-start latency on the GPU
 REGS_SPEC = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
@@ -404,8 +406,9 @@ class VulkanBackend(Backend):
     def _choose_qkv_rope(self):
         """The decode QKV matvec can run each head's rope in its last workgroup (per-head arrival
         counters) where its workgroups' rows lie within one head. Tuned devices keep it only if
-        timing says so (against the matvec, a barrier and the rope dispatch); untuned ones take
-        it whenever it applies."""
+        timing says so (the fused kernel in the QKV's tuned shape and in subgroup-row shapes,
+        whose workgroups hold more of a head, against the tuned matvec, a barrier and the rope
+        dispatch); untuned ones take it whenever it applies."""
         L, H = self.layers[0], self.config.hidden_size
         if not self._qkv_fused(L):
             return None
@@ -413,25 +416,40 @@ class VulkanBackend(Backend):
         if int_dot == "regs" and spec is None:
             spec = REGS_SPEC
         spec = spec or default_spec(self.dev)
-        if not rope_tail_ok(spec, self.config.head_dim):
-            return None
         if "qkv" not in self.tuning:
-            return (int_dot, spec)
+            return (int_dot, spec) if rope_tail_ok(spec, self.config.head_dim) else None
         hq = self.hq if int_dot is True else None
+        sg = max(8, min(64, self.dev.caps.subgroup_size))
+        fused_specs = []
+        for cand in ([spec] if int_dot == "regs" else
+                     [spec, default_spec(self.dev), {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}]):
+            if rope_tail_ok(cand, self.config.head_dim) and cand not in fused_specs:
+                fused_specs.append(cand)
+        if not fused_specs:
+            return None
 
-        def separate(cl):
-            self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim, force=(int_dot, spec), xq=hq)
+        tuning_layers = self._tuning_layers(lambda L: L.qkv)
+
+        def separate(cl, layers=itertools.cycle(tuning_layers)):
+            i = next(layers)
+            self._mv(cl, self.layers[i].qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim,
+                     force=(int_dot, spec), xq=hq)
             cl.barrier()
-            self._rope_kv(cl, 0, 1)
+            self._rope_kv(cl, i, 1)
 
-        def fused(cl):
-            self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim, force=(int_dot, spec), xq=hq,
-                     rope=self._rope_tail(0))
+        records = {"separate": separate}
+        for k, fs in enumerate(fused_specs):
+            def fused(cl, fs=fs, layers=itertools.cycle(tuning_layers)):
+                i = next(layers)
+                self._mv(cl, self.layers[i].qkv, self.h, self.qkv, T=1, x_cols=H, y_cols=self.qkv_dim,
+                         force=(int_dot, fs), xq=hq, rope=self._rope_tail(i))
+            records[k] = fused
         self._write_step(pos=min(self.context_length - 1, 512), n_tokens=1)
-        times = timing.time_many(self.dev, {"separate": separate, "fused": fused}, reps=10)
-        sep, fus = times["separate"], times["fused"]
-        self.qkv_rope_timing = {"fused_us": round(fus, 1), "qkv_and_rope_us": round(sep, 1)}
-        return (int_dot, spec) if fus < sep else None
+        times = timing.time_many(self.dev, records, reps=10)
+        sep = times.pop("separate")
+        k = min(times, key=times.get)
+        self.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
+        return (int_dot, fused_specs[k]) if times[k] < sep else None
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
         """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1
@@ -477,14 +495,18 @@ class VulkanBackend(Backend):
         cfg = self.config
         H, I = cfg.hidden_size, cfg.intermediate_size
 
-        def separate(cl):
+        tuning_layers = self._tuning_layers(lambda L: [L.gate, L.up])
+
+        def separate(cl, layers=itertools.cycle(tuning_layers)):
+            L = self.layers[next(layers)]
             self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu",
                      force=(int_dot, tuned_spec), xq=self.hq)
             cl.barrier()
             record_quantize(cl, self.dev, self.mlp, self.xq, I)
         records = {"separate": separate}
         for i, spec in enumerate(specs):
-            def fused(cl, spec=spec):
+            def fused(cl, spec=spec, layers=itertools.cycle(tuning_layers)):
+                L = self.layers[next(layers)]
                 self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu_q8_1",
                          force=(int_dot, spec), xq=self.hq, y_q8_1=self.mlpq)
             records[i] = fused
@@ -505,16 +527,28 @@ class VulkanBackend(Backend):
             prof.append(label)
             cl.timestamp(len(prof))
 
+    def _tuning_layers(self, pick) -> list[int]:
+        """Layers whose matrices `pick(L)` match layer 0's in type and shape, up to TUNE_LAYERS:
+        the timed candidates cycle through them, so each repeat reads its weights from memory
+        as a decode step does (one matrix repeated stays partly in a big GPU's L2: an H100 read
+        a 27B QKV at 2.6 TB/s that way against 1.8 from memory, and ranked shapes differently)."""
+        sig = [(m.qtype, m.rows, m.cols) for m in pick(self.layers[0])]
+        return [i for i, L in enumerate(self.layers)
+                if [(m.qtype, m.rows, m.cols) for m in pick(L)] == sig][:TUNE_LAYERS]
+
     def _matvec_cases(self):
+        """key -> (matrix lists, one per tuning layer, x, y, x_cols, y_cols, epilogue)."""
         cfg, L = self.config, self.layers[0]
         H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-        cases = {"o": ([L.o], self.attn, self.o, cfg.q_dim, H, None),
-                 "geglu": ([L.gate, L.up], self.h, self.mlp, H, I, "geglu"),
-                 "down": ([L.down], self.mlp, self.o, I, H, None)}
+        picks = {"o": lambda L: [L.o], "geglu": lambda L: [L.gate, L.up], "down": lambda L: [L.down]}
         if len({m.qtype for m in L.qkv}) == 1:
-            cases["qkv"] = (L.qkv, self.h, self.qkv, H, self.qkv_dim, None)
+            picks["qkv"] = lambda L: L.qkv
+        shapes = {"o": (self.attn, self.o, cfg.q_dim, H, None), "geglu": (self.h, self.mlp, H, I, "geglu"),
+                  "down": (self.mlp, self.o, I, H, None), "qkv": (self.h, self.qkv, H, self.qkv_dim, None)}
+        cases = {k: ([pick(self.layers[i]) for i in self._tuning_layers(pick)], *shapes[k])
+                 for k, pick in picks.items()}
         if len(self.lm_head.tensor.ranges) == 1:
-            cases["lm"] = ([self.lm_head], self.h, self.logits, H, V, None)
+            cases["lm"] = ([[self.lm_head]], self.h, self.logits, H, V, None)
         return cases
 
     def _autotune(self) -> None:
@@ -546,7 +580,8 @@ class VulkanBackend(Backend):
                  "down": ("post_feedforward_layernorm", "input_layernorm")}
         # every candidate of every matrix recorded first, then timed in one go (timing.time_many)
         candidates: dict = {}
-        for key, (mats, x, y, xc, yc, epi) in cases.items():
+        for key, (rotation, x, y, xc, yc, epi) in cases.items():
+            mats = rotation[0]
             xq = self.hq if key in ("qkv", "geglu", "lm") else (self.attnq if key == "o" else None)
             tail = None
             if key in tails and len(mats[0].tensor.ranges) == 1:
@@ -562,10 +597,11 @@ class VulkanBackend(Backend):
                 for int_dot in paths:
                     for si, spec in enumerate(specs if int_dot != "regs" or not self.dev.caps.is_software
                                               else [REGS_SPEC]):
-                        def record(cl, mats=mats, x=x, y=y, xc=xc, yc=yc, epi=epi, xq=xq, tail=tail,
-                                   int_dot=int_dot, spec=spec, use_tail=use_tail):
-                            self._mv(cl, mats, x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi, force=(int_dot, spec),
-                                     xq=xq, tail=tail if use_tail else None)
+                        def record(cl, layers=itertools.cycle(rotation), x=x, y=y, xc=xc, yc=yc, epi=epi, xq=xq,
+                                   tail=tail, int_dot=int_dot, spec=spec, use_tail=use_tail):
+                            # each repeat on the next tuning layer's matrices (_tuning_layers)
+                            self._mv(cl, next(layers), x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
+                                     force=(int_dot, spec), xq=xq, tail=tail if use_tail else None)
                             if tail is not None and not use_tail:
                                 cl.barrier()
                                 ops_norm.norm_add_split(cl, self.dev, y, tail.w_post, self.x, tail.w_next, self.h,
@@ -575,7 +611,7 @@ class VulkanBackend(Backend):
         for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
             if key not in self.tuning:
                 self.tuning[key] = (us, *candidates[(key, use_tail, _i, _s)][1])
-                if key in tails and len(cases[key][0][0].tensor.ranges) == 1:
+                if key in tails and len(cases[key][0][0][0].tensor.ranges) == 1:
                     self.norm_tail[key] = use_tail
 
     def profile_decode(self) -> dict:
