@@ -52,6 +52,19 @@ def test_teacher_forced_logits_match_cpu(backends, text_ids, record_property):
     assert diff < 0.5
 
 
+def test_tuning_cycles_through_layers_of_the_same_types(backends, weights):
+    """The load-time timing runs each candidate over several layers' matrices in turn (so they
+    are read from memory, not a GPU's L2): only layers whose matrices match layer 0's types,
+    which in the embedded Q4_K_M file skips the layers whose down-proj is Q4_K, not Q6_K."""
+    from engine.backends.vulkan.backend import TUNE_LAYERS
+    _cpu, vk = backends
+    types = [weights.tensors[f"layers.{i}.mlp.down_proj"].qtype for i in range(vk.config.num_layers)]
+    want = [i for i, t in enumerate(types) if t == types[0]][:TUNE_LAYERS]
+    got = vk._tuning_layers(lambda L: [L.down])
+    assert got == want and len(got) == TUNE_LAYERS and got != list(range(TUNE_LAYERS))
+    assert vk._tuning_layers(lambda L: [L.o]) == list(range(TUNE_LAYERS))
+
+
 def test_greedy_continuation_matches_cpu(backends, text_ids):
     cpu, vk = backends
     prompt = text_ids[:8]
