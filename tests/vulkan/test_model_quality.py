@@ -167,7 +167,8 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
     from engine.backends.vulkan.backend import VulkanBackend
     ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
     ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True, quant="q8_0")
+    # untuned, the fusion is taken wherever it applies (a tuned GPU keeps it only where it is faster)
+    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True, quant="q8_0", autotune=False)
     try:
         assert backend.stats()["geglu_q8_1"] is not None, "the GEGLU should write down's q8_1 input here"
         assert backend.stats()["qkv_rope"] is not None, "uniform q/k/v types: the QKV matvec runs the rope"
@@ -189,13 +190,15 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
 def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, record_property):
     """Q8_0 everywhere gives every layer one fused QKV matvec, whose last workgroup per head runs
     QK-norm + RoPE + the KV write (no rope dispatch): decode steps with f32 activations against
-    the CPU reference on the same re-quantized weights, top-1 identical at every position."""
+    the CPU reference on the same re-quantized weights, logits within 0.05 and so top-1 identical
+    wherever the reference's top-2 margin exceeds twice the largest difference (on lavapipe: at
+    every position; an H100's summation order moves logits by ~0.01 and met a 0.02 near-tie)."""
     from gguf import GGMLQuantizationType as Q
     from engine.backends.cpu import CpuBackend
     from engine.backends.vulkan.backend import VulkanBackend
     ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
     ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=False, quant="q8_0")
+    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=False, quant="q8_0", autotune=False)
     try:
         assert backend.stats()["qkv_rope"] is not None
         assert "qkv+rope_kv" in backend.profile_decode()
@@ -205,6 +208,10 @@ def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, record_prope
         backend.close()
     diff = float(np.abs(got - ref).max())
     record_property("rope_in_qkv_max_abs_logit_diff", diff)
-    print(f"f32 decode, rope in the QKV matvec: max abs logit diff {diff:.4f}")
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    flips = np.nonzero(got.argmax(-1) != ref.argmax(-1))[0]
+    top2 = np.sort(ref, -1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    print(f"f32 decode, rope in the QKV matvec: max abs logit diff {diff:.4f}, "
+          f"{len(flips)} top-1 differ (margins {margins[flips].round(3).tolist()})")
     assert diff < 0.05
+    assert (margins[flips] <= 2 * diff).all()
