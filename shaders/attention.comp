@@ -27,10 +27,14 @@
 // write m = -1e30, l = 0, still count as arrived, and the reduce skips them).
 // scores = (q . k) * scale, scale = 1/sqrt(query_pre_attn_scalar); f32 softmax and accumulation.
 // head_dim (HD) and the GQA group size G = n_heads / n_kv_heads are specialization constants, so
-// every inner loop has a constant trip count; loads are batched 4 at a time (with a run-time
-// head_dim the K-row loads were issued one latency at a time: 3-10x slower on an H100).
-// Limits: HD a multiple of 64, HD <= 2 * WG, WG / (HD / 2) a divisor of WG / 4, G <= 8,
-// n_splits <= 256.
+// every inner loop has a constant trip count (with a run-time head_dim the K-row loads were
+// issued one latency at a time: 3-10x slower on an H100).
+// A split is short (16 positions at a 648-position cache), so the kernel is latency-bound: every
+// phase is laid out to need one round of memory loads per thread, not one per position. Scores:
+// TPP = HD / 32 threads share a K row (4 uvec4 loads each, adjacent lanes on adjacent 16 bytes)
+// and add their partial dots through shared memory; P.V: a thread owns 8 columns (one uvec4 of
+// halves) of one of RG = WG / (HD / 8) row groups, which meet in shared memory at the end.
+// Limits: HD a multiple of 64, HD <= 2 * WG, G <= 8, n_splits <= 256.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
 
@@ -56,7 +60,7 @@ STEP_BUFFER(0)
 
 layout(std430, binding = 1) readonly buffer Q { float q[]; };
 layout(std430, binding = 2) readonly buffer KC { uvec4 kc[]; };
-layout(std430, binding = 3) readonly buffer VC { uint vc[]; };
+layout(std430, binding = 3) readonly buffer VC { uvec4 vc[]; };
 // coherent: the last workgroup reads the other workgroups' partials in the same dispatch
 layout(std430, binding = 4) coherent buffer P { vec4 part[]; };
 #define ARRIVAL_BINDING 5
@@ -71,7 +75,8 @@ layout(std430, binding = 7) writeonly buffer OQ { uint oq[]; };
 const uint REC = HD / 4 + 1;   // vec4s per (query head, split) record: o[HD], then (m, l, 0, 0)
 
 shared vec4 qs[G * HD / 4];
-shared float sc[G * WG];
+shared float sc[G * WG];       // per block: scores, then softmax weights, by position
+shared float lanes[G * WG];    // lanes' partial dots of one scoring pass
 shared float red[G * WG_REDUCE_MAX_SUBGROUPS];
 shared float wsh[G * SMAX];    // reduce: weight exp(m_s - M) of every used split
 shared vec4 osum[WG];          // reduce: partial output sums of the split groups
@@ -110,33 +115,47 @@ void main() {
     }
     barrier();
 
-    // P.V mapping: a thread owns one column pair c (one uint of halves) of a row group rg
-    const uint NCOL = HD / 2;
-    const uint RG = WG / NCOL;
-    const uint c = tid % NCOL, rg = tid / NCOL;
-    vec2 acc[G];
+    // scoring: TPP threads per K row, PPP rows per pass
+    const uint TPP = HD / 32, PPP = WG / TPP;
+    const uint lane = tid % TPP, pr = tid / TPP;
+    // P.V: a thread owns 8 columns (uvec4 c8 of a V row) of row group rg
+    const uint NC8 = HD / 8;
+    const uint RG = WG / NC8;
+    const uint c8 = tid % NC8, rg = tid / NC8;
+    vec4 acc[G][2];
     float m[G], l[G];
-    [[unroll]] for (uint g = 0; g < G; g++) { acc[g] = vec2(0.0); m[g] = -1e30; l[g] = 0.0; }
+    [[unroll]] for (uint g = 0; g < G; g++) { acc[g][0] = vec4(0.0); acc[g][1] = vec4(0.0); m[g] = -1e30; l[g] = 0.0; }
 
     for (uint blk = begin; blk < end; blk += WG) {
         const uint nb = min(WG, end - blk);
-        float sg[G];
-        [[unroll]] for (uint g = 0; g < G; g++) sg[g] = -1e30;
-        if (tid < nb) {
-            const uint row = (kh * slots + (blk + tid) % slots) * (HD / 8);
-            [[unroll]] for (uint g = 0; g < G; g++) sg[g] = 0.0;
-            // 8 row loads in flight per step; not fully unrolled (lavapipe's LLVM compile time explodes)
-            for (uint d8 = 0; d8 < HD / 8; d8 += 8) {
-                uvec4 w[8];
-                [[unroll]] for (uint u = 0; u < 8; u++) w[u] = kc[row + d8 + u];
-                [[unroll]] for (uint u = 0; u < 8; u++) {
+        for (uint p0 = 0; p0 < nb; p0 += PPP) {
+            float d[G];
+            [[unroll]] for (uint g = 0; g < G; g++) d[g] = 0.0;
+            if (pr < PPP && p0 + pr < nb) {
+                const uint row = (kh * slots + (blk + p0 + pr) % slots) * (HD / 8);
+                uvec4 w[4];
+                [[unroll]] for (uint u = 0; u < 4; u++) w[u] = kc[row + lane + u * TPP];
+                [[unroll]] for (uint u = 0; u < 4; u++) {
+                    const uint i8 = lane + u * TPP;     // this uvec4 holds dims 8 * i8 .. 8 * i8 + 7
                     const vec4 ka = vec4(unpackHalf2x16(w[u].x), unpackHalf2x16(w[u].y));
                     const vec4 kb = vec4(unpackHalf2x16(w[u].z), unpackHalf2x16(w[u].w));
                     [[unroll]] for (uint g = 0; g < G; g++)
-                        sg[g] += dot(qs[(g * HD) / 4 + 2 * (d8 + u)], ka) + dot(qs[(g * HD) / 4 + 2 * (d8 + u) + 1], kb);
+                        d[g] += dot(qs[(g * HD) / 4 + 2 * i8], ka) + dot(qs[(g * HD) / 4 + 2 * i8 + 1], kb);
                 }
             }
+            [[unroll]] for (uint g = 0; g < G; g++) lanes[g * WG + tid] = d[g];
+            barrier();
+            if (tid < PPP && p0 + tid < nb) {
+                [[unroll]] for (uint g = 0; g < G; g++) {
+                    float t = 0.0;
+                    [[unroll]] for (uint k = 0; k < TPP; k++) t += lanes[g * WG + tid * TPP + k];
+                    sc[g * WG + p0 + tid] = t;
+                }
+            }
+            barrier();                   // lanes is rewritten by the next pass; sc is complete
         }
+        float sg[G];
+        [[unroll]] for (uint g = 0; g < G; g++) sg[g] = tid < nb ? sc[g * WG + tid] : -1e30;
         float bm[G];
         [[unroll]] for (uint g = 0; g < G; g++) bm[g] = sg[g];
         wg_reduce_g(bm, true);
@@ -146,7 +165,8 @@ void main() {
             const float alpha = exp(m[g] - mn);
             m[g] = mn;
             l[g] *= alpha;
-            acc[g] *= alpha;
+            acc[g][0] *= alpha;
+            acc[g][1] *= alpha;
             const float p = tid < nb ? exp(sg[g] - mn) : 0.0;
             sc[g * WG + tid] = p;
             ps[g] = p;
@@ -155,16 +175,21 @@ void main() {
         [[unroll]] for (uint g = 0; g < G; g++) l[g] += ps[g];
         if (rg < RG) {
             const uint base = kh * slots;
-            for (uint jj = 0; jj < WG / RG; jj += 4) {
-                if (rg + jj * RG >= nb) break;
-                vec2 vv[4];
+            for (uint j0 = rg; j0 < nb; j0 += 4 * RG) {
+                uvec4 vv[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) {
-                    const uint j = rg + (jj + u) * RG;
-                    vv[u] = j < nb ? unpackHalf2x16(vc[(base + (blk + j) % slots) * NCOL + c]) : vec2(0.0);
+                    const uint j = j0 + u * RG;
+                    vv[u] = j < nb ? vc[(base + (blk + j) % slots) * NC8 + c8] : uvec4(0);
                 }
                 [[unroll]] for (uint u = 0; u < 4; u++) {
-                    const uint j = rg + (jj + u) * RG;
-                    [[unroll]] for (uint g = 0; g < G; g++) acc[g] += sc[g * WG + min(j, WG - 1)] * vv[u];
+                    const vec4 va = vec4(unpackHalf2x16(vv[u].x), unpackHalf2x16(vv[u].y));
+                    const vec4 vb = vec4(unpackHalf2x16(vv[u].z), unpackHalf2x16(vv[u].w));
+                    const uint j = min(j0 + u * RG, WG - 1);   // past nb: sc holds p = 0 there
+                    [[unroll]] for (uint g = 0; g < G; g++) {
+                        const float p = sc[g * WG + j];
+                        acc[g][0] += p * va;
+                        acc[g][1] += p * vb;
+                    }
                 }
             }
         }
@@ -175,10 +200,9 @@ void main() {
     for (uint r = 0; r < RG; r++) {
         if (rg == r) {
             [[unroll]] for (uint g = 0; g < G; g++) {
-                const uint i = g * HD + 2 * c;
-                vec2 prev = r == 0 ? vec2(0.0) : vec2(qs[i / 4][i % 4], qs[i / 4][i % 4 + 1]);
-                qs[i / 4][i % 4] = prev.x + acc[g].x;
-                qs[i / 4][i % 4 + 1] = prev.y + acc[g].y;
+                const uint i = (g * HD) / 4 + 2 * c8;
+                qs[i] = r == 0 ? acc[g][0] : qs[i] + acc[g][0];
+                qs[i + 1] = r == 0 ? acc[g][1] : qs[i + 1] + acc[g][1];
             }
         }
         barrier();

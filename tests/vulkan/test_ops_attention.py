@@ -38,6 +38,7 @@ CASES = [  # D, H, KV, window, slots, n_splits, positions replayed
     (128, 3, 3, 0, 4200, 256, [4100, 0, 17]),        # G = 1, most splits; more splits than positions
     (64, 6, 2, 40, 64, 37, [63, 100, 101]),          # head_dim 64, G = 3, odd splits, ring of 64
     (256, 4, 1, 0, 1200, 128, [1190, 1]),            # 270M global layer with the backend's split count
+    (128, 4, 2, 0, 700, 2, [650, 40]),               # splits longer than a workgroup's block (3 blocks)
 ]
 
 
