@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", type=int, default=648)
     ap.add_argument("--splits", default="1,8,21,41,64")
+    ap.add_argument("--wg", type=int, default=128, help="workgroup size")
     ap.add_argument("--software", action="store_true", help="allow a CPU Vulkan device (smoke test)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
                     k, v = caches[i % CACHES]
                     ops_attention.attention_decode(cl, dev, step, q, k, v, part, counters, o, head_dim=hd,
                                                    n_heads=h, n_kv_heads=kv, cache_slots=n, window=0,
-                                                   scale=0.0625, n_splits=s)
+                                                   scale=0.0625, n_splits=s, wg=args.wg)
                     cl.barrier()
             time_us(dev, record, reps=4)            # clocks up
             us = time_us(dev, record, reps=8) / CHAIN
