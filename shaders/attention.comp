@@ -46,6 +46,9 @@ PUSH_CONSTANTS
 
 #define MIN_CHUNK 16u   // balances the split work (serial over its chunk) against the reduce (serial over splits)
 #define SMAX 256u       // most splits
+#ifndef COMBINE_LOADS
+#define COMBINE_LOADS 16u  // partial loads in flight a thread in the combine (a multiple of 4)
+#endif
 
 // positions [lo, pos] visible from the query at step.pos, split in chunks of `chunk`
 void visible(uint pos, out uint lo, out uint n, out uint chunk) {
@@ -220,17 +223,23 @@ void main() {
 
     // ---- the last workgroup of kv head kh: combine the used splits of its G query heads ----
     const uint S = (n + chunk - 1) / chunk;      // splits that hold positions (>= 1)
+    // (m, l) of split tid is kept in registers between the two passes (S <= WG: one L2 read)
     float M[G];
-    [[unroll]] for (uint g = 0; g < G; g++) M[g] = -1e30;
+    vec2 mine[G];
+    [[unroll]] for (uint g = 0; g < G; g++) { M[g] = -1e30; mine[g] = vec2(-1e30, 0.0); }
     for (uint sp = tid; sp < S; sp += WG)
-        [[unroll]] for (uint g = 0; g < G; g++)
-            M[g] = max(M[g], part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].x);
+        [[unroll]] for (uint g = 0; g < G; g++) {
+            const vec2 ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
+            if (sp == tid) mine[g] = ml;
+            M[g] = max(M[g], ml.x);
+        }
     wg_reduce_g(M, true);
     float L[G];
     [[unroll]] for (uint g = 0; g < G; g++) L[g] = 0.0;
     for (uint sp = tid; sp < S; sp += WG) {
         [[unroll]] for (uint g = 0; g < G; g++) {
-            const vec2 ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
+            vec2 ml = mine[g];
+            if (sp != tid) ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
             const float w = exp(ml.x - M[g]);
             wsh[g * SMAX + sp] = w;
             L[g] += ml.y * w;
@@ -239,26 +248,29 @@ void main() {
     wg_reduce_g(L, false);               // its barriers also publish wsh
     // threads: NC4 vec4 columns (G rows of HD) x SG groups of splits; when the columns are fewer
     // than the threads, the split groups' sums meet in shared memory. One workgroup reads every
-    // partial of its kv head here (latency-bound): 8 loads in flight a thread.
+    // partial of its kv head here (latency-bound): COMBINE_LOADS loads in flight a thread, the
+    // last batch predicated rather than walked one load at a time.
     const uint NC4 = G * HD / 4;
     const uint SG = NC4 >= WG ? 1 : WG / NC4;
     for (uint i = tid; i < NC4 * SG; i += WG) {
         const uint c4 = i % NC4, sg = i / NC4;
         const uint g = c4 / (HD / 4);
         const uint base = (kh * G + g) * pc.n_splits * REC + c4 % (HD / 4);
-        vec4 o0 = vec4(0.0), o1 = vec4(0.0), o2 = vec4(0.0), o3 = vec4(0.0);
-        uint sp = sg;
-        for (; sp + 7 * SG < S; sp += 8 * SG) {
-            vec4 a[8];
-            [[unroll]] for (uint u = 0; u < 8; u++) a[u] = part[base + (sp + u * SG) * REC];
-            [[unroll]] for (uint u = 0; u < 8; u += 4) {
-                o0 += a[u] * wsh[g * SMAX + sp + u * SG];
-                o1 += a[u + 1] * wsh[g * SMAX + sp + (u + 1) * SG];
-                o2 += a[u + 2] * wsh[g * SMAX + sp + (u + 2) * SG];
-                o3 += a[u + 3] * wsh[g * SMAX + sp + (u + 3) * SG];
+        vec4 acc4[4] = vec4[4](vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0));
+        for (uint sp = sg; sp < S; sp += COMBINE_LOADS * SG) {
+            vec4 a[COMBINE_LOADS];
+            [[unroll]] for (uint u = 0; u < COMBINE_LOADS; u++) {
+                const uint t = sp + u * SG;
+                const vec4 v = part[base + min(t, S - 1) * REC];   // in bounds, whatever the compiler hoists
+                a[u] = t < S ? v : vec4(0.0);
+            }
+            [[unroll]] for (uint u = 0; u < COMBINE_LOADS; u++) {
+                const uint t = sp + u * SG;
+                const float w = wsh[g * SMAX + min(t, S - 1)];   // in bounds; 0 past the used splits
+                acc4[u % 4] += a[u] * (t < S ? w : 0.0);
             }
         }
-        for (; sp < S; sp += SG) o0 += part[base + sp * REC] * wsh[g * SMAX + sp];
+        const vec4 o0 = acc4[0], o1 = acc4[1], o2 = acc4[2], o3 = acc4[3];
         const vec4 o = (o0 + o1) + (o2 + o3);
         if (SG == 1) {
             float inv_l = 0.0;
