@@ -29,7 +29,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(MAKE) system-deps
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q --upgrade pip 'setuptools>=77'   # the SPDX license string in pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 

@@ -37,8 +37,9 @@ def test_setuptools_packages_every_resource_and_shader(tmp_path):
         shutil.copy(ROOT / name, src / name)
     for pkg in ("resources", "shaders"):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
-                    "build_py", "--build-lib", str(lib)], cwd=src, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                           "build_py", "--build-lib", str(lib)], cwd=src, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
     built = {p.relative_to(lib).as_posix() for p in lib.rglob("*") if p.is_file()}
     assert {f"resources/{name}" for name in resources.FILES} | {"resources/__init__.py"} <= built
     # the SPIR-V of every pipeline variant the Vulkan backend can load
