@@ -174,6 +174,59 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, xq[xb + 4u + i], 0);
     }
     return d * (dx * float(acc) - 16.0 * sx);
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+    // sub-block j: 32 nibbles (low or high half of 32 bytes), scale d * sc, offset dmin * m:
+    // sum(w x) = d sc dx sum(q xq) - dmin m sx
+#if defined(WTYPE_Q4_K)
+    const uint BW = 72u;
+    const uint QS = 16u;
+#else
+    const uint BW = 88u;
+    const uint QS = 48u;
+#endif
+    uint j = c & 7u;
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * BW;
+    float d = half_lo(W16[w0]);
+    float dmin = half_lo(W16[w0 + 1u]);
+    float sc, m;
+    FN(scale_min)(w0 * 2u + 4u, j, sc, m);
+    uint qw = w0 + QS / 2u + (j >> 1) * 16u;      // u16 index of the sub-block's 32 bytes
+    uint shift = (j & 1u) * 4u;
+    [[unroll]] for (uint k = 0u; k < 8u; k++) {
+        uint w = uint(W16[qw + 2u * k]) | (uint(W16[qw + 2u * k + 1u]) << 16);
+        uint q = (w >> shift) & 0x0F0F0F0Fu;
+#if defined(WTYPE_Q5_K)
+        uint h = uint(W16[w0 + 8u + 2u * k]) | (uint(W16[w0 + 9u + 2u * k]) << 16);
+        q |= ((h >> j) & 0x01010101u) << 4;
+#endif
+        acc += sdot4x8(q, xq[xb + k], 0);
+    }
+    return d * sc * dx * float(acc) - dmin * m * sx;
+#elif defined(WTYPE_Q6_K)
+    // chunk c of a super-block: 32 six-bit values (4 low bits from ql, 2 high from qh) - 32, in
+    // two halves of 16 with their own int8 scales; sum(xq) per half through a dot with ones
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * 105u;
+    uint h = (c & 7u) >> 2;
+    uint q = c & 3u;
+    float d = half_lo(W16[w0 + 104u]);
+    uint ql = w0 + 32u * h + (q & 1u) * 16u;       // u16 indexes
+    uint qh = w0 + 64u + 16u * h;
+    uint nsh = (q >> 1) * 4u;
+    uint hsh = 2u * q;
+    float r = 0.0;
+    [[unroll]] for (uint half_ = 0u; half_ < 2u; half_++) {
+        int a = 0, sq = 0;
+        [[unroll]] for (uint k = half_ * 4u; k < half_ * 4u + 4u; k++) {
+            uint lw = uint(W16[ql + 2u * k]) | (uint(W16[ql + 2u * k + 1u]) << 16);
+            uint hw = uint(W16[qh + 2u * k]) | (uint(W16[qh + 2u * k + 1u]) << 16);
+            uint u = ((lw >> nsh) & 0x0F0F0F0Fu) | (((hw >> hsh) & 0x03030303u) << 4);
+            a += sdot4x8(u, xq[xb + k], 0);
+            sq += sdot4x8(0x01010101u, xq[xb + k], 0);
+        }
+        int s = int(FN(byte)(w0 * 2u + 192u + 8u * h + half_ + 2u * q) << 24) >> 24;
+        r += float(s) * float(a - 32 * sq);
+    }
+    return d * dx * r;
 #else
 #error "int8 path: unsupported weight type"
 #endif

@@ -96,7 +96,7 @@ def test_matvec_every_type(vk_device, qtype, spec):
 
 
 @SPECS
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_matvec_int8_dot_path(vk_device, qtype, spec):
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")

@@ -76,12 +76,23 @@ def test_greedy_16_tokens_identical_to_cpu_and_transformers(vulkan, cpu, golden,
     assert on_gpu == on_cpu == golden[f"{name}_greedy_ids"][:16].tolist()
 
 
+def _kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(p || q) in nats per position: llama.cpp's measure of what a quantization costs."""
+    def log_softmax(x):
+        x = x.astype(np.float64) - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return (np.exp(lp) * (lp - lq)).sum(-1)
+
+
 def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden, record_property):
     """Decode steps (one token per forward: the matvec path) with int8 activations (q8_1, as
-    GPUs with an accelerated int8 dot product run by default) against the CPU's teacher-forced
-    logits: top-1 may differ only where the reference is a near-tie (top-2 margin < 0.1 logits;
-    on lavapipe: 2 of 32 positions, margins 0.0 and 0.029, max |diff| 0.53 against 0.006 for f32
-    activations), never on a confident choice."""
+    GPUs with an accelerated int8 dot product run by default, for every quantized type) against
+    the CPU's teacher-forced f32 logits. The bar is the distribution, not a flip count (which
+    depends on how many near-ties the text holds): mean KL divergence < 0.005 nats (lavapipe,
+    every matvec int8: 0.0018 over 64 positions; the Q4_K_M weights themselves cost far more),
+    no position above 0.02, and top-1 may differ only where the reference's top-2 margin is
+    < 0.25 logits — a confident choice never flips."""
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no integer dot product")
     from engine.backends.vulkan.backend import VulkanBackend
@@ -97,13 +108,16 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     flips = np.nonzero(got.argmax(-1) != ref.argmax(-1))[0]
     top2 = np.sort(ref, -1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
-    agree = 1 - len(flips) / len(ref)
+    kld = _kl_divergence(ref, got)
     diff = float(np.abs(got - ref).max())
-    record_property("int8_decode_top1_agreement", agree)
-    print(f"int8 decode: top-1 agreement {agree:.4f}, max abs logit diff {diff:.4f}, "
-          f"reference margins where it differs {margins[flips].round(3).tolist()}")
-    assert agree >= 0.9
-    assert (margins[flips] < 0.1).all()
+    record_property("int8_decode_top1_agreement", 1 - len(flips) / len(ref))
+    record_property("int8_decode_mean_kld", float(kld.mean()))
+    print(f"int8 decode: KL divergence mean {kld.mean():.5f} max {kld.max():.5f} nats, "
+          f"{len(flips)} of {len(ref)} top-1 differ (reference margins "
+          f"{margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}")
+    assert kld.mean() < 0.005
+    assert kld.max() < 0.02
+    assert (margins[flips] < 0.25).all()
     assert diff < 1.0
 
 

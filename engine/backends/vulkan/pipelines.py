@@ -95,7 +95,7 @@ class Variant:
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
-INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0")      # types with an int8 x int8 dot-product kernel
+INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")   # types with an int8 x int8 dot-product kernel
 PAIR_TYPES = ("Q8_0", "Q4_0")                 # block-pair kernels (n_cols % 64 == 0)
 
 MATVEC_PUSH = PushLayout("matvec", [
