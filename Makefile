@@ -15,7 +15,7 @@ run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
 
 system-deps:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
