@@ -7,20 +7,7 @@
 // so their extra address math is a small share). Block layouts: see matvec_dot.glsl (ggml-common.h).
 // Needs include/common.glsl (half_lo, bf16, 16-bit storage).
 
-uint FN(wbyte)(uint b) { return (uint(W16[b >> 1]) >> ((b & 1u) << 3)) & 0xFFu; }
-
-#if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-void FN(k4_scale_min)(uint s, uint j, out float sc, out float m) {
-    if (j < 4u) {
-        sc = float(FN(wbyte)(s + j) & 63u);
-        m  = float(FN(wbyte)(s + j + 4u) & 63u);
-    } else {
-        uint q = FN(wbyte)(s + j + 4u);
-        sc = float((q & 0xFu) | ((FN(wbyte)(s + j - 4u) >> 6) << 4));
-        m  = float((q >> 4) | ((FN(wbyte)(s + j) >> 6) << 4));
-    }
-}
-#endif
+#include "gguf_bytes.glsl"
 
 float FN(w_at)(uint row, uint col, uint n_cols) {
 #if defined(WTYPE_F32)
@@ -32,17 +19,17 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
 #elif defined(WTYPE_Q8_0)
     uint w = (row * (n_cols >> 5) + (col >> 5)) * 17u;          // 34 B blocks
     uint j = col & 31u;
-    return half_lo(W16[w]) * float(int(FN(wbyte)(2u * w + 2u + j) << 24) >> 24);
+    return half_lo(W16[w]) * float(int(FN(byte)(2u * w + 2u + j) << 24) >> 24);
 #elif defined(WTYPE_Q4_0)
     uint w = (row * (n_cols >> 5) + (col >> 5)) * 9u;           // 18 B
     uint j = col & 31u;
-    uint q = FN(wbyte)(2u * w + 2u + (j & 15u));
+    uint q = FN(byte)(2u * w + 2u + (j & 15u));
     return half_lo(W16[w]) * (float(j < 16u ? (q & 15u) : (q >> 4)) - 8.0);
 #elif defined(WTYPE_Q5_0)
     uint w = (row * (n_cols >> 5) + (col >> 5)) * 11u;          // 22 B
     uint j = col & 31u;
     uint qh = uint(W16[w + 1u]) | (uint(W16[w + 2u]) << 16);
-    uint q = FN(wbyte)(2u * w + 6u + (j & 15u));
+    uint q = FN(byte)(2u * w + 6u + (j & 15u));
     q = (j < 16u ? (q & 15u) : (q >> 4)) | (((qh >> j) & 1u) << 4);
     return half_lo(W16[w]) * (float(q) - 16.0);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
@@ -54,19 +41,19 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     uint w = (row * (n_cols >> 8) + (col >> 8)) * BW;
     uint e = col & 255u, j = e >> 5, l = e & 31u;
     float sc, m;
-    FN(k4_scale_min)(2u * w + 4u, j, sc, m);
-    uint q = (FN(wbyte)(2u * w + QS + (j >> 1) * 32u + l) >> ((j & 1u) * 4u)) & 15u;
+    FN(scale_min)(2u * w + 4u, j, sc, m);
+    uint q = (FN(byte)(2u * w + QS + (j >> 1) * 32u + l) >> ((j & 1u) * 4u)) & 15u;
 #if defined(WTYPE_Q5_K)
-    q |= ((FN(wbyte)(2u * w + 16u + l) >> j) & 1u) << 4;
+    q |= ((FN(byte)(2u * w + 16u + l) >> j) & 1u) << 4;
 #endif
     return half_lo(W16[w]) * sc * float(q) - half_lo(W16[w + 1u]) * m;
 #elif defined(WTYPE_Q6_K)
     uint w = (row * (n_cols >> 8) + (col >> 8)) * 105u;         // 210 B
     uint B = 2u * w;
     uint e = col & 255u, h = e >> 7, r = e & 127u, qq = r >> 5, l = r & 31u;
-    uint lo = (FN(wbyte)(B + 64u * h + (qq & 1u) * 32u + l) >> ((qq >> 1) * 4u)) & 15u;
-    uint hi = (FN(wbyte)(B + 128u + 32u * h + l) >> (2u * qq)) & 3u;
-    int s = int(FN(wbyte)(B + 192u + 8u * h + (l >> 4) + 2u * qq) << 24) >> 24;
+    uint lo = (FN(byte)(B + 64u * h + (qq & 1u) * 32u + l) >> ((qq >> 1) * 4u)) & 15u;
+    uint hi = (FN(byte)(B + 128u + 32u * h + l) >> (2u * qq)) & 3u;
+    int s = int(FN(byte)(B + 192u + 8u * h + (l >> 4) + 2u * qq) << 24) >> 24;
     return half_lo(W16[w + 104u]) * float(s) * float(int(lo | (hi << 4)) - 32);
 #else
 #error "gemm_dequant.glsl: no weight type defined"

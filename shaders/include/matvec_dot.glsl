@@ -9,21 +9,7 @@
 //   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}         210 B   16 x 16
 // All sizes are even, so every block is read through 16-bit loads.
 
-uint FN(byte)(uint b) { return (uint(W16[b >> 1]) >> ((b & 1u) << 3)) & 0xFFu; }
-
-#if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-// ggml's get_scale_min_k4 over the 12 scale bytes starting at byte offset `s`
-void FN(scale_min)(uint s, uint j, out float sc, out float m) {
-    if (j < 4u) {
-        sc = float(FN(byte)(s + j) & 63u);
-        m  = float(FN(byte)(s + j + 4u) & 63u);
-    } else {
-        uint q = FN(byte)(s + j + 4u);
-        sc = float((q & 0xFu) | ((FN(byte)(s + j - 4u) >> 6) << 4));
-        m  = float((q >> 4) | ((FN(byte)(s + j) >> 6) << 4));
-    }
-}
-#endif
+#include "gguf_bytes.glsl"
 
 #ifndef INT_DOT
 // ---- f32 activations: x chunk at xf[xb .. xb+32) ----
