@@ -3,7 +3,8 @@
 // One workgroup computes ROWS consecutive output rows; its threads stride over the row's
 // 32-weight chunks and reduce through subgroupAdd + shared memory. Up to three matrices of
 // one type are concatenated in one dispatch (fused QKV: rows0 from W0, rows1 from W1, rows2
-// from W2). Epilogues: EPI_ADD y = res + Wx; EPI_GEGLU y = gelu_tanh(W0 x) * (W1 x).
+// from W2; MIXED_V: W2 of type V_WTYPE_*, include/wtype_v.glsl). Epilogues:
+// EPI_ADD y = res + Wx; EPI_GEGLU y = gelu_tanh(W0 x) * (W1 x).
 // INT_DOT: x is q8_1 blocks and the dot uses the packed int8 dot-product instruction.
 // INT_DOT + QUANT_IN_REGS (Q4_0/Q8_0, n_cols % 64 == 0 only): x stays f32 and each lane
 // quantizes the two blocks it needs in registers, saving a quantize dispatch and a barrier.
@@ -151,7 +152,13 @@ void store_row(uint yi, uint local, float v) {
 #define WF w2_f
 #define W32 w2_32
 #define FN(n) PASTE(n, _w2)
+#ifdef MIXED_V
+#include "include/wtype_v.glsl"
+#endif
 #include "include/matvec_dot.glsl"
+#ifdef MIXED_V
+#undef HAS_PAIRS
+#endif
 
 shared float red[ROWS][64];   // [0,32): sums, [32,64): GEGLU up sums
 

@@ -122,6 +122,48 @@ def test_fused_qkv_and_residual_add(vk_device, spec):
     assert nmse(y, res + parts[0][1] @ x.astype(np.float64)) < F32_NMSE
 
 
+MIXED_QKV = [(Q.Q5_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K), (Q.Q5_K, Q.Q6_K)]   # pipelines.MIXED_QKV_TYPES
+
+
+@SPECS
+@pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
+@pytest.mark.parametrize("types", MIXED_QKV, ids=lambda t: f"{t[0].name}-v{t[1].name}")
+def test_fused_qkv_with_v_of_another_type(vk_device, types, int_dot, spec):
+    """llama.cpp's Q4_K_M gives Gemma's v another type than q/k: one dispatch still computes all
+    three (binding 2 decodes its own type), on the f32 and the int8 path."""
+    if int_dot and not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    qk, v = types
+    cols = 512
+    parts = [make_weights(t, r, cols, seed=s) for t, r, s in ((qk, 96, 41), (qk, 32, 42), (v, 32, 43))]
+    mats = [WeightMatrix.upload(vk_device, raw, t, ref.shape) for t, (raw, ref) in zip((qk, qk, v), parts)]
+    x = np.random.default_rng(44).standard_normal(cols).astype(np.float32)
+    ref = np.concatenate([r @ x.astype(np.float64) for _, r in parts])
+    y = run(vk_device, mats, x, int_dot=int_dot, spec=spec)
+    for name, sl in (("q", slice(0, 96)), ("k", slice(96, 128)), ("v", slice(128, 160))):
+        err = nmse(y[sl], ref[sl])
+        assert err < (INT8_NMSE if int_dot else F32_NMSE), f"{name}: NMSE {err:.2e}"
+    for m in mats:
+        m.tensor.buffer.destroy()
+
+
+def test_fused_matvec_refuses_type_mixes_without_a_kernel(vk_device):
+    from engine.backends.vulkan.matvec import fusable
+    cols = 256
+    q4, q6, q8 = (WeightMatrix.upload(vk_device, make_weights(t, 32, cols)[0], t, (32, cols))
+                  for t in (Q.Q4_0, Q.Q6_K, Q.Q8_0))
+    assert not fusable([q4, q4, q6])          # no (Q4_0, Q6_K) kernel
+    assert not fusable([q6, q4, q4])          # only v may differ
+    assert not fusable([q4, q8])              # gate/up pairs share one type
+    b = vk_device.buffer(4096)
+    cl = vk_device.commands()
+    with pytest.raises(ValueError, match="share column count and type"):
+        record_matvec(cl, vk_device, [q4, q4, q6], b, b)
+    cl.destroy()
+    for m in (q4, q6, q8):
+        m.tensor.buffer.destroy()
+
+
 @SPECS
 @pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
 def test_geglu_gate_up(vk_device, int_dot, spec):
@@ -354,7 +396,8 @@ def test_norm_tail_refuses_what_one_dispatch_cannot_finish(vk_device, monkeypatc
 
 @pytest.mark.parametrize("spec", [THREAD_ROWS, SUBGROUP_ROWS, COOPERATIVE], ids=["thread_rows", "subgroup_rows", "coop"])
 @pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
-def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot):
+@pytest.mark.parametrize("qk_type", [Q.Q8_0, Q.Q5_0], ids=["q8_0", "q5_0-vq8_0"])
+def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk_type):
     """The decode QKV matvec whose last workgroup per head runs QK-norm + RoPE + the KV-cache
     write gives what the plain fused matvec followed by rope_kv gives: q rotated in place, k and v
     in their cache slots (ring position pos % slots), and leaves its arrival counters at 0."""
@@ -365,8 +408,9 @@ def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot):
     if int_dot and not dev.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
     D, H, KV, cols, slots, pos = 64, 4, 2, 640, 24, 29
-    parts = [make_weights(Q.Q8_0, r, cols, seed=s) for r, s in ((H * D, 21), (KV * D, 22), (KV * D, 23))]
-    mats = [WeightMatrix.upload(dev, raw, Q.Q8_0, ref.shape) for raw, ref in parts]
+    types = (qk_type, qk_type, Q.Q8_0)
+    parts = [make_weights(t, r, cols, seed=s) for t, r, s in zip(types, (H * D, KV * D, KV * D), (21, 22, 23))]
+    mats = [WeightMatrix.upload(dev, raw, t, ref.shape) for t, (raw, ref) in zip(types, parts)]
     rng = np.random.default_rng(24)
     x = rng.standard_normal(cols).astype(np.float32)
     qw, kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32), (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)

@@ -40,8 +40,8 @@ from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, out_q8_1_ok,
-                                           q8_1_bytes, record_matvec, record_quantize, regs_ok, rope_tail_ok)
+from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, fusable,
+                                           out_q8_1_ok, q8_1_bytes, record_matvec, record_quantize, regs_ok, rope_tail_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
 from engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -304,8 +304,9 @@ class VulkanBackend(Backend):
         return self.attnq if self._path([L.o], "o")[0] is True else None
 
     def _qkv_fused(self, L: _Layer) -> bool:
-        """The decode QKV is one matvec (key "qkv"): same type, each matrix in one binding."""
-        return all(len(m.tensor.ranges) == 1 for m in L.qkv) and len({m.qtype for m in L.qkv}) == 1
+        """The decode QKV is one matvec (key "qkv"): one type (or v alone of another type with a
+        kernel, as in llama.cpp's Q4_K_M), each matrix in one binding."""
+        return all(len(m.tensor.ranges) == 1 for m in L.qkv) and fusable(L.qkv)
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
             force=None, xq=None, tail=None, y_q8_1=None, rope=None):
@@ -541,7 +542,7 @@ class VulkanBackend(Backend):
         cfg, L = self.config, self.layers[0]
         H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         picks = {"o": lambda L: [L.o], "geglu": lambda L: [L.gate, L.up], "down": lambda L: [L.down]}
-        if len({m.qtype for m in L.qkv}) == 1:
+        if fusable(L.qkv):
             picks["qkv"] = lambda L: L.qkv
         shapes = {"o": (self.attn, self.o, cfg.q_dim, H, None), "geglu": (self.h, self.mlp, H, I, "geglu"),
                   "down": (self.mlp, self.o, I, H, None), "qkv": (self.h, self.qkv, H, self.qkv_dim, None)}
@@ -654,7 +655,7 @@ class VulkanBackend(Backend):
         if T > 1:
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
             return
-        # types differ (e.g. Q5_0 q/k with Q8_0 v): three dispatches, no barrier between them
+        # types no fused kernel covers (MIXED_QKV_TYPES): three dispatches, no barrier between them
         for m, off in ((q, 0), (k, cfg.q_dim), (v, cfg.q_dim + cfg.kv_dim)):
             record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
                           x_stride=cfg.hidden_size, y_stride=self.qkv_dim)

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from engine.backends.vulkan.memory import Tensor
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES, PAIR_TYPES, WEIGHT_TYPES
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES, MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 MAX_GROUPS_X = 65535
@@ -137,10 +137,22 @@ def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
     return m.qtype.name in PAIR_TYPES and m.cols % 64 == 0 and x_off % 4 == 0
 
 
-def variant_name(qtype: QType, epilogue: str | None, int_dot) -> str:
-    """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot)."""
+def fusable(mats: list[WeightMatrix]) -> bool:
+    """One dispatch can run these matrices: a shared column count and one type, or a QKV whose
+    v alone has another type that has a kernel (MIXED_QKV_TYPES)."""
+    if len({m.cols for m in mats}) != 1:
+        return False
+    types = [m.qtype.name for m in mats]
+    return len(set(types)) == 1 or (len(mats) == 3 and types[0] == types[1] and
+                                    (types[0], types[2]) in MIXED_QKV_TYPES)
+
+
+def variant_name(qtype: QType, epilogue: str | None, int_dot, v_qtype: QType | None = None) -> str:
+    """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot).
+    v_qtype: the third matrix's type where it differs (a mixed QKV)."""
     atype = "f32q" if int_dot == "regs" else ("q8_1" if int_dot else "f32")
-    name = f"matvec_{qtype.name.lower()}_{atype}_f32"
+    v = f"_v{v_qtype.name.lower()}" if v_qtype is not None and v_qtype != qtype else ""
+    name = f"matvec_{qtype.name.lower()}{v}_{atype}_f32"
     return name + (f"_{epilogue}" if epilogue else "")
 
 
@@ -177,8 +189,13 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if not 1 <= len(mats) <= 3:
         raise ValueError("1 to 3 matrices")
     qtype, cols = mats[0].qtype, mats[0].cols
-    if any(m.qtype != qtype or m.cols != cols for m in mats):
-        raise ValueError("fused matrices must share type and column count")
+    if not fusable(mats):
+        raise ValueError("fused matrices must share column count and type (or be a QKV whose v type "
+                         f"has a kernel: {MIXED_QKV_TYPES}), not {[m.qtype.name for m in mats]}")
+    v_qtype = mats[2].qtype if len(mats) == 3 else None
+    if v_qtype not in (None, qtype) and (epilogue not in (None, "rope") or int_dot == "regs"):
+        raise ValueError(f"a mixed-type QKV has the plain and rope epilogues, int8 from q8_1 blocks or f32 x; "
+                         f"not {epilogue!r} with int_dot={int_dot!r}")
     if epilogue in ("geglu", "geglu_q8_1") and (len(mats) != 2 or mats[0].rows != mats[1].rows):
         raise ValueError("geglu takes [gate, up] of equal shape")
     spec = spec or default_spec(dev)
@@ -192,7 +209,7 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if int_dot == "regs" and (not regs_ok(mats[0], x_off) or spec.get("THREAD_ROWS")):
         raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0, x_off % 4 == 0 "
                          "and a cooperative workgroup shape")
-    p = dev.pipeline(variant_name(qtype, epilogue, int_dot), **spec)
+    p = dev.pipeline(variant_name(qtype, epilogue, int_dot, v_qtype), **spec)
     d = dummy(dev)
     resb = res if res is not None else d
     if epilogue == "rope":

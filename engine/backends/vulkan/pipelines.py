@@ -97,6 +97,9 @@ class Variant:
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")   # types with an int8 x int8 dot-product kernel
 PAIR_TYPES = ("Q8_0", "Q4_0")                 # block-pair kernels (n_cols % 64 == 0)
+# (q/k type, v type) of a fused QKV whose v differs: what llama.cpp's Q4_K_M makes of Gemma 3
+# (rows of 640 / 1152 are no whole K-quant super-blocks: Q5_0 q/k, Q8_0 v; else Q6_K v beside Q4_K)
+MIXED_QKV_TYPES = (("Q5_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K"))
 
 MATVEC_PUSH = PushLayout("matvec", [
     ("n_cols", "u32"),         # K: length of x
@@ -158,6 +161,16 @@ def _matvec_variants() -> list[Variant]:
                     out.append(Variant(f"matvec_{lo}_f32q_f32{suffix}", "matvec.comp", nb, push,
                                        {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra}, MATVEC_SPEC,
                                        requires=("int_dot",)))
+    for qk, v in MIXED_QKV_TYPES:          # fused QKV with v of its own type: plain and rope epilogues
+        base = {"WTYPE_" + qk: None, "MIXED_V": None, "V_WTYPE_" + v: None}
+        for suffix, extra in _EPILOGUES:
+            if suffix not in ("", "_rope"):
+                continue
+            nb, push = _matvec_layout(suffix)
+            name = f"matvec_{qk.lower()}_v{v.lower()}"
+            out.append(Variant(f"{name}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra}, MATVEC_SPEC))
+            out.append(Variant(f"{name}_q8_1_f32{suffix}", "matvec.comp", nb, push, {**base, "INT_DOT": None, **extra},
+                               MATVEC_SPEC, requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     return out
