@@ -48,6 +48,12 @@ def cpu(weights):
     return CpuBackend(weights, CTX)
 
 
+@pytest.fixture(scope="module")
+def cpu_ppl(cpu, golden) -> float:
+    """The CPU reference's perplexity on the file's own types (several tests compare with it)."""
+    return windowed_ppl(cpu, golden["ppl_ids"].tolist())
+
+
 def windowed_ppl(backend, ids, bos=2) -> float:
     """llama.cpp's method (engine/perplexity.py) over the first PPL_WINDOWS windows."""
     return perplexity_of_ids(backend, ids, PPL_CTX, bos, max_windows=PPL_WINDOWS)["ppl"]
@@ -121,9 +127,8 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     assert diff < 1.0
 
 
-def test_perplexity_within_1_percent_of_cpu(vulkan, cpu, golden, record_property):
-    ids = golden["ppl_ids"].tolist()
-    ppl_gpu, ppl_cpu = windowed_ppl(vulkan, ids), windowed_ppl(cpu, ids)
+def test_perplexity_within_1_percent_of_cpu(vulkan, cpu_ppl, golden, record_property):
+    ppl_gpu, ppl_cpu = windowed_ppl(vulkan, golden["ppl_ids"].tolist()), cpu_ppl
     record_property("ppl_vulkan", ppl_gpu)
     record_property("ppl_cpu", ppl_cpu)
     print(f"perplexity vulkan {ppl_gpu:.4f} cpu {ppl_cpu:.4f}")
@@ -148,7 +153,7 @@ class _Requantized:
 
 
 @pytest.mark.parametrize("quant", ["f16", "q8_0", "q4_0"])
-def test_requantized_perplexity_cost(weights, vk_device, golden, quant, record_property):
+def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant, record_property):
     """Re-quantizing on load: the device's perplexity equals the CPU reference's on the same
     re-quantized weights, and the cost against the file's own types is reported (docs/PERFORMANCE.md)."""
     from gguf import GGMLQuantizationType as Q
@@ -162,7 +167,7 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, quant, record_p
         backend.close()
     qtype = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[quant]
     reference = windowed_ppl(CpuBackend(_Requantized(weights, qtype), CTX), ids)
-    base = windowed_ppl(CpuBackend(weights, CTX), ids)
+    base = cpu_ppl
     record_property(f"ppl_{quant}", ppl)
     print(f"perplexity re-quantized to {quant}: {ppl:.4f} (CPU on the same weights {reference:.4f}, "
           f"file types {base:.4f}, cost {100 * (ppl / base - 1):+.1f}%)")
