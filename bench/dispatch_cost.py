@@ -7,6 +7,11 @@ barrier after each (the cost of launch + drain + barrier), the same with a compu
 barrier, the same with no barrier (launch alone), and streaming copies of decode-matvec sizes
 with a barrier after each (each copy on its own buffers, so none is served from L2), whose
 excess over bytes / copy bandwidth is the ramp-up and tail a dependent step pays.
+
+--handoff also times a small kernel followed by a weight stream that depends on it, the
+stream either behind a pipeline barrier or launched with no barrier and spinning on a flag
+the small kernel sets (shaders/handoff_probe.comp): how much of the barrier and the stream's
+ramp-up a flag handoff would hide.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.backends.vulkan.device import Device  # noqa: E402
-from engine.backends.vulkan.timing import time_us  # noqa: E402
+from engine.backends.vulkan.timing import time_many, time_us  # noqa: E402
 
 CHAIN = 64
 
@@ -28,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--software", action="store_true", help="allow a CPU Vulkan device (smoke test)")
     ap.add_argument("--scale", type=float, default=1.0, help="scale the copy sizes (smoke test: 0.01)")
+    ap.add_argument("--handoff", action="store_true", help="also time barrier vs flag handoffs")
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=args.software)
     p = dev.pipeline("copy_u32x4", WG=256)
@@ -79,11 +85,58 @@ def main(argv=None) -> int:
         out[f"copy_{name}_us"] = us
         out[f"copy_{name}_pct_of_bw"] = 100 * ideal / us
         out[f"copy_{name}_overhead_us"] = us - ideal
+    if args.handoff:
+        out.update(handoff(dev, sizes, args.scale))
     for k, v in out.items():
         print(f"{k:40s} {v:.2f}" if isinstance(v, float) else f"{k:40s} {v}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def handoff(dev, sizes: dict, scale: float) -> dict:
+    """Per layer of a chain of 8: producer then consumer stream, with a barrier between them
+    or a flag; and each alone. Every layer streams its own weights (none from L2)."""
+    m = 5376                                  # the 27B shape's hidden size
+    wg = 256
+    producers = -(-m // wg)
+    vbuf = dev.buffer(8 * m)
+    flags = dev.buffer(256)
+    cl = dev.commands()
+    cl.fill(flags, 0)
+    cl.fill(vbuf, 0)
+    cl.run()
+    cl.destroy()
+    prod = dev.pipeline("handoff_probe", WG=wg, ROLE=0, WAIT=0)
+    cons = {w: dev.pipeline("handoff_probe", WG=wg, ROLE=1, WAIT=w) for w in (0, 1)}
+    out = {}
+    for name, nbytes in sizes.items():
+        nbytes = int(nbytes * scale) // 16 * 16
+        n16 = nbytes // 16
+        groups = min(65535, max(1, -(-n16 // wg // 4)))
+        weights = [dev.buffer(nbytes) for _ in range(8)]
+        obuf = dev.buffer(groups * wg * 4)
+        for reps in (0, 2000):
+            push = prod.push.pack(n=n16, m=m, producers=producers, reps=reps)
+
+            def layers(producer, barrier_between, wait):
+                def record(cl):
+                    for k in range(8):
+                        if producer:
+                            cl.dispatch(prod, [weights[k], vbuf, flags, obuf], (producers, 1, 1), push)
+                            if barrier_between:
+                                cl.barrier(transfer=False)
+                        if wait is not None:
+                            cl.dispatch(cons[wait], [weights[k], vbuf, flags, obuf], (groups, 1, 1), push)
+                        cl.barrier(transfer=False)
+                return record
+            t = time_many(dev, {"barrier": layers(True, True, 0), "flag": layers(True, False, 1),
+                                "stream": layers(False, False, 0), "small": layers(True, False, None)}, reps=4)
+            for k, us in t.items():
+                out[f"handoff_{name}_reps{reps}_{k}_us"] = us / 8
+        for b in weights + [obuf]:
+            b.destroy()
+    return out
 
 
 if __name__ == "__main__":
