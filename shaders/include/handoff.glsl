@@ -46,6 +46,9 @@ void handoff_wait(uint sink) {
         while (handoff[1] == 0u) {}
     }
     barrier();
+    // every invocation then reads the flag itself (set by now) before its acquire barrier, so its
+    // own reads of the producer's output are ordered after a read of the producer's release
+    while (handoff[1] == 0u) {}
     memoryBarrierBuffer();
     if (sink == 0x9E3779B9u) handoff[2] = sink;   // never read: keeps the early loads from being dropped
 }

@@ -29,3 +29,19 @@ def test_bench_cpu_has_no_device_figures(tiny_path):
     from engine.bench import run_bench
     r = run_bench(tiny_path, "cpu", prompt_tokens=12, gen_tokens=3)
     assert r.decode_tok_s > 0 and r.copy_gb_s is None and r.decode_pct_of_copy is None
+
+
+def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
+    """bench.dispatch_cost --handoff (the probe behind engine/backends/vulkan/handoff.py) runs its
+    chains to the end on this device and reports every figure; a consumer that never saw its
+    producer's flag would hang here instead."""
+    import json
+
+    from bench import dispatch_cost
+    out = tmp_path / "cost.json"
+    assert dispatch_cost.main(["--software", "--scale", "0.001", "--handoff", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    keys = [k for k in got if k.startswith("handoff_")]
+    assert len(keys) == 4 * 2 * 4          # matrix sizes x producer lengths x modes
+    assert all(got[k] > 0 for k in keys)
+    assert got["tiny_dispatch_barrier_us"] > 0 and got["copy_gb_s"] > 0
