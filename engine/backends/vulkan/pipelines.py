@@ -176,7 +176,8 @@ def _matvec_variants() -> list[Variant]:
             nb, push = _matvec_layout(suffix)
             name = f"matvec_{qk.lower()}_v{v.lower()}"
             hb = {"HANDOFF_BINDING": nb - 1}
-            out.append(Variant(f"{name}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra, **hb}, MATVEC_SPEC))
+            out.append(Variant(f"{name}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra, **hb},
+                               MATVEC_SPEC))
             out.append(Variant(f"{name}_q8_1_f32{suffix}", "matvec.comp", nb, push,
                                {**base, "INT_DOT": None, **extra, **hb},
                                MATVEC_SPEC, requires=("int_dot",)))
