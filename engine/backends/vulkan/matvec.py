@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from engine.backends.vulkan import handoff
 from engine.backends.vulkan.memory import Tensor
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES, MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES, MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 MAX_GROUPS_X = 65535
@@ -152,9 +152,8 @@ def variant_name(qtype: QType, epilogue: str | None, int_dot, v_qtype: QType | N
     """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot).
     v_qtype: the third matrix's type where it differs (a mixed QKV)."""
     atype = "f32q" if int_dot == "regs" else ("q8_1" if int_dot else "f32")
-    v = f"_v{v_qtype.name.lower()}" if v_qtype is not None and v_qtype != qtype else ""
-    name = f"matvec_{qtype.name.lower()}{v}_{atype}_f32"
-    return name + (f"_{epilogue}" if epilogue else "")
+    return matvec_name(qtype.name, atype, f"_{epilogue}" if epilogue else "",
+                       None if v_qtype is None else v_qtype.name)
 
 
 def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0, signal=None) -> None:

@@ -138,6 +138,13 @@ _EPILOGUES = (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": No
               ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}), ("_rope", {"EPI_ROPE": None}))
 
 
+def matvec_name(wtype: str, atype: str, suffix: str = "", v_type: str | None = None) -> str:
+    """matvec_<weights>[_v<v weights>]_<activations>_f32<epilogue suffix>, e.g. matvec_q4_0_q8_1_f32_geglu.
+    atype: "f32", "q8_1" (int8 from q8_1 blocks) or "f32q" (f32 x quantized in registers)."""
+    v = f"_v{v_type.lower()}" if v_type is not None and v_type != wtype else ""
+    return f"matvec_{wtype.lower()}{v}_{atype}_f32{suffix}"
+
+
 def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
     """(bindings, push layout) of a matvec epilogue; the last binding is the handoff slot."""
     if suffix == "_norm":
@@ -150,21 +157,20 @@ def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
 def _matvec_variants() -> list[Variant]:
     out = []
     for wt in WEIGHT_TYPES:
-        lo = wt.lower()
         base = {"WTYPE_" + wt: None}
         for suffix, extra in _EPILOGUES:
             nb, push = _matvec_layout(suffix)
-            out.append(Variant(f"matvec_{lo}_f32_f32{suffix}", "matvec.comp", nb, push,
+            out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push,
                                {**base, **extra, "HANDOFF_BINDING": nb - 1},
                                MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
             for suffix, extra in _EPILOGUES:
                 nb, push = _matvec_layout(suffix)
-                out.append(Variant(f"matvec_{lo}_q8_1_f32{suffix}", "matvec.comp", nb, push,
+                out.append(Variant(matvec_name(wt, "q8_1", suffix), "matvec.comp", nb, push,
                                    {**base, "INT_DOT": None, **extra, "HANDOFF_BINDING": nb - 1}, MATVEC_SPEC,
                                    requires=("int_dot",)))
                 if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
-                    out.append(Variant(f"matvec_{lo}_f32q_f32{suffix}", "matvec.comp", nb, push,
+                    out.append(Variant(matvec_name(wt, "f32q", suffix), "matvec.comp", nb, push,
                                        {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra,
                                         "HANDOFF_BINDING": nb - 1}, MATVEC_SPEC,
                                        requires=("int_dot",)))
@@ -174,11 +180,10 @@ def _matvec_variants() -> list[Variant]:
             if suffix not in ("", "_rope"):
                 continue
             nb, push = _matvec_layout(suffix)
-            name = f"matvec_{qk.lower()}_v{v.lower()}"
             hb = {"HANDOFF_BINDING": nb - 1}
-            out.append(Variant(f"{name}_f32_f32{suffix}", "matvec.comp", nb, push, {**base, **extra, **hb},
+            out.append(Variant(matvec_name(qk, "f32", suffix, v), "matvec.comp", nb, push, {**base, **extra, **hb},
                                MATVEC_SPEC))
-            out.append(Variant(f"{name}_q8_1_f32{suffix}", "matvec.comp", nb, push,
+            out.append(Variant(matvec_name(qk, "q8_1", suffix, v), "matvec.comp", nb, push,
                                {**base, "INT_DOT": None, **extra, **hb},
                                MATVEC_SPEC, requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 3, QUANTIZE_PUSH, {},
