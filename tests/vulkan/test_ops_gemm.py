@@ -50,13 +50,10 @@ def limit(dev, coopmat: bool) -> float:
     return 1e-5 if coopmat else 1e-10
 
 
-@pytest.mark.parametrize("wtype", TYPES)
-@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (37, 100, 512), (70, 130, 768)])
-@KERNELS
-def test_gemm(vk_device, wtype, m, n, k, coopmat):
-    dev = vk_device
+def check_gemm(dev, wtype: str, m: int, n: int, k: int, coopmat: bool, seed: int) -> None:
+    """y = x W^T for random x (m x k) and W (n x k in wtype's blocks), against float64."""
     bound = limit(dev, coopmat)
-    rng = np.random.default_rng(m * 131 + n + k)
+    rng = np.random.default_rng(seed)
     raw, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
@@ -64,6 +61,13 @@ def test_gemm(vk_device, wtype, m, n, k, coopmat):
         run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, coopmat=coopmat))
         got = b.read(by, np.float32, (m, n))
     assert nmse(got, x.astype(np.float64) @ w.T) < bound
+
+
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (37, 100, 512), (70, 130, 768)])
+@KERNELS
+def test_gemm(vk_device, wtype, m, n, k, coopmat):
+    check_gemm(vk_device, wtype, m, n, k, coopmat, seed=m * 131 + n + k)
 
 
 @pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K"])
@@ -112,14 +116,4 @@ def test_gemm_row_ranges(vk_device, coopmat):
 @KERNELS
 def test_gemm_several_tiles(vk_device, wtype, coopmat):
     """More tokens and columns than one 128 x 128 tile, neither a multiple of it."""
-    dev = vk_device
-    rng = np.random.default_rng(21)
-    bound = limit(dev, coopmat)
-    m, n, k = 150, 260, 256
-    raw, w = random_weight(wtype, n, k, rng)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    with Bufs(dev) as b:
-        bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, coopmat=coopmat))
-        got = b.read(by, np.float32, (m, n))
-    assert nmse(got, x.astype(np.float64) @ w.T) < bound
+    check_gemm(vk_device, wtype, 150, 260, 256, coopmat, seed=21)
