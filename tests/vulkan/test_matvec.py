@@ -451,3 +451,68 @@ def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk
     np.testing.assert_array_equal(v1, v0)
     for m in mats:
         m.tensor.buffer.destroy()
+
+
+@pytest.mark.parametrize("int_dot", [False, True], ids=["f32_after_norm_add", "int8_after_quantize"])
+def test_matvec_waits_on_a_handoff_instead_of_a_barrier(vk_device, int_dot):
+    """The decode handoff (engine/backends/vulkan/handoff.py): a producer (the split norm_add, or
+    the quantize before an int8 matvec) signals a flag and the matvec after it, recorded with no
+    barrier between them, waits on it. Six rounds rewrite the same x buffer (a barrier between
+    rounds, as in a decode step): every round's y is its own W x. On lavapipe dispatches run one
+    after another; on a GPU the matvec starts while its producer still runs."""
+    from engine.backends.vulkan.handoff import Handoffs
+    from engine.backends.vulkan.ops_norm import norm_add_split
+    dev = vk_device
+    if int_dot and not dev.caps.int_dot:
+        pytest.skip(f"{dev.name} has no integer dot product")
+    rounds, rows, cols = 6, 96, 640
+    raw, w = make_weights(Q.Q4_0, rows, cols, seed=11)
+    m = WeightMatrix.upload(dev, raw, Q.Q4_0, (rows, cols))
+    rng = np.random.default_rng(12)
+    xs = (rng.standard_normal((rounds, cols)) * 3).astype(np.float32)
+    res = (rng.standard_normal(cols) * 30).astype(np.float32)
+    w1 = (1 + rng.standard_normal(cols) * 0.1).astype(np.float32)
+    w2 = (1 + rng.standard_normal(cols) * 0.1).astype(np.float32)
+    bufs = []
+
+    def up(a):
+        b = dev.buffer(a.nbytes)
+        dev.upload(b, a)
+        bufs.append(b)
+        return b
+    bx = [up(x) for x in xs]
+    bres, bw1, bw2 = up(res), up(w1), up(w2)
+    h, res_out = up(np.zeros(cols, np.float32)), up(np.zeros(cols, np.float32))
+    xq = up(np.zeros(q8_1_bytes(cols), np.uint8))
+    ys = [up(np.zeros(rows, np.float32)) for _ in range(rounds)]
+    ho = Handoffs(dev, rounds)
+    try:
+        cl = dev.commands()
+        ho.begin(cl)
+        for r in range(rounds):
+            slot = ho.take()
+            if int_dot:      # the norm writes h, then the quantize signals and the int8 matvec waits
+                norm_add_split(cl, dev, bx[r], bw1, bres, bw2, h, res_out, n=cols, eps=1e-6)
+                cl.barrier()
+                record_quantize(cl, dev, h, xq, cols, signal=slot)
+                record_matvec(cl, dev, [m], xq, ys[r], int_dot=True, wait=slot)
+            else:
+                norm_add_split(cl, dev, bx[r], bw1, bres, bw2, h, res_out, n=cols, eps=1e-6, signal=slot)
+                record_matvec(cl, dev, [m], h, ys[r], wait=slot)
+            cl.barrier()
+        cl.run()
+        cl.destroy()
+        for r in range(rounds):
+            r_out = res.astype(np.float64) + rms(xs[r], w1)
+            want = w @ rms(r_out, w2)
+            got = dev.download(ys[r], np.float32, (rows,))
+            assert nmse(got, want) < (INT8_NMSE if int_dot else 1e-9), r
+    finally:
+        ho.destroy()
+        for b in bufs:
+            b.destroy()
+
+
+def rms(x, w, eps=1e-6):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.mean(x * x) + eps) * w
