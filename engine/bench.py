@@ -39,7 +39,7 @@ class BenchResult:
     date: str = ""
     decode_profile_us: dict | None = None      # GPU time of one decode step by op kind
     matvec_tuning: dict | None = None          # the kernel path/shape the autotuner picked per matrix
-    decode_options: dict | None = None         # tuned step-level fusions (rope in QKV, GEGLU q8_1 output), handoffs
+    decode_options: dict | None = None         # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
@@ -154,8 +154,8 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         decode_profile_us={k: round(v, 1) for k, v in profile.items()} if profile else None,
         matvec_tuning=stats.get("matvec_tuning"),
-        decode_options={k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing",
-                                              "handoffs", "handoffs_per_token") if k in stats} or None,
+        decode_options={k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing")
+                        if k in stats} or None,
     )
 
 

@@ -14,8 +14,7 @@
 //             5 arrival counters (uint[n_kv_heads], 0 before and after the dispatch),
 //             6 out (f32 [n_heads][D]),
 //             7 (ATTN_Q8_1 only: attention_decode_f16_f32_q8_1) out's q8_1 blocks (n_heads * D / 32
-//               blocks of 8 packed int8 words, d, d * sum(q)),
-//             last: the handoff slot it signals where spec HANDOFF = 1 (include/handoff.glsl).
+//               blocks of 8 packed int8 words, d, d * sum(q)).
 //   Dispatch: (n_splits, n_kv_heads, 1).
 // ATTN_Q8_1: the combining workgroup also quantizes the G output rows it wrote (whole blocks:
 // D is a multiple of 64) from shared memory, through quantize_q8_1.comp's encoder, so the
@@ -69,15 +68,12 @@ layout(std430, binding = 3) readonly buffer VC { uvec4 vc[]; };
 layout(std430, binding = 4) coherent buffer P { vec4 part[]; };
 #define ARRIVAL_BINDING 5
 #include "include/last_arrival.glsl"
-// out and oq coherent: with a handoff the o-proj matvec reads them while this dispatch may still run
-layout(std430, binding = 6) writeonly coherent buffer O { vec4 outp[]; };
+layout(std430, binding = 6) writeonly buffer O { vec4 outp[]; };
 #ifdef ATTN_Q8_1
-layout(std430, binding = 7) writeonly coherent buffer OQ { uint oq[]; };
+layout(std430, binding = 7) writeonly buffer OQ { uint oq[]; };
 #define Q8_1_OUT oq
 #include "include/q8_1_block.glsl"
 #endif
-#define HANDOFF_ID 3
-#include "include/handoff.glsl"   // the o-proj matvec may wait on it instead of a barrier
 
 const uint REC = HD / 4 + 1;   // vec4s per (query head, split) record: o[HD], then (m, l, 0, 0)
 
@@ -223,10 +219,7 @@ void main() {
             part[((kh * G + g) * pc.n_splits + s) * REC + HD / 4] = vec4(m[g], l[g], 0.0, 0.0);
     }
 
-    if (!arrive_last(kh, pc.n_splits)) {
-        handoff_signal();
-        return;
-    }
+    if (!arrive_last(kh, pc.n_splits)) return;
 
     // ---- the last workgroup of kv head kh: combine the used splits of its G query heads ----
     const uint S = (n + chunk - 1) / chunk;      // splits that hold positions (>= 1)
@@ -317,5 +310,4 @@ void main() {
         q8_1_store(v, kh * (NC4 / 8) + b);
     }
 #endif
-    handoff_signal();
 }

@@ -42,29 +42,15 @@ layout(constant_id = 3) const uint SUBGROUP_ROWS = 0;
 
 PUSH_CONSTANTS
 
-// x: with a handoff (include/handoff.glsl) its producer may still be writing it when the dispatch
-// starts, so those pipelines read it through coherent views (never hoisted above the wait nor
-// served from a non-coherent read-only cache); the others through plain readonly ones. XQ(i) etc.
-// pick by the HANDOFF spec constant, so each pipeline compiles only one kind of load.
 #ifdef INT_DOT
 layout(binding = 0) readonly buffer X { uint xq[]; };
 layout(binding = 0) readonly buffer X4 { uvec4 xq4[]; };
-layout(binding = 0) readonly coherent buffer Xc { uint xq_c[]; };
-layout(binding = 0) readonly coherent buffer X4c { uvec4 xq4_c[]; };
-#define XQ(i) (HANDOFF != 0u ? xq_c[i] : xq[i])
-#define XQ4(i) (HANDOFF != 0u ? xq4_c[i] : xq4[i])
 #ifdef QUANT_IN_REGS
 layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
-layout(binding = 0) readonly coherent buffer XF4c { vec4 xf4_c[]; };
-#define XF4(i) (HANDOFF != 0u ? xf4_c[i] : xf4[i])
 #endif
 #else
 layout(binding = 0) readonly buffer X { float xf[]; };
 layout(binding = 0) readonly buffer X4 { vec4 xf4[]; };
-layout(binding = 0) readonly coherent buffer Xc { float xf_c[]; };
-layout(binding = 0) readonly coherent buffer X4c { vec4 xf4_c[]; };
-#define XF(i) (HANDOFF != 0u ? xf_c[i] : xf[i])
-#define XF4(i) (HANDOFF != 0u ? xf4_c[i] : xf4[i])
 #endif
 #if defined(EPI_NORM) || defined(OUT_Q8_1) || defined(EPI_ROPE)
 layout(binding = 1) coherent buffer Y { float y[]; };     // read back by the last workgroup
@@ -106,8 +92,6 @@ layout(binding = 5) writeonly buffer YQ { uint yq[]; };   // q8_1 blocks of y (n
 layout(binding = 5) readonly buffer R { float res[]; };
 #endif
 #include "include/q8_1_block.glsl"
-#define HANDOFF_ID 4
-#include "include/handoff.glsl"
 
 #ifdef EPI_ROPE
 #extension GL_GOOGLE_include_directive : require
@@ -213,7 +197,7 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
             [[unroll]] for (uint b = 0u; b < 2u; b++) {
                 float v[32];
                 [[unroll]] for (uint k = 0u; k < 8u; k++) {
-                    const vec4 t = XF4(xi + 8u * b + k);
+                    const vec4 t = xf4[xi + 8u * b + k];
                     v[4u * k] = t.x; v[4u * k + 1u] = t.y; v[4u * k + 2u] = t.z; v[4u * k + 3u] = t.w;
                 }
                 uint words[10];
@@ -224,13 +208,13 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
             uint xw[20];
             uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
             [[unroll]] for (uint k = 0u; k < 5u; k++) {
-                uvec4 v = XQ4((xi >> 2) + k);
+                uvec4 v = xq4[(xi >> 2) + k];
                 xw[4u * k] = v.x; xw[4u * k + 1u] = v.y; xw[4u * k + 2u] = v.z; xw[4u * k + 3u] = v.w;
             }
 #else
             vec4 xw[16];
             uint xi = (x_off >> 2) + 16u * p;
-            [[unroll]] for (uint k = 0u; k < 16u; k++) xw[k] = XF4(xi + k);
+            [[unroll]] for (uint k = 0u; k < 16u; k++) xw[k] = xf4[xi + k];
 #endif
             [[unroll]] for (uint i = 0u; i < ROWS; i++) {
                 uint g = first + i;
@@ -418,31 +402,7 @@ void main_cooperative() {
     }
 }
 
-// Before a handoff wait: the first pc.pf u16 words of this workgroup's rows of each matrix.
-uint prefetch_rows() {
-    const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint first = group * group_rows();
-    const uint n = group_rows();
-#ifdef EPI_GEGLU
-    if (first >= pc.rows0) return 0u;
-    const uint m = min(n, pc.rows0 - first);
-    return prefetch_w0(first, m, pc.n_cols, pc.pf) ^ prefetch_w1(first, m, pc.n_cols, pc.pf);
-#else
-    if (first < pc.rows0) return prefetch_w0(first, min(n, pc.rows0 - first), pc.n_cols, pc.pf);
-    first -= pc.rows0;
-    if (first < pc.rows1) return prefetch_w1(first, min(n, pc.rows1 - first), pc.n_cols, pc.pf);
-    first -= pc.rows1;
-    if (first < pc.rows2) return prefetch_w2(first, min(n, pc.rows2 - first), pc.n_cols, pc.pf);
-    return 0u;
-#endif
-}
-
 void main() {
-    if (HANDOFF != 0u) {
-        // recorded with no barrier after the kernel writing x: wait for it (include/handoff.glsl)
-        const uint sink = handoff_pending() ? prefetch_rows() : 0u;
-        handoff_wait(sink);
-    }
     // spec constants: uniform branches; the sub-kernels' early returns end only their own call
     if (THREAD_ROWS != 0u) main_thread_rows();
     else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();

@@ -23,8 +23,7 @@
 //             needs no quantize dispatch of its own.
 // Bindings (norm_f32):      0 x, 1 w, 2 out                              [, 3 q  (q8_1)]
 // Bindings (norm_add_f32):  0 x, 1 w_post, 2 residual (read-write), 3 w_next, 4 out [, 5 q]
-// Bindings (norm_add_split_f32): 0 x, 1 w_post, 2 residual in, 3 w_next, 4 out, 5 residual out [, 6 q],
-//           then the handoff slot it signals (include/handoff.glsl; spec HANDOFF)
+// Bindings (norm_add_split_f32): 0 x, 1 w_post, 2 residual in, 3 w_next, 4 out, 5 residual out [, 6 q]
 // Push: n (row length), eps.   Dispatch: (rows, 1, 1); split: (ceil(n / WG), 1, 1), WG % 32 == 0.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
@@ -43,13 +42,12 @@ PUSH_CONSTANTS
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W0 { float w0[]; };
 #ifdef NORM_ADD_SPLIT
-// out and q coherent: with a handoff the next matvec reads them while this dispatch may still run
 layout(std430, binding = 2) readonly buffer R { float res[]; };
 layout(std430, binding = 3) readonly buffer W1 { float w1[]; };
-layout(std430, binding = 4) writeonly coherent buffer O { float outp[]; };
+layout(std430, binding = 4) writeonly buffer O { float outp[]; };
 layout(std430, binding = 5) writeonly buffer RO { float res_out[]; };
 #ifdef NORM_Q8_1
-layout(std430, binding = 6) writeonly coherent buffer Q { uint q[]; };
+layout(std430, binding = 6) writeonly buffer Q { uint q[]; };
 #define Q8_1_OUT q
 #include "include/q8_1_block.glsl"
 #endif
@@ -143,12 +141,7 @@ void norm_add_split(uint n, float eps) {
 #endif
 
 #ifdef NORM_ADD_SPLIT
-#define HANDOFF_ID 1
-#include "include/handoff.glsl"
-void main() {
-    norm_add_split(pc.n, pc.eps);
-    handoff_signal();          // a decode matvec may wait on it instead of a barrier
-}
+void main() { norm_add_split(pc.n, pc.eps); }
 #else
 void main() {
     const uint row = gl_WorkGroupID.x;

@@ -9,23 +9,17 @@ layout(constant_id = 0) const uint WG = 32;
 PUSH_CONSTANTS
 
 layout(binding = 0) readonly buffer X { float x[]; };
-layout(binding = 1) writeonly coherent buffer Q { uint q[]; };   // coherent: read under a handoff
+layout(binding = 1) writeonly buffer Q { uint q[]; };
 #define Q8_1_OUT q
 #include "include/q8_1_block.glsl"
 
-#define HANDOFF_BINDING 2
-#define HANDOFF_ID 1
-#include "include/handoff.glsl"   // the down matvec may wait on it instead of a barrier
-
 void main() {
     const uint blk = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * WG + gl_LocalInvocationID.x;
-    if (blk * 32u < pc.n) {
-        float v[32];
-        [[unroll]] for (uint k = 0u; k < 32u; k++) {
-            const uint i = blk * 32u + k;
-            v[k] = i < pc.n ? x[pc.x_off + i] : 0.0;
-        }
-        q8_1_store(v, blk);
+    if (blk * 32u >= pc.n) return;
+    float v[32];
+    [[unroll]] for (uint k = 0u; k < 32u; k++) {
+        const uint i = blk * 32u + k;
+        v[k] = i < pc.n ? x[pc.x_off + i] : 0.0;
     }
-    handoff_signal();
+    q8_1_store(v, blk);
 }

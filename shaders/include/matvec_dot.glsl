@@ -11,47 +11,6 @@
 
 #include "gguf_bytes.glsl"
 
-// u16 words of one row of n_cols weights in this binding's type
-uint FN(row_words)(uint n_cols) {
-#if defined(WTYPE_F32)
-    return 2u * n_cols;
-#elif defined(WTYPE_F16) || defined(WTYPE_BF16)
-    return n_cols;
-#elif defined(WTYPE_Q8_0)
-    return (n_cols >> 5) * 17u;
-#elif defined(WTYPE_Q4_0)
-    return (n_cols >> 5) * 9u;
-#elif defined(WTYPE_Q5_0)
-    return (n_cols >> 5) * 11u;
-#elif defined(WTYPE_Q4_K)
-    return (n_cols >> 8) * 72u;
-#elif defined(WTYPE_Q5_K)
-    return (n_cols >> 8) * 88u;
-#else
-    return (n_cols >> 8) * 105u;   // Q6_K
-#endif
-}
-
-#ifdef HANDOFF_GLSL
-// The first `words` u16 words of rows [row, row + n): one load per 32 bytes (a cache sector),
-// PREFETCH_LOADS per invocation, all issued before any is used (include/handoff.glsl).
-#ifndef PREFETCH_LOADS
-#define PREFETCH_LOADS 8u
-#endif
-uint FN(prefetch)(uint row, uint n, uint n_cols, uint words) {
-    const uint w0 = row * FN(row_words)(n_cols);
-    const uint lim = min(words, n * FN(row_words)(n_cols));
-    uint v[PREFETCH_LOADS];
-    [[unroll]] for (uint k = 0u; k < PREFETCH_LOADS; k++) {
-        const uint i = (k * WG + gl_LocalInvocationIndex) * 16u;
-        v[k] = i < lim ? uint(W16[w0 + i]) : 0u;
-    }
-    uint sink = 0u;
-    [[unroll]] for (uint k = 0u; k < PREFETCH_LOADS; k++) sink = sink * 3u + v[k];
-    return sink;
-}
-#endif
-
 #ifndef INT_DOT
 // ---- f32 activations: x chunk at xf[xb .. xb+32) ----
 float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
@@ -68,7 +27,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
 #else
             float w = bf16(W16[base + i]);
 #endif
-            acc += w * XF(xb + i);
+            acc += w * xf[xb + i];
         }
     }
     return acc;
@@ -77,7 +36,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     float d = half_lo(W16[b]);
     [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint u = uint(W16[b + 1u + i]);
-        acc += float(int(u << 24) >> 24) * XF(xb + 2u * i) + float(int(u << 16) >> 24) * XF(xb + 2u * i + 1u);
+        acc += float(int(u << 24) >> 24) * xf[xb + 2u * i] + float(int(u << 16) >> 24) * xf[xb + 2u * i + 1u];
     }
     return d * acc;
 #elif defined(WTYPE_Q4_0)
@@ -85,10 +44,10 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     float d = half_lo(W16[b]);
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint u = uint(W16[b + 1u + j]);
-        acc += (float(u & 0xFu) - 8.0) * XF(xb + 2u * j)
-             + (float((u >> 8) & 0xFu) - 8.0) * XF(xb + 2u * j + 1u)
-             + (float((u >> 4) & 0xFu) - 8.0) * XF(xb + 2u * j + 16u)
-             + (float((u >> 12) & 0xFu) - 8.0) * XF(xb + 2u * j + 17u);
+        acc += (float(u & 0xFu) - 8.0) * xf[xb + 2u * j]
+             + (float((u >> 8) & 0xFu) - 8.0) * xf[xb + 2u * j + 1u]
+             + (float((u >> 4) & 0xFu) - 8.0) * xf[xb + 2u * j + 16u]
+             + (float((u >> 12) & 0xFu) - 8.0) * xf[xb + 2u * j + 17u];
     }
     return d * acc;
 #elif defined(WTYPE_Q5_0)
@@ -98,10 +57,10 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint u = uint(W16[b + 3u + j]);
         uint k = 2u * j;
-        acc += (float((u & 0xFu) | (((qh >> k) & 1u) << 4)) - 16.0) * XF(xb + k)
-             + (float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) - 16.0) * XF(xb + k + 1u)
-             + (float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) - 16.0) * XF(xb + k + 16u)
-             + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * XF(xb + k + 17u);
+        acc += (float((u & 0xFu) | (((qh >> k) & 1u) << 4)) - 16.0) * xf[xb + k]
+             + (float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) - 16.0) * xf[xb + k + 1u]
+             + (float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) - 16.0) * xf[xb + k + 16u]
+             + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * xf[xb + k + 17u];
     }
     return d * acc;
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
@@ -131,7 +90,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         q0 += float((h >> j) & 1u) * 16.0;
         q1 += float((h >> (8u + j)) & 1u) * 16.0;
 #endif
-        float x0 = XF(xb + l), x1 = XF(xb + l + 1u);
+        float x0 = xf[xb + l], x1 = xf[xb + l + 1u];
         acc += q0 * x0 + q1 * x1;
         sx += x0 + x1;
     }
@@ -154,7 +113,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
             uint hh = uint(W16[(qhb + l) >> 1]);
             int q0 = int(((u >> nsh) & 0xFu) | (((hh >> hsh) & 3u) << 4)) - 32;
             int q1 = int(((u >> (8u + nsh)) & 0xFu) | (((hh >> (8u + hsh)) & 3u) << 4)) - 32;
-            part += float(q0) * XF(xb + l) + float(q1) * XF(xb + l + 1u);
+            part += float(q0) * xf[xb + l] + float(q1) * xf[xb + l + 1u];
         }
         int s = int(FN(byte)(B + 192u + 8u * h + half_ + 2u * q) << 24) >> 24;
         acc += float(s) * part;
@@ -167,15 +126,15 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
 #else
 // ---- int8 activations (q8_1 blocks: 8 words of packed int8, f32 d, f32 d*sum(q)) ----
 float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
-    float dx = uintBitsToFloat(XQ(xb + 8u));
-    float sx = uintBitsToFloat(XQ(xb + 9u));
+    float dx = uintBitsToFloat(xq[xb + 8u]);
+    float sx = uintBitsToFloat(xq[xb + 9u]);
     int acc = 0;
 #if defined(WTYPE_Q8_0)
     uint b = (row * (n_cols >> 5) + c) * 17u;
     float d = half_lo(W16[b]);
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         uint w = uint(W16[b + 1u + 2u * i]) | (uint(W16[b + 2u + 2u * i]) << 16);
-        acc += sdot4x8(w, XQ(xb + i), 0);
+        acc += sdot4x8(w, xq[xb + i], 0);
     }
     return d * dx * float(acc);
 #elif defined(WTYPE_Q4_0)
@@ -183,8 +142,8 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     float d = half_lo(W16[b]);
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         uint w = uint(W16[b + 1u + 2u * i]) | (uint(W16[b + 2u + 2u * i]) << 16);
-        acc += sdot4x8(w & 0x0F0F0F0Fu, XQ(xb + i), 0);
-        acc += sdot4x8((w >> 4) & 0x0F0F0F0Fu, XQ(xb + 4u + i), 0);
+        acc += sdot4x8(w & 0x0F0F0F0Fu, xq[xb + i], 0);
+        acc += sdot4x8((w >> 4) & 0x0F0F0F0Fu, xq[xb + 4u + i], 0);
     }
     return d * (dx * float(acc) - 8.0 * sx);
 #elif defined(WTYPE_Q5_0)
@@ -197,8 +156,8 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         uint hh = qh >> (4u * i + 16u);
         uint bl = ((hl & 1u) << 4) | ((hl & 2u) << 11) | ((hl & 4u) << 18) | ((hl & 8u) << 25);
         uint bh = ((hh & 1u) << 4) | ((hh & 2u) << 11) | ((hh & 4u) << 18) | ((hh & 8u) << 25);
-        acc += sdot4x8((w & 0x0F0F0F0Fu) | bl, XQ(xb + i), 0);
-        acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, XQ(xb + 4u + i), 0);
+        acc += sdot4x8((w & 0x0F0F0F0Fu) | bl, xq[xb + i], 0);
+        acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, xq[xb + 4u + i], 0);
     }
     return d * (dx * float(acc) - 16.0 * sx);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
@@ -226,7 +185,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         uint h = uint(W16[w0 + 8u + 2u * k]) | (uint(W16[w0 + 9u + 2u * k]) << 16);
         q |= ((h >> j) & 0x01010101u) << 4;
 #endif
-        acc += sdot4x8(q, XQ(xb + k), 0);
+        acc += sdot4x8(q, xq[xb + k], 0);
     }
     return d * sc * dx * float(acc) - dmin * m * sx;
 #elif defined(WTYPE_Q6_K)
@@ -247,8 +206,8 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
             uint lw = uint(W16[ql + 2u * k]) | (uint(W16[ql + 2u * k + 1u]) << 16);
             uint hw = uint(W16[qh + 2u * k]) | (uint(W16[qh + 2u * k + 1u]) << 16);
             uint u = ((lw >> nsh) & 0x0F0F0F0Fu) | (((hw >> hsh) & 0x03030303u) << 4);
-            a += sdot4x8(u, XQ(xb + k), 0);
-            sq += sdot4x8(0x01010101u, XQ(xb + k), 0);
+            a += sdot4x8(u, xq[xb + k], 0);
+            sq += sdot4x8(0x01010101u, xq[xb + k], 0);
         }
         int s = int(FN(byte)(w0 * 2u + 192u + 8u * h + half_ + 2u * q) << 24) >> 24;
         r += float(s) * float(a - 32 * sq);

@@ -160,37 +160,6 @@ def test_tiny_model_decode_norm_add_paths_match_cpu(tiny, tail):
         vk._recordings.clear()
 
 
-def test_tiny_model_decode_hands_off_without_barriers(tiny, monkeypatch):
-    """With handoffs on (opt-in: engine/backends/vulkan/handoff.py), one-token steps record the
-    matvec after a norm_add / attention / quantize with no barrier, waiting on the producer's
-    flag: the same logits, bit for bit, as the step recorded with a barrier there, and fewer
-    barriers. (lavapipe runs dispatches one after another: this checks the recording and the
-    kernels' handoff code, not the overlap a GPU gives them.)"""
-    cpu, vk = tiny
-    monkeypatch.setenv("PHOENIX_VULKAN_HANDOFF_PREFETCH_MB", "1")   # the early weight loads too
-    ids = [2, 9, 311, 4000, 12, 99, 7, 1234]
-    ref = cpu.forward(ids, 0, all_logits=True)
-    saved = vk.use_handoffs
-    runs = {}
-    try:
-        for name, on in (("handoff", True), ("barrier", False)):
-            vk.use_handoffs = on
-            vk._recordings.clear()
-            vk.forward(ids[:3], 0)
-            got = np.stack([vk.forward([t], p) for p, t in enumerate(ids[3:], start=3)])
-            cl = vk._recording(1, "last")
-            runs[name] = (got, cl.barriers, cl.handoffs)
-    finally:
-        vk.use_handoffs = saved
-        vk._recordings.clear()
-    (got, barriers, handoffs), (plain, plain_barriers, none) = runs["handoff"], runs["barrier"]
-    L = vk.config.num_layers
-    assert none == 0 and handoffs >= L          # attention -> o in every layer, and more
-    assert plain_barriers - barriers == handoffs - 1   # the recording's flags are zeroed behind one barrier
-    np.testing.assert_array_equal(got, plain)
-    assert (got.argmax(-1) == ref[3:].argmax(-1)).all()
-
-
 def test_tiny_model_profile_and_tuning(tiny):
     _cpu, vk = tiny
     assert set(vk.stats()["matvec_tuning"]) >= {"qkv", "o", "geglu", "down"}

@@ -37,7 +37,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
-from engine.backends.vulkan import (handoff, kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
+from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, fusable,
@@ -270,11 +270,6 @@ class VulkanBackend(Backend):
         self.cand = dev.buffer(ops_sample.scratch_bytes(cfg.vocab_size), name="sample_candidates")
         # arrival counters of the one-dispatch attention and sampler, shared: each leaves them 0
         self.counters = dev.buffer(4 * ops_attention.counter_words(cfg.num_kv_heads), name="arrival_counters")
-        # decode: four handoffs a layer (norm_add -> QKV, attention -> o, norm_add -> gate/up,
-        # quantize -> down) per token step of a recording, the final norm_add -> LM head
-        self.handoffs = handoff.Handoffs(dev, 4 * (4 * cfg.num_layers + 1))
-        self.use_handoffs = handoff.enabled()
-        self._handing_off = False
         # zero the KV caches: attention never reads unwritten slots, but NaN garbage * 0 is NaN
         cl = dev.commands()
         for L in self.layers:
@@ -314,16 +309,14 @@ class VulkanBackend(Backend):
         return all(len(m.tensor.ranges) == 1 for m in L.qkv) and fusable(L.qkv)
 
     def _mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-            force=None, xq=None, tail=None, y_q8_1=None, rope=None, wait=None):
+            force=None, xq=None, tail=None, y_q8_1=None, rope=None):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         xq: the q8_1 blocks of x already exist there (written by the norm that produced x; same
         offsets): the int8 path reads them instead of recording a quantize dispatch.
         tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding).
         y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks.
-        rope: a RopeTail run per head after the fused decode QKV (epilogue "rope").
-        wait: the handoff slot x's producer signals (recorded with no barrier after it); where this
-        matvec would first quantize x, a barrier is recorded instead."""
+        rope: a RopeTail run per head after the fused decode QKV (epilogue "rope")."""
         arrival = self.block_arrival if epilogue == "geglu_q8_1" else None
         if tail is not None:
             assert T == 1 and epilogue is None
@@ -348,60 +341,51 @@ class VulkanBackend(Backend):
                 off += m.rows
             return
         int_dot, spec = force if force is not None else self._path(mats, key)
-        if wait is not None and int_dot is True and xq is None:
-            cl.barrier()          # the quantize dispatch cannot wait on a handoff
-            wait = None
         if int_dot == "regs":
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope, wait=wait)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         elif int_dot and xq is not None:
             record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
                           x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
-                          tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope, wait=wait)
+                          tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         elif int_dot:
-            slot = self._signal_slot()
-            record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off, signal=slot)
-            self._close(cl, "quantize", slot)
+            record_quantize(cl, self.dev, x, self.xq, T * x_cols, x_off=x_off)
+            self._mark(cl, "quantize")
             record_matvec(cl, self.dev, mats, self.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope, wait=slot)
+                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
         else:
             record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope, wait=wait)
+                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
 
     def _other_residual(self, res):
         return self.x_alt if res is self.x else self.x
 
     def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, res, hq=None, xq=None, wait=None) -> tuple[str, object, object]:
+                     w_post, w_next, res, hq=None, xq=None) -> tuple[str, object]:
         """o = m x, then res += rmsnorm(o) * w_post; h = rmsnorm(res) * w_next (+ q8_1 of h into
         hq). Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm), else
         the matvec, a barrier and the split norm_add, which writes the residual to the other of
         x / x_alt; prefill: the matvec and a norm_add per row, in place. xq: x's q8_1 blocks, as
         for `_mv`. Returns the profile label of what is still open (no barrier after) and the
-        buffer that now holds the residual, and the handoff slot the split norm_add signals (or
-        None). wait: the slot x's producer signals (see `_mv`)."""
+        buffer that now holds the residual."""
         cfg = self.config
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.norm_tail.get(key, True):
-            self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key, xq=xq, wait=wait,
+            self._mv(cl, [m], x, self.o, T=1, x_cols=x_cols, y_cols=H, key=key, xq=xq,
                      tail=NormTail(w_post, res, w_next, self.h, self.mv_arrival, cfg.rms_norm_eps, q=hq))
-            return label + "+norm_add", res, None
-        self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq, wait=wait)
+            return label + "+norm_add", res
+        self._mv(cl, [m], x, self.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq)
         self._mark(cl, label)
         if T == 1:
             out = self._other_residual(res)
-            slot = self._signal_slot()
             ops_norm.norm_add_split(cl, self.dev, self.o, w_post, res, w_next, self.h, out, n=H,
-                                    eps=cfg.rms_norm_eps, q=hq, signal=slot)
-            return "norm_add", out, slot
+                                    eps=cfg.rms_norm_eps, q=hq)
+            return "norm_add", out
         ops_norm.norm_add(cl, self.dev, self.o, w_post, res, w_next, self.h, rows=T, n=H, eps=cfg.rms_norm_eps,
                           q=hq)
-        return "norm_add", res, None
+        return "norm_add", res
 
     def _rope_tail(self, i: int) -> RopeTail:
         cfg, L = self.config, self.layers[i]
@@ -544,15 +528,6 @@ class VulkanBackend(Backend):
             prof.append(label)
             cl.timestamp(len(prof))
 
-    def _signal_slot(self):
-        """A handoff slot for the small kernel about to be recorded (decode recordings only)."""
-        return self.handoffs.take() if self._handing_off else None
-
-    def _close(self, cl, label: str, slot) -> None:
-        """End the op `label`: a barrier, unless it signals `slot` and the next matvec waits on it."""
-        if slot is None:
-            self._mark(cl, label)
-
     def _tuning_layers(self, pick) -> list[int]:
         """Layers whose matrices `pick(L)` match layer 0's in type and shape, up to TUNE_LAYERS:
         the timed candidates cycle through them, so each repeat reads its weights from memory
@@ -665,18 +640,17 @@ class VulkanBackend(Backend):
         cl.destroy()
         return out
 
-    def _qkv(self, cl, L: _Layer, T: int, hq=None, rope: RopeTail | None = None, wait=None) -> None:
-        """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope.
-        wait: the handoff slot h's norm_add signals."""
+    def _qkv(self, cl, L: _Layer, T: int, hq=None, rope: RopeTail | None = None) -> None:
+        """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope."""
         cfg = self.config
         q, k, v = L.qkv
         if rope is not None:
             self._mv(cl, L.qkv, self.h, self.qkv, T=1, x_cols=cfg.hidden_size, y_cols=self.qkv_dim,
-                     force=self.qkv_rope, xq=hq if self.qkv_rope[0] is True else None, rope=rope, wait=wait)
+                     force=self.qkv_rope, xq=hq if self.qkv_rope[0] is True else None, rope=rope)
             return
         if self._qkv_fused(L):
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv",
-                     xq=hq, wait=wait)
+                     xq=hq)
             return
         if T > 1:
             self._mv(cl, L.qkv, self.h, self.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
@@ -684,7 +658,7 @@ class VulkanBackend(Backend):
         # types no fused kernel covers (MIXED_QKV_TYPES): three dispatches, no barrier between them
         for m, off in ((q, 0), (k, cfg.q_dim), (v, cfg.q_dim + cfg.kv_dim)):
             record_matvec(cl, self.dev, [m], self.h, self.qkv, y_off=off, tokens=T,
-                          x_stride=cfg.hidden_size, y_stride=self.qkv_dim, wait=wait)
+                          x_stride=cfg.hidden_size, y_stride=self.qkv_dim)
 
     def _record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False,
                 steps: int = 1):
@@ -698,10 +672,6 @@ class VulkanBackend(Backend):
         assert steps == 1 or mode == "sample"
         if profile:
             cl.profile_labels = []
-        # handoffs for one token (a profile times each op behind its own barrier)
-        self._handing_off = self.use_handoffs and mode in ("last", "sample") and T == 1 and not profile
-        if self._handing_off:
-            self.handoffs.begin(cl)
         if profile or busy_ts:
             cl.timestamp(0)
         for i in range(steps):
@@ -713,8 +683,6 @@ class VulkanBackend(Backend):
         if busy_ts and not profile:
             cl.timestamp(1)
             cl.busy_timed = True
-        cl.handoffs = self.handoffs.used if self._handing_off else 0
-        self._handing_off = False
         return cl.end()
 
     def _account_busy(self, cl) -> None:
@@ -753,69 +721,62 @@ class VulkanBackend(Backend):
                       q=hq)
         open_op = "norm"           # the op the next barrier closes (profile label)
         res = self.x               # the buffer holding the residual stream (decode alternates)
-        slot = None                # the handoff slot open_op signals, if it does
         for i, L in enumerate(self.layers):
-            self._close(cl, open_op, slot)
+            self._mark(cl, open_op)
             if dec and self.qkv_rope is not None and self._qkv_fused(L) and \
                     self._path(L.qkv, "qkv")[0] == self.qkv_rope[0]:
-                self._qkv(cl, L, T, hq=hq, rope=self._rope_tail(i), wait=slot)
+                self._qkv(cl, L, T, hq=hq, rope=self._rope_tail(i))
                 self._mark(cl, "qkv+rope_kv")
             else:
-                self._qkv(cl, L, T, hq=hq, wait=slot)
+                self._qkv(cl, L, T, hq=hq)
                 self._mark(cl, "qkv")
                 self._rope_kv(cl, i, T)
                 self._mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
             attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
-            slot = None
             if T == 1:
-                slot = self._signal_slot()
                 ops_attention.attention_decode(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.partial,
                                                self.counters, self.attn, head_dim=cfg.head_dim,
                                                n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
                                                cache_slots=L.slots, window=window, scale=cfg.attn_scale,
-                                               n_splits=self.n_splits, q_offset=0, q=attnq, signal=slot)
+                                               n_splits=self.n_splits, q_offset=0, q=attnq)
             else:
                 ops_attention.attention_prefill(cl, dev, self.step, self.qkv, L.k_cache, L.v_cache, self.attn,
                                                 head_dim=cfg.head_dim, n_heads=cfg.num_heads,
                                                 n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, window=window,
                                                 scale=cfg.attn_scale, max_tokens=T, q_stride=self.qkv_dim,
                                                 q_offset=0)
-            self._close(cl, "attention", slot)
+            self._mark(cl, "attention")
             # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
-            open_op, res, slot = self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o",
-                                                   label="o_proj", w_post=L.norms["post_attention_layernorm"],
-                                                   w_next=L.norms["pre_feedforward_layernorm"], res=res, hq=hq,
-                                                   xq=attnq, wait=slot)
-            self._close(cl, open_op, slot)
+            open_op, res = self._mv_norm_add(cl, L.o, self.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
+                                             w_post=L.norms["post_attention_layernorm"],
+                                             w_next=L.norms["pre_feedforward_layernorm"], res=res, hq=hq, xq=attnq)
+            self._mark(cl, open_op)
             mlpq = None
             if dec and self.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
                 mlpq = self.mlpq          # the int8 down matvec's input blocks, from the GEGLU itself
                 self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=1, x_cols=H, y_cols=cfg.intermediate_size,
-                         epilogue="geglu_q8_1", force=self.geglu_q8_1, xq=hq, y_q8_1=mlpq, wait=slot)
+                         epilogue="geglu_q8_1", force=self.geglu_q8_1, xq=hq, y_q8_1=mlpq)
             else:
                 self._mv(cl, [L.gate, L.up], self.h, self.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
-                         epilogue="geglu", key="geglu", xq=hq, wait=slot)
+                         epilogue="geglu", key="geglu", xq=hq)
             self._mark(cl, "gate_up_geglu")
             if i + 1 < len(self.layers):
                 nxt, hq = self.layers[i + 1].norms["input_layernorm"], qkv_hq(self.layers[i + 1])
             else:      # the lm head reads one row of h (the last token's), through the int8 path or not
                 nxt, hq = self.final_norm, (self._h_q8_1([self.lm_head], "lm") if mode in ("last", "sample")
                                             else None)
-            open_op, res, slot = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size,
-                                                   key="down", label="down",
-                                                   w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
-                                                   res=res, hq=hq, xq=mlpq)
-        if mode not in ("last", "sample"):
-            slot = None            # nothing reads h on the GPU after it: no one would wait
-        self._close(cl, open_op, slot)
+            open_op, res = self._mv_norm_add(cl, L.down, self.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
+                                             label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
+                                             res=res, hq=hq, xq=mlpq)
+        self._mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
             self._mv(cl, [self.lm_head], self.h, self.logits, T=T, x_cols=H, y_cols=V)
         elif mode in ("last", "sample"):
             self._mv(cl, [self.lm_head], self.h, self.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm",
-                     xq=hq, wait=slot)
+                     xq=hq)
         if mode == "sample":
             self._mark(cl, "lm_head")
             ops_sample.sample(cl, dev, self.step, self.logits, self.cand, self.counters, self.tokens, vocab=V,
@@ -958,10 +919,6 @@ class VulkanBackend(Backend):
                              {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
         if getattr(self, "geglu_q8_1_timing", None):
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
-        # matvecs a decode step starts on a producer's flag instead of behind a barrier (handoff.py)
-        out["handoffs"] = self.use_handoffs
-        out["handoffs_per_token"] = max((cl.handoffs // steps for (_g, _p, steps), lists in self._decode_lists.items()
-                                         for cl in lists[:1]), default=0)
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
         busy = self.busy_fraction()

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
-from engine.backends.vulkan import handoff
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.pipelines import INT_DOT_TYPES, MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
@@ -156,13 +155,11 @@ def variant_name(qtype: QType, epilogue: str | None, int_dot, v_qtype: QType | N
                        None if v_qtype is None else v_qtype.name)
 
 
-def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0, signal=None) -> None:
-    """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32). signal: a handoff slot the
-    matvec reading xq waits on (handoff.py)."""
+def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0) -> None:
+    """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32)."""
     wg = 32                        # one invocation per block of 32 values
-    p = dev.pipeline("quantize_q8_1", WG=wg, **handoff.spec(signal))
-    cl.dispatch(p, [x, xq, handoff.binding(dev, signal)], groups_2d(-(-n // (32 * wg))),
-                p.push.pack(n=n, x_off=x_off))
+    p = dev.pipeline("quantize_q8_1", WG=wg)
+    cl.dispatch(p, [x, xq], groups_2d(-(-n // (32 * wg))), p.push.pack(n=n, x_off=x_off))
 
 
 def q8_1_bytes(n: int) -> int:
@@ -172,8 +169,7 @@ def q8_1_bytes(n: int) -> int:
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
                   tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None,
-                  wait=None) -> None:
+                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
@@ -188,8 +184,6 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
     advancing by x_stride / y_stride per token (prefill without a GEMM kernel).
     Every matrix must share one type and column count. No barrier is recorded.
-    wait: a handoff slot (handoff.py) the producer of x signals: recorded with no barrier after
-    that producer, every dispatch waits on the slot (after loading the start of its rows).
     """
     if not 1 <= len(mats) <= 3:
         raise ValueError("1 to 3 matrices")
@@ -214,15 +208,8 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if int_dot == "regs" and (not regs_ok(mats[0], x_off) or spec.get("THREAD_ROWS")):
         raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0, x_off % 4 == 0 "
                          "and a cooperative workgroup shape")
-    p = dev.pipeline(variant_name(qtype, epilogue, int_dot, v_qtype), **spec, **handoff.spec(wait))
+    p = dev.pipeline(variant_name(qtype, epilogue, int_dot, v_qtype), **spec)
     d = dummy(dev)
-    hb = handoff.binding(dev, wait)
-    group_bytes = rows_per_group(spec) * max(row_bytes(m.qtype, cols) for m in mats)
-
-    def pf(groups: int) -> int:
-        if wait is None:
-            return 0
-        return handoff.prefetch_words(group_bytes, 2 if epilogue in ("geglu", "geglu_q8_1") else 1, groups)
     resb = res if res is not None else d
     if epilogue == "rope":
         if (rope is None or len(mats) != 3 or tokens != 1 or y_off or any(len(m.tensor.ranges) > 1 for m in mats)
@@ -231,44 +218,40 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
                              f"a RopeTail and workgroups within one head ({rows_per_group(spec)} rows per group, "
                              f"head_dim {None if rope is None else rope.head_dim})")
         r = rope
-        n_groups = -(-sum(m.rows for m in mats) // rows_per_group(spec))
         push = p.push.pack(n_cols=cols, rows0=mats[0].rows, rows1=mats[1].rows, rows2=mats[2].rows, x_off=x_off,
-                           y_off=0, res_off=0, x_stride=0, y_stride=0, pf=pf(n_groups), head_dim=r.head_dim,
-                           n_heads=r.n_heads, n_kv_heads=r.n_kv_heads, cache_slots=r.cache_slots, theta=r.theta,
+                           y_off=0, res_off=0, x_stride=0, y_stride=0, head_dim=r.head_dim, n_heads=r.n_heads,
+                           n_kv_heads=r.n_kv_heads, cache_slots=r.cache_slots, theta=r.theta,
                            pos_scale=1.0 / r.scale_factor, eps=r.eps)
         binds = [x, y, *(m.tensor.ranges[0] for m in mats), d, r.step, r.q_norm, r.k_norm, r.k_cache, r.v_cache,
-                 r.arrival, hb]
-        cl.dispatch(p, binds, groups_2d(n_groups), push)
+                 r.arrival]
+        cl.dispatch(p, binds, groups_2d(-(-sum(m.rows for m in mats) // rows_per_group(spec))), push)
         return
     if epilogue == "norm":
         # one dispatch must produce all of y: its last workgroup normalizes the whole row
         if tail is None or len(mats) != 1 or len(mats[0].tensor.ranges) > 1 or tokens != 1:
             raise ValueError("the norm epilogue takes one matrix in one binding, one token and a NormTail")
         m = mats[0]
-        n_groups = -(-m.rows // rows_per_group(spec))
         push = p.push.pack(n_cols=cols, rows0=m.rows, rows1=0, rows2=0, x_off=x_off, y_off=y_off, res_off=0,
-                           x_stride=0, y_stride=0, pf=pf(n_groups), eps=tail.eps, q8=int(tail.q is not None))
+                           x_stride=0, y_stride=0, eps=tail.eps, q8=int(tail.q is not None))
         binds = [x, y, m.tensor.ranges[0], d, d, tail.residual, tail.w_post, tail.w_next, tail.out,
-                 tail.q if tail.q is not None else d, tail.arrival, hb]
-        cl.dispatch(p, binds, groups_2d(n_groups), push)
+                 tail.q if tail.q is not None else d, tail.arrival]
+        cl.dispatch(p, binds, groups_2d(-(-m.rows // rows_per_group(spec))), push)
         return
     if len(mats) == 1 and len(mats[0].tensor.ranges) > 1:
         for rr in mats[0].tensor.ranges:      # one dispatch per bound row range
-            n_groups = -(-rr.rows // rows_per_group(spec))
             push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,
                                y_off=y_off + rr.row_start, res_off=res_off + rr.row_start,
-                               x_stride=x_stride, y_stride=y_stride, pf=pf(n_groups * len(mats[0].tensor.ranges)))
-            gx, gy, _ = groups_2d(n_groups)
-            cl.dispatch(p, [x, y, rr, d, d, resb, hb], (gx, gy, tokens), push)
+                               x_stride=x_stride, y_stride=y_stride)
+            gx, gy, _ = groups_2d(-(-rr.rows // rows_per_group(spec)))
+            cl.dispatch(p, [x, y, rr, d, d, resb], (gx, gy, tokens), push)
         return
     if any(len(m.tensor.ranges) > 1 for m in mats):
         raise ValueError("fused matrices must each fit one binding")
     binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
     rows = [m.rows for m in mats] + [0] * (3 - len(mats))
     total = rows[0] if epilogue in ("geglu", "geglu_q8_1") else sum(rows)
-    n_groups = -(-total // rows_per_group(spec))
     push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
-                       y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride, pf=pf(n_groups))
-    gx, gy, _ = groups_2d(n_groups)
+                       y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
+    gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
     extra = [arrival if arrival is not None else d] if epilogue == "geglu_q8_1" else []
-    cl.dispatch(p, [x, y, *binds, resb, *extra, hb], (gx, gy, tokens), push)
+    cl.dispatch(p, [x, y, *binds, resb, *extra], (gx, gy, tokens), push)

@@ -10,8 +10,6 @@ blocks of the output rows (`attention_decode_f16_f32_q8_1`), bit-identical to
 """
 from __future__ import annotations
 
-from engine.backends.vulkan import handoff
-
 
 def partial_floats(n_heads: int, head_dim: int, n_splits: int) -> int:
     """Size (in floats) of the scratch buffer of per-split partials: (o[head_dim], m, l, pad, pad)."""
@@ -33,13 +31,12 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
 
 def attention_decode(cl, dev, step, query, k_cache, v_cache, partial, counters, out, *, head_dim: int,
                      n_heads: int, n_kv_heads: int, cache_slots: int, window: int, scale: float,
-                     n_splits: int, q_offset: int = 0, q=None, wg: int = 128, signal=None) -> None:
+                     n_splits: int, q_offset: int = 0, q=None, wg: int = 128) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos
     (q_h: row h of `query`, from q_offset). partial: partial_floats(...) * 4 bytes of scratch;
     counters: counter_words(n_kv_heads) uint32s, all 0 (the kernel leaves them 0 again, so a
     recording replays as is). q: None, or q8_1_bytes(n_heads * head_dim) bytes that receive the
-    q8_1 blocks of out (the layout matvec.record_quantize writes). signal: a handoff slot the
-    o-proj matvec waits on (engine/backends/vulkan/handoff.py)."""
+    q8_1 blocks of out (the layout matvec.record_quantize writes)."""
     if head_dim % 64 or head_dim > 2 * wg:
         raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 64, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
@@ -49,8 +46,7 @@ def attention_decode(cl, dev, step, query, k_cache, v_cache, partial, counters, 
     name, binds = "attention_decode_f16_f32", [step, query, k_cache, v_cache, partial, counters, out]
     if q is not None:
         name, binds = name + "_q8_1", binds + [q]
-    binds.append(handoff.binding(dev, signal))
-    p = dev.pipeline(name, WG=wg, HD=head_dim, G=n_heads // n_kv_heads, **handoff.spec(signal))
+    p = dev.pipeline(name, WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
     push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
                        cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
     cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, 1), push=push)

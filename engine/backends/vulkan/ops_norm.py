@@ -6,8 +6,6 @@
 """
 from __future__ import annotations
 
-from engine.backends.vulkan import handoff
-
 
 def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int = 256) -> None:
     """out[r] = rmsnorm(x[r]) * w  (w is Gemma's (1 + weight) multiplier)."""
@@ -38,16 +36,15 @@ def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, ep
 
 
 def norm_add_split(cl, dev, x, w_post, res_in, w_next, out, res_out, *, n: int, eps: float, q=None,
-                   wg: int | None = None, signal=None) -> None:
+                   wg: int | None = None) -> None:
     """One row (decode): res_out = res_in + rmsnorm(x) * w_post;  out = rmsnorm(res_out) * w_next,
     over ceil(n / wg) workgroups instead of one (norm.comp's NORM_ADD_SPLIT says how). res_in and
-    res_out must be different buffers. signal: a handoff slot the next matvec waits on."""
+    res_out must be different buffers."""
     if res_in is res_out:
         raise ValueError("norm_add_split reads the residual from one buffer and writes another")
     wg = add_workgroup(dev, n) if wg is None else wg
     name, binds = "norm_add_split_f32", [x, w_post, res_in, w_next, out, res_out]
     if q is not None:
         name, binds = name + "_q8_1", binds + [q]
-    binds.append(handoff.binding(dev, signal))
-    p = dev.pipeline(name, WG=wg, **handoff.spec(signal))
+    p = dev.pipeline(name, WG=wg)
     cl.dispatch(p, binds, groups=(-(-n // wg), 1, 1), push=p.push.pack(n=n, eps=eps))

@@ -88,19 +88,13 @@ def _build() -> dict:
         Variant("norm_add_f32_q8_1", "norm.comp", 6, norm, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe},
                 norm_spec),
         # decode (one row): spread over ceil(n / WG) workgroups, residual in -> residual out
-        # (+ a last binding: the handoff slot it signals where spec HANDOFF = 1, include/handoff.glsl)
-        Variant("norm_add_split_f32", "norm.comp", 7, norm, {"NORM_ADD_SPLIT": None, "HANDOFF_BINDING": 6, **maxe},
-                {**norm_spec, "HANDOFF": (1, 0)}),
-        Variant("norm_add_split_f32_q8_1", "norm.comp", 8, norm,
-                {"NORM_ADD_SPLIT": None, "NORM_Q8_1": None, "HANDOFF_BINDING": 7, **maxe},
-                {**norm_spec, "HANDOFF": (1, 0)}),
+        Variant("norm_add_split_f32", "norm.comp", 6, norm, {"NORM_ADD_SPLIT": None, **maxe}, norm_spec),
+        Variant("norm_add_split_f32_q8_1", "norm.comp", 7, norm,
+                {"NORM_ADD_SPLIT": None, "NORM_Q8_1": None, **maxe}, norm_spec),
         Variant("rope_f32_f16", "rope.comp", 8, rope, {}, {"WG": (0, 64)}),
-        # (+ a last binding: the handoff slot it signals where spec HANDOFF = 1)
-        Variant("attention_decode_f16_f32", "attention.comp", 8, attn, {"HANDOFF_BINDING": 7},
-                {**attn_spec, "HANDOFF": (3, 0)}),
+        Variant("attention_decode_f16_f32", "attention.comp", 7, attn, {}, attn_spec),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
-        Variant("attention_decode_f16_f32_q8_1", "attention.comp", 9, attn, {"ATTN_Q8_1": None, "HANDOFF_BINDING": 8},
-                {**attn_spec, "HANDOFF": (3, 0)}),
+        Variant("attention_decode_f16_f32_q8_1", "attention.comp", 8, attn, {"ATTN_Q8_1": None}, attn_spec),
         Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, attn_prefill, {},
                 {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
     ]

@@ -92,9 +92,7 @@ class Variant:
 #           2 W0, 3 W1, 4 W2 (f32/u16/u32 views of the file's bytes), 5 residual (y's q8_1
 #           blocks for `_geglu_q8_1`, 6 its per-block arrival counters);
 #           `_rope` adds 6 step, 7 q_norm w, 8 k_norm w, 9 k cache, 10 v cache, 11 per-head arrival;
-#           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter;
-#           every variant ends with the handoff slot it waits on where spec HANDOFF = 1 (a decode
-#           matvec recorded with no barrier after the small kernel writing x: include/handoff.glsl).
+#           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")   # types with an int8 x int8 dot-product kernel
@@ -113,7 +111,6 @@ MATVEC_PUSH = PushLayout("matvec", [
     ("res_off", "u32"),        # element offset of the residual
     ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
     ("y_stride", "u32"),       # per token: elements of y and of the residual
-    ("pf", "u32"),             # handoff: u16 words of its rows per matrix a workgroup loads early
 ])
 MATVEC_NORM_PUSH = PushLayout("matvec_norm", MATVEC_PUSH.fields + [
     ("eps", "f32"),            # RMSNorm epsilon of the norm tail
@@ -126,8 +123,7 @@ MATVEC_ROPE_PUSH = PushLayout("matvec_rope", MATVEC_PUSH.fields + [
     ("pos_scale", "f32"),      # 1 / linear scaling factor
     ("eps", "f32"),            # QK-norm epsilon
 ])
-MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0),
-               "HANDOFF": (4, 0)}     # 1: wait on the handoff slot (the last binding) before reading x
+MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
@@ -146,12 +142,12 @@ def matvec_name(wtype: str, atype: str, suffix: str = "", v_type: str | None = N
 
 
 def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
-    """(bindings, push layout) of a matvec epilogue; the last binding is the handoff slot."""
+    """(bindings, push layout) of a matvec epilogue."""
     if suffix == "_norm":
-        return 12, MATVEC_NORM_PUSH
+        return 11, MATVEC_NORM_PUSH
     if suffix == "_rope":
-        return 13, MATVEC_ROPE_PUSH
-    return (8 if suffix == "_geglu_q8_1" else 7), MATVEC_PUSH
+        return 12, MATVEC_ROPE_PUSH
+    return (7 if suffix == "_geglu_q8_1" else 6), MATVEC_PUSH
 
 
 def _matvec_variants() -> list[Variant]:
@@ -161,18 +157,17 @@ def _matvec_variants() -> list[Variant]:
         for suffix, extra in _EPILOGUES:
             nb, push = _matvec_layout(suffix)
             out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push,
-                               {**base, **extra, "HANDOFF_BINDING": nb - 1},
+                               {**base, **extra},
                                MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
             for suffix, extra in _EPILOGUES:
                 nb, push = _matvec_layout(suffix)
                 out.append(Variant(matvec_name(wt, "q8_1", suffix), "matvec.comp", nb, push,
-                                   {**base, "INT_DOT": None, **extra, "HANDOFF_BINDING": nb - 1}, MATVEC_SPEC,
+                                   {**base, "INT_DOT": None, **extra}, MATVEC_SPEC,
                                    requires=("int_dot",)))
                 if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
                     out.append(Variant(matvec_name(wt, "f32q", suffix), "matvec.comp", nb, push,
-                                       {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra,
-                                        "HANDOFF_BINDING": nb - 1}, MATVEC_SPEC,
+                                       {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra}, MATVEC_SPEC,
                                        requires=("int_dot",)))
     for qk, v in MIXED_QKV_TYPES:          # fused QKV with v of its own type: plain and rope epilogues
         base = {"WTYPE_" + qk: None, "MIXED_V": None, "V_WTYPE_" + v: None}
@@ -180,14 +175,12 @@ def _matvec_variants() -> list[Variant]:
             if suffix not in ("", "_rope"):
                 continue
             nb, push = _matvec_layout(suffix)
-            hb = {"HANDOFF_BINDING": nb - 1}
-            out.append(Variant(matvec_name(qk, "f32", suffix, v), "matvec.comp", nb, push, {**base, **extra, **hb},
+            out.append(Variant(matvec_name(qk, "f32", suffix, v), "matvec.comp", nb, push, {**base, **extra},
                                MATVEC_SPEC))
             out.append(Variant(matvec_name(qk, "q8_1", suffix, v), "matvec.comp", nb, push,
-                               {**base, "INT_DOT": None, **extra, **hb},
+                               {**base, "INT_DOT": None, **extra},
                                MATVEC_SPEC, requires=("int_dot",)))
-    out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 3, QUANTIZE_PUSH, {},
-                       {"WG": (0, 32), "HANDOFF": (1, 0)}))     # binding 2: the handoff slot it signals
+    out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     out.append(Variant("handoff_probe", "handoff_probe.comp", 4,
                        PushLayout("handoff", [("n", "u32"), ("m", "u32"), ("producers", "u32"), ("reps", "u32")]),
