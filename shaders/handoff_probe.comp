@@ -5,8 +5,9 @@
 // itself in flag[0]. ROLE 1 ("consumer", a matvec-sized stream of uvec4 weights): issues its first
 // PRE weight loads, then (WAIT 1) one invocation spins until flag[0] == pc.producers, and the
 // workgroup reads v and streams the rest; the last consumer workgroup puts both flags back to 0.
-// Dispatch order makes the spin safe in practice (every producer workgroup is issued before any
-// consumer one), but Vulkan does not promise it: this is a measurement, not an engine kernel.
+// The spin assumes every producer workgroup is issued before any consumer one, which Vulkan does
+// not promise (the engine version of this gave wrong results on an H100: docs/PERFORMANCE.md):
+// this is a timing probe, not an engine kernel.
 #include "include/common.glsl"
 
 layout(local_size_x_id = 0) in;
