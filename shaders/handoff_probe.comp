@@ -23,8 +23,6 @@ layout(binding = 1) coherent buffer V { float v[]; };
 layout(binding = 2) volatile coherent buffer F { uint flag[]; };
 layout(binding = 3) writeonly buffer O { float o[]; };
 
-shared bool last_sh;
-
 void produce() {
     for (uint i = gl_GlobalInvocationID.x; i < pc.m; i += gl_NumWorkGroups.x * WG) {
         float x = v[i];

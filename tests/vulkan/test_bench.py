@@ -32,9 +32,9 @@ def test_bench_cpu_has_no_device_figures(tiny_path):
 
 
 def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
-    """bench.dispatch_cost --handoff (the probe behind engine/backends/vulkan/handoff.py) runs its
-    chains to the end on this device and reports every figure; a consumer that never saw its
-    producer's flag would hang here instead."""
+    """bench.dispatch_cost --handoff (shaders/handoff_probe.comp: barrier vs flag between a small
+    kernel and a weight stream) runs its chains to the end on this device and reports every
+    figure; a consumer that never saw its producer's flag would hang here instead."""
     import json
 
     from bench import dispatch_cost

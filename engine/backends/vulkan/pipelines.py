@@ -156,8 +156,7 @@ def _matvec_variants() -> list[Variant]:
         base = {"WTYPE_" + wt: None}
         for suffix, extra in _EPILOGUES:
             nb, push = _matvec_layout(suffix)
-            out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push,
-                               {**base, **extra},
+            out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push, {**base, **extra},
                                MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
             for suffix, extra in _EPILOGUES:
