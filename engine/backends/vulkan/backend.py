@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as QType
-from gguf import quants as gguf_quants
 
 from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
@@ -44,6 +43,7 @@ from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, Weight
                                            out_q8_1_ok, q8_1_bytes, record_matvec, record_quantize, regs_ok, rope_tail_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
+from engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
 from engine.backends.vulkan.ops_table import EMBED_TYPES
 from engine.backends.vulkan.pipelines import INT_DOT_TYPES
 from engine.errors import OutOfMemoryError, UnsupportedModelError
@@ -169,19 +169,27 @@ class VulkanBackend(Backend):
         if self._progress:
             self._progress(done, what)
 
-    def _raw(self, weights: WeightSource, name: str, target: QType) -> tuple[np.ndarray, QType]:
+    def _weight(self, weights: WeightSource, name: str, target: QType) -> WeightMatrix:
+        """The tensor on the device as `target`: its own bytes when the types agree, else
+        re-quantized by the device from the file's f32/f16/bf16 values (other types are
+        dequantized to f32 by the host first)."""
         t = weights.tensors[name]
+        if target not in SUPPORTED:
+            raise UnsupportedModelError(weights.path, f"{t.source_name or name}: type {target.name} has no Vulkan kernel")
         if t.qtype == target:
-            return weights.raw(name), t.qtype
-        w = weights.dequantize(name)
-        return gguf_quants.quantize(np.ascontiguousarray(w, dtype=np.float32), target), target
+            return WeightMatrix.upload(self.dev, weights.raw(name), target, t.shape, name=name)
+        if t.qtype in SOURCE_KINDS:
+            source, kind = weights.raw(name), t.qtype
+        else:
+            source, kind = np.ascontiguousarray(weights.dequantize(name), dtype=np.float32), QType.F32
+        try:
+            tensor = quantize_tensor(self.dev, source, kind, target, t.shape, name=name)
+        except ValueError as e:
+            raise UnsupportedModelError(weights.path, f"{t.source_name or name}: {e}") from None
+        return WeightMatrix(tensor, target, t.shape[0], t.shape[1], name)
 
     def _matrix(self, weights, name) -> WeightMatrix:
-        t = weights.tensors[name]
-        raw, qt = self._raw(weights, name, self._target_type(name, t.qtype))
-        if qt not in SUPPORTED:
-            raise UnsupportedModelError(weights.path, f"{t.source_name or name}: type {qt.name} has no Vulkan kernel")
-        return WeightMatrix.upload(self.dev, raw, qt, t.shape, name=name)
+        return self._weight(weights, name, self._target_type(name, weights.tensors[name].qtype))
 
     def _norm(self, weights, name):
         w = np.ascontiguousarray(weights.dequantize(name), dtype=np.float32)
@@ -200,9 +208,8 @@ class VulkanBackend(Backend):
             self._report(done / total, f"uploading {name}")
 
         et = weights.tensors["embed_tokens"]
-        raw, qt = self._raw(weights, "embed_tokens", self._embed_type(et.qtype))
-        self.embed_type = qt
-        emb = WeightMatrix.upload(dev, raw, qt, et.shape, name="embed_tokens")
+        emb = self._weight(weights, "embed_tokens", self._embed_type(et.qtype))
+        self.embed_type = emb.qtype
         self.embed_table: Tensor = emb.tensor
         tick("embed_tokens")
         if self._tied:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 EMBED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 GEMM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "F16")     # targets of --quant, made on the device
 
 
 def _build() -> dict:
@@ -114,6 +115,15 @@ def _build() -> dict:
                          requires=("cooperative_matrix",)))
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_coopmat", "gemm_coopmat.comp", 4, gemm,
                          {**base, "GEMM_GEGLU": None}, cm, requires=("cooperative_matrix",)))
+    # ---- weights re-quantized on load (shaders/quantize_weights.comp) ----
+    t["QUANTIZE_WEIGHTS_PUSH"] = qw = PushLayout("quantize_weights", [
+        ("n", "u32"),              # source values in this dispatch
+        ("src_kind", "u32"),       # 0 f32, 1 f16, 2 bf16
+        ("dst_off", "u32"),        # 16-bit words into the destination binding
+    ])
+    for out in QUANTIZE_WEIGHT_TYPES:
+        v.append(Variant(f"quantize_weights_{out.lower()}", "quantize_weights.comp", 2, qw, {"OUT_" + out: None},
+                         {"WG": (0, 64)}))
     t["VARIANTS"] = v
     return t
 

@@ -1,0 +1,75 @@
+"""Weights re-quantized on the device (`--quant`) against gguf-py's quantizer, byte for byte:
+every target type from every source kind, with the values where rounding is decided (ties at
+.5, equal |max| of both signs, zero blocks, f16 subnormals and overflow), and tensors split
+into several pieces whose destinations start at unaligned offsets."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from engine.backends.vulkan import ops_quantize_weights
+from engine.backends.vulkan.ops_quantize_weights import quantize_tensor
+
+
+def awkward_values(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Normal values at scales from 1e-6 to 1e5 per row, then blocks that test the rounding rules."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w *= (10.0 ** rng.uniform(-6, 5, (rows, 1))).astype(np.float32)
+    w[0, :32] = 0.0                                        # zero block
+    w[0, 32:64] = 0.0
+    w[0, 32] = -0.0                                        # ... whose first value is -0.0
+    ties = np.arange(-16, 16, dtype=np.float32) + 0.5      # Q8_0 with amax 127: v / d = v exactly
+    ties[0] = -127.0
+    w[1, :32] = ties
+    w[1, 32:64] = 3.0                                      # Q4_0: equal |max| of both signs, first wins
+    w[1, 40] = -3.0
+    w[1, 33] = -3.0
+    if cols >= 128:
+        w[2, 64:96] = np.linspace(-8.5, 8.5, 32, dtype=np.float32)   # Q4_0 steps at x.5
+        w[2, 96:128] = np.float32(2.0 ** -20) * np.arange(32)        # f16 subnormals
+    w[3, :4] = [70000.0, -70000.0, 65520.0, 65519.0]                 # f16 overflow / last rounding
+    return w
+
+
+def source_bytes(w: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray]:
+    """(the source as a file would store it, its f32 values)."""
+    if kind == Q.F32:
+        return w, w
+    if kind == Q.F16:
+        h = np.clip(w, -6e4, 6e4).astype(np.float16)      # a real f16 file holds no infinities
+        return h, h.astype(np.float32)
+    b = (w.view(np.uint32) >> 16).astype(np.uint16)        # bf16 by truncation: any bf16 will do
+    return b, (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("target", [Q.Q8_0, Q.Q4_0, Q.F16])
+@pytest.mark.parametrize("kind", [Q.F32, Q.F16, Q.BF16])
+@pytest.mark.parametrize("rows,cols,piece_rows", [(37, 96, 5), (6, 256, None)])
+def test_device_quantization_is_gguf_byte_for_byte(vk_device, monkeypatch, target, kind, rows, cols, piece_rows):
+    w = awkward_values(rows, cols, seed=rows + cols)
+    src, values = source_bytes(w, kind)
+    if kind == Q.F16 and target == Q.F16:
+        pytest.skip("the file's own type is uploaded as it is")
+    if piece_rows:    # several dispatches; Q8_0 rows of 102 B put most pieces at unaligned offsets
+        bytes_per_row = cols * (4 if kind == Q.F32 else 2)
+        monkeypatch.setattr(ops_quantize_weights, "PIECE_BYTES", piece_rows * bytes_per_row)
+    with np.errstate(over="ignore"):
+        want = np.ascontiguousarray(quants.quantize(values, target)).view(np.uint8).reshape(-1)
+    t = quantize_tensor(vk_device, src, kind, target, (rows, cols), name="w")
+    try:
+        got = vk_device.download(t.buffer, np.uint8, shape=(t.nbytes,))
+    finally:
+        t.buffer.destroy()
+    assert got.size == want.size
+    bad = np.nonzero(got != want)[0]
+    assert bad.size == 0, f"{bad.size} of {want.size} bytes differ, first at byte {bad[:8].tolist()}"
+
+
+def test_rejects_rows_that_are_no_whole_blocks(vk_device):
+    with pytest.raises(ValueError, match="no whole Q4_0 blocks"):
+        quantize_tensor(vk_device, np.zeros((2, 40), np.float32), Q.F32, Q.Q4_0, (2, 40), name="w")
+    with pytest.raises(ValueError, match="dequantize it first"):
+        quantize_tensor(vk_device, np.zeros(2 * 34, np.uint8), Q.Q8_0, Q.Q4_0, (2, 32), name="w")
