@@ -1,6 +1,7 @@
 """Benchmark suite: `python -m bench.run [--synthetic 270m,4b,27b] [--model PATH] [--json OUT]`.
 
-Default: the embedded 270M on the Vulkan backend (any device) and the CPU reference. With
+Default: the embedded 270M on the Vulkan backend (any device; `--backends vulkan,cpu` adds the CPU
+reference), then llama.cpp's CPU build on the same file when llama-cpp-python is installed. With
 --synthetic, Gemma-3-shaped Q4_0 GGUFs are generated first (tools/make_synthetic_gguf.py)
 into --workdir and benchmarked on Vulkan, printed beside llama.cpp's H100 Vulkan numbers from
 the same shapes (docs/PERFORMANCE.md; llama-cpp-python's Vulkan build cannot be compiled

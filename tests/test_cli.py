@@ -62,6 +62,13 @@ def test_devices_without_any_vulkan_driver_says_so():
     assert "not available" in line and "no Vulkan device" in line
 
 
+def test_run_on_vulkan_without_any_driver_exits_2_with_the_reason():
+    proc = cli("run", "Hi", "--backend", "vulkan", "--max-tokens", "1",
+               env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no Vulkan device" in proc.stderr
+
+
 def test_perplexity_prints_ppl_last():
     proc = cli("perplexity", str(GOLDENS / "ppl_text.txt"), "--backend", "cpu", "--ctx", "128")
     assert proc.returncode == 0, proc.stderr
