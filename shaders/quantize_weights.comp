@@ -10,7 +10,9 @@
 //              if tied); u8 nibbles trunc(v / d + 8.5) clipped to 15, v[j] | v[j + 16] << 4}  18 B
 // -D OUT_F16:  one invocation per value (f32 -> f16 rounded to nearest even, overflow -> inf)
 // Exactness: divisions are done in integers (div_rn);
-// products and sums are `precise` (no fma contraction); f32 -> f16 is done in integer bits.
+// products and sums are `precise` (no fma contraction), in loops left rolled: glslc -O's unroller
+// turned the unrolled copies into fused Fma (one rounding instead of two), which the H100 ran
+// fused (tests/vulkan/test_ops_quantize_weights.py checks the SPIR-V); f32 -> f16 in integer bits.
 // Bindings: 0 source values (read as f32 or 16-bit), 1 destination (16-bit words).
 // Push: n (values), src_kind (0 f32, 1 f16, 2 bf16), dst_off (16-bit words).
 // Dispatch: ceil(n / 32 / WG) workgroups (Q8_0 / Q4_0), ceil(n / WG) (F16), 2-D over 65535.
@@ -104,7 +106,7 @@ void main() {
     const float id = d == 0.0 ? 0.0 : div_rn(1.0, d);
     const uint base = pc.dst_off + 17u * i;
     dst[base] = uint16_t(f16_bits(d));
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
+    for (uint k = 0u; k < 16u; k++) {
         precise float a = v[2u * k] * id;
         precise float b = v[2u * k + 1u] * id;
         const uint lo = uint(int(round_away(a))) & 0xFFu, hi = uint(int(round_away(b))) & 0xFFu;
@@ -118,7 +120,7 @@ void main() {
     const float d = m * -0.125;                        // m / -8, exact
     const float id = d == 0.0 ? 0.0 : div_rn(1.0, d);
     uint q[32];
-    [[unroll]] for (uint k = 0u; k < 32u; k++) {
+    for (uint k = 0u; k < 32u; k++) {
         precise float t = v[k] * id;
         precise float u = t + 8.5;
         q[k] = min(uint(trunc(u)), 15u);

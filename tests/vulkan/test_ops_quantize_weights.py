@@ -11,6 +11,8 @@ from gguf import quants
 
 from engine.backends.vulkan import ops_quantize_weights
 from engine.backends.vulkan.ops_quantize_weights import quantize_tensor
+from engine.backends.vulkan.pipelines import VARIANTS
+from shaders import SPV_DIR
 
 
 def awkward_values(rows: int, cols: int, seed: int) -> np.ndarray:
@@ -73,3 +75,21 @@ def test_rejects_rows_that_are_no_whole_blocks(vk_device):
         quantize_tensor(vk_device, np.zeros((2, 40), np.float32), Q.F32, Q.Q4_0, (2, 40), name="w")
     with pytest.raises(ValueError, match="dequantize it first"):
         quantize_tensor(vk_device, np.zeros(2 * 34, np.uint8), Q.Q8_0, Q.Q4_0, (2, 32), name="w")
+
+
+def _fused_multiply_adds(spv: bytes) -> int:
+    """OpExtInst GLSL.std.450 Fma (50) instructions in a SPIR-V module."""
+    words = np.frombuffer(spv, np.uint32)
+    i, n = 5, 0
+    while i < words.size:
+        count, op = int(words[i] >> 16), int(words[i] & 0xFFFF)
+        n += op == 12 and int(words[i + 4]) == 50
+        i += count
+    return n
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n.startswith("quantize_weights_")])
+def test_committed_kernels_round_twice_where_gguf_does(name):
+    """Lavapipe runs an Fma as a multiply and an add, so only the SPIR-V shows a fused one (the
+    H100 fused `v * id + 8.5` when the compiler's unroller had made them Fma)."""
+    assert _fused_multiply_adds((SPV_DIR / f"{name}.spv").read_bytes()) == 0
