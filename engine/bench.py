@@ -36,6 +36,7 @@ class BenchResult:
     python_ms_per_token: float | None
     python_pct_of_token: float | None
     peak_device_gib: float | None
+    peak_host_gib: float | None = None         # the process's peak resident set so far (ru_maxrss)
     date: str = ""
     decode_profile_us: dict | None = None      # GPU time of one decode step by op kind
     matvec_tuning: dict | None = None          # the kernel path/shape the autotuner picked per matrix
@@ -71,6 +72,14 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     a.destroy()
     b.destroy()
     return 2 * nbytes / best / 1e9
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def _matrix_bytes(weights) -> int:
@@ -151,6 +160,7 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         python_ms_per_token=py_ms,
         python_pct_of_token=(100 * py_ms * decode_tps / 1000) if py_ms is not None else None,
         peak_device_gib=(stats.get("allocated_bytes", 0) / 2**30) or None,
+        peak_host_gib=_peak_rss_bytes() / 2**30,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         decode_profile_us={k: round(v, 1) for k, v in profile.items()} if profile else None,
         matvec_tuning=stats.get("matvec_tuning"),

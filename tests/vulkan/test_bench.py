@@ -29,6 +29,10 @@ def test_bench_cpu_has_no_device_figures(tiny_path):
     from engine.bench import run_bench
     r = run_bench(tiny_path, "cpu", prompt_tokens=12, gen_tokens=3)
     assert r.decode_tok_s > 0 and r.copy_gb_s is None and r.decode_pct_of_copy is None
+    # peak resident memory in bytes-based GiB: never below what the process holds now (a KiB/byte
+    # mix-up would put it 1024x below), and not absurd
+    import psutil
+    assert psutil.Process().memory_info().rss <= r.peak_host_gib * 2**30 < 64 * 2**30
 
 
 def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
