@@ -60,7 +60,9 @@ def main(argv=None) -> int:
             d = asdict(r)
             d["label"] = label
             ref = LLAMA_CPP_H100.get(label)
-            if ref and backend == "vulkan":
+            if ref and backend == "vulkan" and "H100" not in r.device:
+                print(f"(llama.cpp's quoted figures for this shape are an H100's; no ratio on {r.device})")
+            elif ref and backend == "vulkan":
                 d["vs_llama_cpp_h100"] = {"prefill": r.prefill_tok_s / ref["pp512"], "decode": r.decode_tok_s / ref["tg128"]}
             print(r.table(), flush=True)
             if "vs_llama_cpp_h100" in d:

@@ -49,3 +49,27 @@ def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
     assert len(keys) == 4 * 2 * 4          # matrix sizes x producer lengths x modes
     assert all(got[k] > 0 for k in keys)
     assert got["tiny_dispatch_barrier_us"] > 0 and got["copy_gb_s"] > 0
+
+
+def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):
+    """`python -m bench.run` end to end on a tiny synthetic shape: our two backends, then llama.cpp
+    on the same file — measured with ratios where llama-cpp-python is installed, else an entry
+    saying it is not (never invented figures)."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--synthetic", "tiny", "--backends", "vulkan,cpu",
+                           "--workdir", str(tmp_path), "--prompt-tokens", "8", "--gen-tokens", "3", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())
+    assert [r["backend"] for r in runs[:2]] == ["vulkan", "cpu"] and all(r["decode_tok_s"] > 0 for r in runs[:2])
+    peer = runs[2]
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        assert peer["error"] == "llama-cpp-python not installed"
+    else:
+        assert peer["backend"] == "llama.cpp-cpu" and peer["decode_tok_s"] > 0
+        assert peer["ratios"]["cpu"]["decode"] == pytest.approx(runs[1]["decode_tok_s"] / peer["decode_tok_s"])
