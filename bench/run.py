@@ -79,9 +79,12 @@ def main(argv=None) -> int:
 
 def _llama_cpp_side_by_side(label, path, args, ours) -> dict:
     """llama.cpp's CPU build on the same GGUF and prompt, in the same run; ratios printed."""
-    import numpy as np
     from bench.llama_cpp_peer import run_llama_cpp
-    prompt = [2] + np.random.default_rng(0).integers(1000, 200000, args.prompt_tokens - 1).tolist()
+    from engine.bench import bench_prompt
+    from engine.weights import open_weights
+    weights = open_weights(path)
+    prompt = bench_prompt(weights.config, args.prompt_tokens)     # the prompt our backends ran
+    weights.close()
     peer = run_llama_cpp(path, prompt, args.gen_tokens)
     if peer is None:
         print("llama.cpp: llama-cpp-python is not installed (pip install '.[bench]'); no side-by-side", flush=True)

@@ -74,6 +74,13 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
+def bench_prompt(cfg, n: int, seed: int = 0) -> list[int]:
+    """The benchmark's prompt: <bos> and n - 1 random ids of ordinary tokens (the same for every
+    backend and for llama.cpp, so their figures compare)."""
+    rng = np.random.default_rng(seed)
+    return [cfg.bos_token_id] + rng.integers(1000 % cfg.vocab_size, min(cfg.vocab_size, 200_000), n - 1).tolist()
+
+
 def _peak_rss_bytes() -> int:
     """Peak resident memory of this process (Linux reports ru_maxrss in KiB, macOS in bytes)."""
     import resource
@@ -106,8 +113,7 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         raise ValueError(f"bench: unknown backend {backend!r}")
     load_s = time.perf_counter() - t0
     try:
-        rng = np.random.default_rng(seed)
-        prompt = [cfg.bos_token_id] + rng.integers(1000, min(cfg.vocab_size, 200_000), prompt_tokens - 1).tolist()
+        prompt = bench_prompt(cfg, prompt_tokens, seed)
         # warm-up: pipelines, every chunk's recording, and clocks (a GPU idling before the run ramps
         # up over ~0.5 s: a first cold run on an H100 measured the 270M's prefill 4.7x slow)
         t0 = time.perf_counter()

@@ -85,6 +85,7 @@ def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", s
     if rope_scale != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scale)
+    w.add_tokenizer_model("none")     # ids only: llama.cpp loads it without a vocabulary (bench side by side)
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
     plan = tensors(shape, wt, et)
