@@ -60,10 +60,12 @@ def main(argv=None) -> int:
             d = asdict(r)
             d["label"] = label
             ref = LLAMA_CPP_H100.get(label)
-            if ref and backend == "vulkan" and "H100" not in r.device:
-                print(f"(llama.cpp's quoted figures for this shape are an H100's; no ratio on {r.device})")
-            elif ref and backend == "vulkan":
-                d["vs_llama_cpp_h100"] = {"prefill": r.prefill_tok_s / ref["pp512"], "decode": r.decode_tok_s / ref["tg128"]}
+            if ref and backend == "vulkan":
+                if "H100" in r.device:
+                    d["vs_llama_cpp_h100"] = {"prefill": r.prefill_tok_s / ref["pp512"],
+                                              "decode": r.decode_tok_s / ref["tg128"]}
+                else:
+                    print(f"(llama.cpp's quoted figures for this shape are an H100's; no ratio on {r.device})")
             print(r.table(), flush=True)
             if "vs_llama_cpp_h100" in d:
                 print("vs llama.cpp H100 Vulkan: prefill x{prefill:.2f}, decode x{decode:.2f}".format(**d["vs_llama_cpp_h100"]))

@@ -78,7 +78,7 @@ def bench_prompt(cfg, n: int, seed: int = 0) -> list[int]:
     """The benchmark's prompt: <bos> and n - 1 random ids of ordinary tokens (the same for every
     backend and for llama.cpp, so their figures compare)."""
     rng = np.random.default_rng(seed)
-    return [cfg.bos_token_id] + rng.integers(1000 % cfg.vocab_size, min(cfg.vocab_size, 200_000), n - 1).tolist()
+    return [cfg.bos_token_id] + rng.integers(min(1000, cfg.vocab_size - 1), min(cfg.vocab_size, 200_000), n - 1).tolist()
 
 
 def _peak_rss_bytes() -> int:

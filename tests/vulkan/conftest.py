@@ -20,6 +20,13 @@ def vk_device():
     dev.close()
 
 
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    """A tiny synthetic Gemma 3 GGUF (tools/make_synthetic_gguf.py) for the bench and CLI tests."""
+    from tools.make_synthetic_gguf import write
+    return write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/vulkan/" in str(item.fspath).replace("\\", "/"):

@@ -6,12 +6,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from tools.make_synthetic_gguf import write
-    return write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
-
-
 def test_bench_vulkan_reports_roofline_python_share_and_profile(tiny_path, vk_device):
     from engine.bench import run_bench
     r = run_bench(tiny_path, "vulkan", prompt_tokens=24, gen_tokens=6)

@@ -10,12 +10,6 @@ import pytest
 from tests.test_cli import cli
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from tools.make_synthetic_gguf import write
-    return write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
-
-
 def test_auto_passes_over_a_software_renderer_and_says_why(vk_device):
     if not vk_device.caps.is_software:
         pytest.skip(f"{vk_device.name} is a hardware GPU: auto takes it")
