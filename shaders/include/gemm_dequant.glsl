@@ -2,9 +2,8 @@
 // FN(w_run16)(row, col0, n_cols, v) the 16 weights col0 .. col0 + 15 (col0 % 16 == 0).
 // Reads the binding named by W16 / WF (u16 / f32 views of the same bytes); the GEMM includes
 // this once per weight binding (FN renames). The GEMMs stage a weight tile per K step with
-// runs of 16: Q4_0 / Q8_0 (the usual big-model types) decode a run from one block header and
-// 8 u16 loads; other types loop over w_at (the tile is reused by every token of the chunk,
-// so their extra address math is a small share). Block layouts: see matvec_dot.glsl (ggml-common.h).
+// runs of 16: every quantized type decodes a run from its block header and 8 u16 loads per 16
+// bytes of quants (a run never crosses a scale). Block layouts: see matvec_dot.glsl (ggml-common.h).
 // Needs include/common.glsl (half_lo, bf16, 16-bit storage).
 
 #include "gguf_bytes.glsl"
@@ -61,7 +60,20 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
 }
 
 void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
-#if defined(WTYPE_Q4_0)
+    // one run shares its block's scale (16 divides every sub-block), so each type decodes it
+    // from one header and 8 u16 loads per 16 bytes of quants, not 16 separate w_at calls
+#if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
+    const uint base = row * n_cols + col0;
+    [[unroll]] for (uint i = 0; i < 16; i++) {
+#if defined(WTYPE_F32)
+        v[i] = WF[base + i];
+#elif defined(WTYPE_F16)
+        v[i] = half_lo(W16[base + i]);
+#else
+        v[i] = bf16(W16[base + i]);
+#endif
+    }
+#elif defined(WTYPE_Q4_0)
     const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 9u;    // 18 B blocks: d, 16 B of nibbles
     const float d = half_lo(W16[w]);
     const uint shift = (col0 & 16u) >> 2;                        // low nibbles: 0..15, high: 16..31
@@ -78,6 +90,51 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
         const uint q = uint(W16[o + i]);
         v[2 * i] = d * float(int(q << 24) >> 24);
         v[2 * i + 1] = d * float(int(q << 16) >> 24);
+    }
+#elif defined(WTYPE_Q5_0)
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 11u;   // 22 B: d, qh[4], 16 B of nibbles
+    const float d = half_lo(W16[w]);
+    const uint j0 = col0 & 16u;
+    const uint qh = (uint(W16[w + 1u]) | (uint(W16[w + 2u]) << 16)) >> j0;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[w + 3u + i]) >> (j0 >> 2);
+        v[2 * i] = d * (float((q & 15u) | (((qh >> (2u * i)) & 1u) << 4)) - 16.0);
+        v[2 * i + 1] = d * (float(((q >> 8) & 15u) | (((qh >> (2u * i + 1u)) & 1u) << 4)) - 16.0);
+    }
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+#if defined(WTYPE_Q4_K)
+    const uint BW = 72u, QS = 16u;    // u16 words per 256-weight block, byte offset of qs
+#else
+    const uint BW = 88u, QS = 48u;
+#endif
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * BW;
+    const uint e = col0 & 255u, j = e >> 5, l0 = e & 31u;
+    float sc, m;
+    FN(scale_min)(2u * w + 4u, j, sc, m);
+    const float d = half_lo(W16[w]) * sc, dm = half_lo(W16[w + 1u]) * m;
+    const uint qo = w + (QS + (j >> 1) * 32u + l0) / 2u, shift = (j & 1u) * 4u;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[qo + i]) >> shift;
+        uint q0 = q & 15u, q1 = (q >> 8) & 15u;
+#if defined(WTYPE_Q5_K)
+        const uint h = uint(W16[w + (16u + l0) / 2u + i]) >> j;     // qh[32] at byte 16, bit j
+        q0 |= (h & 1u) << 4;
+        q1 |= ((h >> 8) & 1u) << 4;
+#endif
+        v[2 * i] = d * float(q0) - dm;
+        v[2 * i + 1] = d * float(q1) - dm;
+    }
+#elif defined(WTYPE_Q6_K)
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * 105u;  // 210 B: ql[128], qh[64], scales[16], d
+    const uint e = col0 & 255u, h = e >> 7, qq = (e & 127u) >> 5, l0 = e & 31u;
+    const int s = int(FN(byte)(2u * w + 192u + 8u * h + (l0 >> 4) + 2u * qq) << 24) >> 24;
+    const float ds = half_lo(W16[w + 104u]) * float(s);
+    const uint lo = w + (64u * h + (qq & 1u) * 32u + l0) / 2u, ls = (qq >> 1) * 4u;
+    const uint hi = w + (128u + 32u * h + l0) / 2u, hs = 2u * qq;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint a = uint(W16[lo + i]) >> ls, b = uint(W16[hi + i]) >> hs;
+        v[2 * i] = ds * float(int((a & 15u) | ((b & 3u) << 4)) - 32);
+        v[2 * i + 1] = ds * float(int(((a >> 8) & 15u) | (((b >> 8) & 3u) << 4)) - 32);
     }
 #else
     [[unroll]] for (uint i = 0; i < 16; i++) v[i] = FN(w_at)(row, col0 + i, n_cols);

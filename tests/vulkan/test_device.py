@@ -134,6 +134,6 @@ def test_refused_cooperative_matrices_fall_back_loudly(caplog):
     try:
         assert dev.caps.cooperative_matrix is False
         assert "falls back to the f32 tiled kernel" in caplog.text
-        assert ops_gemm.path(dev) == "tiled f32"
+        assert ops_gemm.kernel(dev) == ("lanes" if dev.caps.is_software else "tiled")
     finally:
         dev.close()

@@ -1,8 +1,9 @@
 """Prefill GEMM against numpy over gguf's dequantize: every weight type, odd token counts and
 column counts (not multiples of the tiles), GEGLU epilogue, strides, row-range binding — for
-both kernels: the f32 tiled GEMM everywhere, the cooperative-matrix one (f16 operands, so a
-looser threshold) where the device has VK_KHR_cooperative_matrix (not lavapipe: those cases
-skip there and run on a real GPU)."""
+every kernel: the f32 shared-memory GEMM and the CPU devices' register-tiled one everywhere
+(either runs on any device), the cooperative-matrix one (f16 operands, so a looser threshold)
+where the device has VK_KHR_cooperative_matrix (not lavapipe: those cases skip there and run on
+a real GPU)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
-from engine.backends.vulkan.ops_gemm import coopmat_ok, gemm
+from engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 
 # byte offsets of the f16 scale fields inside one block (set to sane values in random blocks)
@@ -40,41 +41,41 @@ def gelu_tanh(x):
 
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
-KERNELS = pytest.mark.parametrize("coopmat", [False, True], ids=["tiled", "coopmat"])
+EVERY_KERNEL = pytest.mark.parametrize("kern", KERNELS)
 
 
-def limit(dev, coopmat: bool) -> float:
+def limit(dev, kern: str) -> float:
     """NMSE bound: f32 end to end, or f16 operands (~2^-11 relative rounding of x and W)."""
-    if coopmat and not coopmat_ok(dev):
+    if kern == "coopmat" and not coopmat_ok(dev):
         pytest.skip(f"{dev.name} has no VK_KHR_cooperative_matrix f16 16x16x16")
-    return 1e-5 if coopmat else 1e-10
+    return 1e-5 if kern == "coopmat" else 1e-10
 
 
-def check_gemm(dev, wtype: str, m: int, n: int, k: int, coopmat: bool, seed: int) -> None:
+def check_gemm(dev, wtype: str, m: int, n: int, k: int, kern: str, seed: int) -> None:
     """y = x W^T for random x (m x k) and W (n x k in wtype's blocks), against float64."""
-    bound = limit(dev, coopmat)
+    bound = limit(dev, kern)
     rng = np.random.default_rng(seed)
     raw, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
         bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, coopmat=coopmat))
+        run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, kernel_name=kern))
         got = b.read(by, np.float32, (m, n))
     assert nmse(got, x.astype(np.float64) @ w.T) < bound
 
 
 @pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (37, 100, 512), (70, 130, 768)])
-@KERNELS
-def test_gemm(vk_device, wtype, m, n, k, coopmat):
-    check_gemm(vk_device, wtype, m, n, k, coopmat, seed=m * 131 + n + k)
+@EVERY_KERNEL
+def test_gemm(vk_device, wtype, m, n, k, kern):
+    check_gemm(vk_device, wtype, m, n, k, kern, seed=m * 131 + n + k)
 
 
 @pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K"])
-@KERNELS
-def test_gemm_geglu_strides(vk_device, wtype, coopmat):
+@EVERY_KERNEL
+def test_gemm_geglu_strides(vk_device, wtype, kern):
     dev = vk_device
-    bound = limit(dev, coopmat)
+    bound = limit(dev, kern)
     rng = np.random.default_rng(5)
     m, n, k = 19, 96, 256
     rg, wg = random_weight(wtype, n, k, rng)
@@ -83,18 +84,18 @@ def test_gemm_geglu_strides(vk_device, wtype, coopmat):
     with Bufs(dev) as b:
         bx, bg, bu, by = b.of(x), b.of(rg), b.of(ru), b.zeros(4 * m * (n + 3))
         run(dev, lambda cl: gemm(cl, dev, bx, bg, by, wtype=wtype, m=m, n=n, k=k, x_stride=k + 8,
-                                 y_stride=n + 3, w_up=bu, coopmat=coopmat))
+                                 y_stride=n + 3, w_up=bu, kernel_name=kern))
         got = b.read(by, np.float32, (m, n + 3))
     xs = x[:, :k].astype(np.float64)
     assert nmse(got[:, :n], gelu_tanh(xs @ wg.T) * (xs @ wu.T)) < bound
     assert not got[:, n:].any()
 
 
-@KERNELS
-def test_gemm_row_ranges(vk_device, coopmat):
+@EVERY_KERNEL
+def test_gemm_row_ranges(vk_device, kern):
     """A weight bound in pieces (as tensors beyond maxStorageBufferRange are): one dispatch per range."""
     dev = vk_device
-    bound = limit(dev, coopmat)
+    bound = limit(dev, kern)
     rng = np.random.default_rng(9)
     m, n, k = 9, 300, 256
     raw, w = random_weight("Q8_0", n, k, rng)
@@ -107,13 +108,20 @@ def test_gemm_row_ranges(vk_device, coopmat):
                     for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)]
         assert len(t.ranges) >= 3
         bx, by = b.of(x), b.zeros(4 * m * n)
-        run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k, coopmat=coopmat))
+        run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k, kernel_name=kern))
         got = b.read(by, np.float32, (m, n))
     assert nmse(got, x.astype(np.float64) @ w.T) < bound
 
 
 @pytest.mark.parametrize("wtype", ["Q4_0", "Q6_K"])
-@KERNELS
-def test_gemm_several_tiles(vk_device, wtype, coopmat):
+@EVERY_KERNEL
+def test_gemm_several_tiles(vk_device, wtype, kern):
     """More tokens and columns than one 128 x 128 tile, neither a multiple of it."""
-    check_gemm(vk_device, wtype, 150, 260, 256, coopmat, seed=21)
+    check_gemm(vk_device, wtype, 150, 260, 256, kern, seed=21)
+
+
+def test_cpu_devices_get_the_register_tiled_kernel(vk_device):
+    """lavapipe takes gemm_lanes.comp (a CPU pays for shared memory and barriers lane by lane);
+    a GPU takes the shared-memory or matrix-core kernel."""
+    expected = "lanes" if vk_device.caps.is_software else ("coopmat" if coopmat_ok(vk_device) else "tiled")
+    assert kernel(vk_device) == expected

@@ -1,9 +1,11 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
-Two kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
-accumulation) where the device has VK_KHR_cooperative_matrix, else shaders/gemm.comp (f32
-shared-memory tiles). `path(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns
-the matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
+Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
+accumulation) where the device has VK_KHR_cooperative_matrix; shaders/gemm_lanes.comp on CPU
+Vulkan devices (lavapipe: register tiles, no shared memory or barriers, which a CPU pays for
+lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` says which one a
+device gets; PHOENIX_VULKAN_COOPMAT=0 turns the matrix-core kernel off (for comparisons), and
+the backend reports the choice in stats().
 """
 from __future__ import annotations
 
@@ -14,6 +16,13 @@ from engine.backends.vulkan.ops_table import GEMM_TYPES
 TILE = 64                    # gemm.comp: 64 tokens x 64 columns
 CM_TILE_M, CM_TILE_N = 64, 128   # gemm_coopmat.comp
 CM_SUBGROUPS = 8
+# gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
+# weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
+# 1.5-1.7 GMAC/s against 0.22 for gemm.comp; 32 x 32 is ~2x faster again but takes llvmpipe
+# minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
+# shader cache keeps it).
+LANES_RN, LANES_TM = 16, 16
+KERNELS = ("tiled", "coopmat", "lanes")
 
 
 def coopmat_ok(dev) -> bool:
@@ -22,8 +31,16 @@ def coopmat_ok(dev) -> bool:
             and CM_SUBGROUPS * c.subgroup_size <= c.max_workgroup_invocations and c.shared_memory >= 40 << 10)
 
 
+def kernel(dev) -> str:
+    """The GEMM a device gets: "coopmat", "lanes" (CPU devices) or "tiled"."""
+    if coopmat_ok(dev):
+        return "coopmat"
+    return "lanes" if dev.caps.is_software else "tiled"
+
+
 def path(dev) -> str:
-    return "coopmat f16 x f16 -> f32" if coopmat_ok(dev) else "tiled f32"
+    return {"coopmat": "coopmat f16 x f16 -> f32", "lanes": "register-tiled f32 (CPU device)",
+            "tiled": "tiled f32"}[kernel(dev)]
 
 
 def _ranges(w):
@@ -32,11 +49,11 @@ def _ranges(w):
 
 
 def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int | None = None,
-         y_stride: int | None = None, w_up=None, coopmat: bool | None = None) -> None:
+         y_stride: int | None = None, w_up=None, kernel_name: str | None = None) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
 
     `w` / `w_up`: a memory.Tensor (one dispatch per bound row range) or a plain binding of all n rows.
-    coopmat: None picks the matrix-core kernel where the device has one (`coopmat_ok`).
+    kernel_name: one of KERNELS, or None for the device's own (`kernel`).
     """
     wt = wtype.upper()
     if k % 32:
@@ -44,13 +61,20 @@ def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int 
     if wt not in GEMM_TYPES:
         raise ValueError(f"gemm: weight type {wtype} unsupported (have {', '.join(GEMM_TYPES)})")
     name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
-    cm = coopmat_ok(dev) if coopmat is None else coopmat
-    if cm:
+    kn = kernel(dev) if kernel_name is None else kernel_name
+    if kn == "coopmat":
         p = dev.pipeline(name + "_coopmat", WG=CM_SUBGROUPS * dev.caps.subgroup_size)
         tm, tn = CM_TILE_M, CM_TILE_N
-    else:
+    elif kn == "lanes":
+        wg = max(1, min(64, dev.caps.subgroup_size))
+        rn = LANES_RN // 2 if w_up is not None else LANES_RN
+        p = dev.pipeline(name + "_lanes", WG=wg, RN=rn, TM=LANES_TM)
+        tm, tn = LANES_TM, wg * rn
+    elif kn == "tiled":
         p = dev.pipeline(name)
         tm = tn = TILE
+    else:
+        raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
     xs = k if x_stride is None else x_stride
     ys = n if y_stride is None else y_stride
     gate = _ranges(w) or [(w, 0, n)]

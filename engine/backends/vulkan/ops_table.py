@@ -71,7 +71,7 @@ def _build() -> dict:
     ])
     sample_spec = {"WG": (0, 256), "BLOCK": (1, 1024), "KC": (2, 64)}
 
-    # ---- prefill GEMM (shaders/gemm.comp) ----
+    # ---- prefill GEMM (shaders/gemm.comp, gemm_coopmat.comp, gemm_lanes.comp) ----
     t["GEMM_PUSH"] = gemm = PushLayout("gemm", [
         ("m", "u32"),              # tokens (rows of x)
         ("n", "u32"),              # output columns = weight rows in this binding
@@ -115,6 +115,11 @@ def _build() -> dict:
                          requires=("cooperative_matrix",)))
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_coopmat", "gemm_coopmat.comp", 4, gemm,
                          {**base, "GEMM_GEGLU": None}, cm, requires=("cooperative_matrix",)))
+        # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory
+        lanes = {"WG": (0, 8), "RN": (1, 16), "TM": (2, 16)}
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_lanes", "gemm_lanes.comp", 3, gemm, base, lanes))
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_lanes", "gemm_lanes.comp", 4, gemm,
+                         {**base, "GEMM_GEGLU": None}, lanes))
     # ---- weights re-quantized on load (shaders/quantize_weights.comp) ----
     t["QUANTIZE_WEIGHTS_PUSH"] = qw = PushLayout("quantize_weights", [
         ("n", "u32"),              # source values in this dispatch
