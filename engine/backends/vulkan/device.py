@@ -313,7 +313,8 @@ class Device:
             # the driver advertised cooperative matrices but refused them: run without (the
             # prefill GEMM then takes the f32 kernel; stats()["prefill_gemm"] and the log say so)
             log.warning("%s: vkCreateDevice with cooperative matrices failed (%s); prefill GEMM falls "
-                        "back to the f32 tiled kernel", caps.name, type(exc).__name__)
+                        "back to the f32 %s kernel", caps.name, type(exc).__name__,
+                        "register-tiled" if caps.is_software else "tiled")
             caps.cooperative_matrix = False
             try:
                 self.device = self._create(vk, physical, caps, coopmat=False)
