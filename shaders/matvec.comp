@@ -130,11 +130,16 @@ void store_row(uint yi, uint local, float v) {
 #endif
 }
 
+// each binding's block decoders, then the same over x in registers (matvec_dot_regs.glsl:
+// FN suffix r; f32 path only) for the whole-row-per-invocation shape
 #define W16 w0_16
 #define WF w0_f
 #define W32 w0_32
 #define FN(n) PASTE(n, _w0)
 #include "include/matvec_dot.glsl"
+#undef FN
+#define FN(n) PASTE(n, _w0r)
+#include "include/matvec_dot_regs.glsl"
 #undef W16
 #undef WF
 #undef W32
@@ -144,6 +149,9 @@ void store_row(uint yi, uint local, float v) {
 #define W32 w1_32
 #define FN(n) PASTE(n, _w1)
 #include "include/matvec_dot.glsl"
+#undef FN
+#define FN(n) PASTE(n, _w1r)
+#include "include/matvec_dot_regs.glsl"
 #undef W16
 #undef WF
 #undef W32
@@ -159,6 +167,9 @@ void store_row(uint yi, uint local, float v) {
 #ifdef MIXED_V
 #undef HAS_PAIRS
 #endif
+#undef FN
+#define FN(n) PASTE(n, _w2r)
+#include "include/matvec_dot_regs.glsl"
 
 shared float red[ROWS][64];   // [0,32): sums, [32,64): GEGLU up sums
 
@@ -226,6 +237,35 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
                 if (g < pc.rows0) acc[i] += pair_dot_w0(g, p, pc.n_cols, xw);
                 else if (g < pc.rows0 + pc.rows1) acc[i] += pair_dot_w1(g - pc.rows0, p, pc.n_cols, xw);
                 else acc[i] += pair_dot_w2(g - pc.rows0 - pc.rows1, p, pc.n_cols, xw);
+#endif
+            }
+        }
+    } else
+#endif
+#ifndef INT_DOT
+    if (THREAD_ROWS != 0u) {
+        // one invocation, whole rows (CPU devices, which pay for every load lane by lane):
+        // each chunk of x loaded once, into registers, for all ROWS rows
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            acc[i] = 0.0;
+#ifdef EPI_GEGLU
+            acc_up[i] = 0.0;
+#endif
+        }
+        for (uint c = t; c < n_chunks; c += stride) {
+            const uint xb = x_off + c * 32u, lim = min(32u, pc.n_cols - c * 32u);
+            float xr[32];
+            [[unroll]] for (uint k = 0u; k < 32u; k++) xr[k] = k < lim ? xf[xb + k] : 0.0;
+            [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                const uint g = first + i;
+                if (g >= total) break;
+#ifdef EPI_GEGLU
+                acc[i] += chunk_dot_w0r(g, c, pc.n_cols, xr);
+                acc_up[i] += chunk_dot_w1r(g, c, pc.n_cols, xr);
+#else
+                if (g < pc.rows0) acc[i] += chunk_dot_w0r(g, c, pc.n_cols, xr);
+                else if (g < pc.rows0 + pc.rows1) acc[i] += chunk_dot_w1r(g - pc.rows0, c, pc.n_cols, xr);
+                else acc[i] += chunk_dot_w2r(g - pc.rows0 - pc.rows1, c, pc.n_cols, xr);
 #endif
             }
         }
@@ -299,6 +339,8 @@ void main_subgroup_rows() {
 }
 
 void main_thread_rows() {
+    // each invocation owns ROWS consecutive rows; `accumulate` (stride 1: every chunk) loads x
+    // once per block pair or chunk for all of them
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
 #ifdef EPI_GEGLU
@@ -310,24 +352,20 @@ void main_thread_rows() {
     uint x_off = pc.x_off + tok * pc.x_stride;
     uint y_off = pc.y_off + tok * pc.y_stride;
     uint res_off = pc.res_off + tok * pc.y_stride;
-    for (uint i = 0u; i < ROWS; i++) {
-        uint g = (group * ROWS + i) * WG + gl_LocalInvocationID.x;
-        if (g >= total) return;
-        float acc = 0.0;
-#ifdef EPI_GEGLU
-        float up = 0.0;
-        for (uint c = 0u; c < n_chunks; c++) {
-            acc += row_dot(g, c, x_off);
-            up += row_dot(g + pc.rows0, c, x_off);
-        }
-        store_row(y_off + g, g - group * group_rows(), gelu_tanh(acc) * up);
+    uint first = (group * WG + gl_LocalInvocationID.x) * ROWS;
+    if (first >= total) return;
+    float acc[ROWS];
+    float acc_up[ROWS];
+    accumulate(first, 0u, 1u, total, x_off, n_chunks, acc, acc_up);
+    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+        uint g = first + i;
+        if (g >= total) break;
+#if defined(EPI_GEGLU)
+        store_row(y_off + g, g - group * group_rows(), gelu_tanh(acc[i]) * acc_up[i]);
+#elif defined(EPI_ADD)
+        y[y_off + g] = res[res_off + g] + acc[i];
 #else
-        for (uint c = 0u; c < n_chunks; c++) acc += row_dot(g, c, x_off);
-#ifdef EPI_ADD
-        y[y_off + g] = res[res_off + g] + acc;
-#else
-        y[y_off + g] = acc;
-#endif
+        y[y_off + g] = acc[i];
 #endif
     }
 }

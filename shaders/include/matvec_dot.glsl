@@ -11,9 +11,17 @@
 
 #include "gguf_bytes.glsl"
 
+// x of the f32 path: XF(i) is x[i] of the chunk, XARG the parameter it comes from (by default the
+// chunk's offset in xf; include/matvec_dot_regs.glsl builds the same decoders over 32 values
+// already in registers)
+#ifndef XF
+#define XF(i) xf[xb + (i)]
+#define XARG uint xb
+#endif
+
 #ifndef INT_DOT
-// ---- f32 activations: x chunk at xf[xb .. xb+32) ----
-float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
+// ---- f32 activations: x chunk XF(0 .. 31) ----
+float FN(chunk_dot)(uint row, uint c, uint n_cols, XARG) {
     float acc = 0.0;
 #if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
     uint base = row * n_cols + c * 32u;
@@ -27,7 +35,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
 #else
             float w = bf16(W16[base + i]);
 #endif
-            acc += w * xf[xb + i];
+            acc += w * XF(i);
         }
     }
     return acc;
@@ -36,7 +44,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     float d = half_lo(W16[b]);
     [[unroll]] for (uint i = 0u; i < 16u; i++) {
         uint u = uint(W16[b + 1u + i]);
-        acc += float(int(u << 24) >> 24) * xf[xb + 2u * i] + float(int(u << 16) >> 24) * xf[xb + 2u * i + 1u];
+        acc += float(int(u << 24) >> 24) * XF(2u * i) + float(int(u << 16) >> 24) * XF(2u * i + 1u);
     }
     return d * acc;
 #elif defined(WTYPE_Q4_0)
@@ -44,10 +52,10 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     float d = half_lo(W16[b]);
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint u = uint(W16[b + 1u + j]);
-        acc += (float(u & 0xFu) - 8.0) * xf[xb + 2u * j]
-             + (float((u >> 8) & 0xFu) - 8.0) * xf[xb + 2u * j + 1u]
-             + (float((u >> 4) & 0xFu) - 8.0) * xf[xb + 2u * j + 16u]
-             + (float((u >> 12) & 0xFu) - 8.0) * xf[xb + 2u * j + 17u];
+        acc += (float(u & 0xFu) - 8.0) * XF(2u * j)
+             + (float((u >> 8) & 0xFu) - 8.0) * XF(2u * j + 1u)
+             + (float((u >> 4) & 0xFu) - 8.0) * XF(2u * j + 16u)
+             + (float((u >> 12) & 0xFu) - 8.0) * XF(2u * j + 17u);
     }
     return d * acc;
 #elif defined(WTYPE_Q5_0)
@@ -57,10 +65,10 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint u = uint(W16[b + 3u + j]);
         uint k = 2u * j;
-        acc += (float((u & 0xFu) | (((qh >> k) & 1u) << 4)) - 16.0) * xf[xb + k]
-             + (float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) - 16.0) * xf[xb + k + 1u]
-             + (float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) - 16.0) * xf[xb + k + 16u]
-             + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * xf[xb + k + 17u];
+        acc += (float((u & 0xFu) | (((qh >> k) & 1u) << 4)) - 16.0) * XF(k)
+             + (float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) - 16.0) * XF(k + 1u)
+             + (float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) - 16.0) * XF(k + 16u)
+             + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * XF(k + 17u);
     }
     return d * acc;
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
@@ -90,7 +98,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         q0 += float((h >> j) & 1u) * 16.0;
         q1 += float((h >> (8u + j)) & 1u) * 16.0;
 #endif
-        float x0 = xf[xb + l], x1 = xf[xb + l + 1u];
+        float x0 = XF(l), x1 = XF(l + 1u);
         acc += q0 * x0 + q1 * x1;
         sx += x0 + x1;
     }
@@ -113,7 +121,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
             uint hh = uint(W16[(qhb + l) >> 1]);
             int q0 = int(((u >> nsh) & 0xFu) | (((hh >> hsh) & 3u) << 4)) - 32;
             int q1 = int(((u >> (8u + nsh)) & 0xFu) | (((hh >> (8u + hsh)) & 3u) << 4)) - 32;
-            part += float(q0) * xf[xb + l] + float(q1) * xf[xb + l + 1u];
+            part += float(q0) * XF(l) + float(q1) * XF(l + 1u);
         }
         int s = int(FN(byte)(B + 192u + 8u * h + half_ + 2u * q) << 24) >> 24;
         acc += float(s) * part;
@@ -223,6 +231,7 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
 // Two consecutive blocks (Q4_0: 36 B, Q8_0: 68 B) start 4-byte aligned, so they are read with
 // 32-bit loads (9 / 17 per pair instead of 18 / 34 16-bit loads) and re-aligned with shifts.
 // x arrives pre-loaded: 16 vec4 (f32 path) or 20 words of two q8_1 blocks (int8 path).
+#ifndef XREGS   // the block-pair path has no register form
 #if defined(WTYPE_Q4_0) || defined(WTYPE_Q8_0)
 #define HAS_PAIRS 1
 #if defined(WTYPE_Q4_0)
@@ -291,5 +300,6 @@ float FN(pair_dot)(uint row, uint p, uint n_cols, uint xw[20]) {
     FN(load_pair)(row, p, n_cols, d0, d1, q0, q1);
     return FN(block_i8)(d0, q0, xw, 0u) + FN(block_i8)(d1, q1, xw, 10u);
 }
+#endif
 #endif
 #endif

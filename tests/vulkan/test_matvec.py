@@ -199,8 +199,6 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
     own y, over more workgroups than rows divide evenly (the last group is partly empty)."""
     if int_dot and not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
-    if int_dot == "regs" and spec.get("THREAD_ROWS"):
-        pytest.skip("in-register quantization lives in the cooperative kernels")
     dev = vk_device
     rows, cols = 224, 640            # 7 blocks of rows: not a multiple of 2 or 4 row groups of 32
     (gr, g), (ur, u) = make_weights(Q.Q4_0, rows, cols, 17), make_weights(Q.Q4_0, rows, cols, 18)
@@ -291,8 +289,6 @@ def test_matvec_int8_quantized_in_registers(vk_device, qtype, spec):
     """f32 x quantized by each lane in registers (no quantize dispatch): plain, add and GEGLU."""
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
-    if spec.get("THREAD_ROWS"):
-        pytest.skip("the whole-row-per-invocation shape has no block-pair path")
     rows, cols = 70, 1024
     (gr, g), (ur, u) = make_weights(qtype, rows, cols, 20), make_weights(qtype, rows, cols, 21)
     mats = [WeightMatrix.upload(vk_device, gr, qtype, g.shape), WeightMatrix.upload(vk_device, ur, qtype, u.shape)]
@@ -321,8 +317,6 @@ def test_norm_tail_epilogue(vk_device, spec, int_dot):
     dev = vk_device
     if int_dot and not dev.caps.int_dot:
         pytest.skip(f"{dev.name} has no shaderIntegerDotProduct")
-    if int_dot == "regs" and spec.get("THREAD_ROWS"):
-        pytest.skip("the whole-row-per-invocation shape has no block-pair path")
     rows, cols, eps = 200, 1024, 1e-6      # several workgroups in every shape
     raw, ref = make_weights(Q.Q8_0, rows, cols, seed=30)
     m = WeightMatrix.upload(dev, raw, Q.Q8_0, (rows, cols))
