@@ -173,17 +173,6 @@ void store_row(uint yi, uint local, float v) {
 
 shared float red[ROWS][64];   // [0,32): sums, [32,64): GEGLU up sums
 
-float row_dot(uint g, uint c, uint x_off) {
-#ifdef INT_DOT
-    uint xb = (x_off + c) * 10u;     // x_off counts q8_1 blocks
-#else
-    uint xb = x_off + c * 32u;
-#endif
-    if (g < pc.rows0) return chunk_dot_w0(g, c, pc.n_cols, xb);
-    if (g < pc.rows0 + pc.rows1) return chunk_dot_w1(g - pc.rows0, c, pc.n_cols, xb);
-    return chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
-}
-
 // Partial dot products of rows first..first+ROWS-1 over the chunks t, t+stride, ... of each row.
 void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_chunks,
                 inout float acc[ROWS], inout float acc_up[ROWS]) {
