@@ -8,6 +8,16 @@
 
 #include "gguf_bytes.glsl"
 
+#if (defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)) && !defined(KQ_BW)
+#if defined(WTYPE_Q4_K)
+#define KQ_BW 72u    // u16 words per 256-weight block
+#define KQ_QS 16u    // byte offset of qs
+#else
+#define KQ_BW 88u
+#define KQ_QS 48u
+#endif
+#endif
+
 float FN(w_at)(uint row, uint col, uint n_cols) {
 #if defined(WTYPE_F32)
     return WF[row * n_cols + col];
@@ -32,16 +42,11 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     q = (j < 16u ? (q & 15u) : (q >> 4)) | (((qh >> j) & 1u) << 4);
     return half_lo(W16[w]) * (float(q) - 16.0);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-#if defined(WTYPE_Q4_K)
-    const uint BW = 72u, QS = 16u;    // u16 words per 256-weight block, byte offset of qs
-#else
-    const uint BW = 88u, QS = 48u;
-#endif
-    uint w = (row * (n_cols >> 8) + (col >> 8)) * BW;
+    uint w = (row * (n_cols >> 8) + (col >> 8)) * KQ_BW;
     uint e = col & 255u, j = e >> 5, l = e & 31u;
     float sc, m;
     FN(scale_min)(2u * w + 4u, j, sc, m);
-    uint q = (FN(byte)(2u * w + QS + (j >> 1) * 32u + l) >> ((j & 1u) * 4u)) & 15u;
+    uint q = (FN(byte)(2u * w + KQ_QS + (j >> 1) * 32u + l) >> ((j & 1u) * 4u)) & 15u;
 #if defined(WTYPE_Q5_K)
     q |= ((FN(byte)(2u * w + 16u + l) >> j) & 1u) << 4;
 #endif
@@ -102,17 +107,12 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
         v[2 * i + 1] = d * (float(((q >> 8) & 15u) | (((qh >> (2u * i + 1u)) & 1u) << 4)) - 16.0);
     }
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-#if defined(WTYPE_Q4_K)
-    const uint BW = 72u, QS = 16u;    // u16 words per 256-weight block, byte offset of qs
-#else
-    const uint BW = 88u, QS = 48u;
-#endif
-    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * BW;
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * KQ_BW;
     const uint e = col0 & 255u, j = e >> 5, l0 = e & 31u;
     float sc, m;
     FN(scale_min)(2u * w + 4u, j, sc, m);
     const float d = half_lo(W16[w]) * sc, dm = half_lo(W16[w + 1u]) * m;
-    const uint qo = w + (QS + (j >> 1) * 32u + l0) / 2u, shift = (j & 1u) * 4u;
+    const uint qo = w + (KQ_QS + (j >> 1) * 32u + l0) / 2u, shift = (j & 1u) * 4u;
     [[unroll]] for (uint i = 0; i < 8; i++) {
         const uint q = uint(W16[qo + i]) >> shift;
         uint q0 = q & 15u, q1 = (q >> 8) & 15u;
