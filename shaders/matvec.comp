@@ -34,9 +34,10 @@ int sdot4x8(uint a, uint b, spirv_literal int fmt);
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 1) const uint ROWS = 2;
-// THREAD_ROWS = 1: each invocation computes whole rows alone (no reduction, no barrier).
-// CPU Vulkan (lavapipe) runs invocations as SIMD lanes and pays for every barrier, so there
-// this is ~10x faster; GPUs want the cooperative form (THREAD_ROWS = 0).
+// THREAD_ROWS = 1: each invocation computes ROWS consecutive whole rows alone (no reduction,
+// no barrier), loading each chunk of x once for all of them. CPU Vulkan (lavapipe) runs
+// invocations as SIMD lanes and pays for every barrier and load lane by lane, so there this is
+// ~10x faster; GPUs want the cooperative form (THREAD_ROWS = 0).
 layout(constant_id = 2) const uint THREAD_ROWS = 0;
 layout(constant_id = 3) const uint SUBGROUP_ROWS = 0;
 
