@@ -18,25 +18,7 @@ layout(constant_id = 2) const uint TM = 8;     // tokens per invocation
 
 PUSH_CONSTANTS
 
-layout(binding = 0) readonly buffer X { float x[]; };
-layout(binding = 1) writeonly buffer Y { float y[]; };
-layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
-layout(binding = 2) readonly buffer W0b { float w0_f[]; };
-#define W16 w0_16
-#define WF w0_f
-#define FN(n) PASTE(n, _w0)
-#include "include/gemm_dequant.glsl"
-#undef W16
-#undef WF
-#undef FN
-#ifdef GEMM_GEGLU
-layout(binding = 3) readonly buffer W1a { uint16_t w1_16[]; };
-layout(binding = 3) readonly buffer W1b { float w1_f[]; };
-#define W16 w1_16
-#define WF w1_f
-#define FN(n) PASTE(n, _w1)
-#include "include/gemm_dequant.glsl"
-#endif
+#include "include/gemm_io.glsl"
 
 void main() {
     const uint n0 = (gl_WorkGroupID.x * WG + gl_LocalInvocationID.x) * RN;
