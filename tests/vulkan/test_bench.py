@@ -45,6 +45,24 @@ def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
     assert got["tiny_dispatch_barrier_us"] > 0 and got["copy_gb_s"] > 0
 
 
+def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
+    """bench.persistent_chain (shaders/persistent_probe.comp): the one-dispatch version of a
+    layer chain, its phases separated by grid barriers, leaves the same activations as one
+    dispatch per phase (a barrier that let a workgroup run ahead would not), no wait times out,
+    and every figure is reported. One workgroup: lavapipe cannot keep several resident."""
+    import json
+
+    from bench import persistent_chain
+    out = tmp_path / "persistent.json"
+    assert persistent_chain.main(["--software", "--scale", "0.001", "--groups", "1", "--pre", "4",
+                                  "--layers", "2", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["persistent_g1_pre4_matches_chain"] is True
+    assert got["persistent_g1_pre4_waits_timed_out"] == 0 and got["fused_g1_pre4_waits_timed_out"] == 0
+    for k in ("chain", "streams", "persistent_g1_pre4", "fused_g1_pre4"):
+        assert got[f"{k}_us_per_layer"] > 0 and got[f"{k}_pct_of_copy"] > 0
+
+
 def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):
     """`python -m bench.run` end to end on a tiny synthetic shape: our two backends, then llama.cpp
     on the same file — measured with ratios where llama-cpp-python is installed, else an entry

@@ -184,6 +184,11 @@ def _matvec_variants() -> list[Variant]:
     out.append(Variant("handoff_probe", "handoff_probe.comp", 4,
                        PushLayout("handoff", [("n", "u32"), ("m", "u32"), ("producers", "u32"), ("reps", "u32")]),
                        {}, {"WG": (0, 256), "ROLE": (1, 0), "WAIT": (2, 0)}))
+    out.append(Variant("persistent_probe", "persistent_probe.comp", 7,
+                       PushLayout("persistent", [("n_qkv", "u32"), ("n_o", "u32"), ("n_gu", "u32"),
+                                                 ("n_down", "u32"), ("layers", "u32"), ("m", "u32"),
+                                                 ("phase", "u32")]),
+                       {}, {"WG": (0, 512), "PERSIST": (1, 0), "PRE": (2, 4)}))
     return out
 
 

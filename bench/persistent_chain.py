@@ -1,0 +1,148 @@
+"""Would a persistent decode kernel beat the barrier-per-step chain? A timing probe.
+
+    python -m bench.persistent_chain [--groups 132,264] [--layers 8] [--json OUT]
+
+A 27B-shaped layer as 8 dependent phases (QKV, o, gate/up, down weight streams, each followed
+by a small norm-like phase; shaders/persistent_probe.comp), timed per layer three ways, each
+layer on its own weights so nothing is served from L2:
+  chain       one dispatch per phase, a pipeline barrier between (the engine's design);
+  streams     the four streams alone, barrier between (no small phases);
+  persistent  one dispatch for all layers, workgroups meeting at grid barriers in memory and
+              issuing the next stream's first loads before each wait;
+  fused       as persistent, but every workgroup computes the small phase's norm itself
+              before its stream: one grid barrier per stream instead of two.
+Each as % of the copy bandwidth (the issue's roofline): what fraction of a token a
+megakernel would win back. The persistent version needs every workgroup resident at once,
+which Vulkan does not promise (the `--groups` default assumes an H100's 132 SMs); a wait that
+times out is counted and its figure marked invalid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.dispatch_cost import copy_gb_s  # noqa: E402
+from engine.backends.vulkan.device import Device  # noqa: E402
+from engine.backends.vulkan.timing import time_many  # noqa: E402
+
+BYTES_27B = {"qkv": 24_772_608, "o": 12_386_304, "gu": 130_056_192, "down": 65_028_096}
+HIDDEN_27B = 5376
+WG = 512
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", default="132,264", help="persistent grid sizes to try")
+    ap.add_argument("--pre", default="4,8", help="loads issued before each grid barrier (per invocation)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--scale", type=float, default=1.0, help="scale the stream sizes (smoke test: 0.01)")
+    ap.add_argument("--software", action="store_true", help="allow a CPU Vulkan device (smoke test)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = Device.open(allow_software=args.software)
+    out: dict = {"device": dev.name, "layers": args.layers}
+    bw = copy_gb_s(dev, int((1 << 30) * args.scale))
+    out["copy_gb_s"] = bw
+
+    n = {k: max(1, int(b * args.scale) // 16) for k, b in BYTES_27B.items()}
+    layer_bytes = 16 * sum(n.values())
+    m = HIDDEN_27B
+    weights = [dev.buffer(16 * n[k] * args.layers) for k in ("qkv", "o", "gu", "down")]
+    act = dev.buffer(8 * m)
+    flags = dev.buffer(16)
+    stream_groups = [min(65535, -(-n[k] // (WG * 4))) for k in ("qkv", "o", "gu", "down")]
+    max_groups = max(stream_groups + [int(g) for g in args.groups.split(",")])
+    partials = dev.buffer(4 * WG * max_groups)
+    cl = dev.commands()
+    for b in weights + [act, flags]:
+        cl.fill(b, 0)
+    cl.run()
+    cl.destroy()
+    bindings = [*weights, act, flags, partials]
+
+    def push(p, phase=0):
+        return p.push.pack(n_qkv=n["qkv"], n_o=n["o"], n_gu=n["gu"], n_down=n["down"],
+                           layers=args.layers, m=m, phase=phase)
+
+    def chain(with_small: bool):
+        p = dev.pipeline("persistent_probe", WG=WG, PERSIST=0, PRE=4)
+
+        def record(cl):
+            for phase in range(8 * args.layers):
+                k = phase % 8
+                if k % 2 and not with_small:
+                    continue
+                groups = stream_groups[k // 2] if k % 2 == 0 else -(-m // WG)
+                cl.dispatch(p, bindings, (groups,), push(p, phase))
+                cl.barrier(transfer=False)
+        return record
+
+    def persistent(mode: int, groups: int, pre: int):
+        p = dev.pipeline("persistent_probe", WG=WG, PERSIST=mode, PRE=pre)
+
+        def record(cl):
+            cl.fill(flags, 0, 0, 4)
+            cl.barrier()
+            cl.dispatch(p, bindings, (groups,), push(p))
+        return record
+
+    records = {"chain": chain(True), "streams": chain(False)}
+    for _ in range(2):                      # clocks up, pipelines built
+        time_many(dev, {"chain": records["chain"]}, reps=1)
+    times = time_many(dev, records, reps=4)
+    for mode, name in ((1, "persistent"), (2, "fused")):
+        for g in (int(x) for x in args.groups.split(",")):
+            for pre in (int(x) for x in args.pre.split(",")):
+                key, rec = f"{name}_g{g}_pre{pre}", persistent(mode, g, pre)
+                clear(dev, flags)
+                if mode == 1:
+                    out[f"{key}_matches_chain"] = same_result(dev, records["chain"], rec, act, flags)
+                times[key] = time_many(dev, {key: rec}, reps=4)[key]
+                out[f"{key}_waits_timed_out"] = int(dev.download(flags, dtype="uint32")[1])
+    ideal_us = layer_bytes / (bw * 1e9) * 1e6
+    out["layer_mb"] = layer_bytes / 1e6
+    out["layer_at_copy_bw_us"] = ideal_us
+    for k, us in times.items():
+        per_layer = us / args.layers
+        out[f"{k}_us_per_layer"] = per_layer
+        out[f"{k}_pct_of_copy"] = 100 * ideal_us / per_layer
+    for k, v in out.items():
+        print(f"{k:40s} {v:.2f}" if isinstance(v, float) else f"{k:40s} {v}")
+    for k, v in out.items():
+        if k.endswith("_waits_timed_out") and v:
+            print(f"WARNING: {k[:-16]}: a grid-barrier wait timed out (its workgroups were not all resident): "
+                  "its figures are not valid")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def clear(dev, buf) -> None:
+    cl = dev.commands()
+    cl.fill(buf, 0)
+    cl.run()
+    cl.destroy()
+
+
+def same_result(dev, chain, persistent, act, flags) -> bool:
+    """Do the small phases leave the same activation rows after one run of each? (A grid
+    barrier that let a workgroup read a row before every slice of it was written would not.)"""
+    rows = []
+    for record in (chain, persistent):
+        cl = dev.commands()
+        cl.fill(act, 0)
+        cl.fill(flags, 0, 0, 4)          # arrivals; [1] keeps counting timed-out waits
+        cl.barrier()
+        record(cl)
+        cl.run()
+        cl.destroy()
+        rows.append(dev.download(act))
+    return bool((rows[0] == rows[1]).all())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
