@@ -4,15 +4,16 @@
 // dependent phases, as in a 27B decode step: four weight streams (QKV, o, gate/up, down: uvec4
 // weights dotted with an activation) each followed by a small norm-like phase (every workgroup
 // reads the activation row, reduces it, writes its slice of the next one).
-// PERSIST 0: one dispatch per phase (push `phase`), a pipeline barrier between (the engine's way).
+// PERSIST 0: one dispatch per phase (push `phase`), a pipeline barrier between (the engine's way);
+//   with NORM_IN_STREAM each stream's workgroups compute the norm themselves from the whole row
+//   (redundant, ~21 KB read each) and write the next row, and the host records no small phases.
 // PERSIST 1: one dispatch runs every phase of `layers` layers; workgroups meet at a grid barrier
-// (an arrival counter in memory) between phases, and issue their next stream's first PRE weight
-// loads before waiting, since weights do not depend on the activation.
-// PERSIST 2: as 1, but each workgroup computes the small phase's norm itself from the whole row
-// (redundant, ~21 KB read) right before its stream: one grid barrier per stream instead of two. That needs every
-// workgroup resident at once, which Vulkan does not promise: the host keeps the grid at a few
-// workgroups per SM, and a spin limit ends a wait that would never end (the timing is then
-// meaningless and the probe says so). A timing probe, not an engine kernel.
+//   (an arrival counter in memory) between phases, and issue their next stream's first PRE weight
+//   loads before waiting, since weights do not depend on the activation.
+// PERSIST 2: as 1, with the norm in every workgroup: one grid barrier per stream instead of two.
+// PERSIST 1 and 2 need every workgroup resident at once, which Vulkan does not promise: the host
+// keeps the grid at a few workgroups per SM, and a spin limit ends a wait that would never end
+// (the timing is then meaningless and the probe says so). A timing probe, not an engine kernel.
 #include "include/common.glsl"
 #include "include/wg_reduce.glsl"
 
@@ -20,6 +21,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 512;
 layout(constant_id = 1) const uint PERSIST = 0;
 layout(constant_id = 2) const uint PRE = 4;
+layout(constant_id = 3) const uint NORM_IN_STREAM = 0;
 const uint SPIN_LIMIT = 1u << 20;
 
 PUSH_CONSTANTS
@@ -125,11 +127,15 @@ void main() {
     uvec4 first[PRE];
     if (PERSIST == 0) {             // one phase: 2k = stream k, 2k+1 = the small phase after it
         const uint l = pc.phase / 8, p = pc.phase % 8;
+        const uint src = (p / 2) & 1u;
         if (p % 2 == 0) {
             prefetch(p / 2, l, first);
-            o[gl_GlobalInvocationID.x] = stream(p / 2, l, row_x((p / 2) & 1u), first);
+            const float acc = stream(p / 2, l, NORM_IN_STREAM != 0 ? norm_x(src) : row_x(src), first);
+            o[gl_GlobalInvocationID.x] = acc;
+            if (NORM_IN_STREAM != 0 && gl_GlobalInvocationID.x < pc.m)
+                v[(src ^ 1u) * pc.m + gl_GlobalInvocationID.x] = acc;
         } else {
-            small((p / 2) & 1u);
+            small(src);
         }
         return;
     }

@@ -49,7 +49,8 @@ def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
     """bench.persistent_chain (shaders/persistent_probe.comp): the one-dispatch version of a
     layer chain, its phases separated by grid barriers, leaves the same activations as one
     dispatch per phase (a barrier that let a workgroup run ahead would not), no wait times out,
-    and every figure is reported. One workgroup: lavapipe cannot keep several resident."""
+    every arrival is counted, and every figure is reported. One workgroup: on lavapipe runs of
+    two lose arrivals (the probe marks them invalid), so only one is valid there."""
     import json
 
     from bench import persistent_chain
@@ -58,8 +59,9 @@ def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
                                   "--layers", "2", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["persistent_g1_pre4_matches_chain"] is True
-    assert got["persistent_g1_pre4_waits_timed_out"] == 0 and got["fused_g1_pre4_waits_timed_out"] == 0
-    for k in ("chain", "streams", "persistent_g1_pre4", "fused_g1_pre4"):
+    assert got["persistent_g1_pre4_valid"] is True and got["fused_g1_pre4_valid"] is True
+    for k in ("chain", "streams", "chain_norm_in_stream", "chain_norm_in_stream_g1", "persistent_g1_pre4",
+              "fused_g1_pre4"):
         assert got[f"{k}_us_per_layer"] > 0 and got[f"{k}_pct_of_copy"] > 0
 
 

@@ -188,7 +188,7 @@ def _matvec_variants() -> list[Variant]:
                        PushLayout("persistent", [("n_qkv", "u32"), ("n_o", "u32"), ("n_gu", "u32"),
                                                  ("n_down", "u32"), ("layers", "u32"), ("m", "u32"),
                                                  ("phase", "u32")]),
-                       {}, {"WG": (0, 512), "PERSIST": (1, 0), "PRE": (2, 4)}))
+                       {}, {"WG": (0, 512), "PERSIST": (1, 0), "PRE": (2, 4), "NORM_IN_STREAM": (3, 0)}))
     return out
 
 
