@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="feed PROMPT as plain text after <bos>, no chat template")
     _add_model_args(p)
     _add_sampling_args(p)
+    p.add_argument("--draft", metavar="PATH", default=None,
+                   help="speculative decoding: a small model with the same tokenizer proposes tokens "
+                        "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same")
+    p.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft proposes per round")
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(p)
@@ -94,18 +98,31 @@ def _messages(system, prompt):
 
 def cmd_run(args) -> int:
     from engine.generate import stream_generate
+    from engine.speculative import SpeculativeStats, check_draft
     model = _load(args)
+    draft = spec = None
+    if args.draft:
+        import engine
+        on = "auto" if args.backend == "npu-hybrid" else args.backend      # the draft decodes, it prefills little
+        draft = engine.load(args.draft, backend=on, context_length=model.backend.context_length,
+                            quant=args.quant, device=args.device)
+        check_draft(model, draft)
+        spec = SpeculativeStats()
     prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
     last = None
-    for r in stream_generate(model, prompt, _sampling(args), args.max_tokens, raw=args.raw):
+    for r in stream_generate(model, prompt, _sampling(args), args.max_tokens, raw=args.raw, draft=draft,
+                             draft_tokens=args.draft_tokens, spec_stats=spec):
         if r.text:
             sys.stdout.write(r.text)
             sys.stdout.flush()
         last = r
     sys.stdout.write("\n")
+    drafted = (f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
+               f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
+               f"{spec.tokens_per_round:.2f} tok per target pass" if draft else "")
     print(f"[{model.backend.name}: prompt {last.prompt_tokens} tok at {last.prompt_tps:.1f} tok/s, "
           f"generated {last.generation_tokens} tok at {last.generation_tps:.1f} tok/s, "
-          f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}]", file=sys.stderr)
+          f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}{drafted}]", file=sys.stderr)
     return 0
 
 

@@ -73,8 +73,12 @@ def prompt_ids_for(model, prompt, raw: bool = False) -> list[int]:
 
 
 def stream_generate(model, prompt, params: SamplingParams | None = None, max_tokens: int = 256,
-                    raw: bool = False) -> Iterator[GenerationResponse]:
-    """Stream response records for `prompt` (a chat as a list of messages, or a string)."""
+                    raw: bool = False, draft=None, draft_tokens: int = 4,
+                    spec_stats=None) -> Iterator[GenerationResponse]:
+    """Stream response records for `prompt` (a chat as a list of messages, or a string).
+
+    draft: a second LoadedModel with the same tokenizer for speculative decoding
+    (engine/speculative.py); spec_stats, a SpeculativeStats it fills in."""
     from engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
@@ -99,7 +103,11 @@ def stream_generate(model, prompt, params: SamplingParams | None = None, max_tok
     if n_prompt >= model.backend.context_length:
         yield record("", None, "context")
         return
-    steps = generate_step(model, ids, params, max_tokens)
+    if draft is not None:
+        from engine.speculative import speculative_step
+        steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats)
+    else:
+        steps = generate_step(model, ids, params, max_tokens)
     reason = "length"
     try:
         for token in steps:

@@ -26,6 +26,14 @@ def model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def draft_path(tmp_path_factory, model_path) -> Path:
+    """The real 270M cut to its first 12 of 18 layers: a speculative-decoding draft with the
+    same tokenizer that disagrees with the full model often enough to exercise rejections."""
+    from .tinymodels import truncated_gguf
+    return truncated_gguf(model_path, tmp_path_factory.mktemp("draft") / "gemma3-270m-12-layers.gguf", 12)
+
+
+@pytest.fixture(scope="session")
 def gguf(model_path):
     from engine.weights.gguf_file import GGUFFile
     return GGUFFile(model_path)

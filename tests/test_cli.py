@@ -24,6 +24,19 @@ def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
     assert "generated 16 tok" in proc.stderr and "finish: length" in proc.stderr
 
 
+def test_run_with_a_draft_model_gives_the_same_answer_and_reports_acceptance(llama_reference, cpu_model,
+                                                                            draft_path, tmp_path):
+    chat = llama_reference["chat_prompt"]
+    proc = cli("run", chat["messages"][0]["content"], "--backend", "cpu", "--temperature", "0", "--max-tokens", "12",
+               "--draft", str(draft_path), "--draft-tokens", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:12]) + "\n"
+    assert "generated 12 tok" in proc.stderr and "proposals accepted" in proc.stderr
+    from .tinymodels import tiny_gguf
+    other = cli("run", "hi", "--backend", "cpu", "--draft", str(tiny_gguf(tmp_path / "tiny.gguf")))
+    assert other.returncode == 2 and "does not share the tokenizer" in other.stderr
+
+
 def test_run_raw_and_seeded_sampling_is_reproducible():
     args = ("run", "The capital of France is", "--raw", "--backend", "cpu", "--max-tokens", "8", "--seed", "42",
             "--temperature", "0.9")

@@ -1,7 +1,9 @@
 """Small Gemma-3-shaped model files written with the `gguf` package's own writer.
 
 Used where the real 270M file cannot show a case: tiny sliding windows (ring-buffer wrap in a
-few tokens), unsupported types, missing tensors. Random weights, real layout.
+few tokens), unsupported types, missing tensors. Random weights, real layout. And
+`truncated_gguf`: a real model cut to its first layers (same tokenizer, real weights), a draft
+that disagrees with its full model often enough to exercise speculative decoding's rejections.
 """
 from __future__ import annotations
 
@@ -105,3 +107,34 @@ def sparse_gguf(path, *, hidden=8192, ffn=32768, layers=48, vocab=262144):
     with open(path, "r+b") as fh:
         fh.truncate(size + (-size % 32) + total)
     return path
+
+
+def truncated_gguf(src, dst, layers: int):
+    """Copy the GGUF at `src` keeping only blocks 0..layers-1 (metadata, tokenizer, embedding
+    and output norm unchanged but for the block count)."""
+    from gguf import GGUFReader, GGUFValueType, Keys
+
+    reader = GGUFReader(str(src))
+    arch = reader.fields[Keys.General.ARCHITECTURE].contents()
+    block_count = Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    w = GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        if field.name == block_count:
+            w.add_key_value(field.name, layers, GGUFValueType.UINT32)
+            continue
+        kind = field.types[0]
+        w.add_key_value(field.name, field.contents(), kind,
+                        sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
+    kept = [t for t in reader.tensors
+            if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
+    for t in kept:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in kept:
+        w.write_tensor_data(t.data)
+    w.close()
+    return dst

@@ -65,6 +65,22 @@ def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
         assert got[f"{k}_us_per_layer"] > 0 and got[f"{k}_pct_of_copy"] > 0
 
 
+def test_verify_cost_times_multi_token_passes_against_a_decode_token(vk_device, tiny_path, tmp_path):
+    """bench.verify_cost: speculative decoding's verify pass (k + 1 tokens, all logits) against
+    one decode token, on a tiny synthetic model on this device; every ratio measured."""
+    import json
+
+    from bench import verify_cost
+    out = tmp_path / "verify.json"
+    assert verify_cost.main(["--model", str(tiny_path), "--backend", "vulkan", "--k", "1,4",
+                             "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["backend"] == "vulkan" and got["decode_token_ms"] > 0 and got["forward_1_token_ms"] > 0
+    for k in (1, 4):
+        assert got[f"verify_k{k}_ms"] > 0
+        assert got[f"verify_k{k}_ratio"] == pytest.approx(got[f"verify_k{k}_ms"] / got["decode_token_ms"])
+
+
 def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):
     """`python -m bench.run` end to end on a tiny synthetic shape: our two backends, then llama.cpp
     on the same file — measured with ratios where llama-cpp-python is installed, else an entry

@@ -1,0 +1,93 @@
+"""What speculative decoding's verify pass costs on a backend: one forward over k + 1 tokens
+(all logits back, as engine/speculative.py asks for) against one decode token.
+
+    python -m bench.verify_cost [--model PATH | --synthetic 27b] [--backend vulkan] [--json OUT]
+
+Speculative decoding pays off when that ratio stays near 1 (bandwidth-bound: the weights are
+read once for all k + 1 tokens) and the draft's tokens are cheap. With acceptance rate a per
+proposal, a pass yields (1 - a^(k+1)) / (1 - a) tokens; the speed-up over plain decode is that
+divided by (verify ratio + k x draft-token / target-token). This prints the verify ratios; the
+acceptance rate depends on the pair of models (measure it with `phoenix-chat run --draft`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.weights import embedded_model_path, open_weights  # noqa: E402
+
+POSITION = 256          # cache filled this far first, as in a conversation
+REPEATS = 5
+
+
+def _seconds(fn, repeats=REPEATS) -> float:
+    fn()                                  # first call records / warms up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def _decode(backend, n: int) -> None:
+    from engine.sampling import SamplingParams
+    greedy = SamplingParams(temperature=0)
+    stream = backend.decode_tokens(7, POSITION, greedy, n)
+    if stream is None:                    # a backend that samples on the CPU: forward + argmax
+        for i in range(n):
+            backend.forward([7], POSITION + i).argmax()
+        return
+    for _ in stream:
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--synthetic", default=None, help="a tools/make_synthetic_gguf.py shape (270m, 4b, 27b...)")
+    ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument("--backend", choices=["vulkan", "cpu"], default="vulkan")
+    ap.add_argument("--k", default="1,2,4,8", help="proposals per pass")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    path = args.model
+    if args.synthetic:
+        from tools.make_synthetic_gguf import write
+        path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(path, args.synthetic, "q4_0", "q8_0")
+    weights = open_weights(path or embedded_model_path())
+    ctx = POSITION + 64                                   # room for 16 decode steps
+    if args.backend == "vulkan":
+        from engine.backends.vulkan.backend import VulkanBackend
+        tb = VulkanBackend(weights, ctx, allow_software=True)
+    else:
+        from engine.backends.cpu import CpuBackend
+        tb = CpuBackend(weights, ctx)
+    ids = [2] + [100 + i for i in range(POSITION - 1)]
+    tb.forward(ids, 0)
+    out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
+    out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3   # logits back
+    one = _seconds(lambda: _decode(tb, 16)) / 16
+    out["decode_token_ms"] = one * 1e3              # the plain decode loop's token (sampled on the device if it can)
+    for k in (int(x) for x in args.k.split(",")):
+        t = _seconds(lambda k=k: tb.forward([7] * (k + 1), POSITION, all_logits=True))
+        out[f"verify_k{k}_ms"] = t * 1e3
+        out[f"verify_k{k}_ratio"] = t / one
+    tb.close()
+    for key, v in out.items():
+        print(f"{key:24s} {v:.3f}" if isinstance(v, float) else f"{key:24s} {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
