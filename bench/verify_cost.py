@@ -54,8 +54,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
     ap.add_argument("--backend", choices=["vulkan", "cpu"], default="vulkan")
     ap.add_argument("--k", default="1,2,4,8", help="proposals per pass")
+    ap.add_argument("--rows", type=int, default=None, help="rows per subgroup of the few-token matvec (tuning)")
+    ap.add_argument("--path", choices=["auto", "matvec", "gemm"], default="auto",
+                    help="few-token forwards through multi-column matvecs, GEMMs, or what the backend times faster")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.rows:
+        from engine.backends.vulkan import matvec
+        matvec.COLUMN_ROWS = args.rows
     path = args.model
     if args.synthetic:
         from tools.make_synthetic_gguf import write
@@ -67,13 +73,17 @@ def main(argv=None) -> int:
     ctx = POSITION + 64                                   # room for 16 decode steps
     if args.backend == "vulkan":
         from engine.backends.vulkan.backend import VulkanBackend
-        tb = VulkanBackend(weights, ctx, allow_software=True)
+        tb = VulkanBackend(weights, ctx, allow_software=True,
+                           few_token_matvec={"auto": None, "matvec": True, "gemm": False}[args.path])
     else:
         from engine.backends.cpu import CpuBackend
         tb = CpuBackend(weights, ctx)
     ids = [2] + [100 + i for i in range(POSITION - 1)]
     tb.forward(ids, 0)
     out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
+    if hasattr(tb, "few_token_matvec"):
+        out["few_token_path"] = "matvec" if tb.few_token_matvec else "gemm"
+        out.update({f"load_timing_{k}": v for k, v in getattr(tb, "few_token_timing", {}).items()})
     out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3   # logits back
     one = _seconds(lambda: _decode(tb, 16)) / 16
     out["decode_token_ms"] = one * 1e3              # the plain decode loop's token (sampled on the device if it can)

@@ -40,6 +40,11 @@ layout(constant_id = 1) const uint ROWS = 2;
 // ~10x faster; GPUs want the cooperative form (THREAD_ROWS = 0).
 layout(constant_id = 2) const uint THREAD_ROWS = 0;
 layout(constant_id = 3) const uint SUBGROUP_ROWS = 0;
+// NCOLS > 1 (f32 x, plain or GEGLU, SUBGROUP_ROWS shape): the product for NCOLS vectors at once,
+// x and y advancing by x_stride / y_stride: each weight chunk is read from memory once for all of
+// them (a few tokens: speculative decoding's verify pass, short prompts) instead of once per
+// token (workgroup z) or dequantized into a GEMM tile per 64 tokens.
+layout(constant_id = 4) const uint NCOLS = 1;
 
 PUSH_CONSTANTS
 
@@ -287,6 +292,106 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
     }
 }
 
+#ifndef INT_DOT
+// NCOLS vectors at once (see NCOLS): acc[i * NCOLS + j] is row first + i against vector j. A
+// chunk's weights are decoded once per vector, from the cache after the first. (The arrays are
+// sized by spec constants, so they stay in this function: passing them on fails to compile.)
+void main_subgroup_rows_cols() {
+    const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    const uint n_chunks = (pc.n_cols + 31u) >> 5;
+#ifdef EPI_GEGLU
+    const uint total = pc.rows0;
+#else
+    const uint total = pc.rows0 + pc.rows1 + pc.rows2;
+#endif
+    for (uint rg = gl_SubgroupID; rg < SUBGROUP_ROWS; rg += gl_NumSubgroups) {
+        const uint first = (group * SUBGROUP_ROWS + rg) * ROWS;
+        if (first >= total) break;
+        float acc[ROWS * NCOLS];
+        float acc_up[ROWS * NCOLS];
+        [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) {
+            acc[i] = 0.0;
+            acc_up[i] = 0.0;
+        }
+#ifdef HAS_PAIRS
+        if ((pc.n_cols & 63u) == 0u && (pc.x_off & 3u) == 0u && (pc.x_stride & 3u) == 0u) {
+            // block pairs: each row's pair of weight blocks loaded into registers once, then
+            // every vector's 64 values of x loaded once and dotted with all of the rows
+            const uint n_pairs = pc.n_cols >> 6;
+            for (uint p = gl_SubgroupInvocationID; p < n_pairs; p += gl_SubgroupSize) {
+                float da[ROWS], db[ROWS];
+                uint qa[ROWS * QWORDS], qb[ROWS * QWORDS];
+#ifdef EPI_GEGLU
+                float ua[ROWS], ub[ROWS];
+                uint uqa[ROWS * QWORDS], uqb[ROWS * QWORDS];
+#endif
+                [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                    const uint g = min(first + i, total - 1u);      // rows past the end: read, never stored
+                    float a, b;
+                    uint t0[QWORDS], t1[QWORDS];
+#ifdef EPI_GEGLU
+                    load_pair_w1(g, p, pc.n_cols, a, b, t0, t1);
+                    ua[i] = a; ub[i] = b;
+                    [[unroll]] for (uint k = 0u; k < uint(QWORDS); k++) { uqa[i * QWORDS + k] = t0[k]; uqb[i * QWORDS + k] = t1[k]; }
+                    load_pair_w0(g, p, pc.n_cols, a, b, t0, t1);
+#else
+                    if (g < pc.rows0) load_pair_w0(g, p, pc.n_cols, a, b, t0, t1);
+                    else if (g < pc.rows0 + pc.rows1) load_pair_w1(g - pc.rows0, p, pc.n_cols, a, b, t0, t1);
+                    else load_pair_w2(g - pc.rows0 - pc.rows1, p, pc.n_cols, a, b, t0, t1);
+#endif
+                    da[i] = a; db[i] = b;
+                    [[unroll]] for (uint k = 0u; k < uint(QWORDS); k++) { qa[i * QWORDS + k] = t0[k]; qb[i * QWORDS + k] = t1[k]; }
+                }
+                [[unroll]] for (uint j = 0u; j < NCOLS; j++) {
+                    vec4 xv[16];
+                    const uint xi = ((pc.x_off + j * pc.x_stride) >> 2) + 16u * p;
+                    [[unroll]] for (uint k = 0u; k < 16u; k++) xv[k] = xf4[xi + k];
+                    [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+                        uint t0[QWORDS], t1[QWORDS];
+                        [[unroll]] for (uint k = 0u; k < uint(QWORDS); k++) { t0[k] = qa[i * QWORDS + k]; t1[k] = qb[i * QWORDS + k]; }
+                        acc[i * NCOLS + j] += da[i] * block_f32_w0(t0, xv, 0u) + db[i] * block_f32_w0(t1, xv, 8u);
+#ifdef EPI_GEGLU
+                        [[unroll]] for (uint k = 0u; k < uint(QWORDS); k++) { t0[k] = uqa[i * QWORDS + k]; t1[k] = uqb[i * QWORDS + k]; }
+                        acc_up[i * NCOLS + j] += ua[i] * block_f32_w0(t0, xv, 0u) + ub[i] * block_f32_w0(t1, xv, 8u);
+#endif
+                    }
+                }
+            }
+        } else
+#endif
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            const uint g = first + i;
+            if (g >= total) continue;
+            for (uint c = gl_SubgroupInvocationID; c < n_chunks; c += gl_SubgroupSize) {
+                [[unroll]] for (uint j = 0u; j < NCOLS; j++) {
+                    const uint xb = pc.x_off + j * pc.x_stride + c * 32u;
+#ifdef EPI_GEGLU
+                    acc[i * NCOLS + j] += chunk_dot_w0(g, c, pc.n_cols, xb);
+                    acc_up[i * NCOLS + j] += chunk_dot_w1(g, c, pc.n_cols, xb);
+#else
+                    if (g < pc.rows0) acc[i * NCOLS + j] += chunk_dot_w0(g, c, pc.n_cols, xb);
+                    else if (g < pc.rows0 + pc.rows1) acc[i * NCOLS + j] += chunk_dot_w1(g - pc.rows0, c, pc.n_cols, xb);
+                    else acc[i * NCOLS + j] += chunk_dot_w2(g - pc.rows0 - pc.rows1, c, pc.n_cols, xb);
+#endif
+                }
+            }
+        }
+        [[unroll]] for (uint i = 0u; i < ROWS; i++) {
+            const uint g = first + i;
+            [[unroll]] for (uint j = 0u; j < NCOLS; j++) {
+                const float s = subgroupAdd(acc[i * NCOLS + j]);
+#ifdef EPI_GEGLU
+                const float su = subgroupAdd(acc_up[i * NCOLS + j]);
+                if (subgroupElect() && g < total) y[pc.y_off + j * pc.y_stride + g] = gelu_tanh(s) * su;
+#else
+                if (subgroupElect() && g < total) y[pc.y_off + j * pc.y_stride + g] = s;
+#endif
+            }
+        }
+    }
+}
+#endif
+
 // SUBGROUP_ROWS = RG > 0: each subgroup owns its own ROWS rows (RG row groups per workgroup),
 // reduced with subgroupAdd alone: no shared memory, no barrier. Short rows (a few hundred
 // blocks) keep every lane busy this way. Correct for any actual subgroup size: a subgroup
@@ -432,6 +537,10 @@ void main_cooperative() {
 
 void main() {
     // spec constants: uniform branches; the sub-kernels' early returns end only their own call
+#ifndef INT_DOT
+    if (NCOLS > 1u) main_subgroup_rows_cols();
+    else
+#endif
     if (THREAD_ROWS != 0u) main_thread_rows();
     else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();
     else main_cooperative();

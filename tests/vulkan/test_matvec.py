@@ -283,6 +283,39 @@ def test_several_tokens_in_one_dispatch(vk_device, spec):
     assert nmse(y, res + x.astype(np.float64) @ ref.T) < F32_NMSE
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_several_vectors_in_one_pass_over_the_weights(vk_device, qtype):
+    """columns=n (NCOLS): n vectors against each weight chunk read once — plain, fused QKV of
+    odd row counts and GEGLU, every weight type, y written at an offset with a row stride."""
+    dev, cols = vk_device, 256
+    rng = np.random.default_rng(40)
+    (rq, fq), (rk, fk), (rv, fv) = (make_weights(qtype, r, cols, seed=41 + i) for i, r in enumerate((70, 34, 34)))
+    mats = [WeightMatrix.upload(dev, raw, qtype, raw_ref.shape) for raw, raw_ref in ((rq, fq), (rk, fk), (rv, fv))]
+    ref_all = np.concatenate([fq, fk, fv])
+    for n in ((2, 5, 8) if qtype == Q.Q4_0 else (5,)):       # each count is a pipeline to compile
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        xb, yb = dev.buffer(x.nbytes), dev.buffer((n * 140 + 3) * 4)
+        dev.upload(xb, x)
+        cl = dev.commands()
+        record_matvec(cl, dev, mats, xb, yb, y_off=3, x_stride=cols, y_stride=140, columns=n)
+        cl.submit()
+        y = dev.download(yb, np.float32)[3:3 + n * 140].reshape(n, 140).astype(np.float64)
+        assert nmse(y[:, :138], x.astype(np.float64) @ ref_all.T) < F32_NMSE, n     # 138 rows, stride 140
+    gate, up = (make_weights(qtype, 96, cols, seed=50 + i) for i in range(2))
+    gu = [WeightMatrix.upload(dev, raw, qtype, (96, cols)) for raw, _ in (gate, up)]
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    xb, yb = dev.buffer(x.nbytes), dev.buffer(3 * 96 * 4)
+    dev.upload(xb, x)
+    cl = dev.commands()
+    record_matvec(cl, dev, gu, xb, yb, epilogue="geglu", x_stride=cols, y_stride=96, columns=3)
+    cl.submit()
+    g, u = x.astype(np.float64) @ gate[1].T, x.astype(np.float64) @ up[1].T
+    want = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3))) * u
+    assert nmse(dev.download(yb, np.float32, (3, 96)).astype(np.float64), want) < F32_NMSE
+    with pytest.raises(ValueError, match="columns"):
+        record_matvec(cl, dev, gu, xb, yb, epilogue="geglu", int_dot=True, columns=3)
+
+
 @SPECS
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
 def test_matvec_int8_quantized_in_registers(vk_device, qtype, spec):

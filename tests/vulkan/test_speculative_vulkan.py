@@ -1,6 +1,8 @@
 """Speculative decoding on the Vulkan backend: the target scores the draft's proposals in one
 multi-token forward and the rejected tail is rolled back in its GPU KV cache (local rings of
-window + a prefill chunk) — the output is still the reference greedy continuation."""
+window + a prefill chunk): the output is still the reference greedy continuation. And the
+few-token forward GPUs use for those passes (`few_token_matvec`: matvecs taking several vectors
+per pass over the weights; lavapipe runs its GEMM unless asked) against the CPU reference."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,3 +35,41 @@ def test_speculative_greedy_on_vulkan_is_the_reference_greedy(vk_device, model_p
         target.close()
     assert out == golden["capital_greedy_ids"][:16].tolist()
     assert 0 < stats.accepted < stats.proposed          # kept and rolled-back proposals both happened
+
+
+def test_few_token_forward_through_matvecs_matches_the_cpu_reference(vk_device, model_path, cpu_model):
+    """Forwards of 2..8 tokens through the multi-column matvecs: every position's logits as the
+    CPU reference's (top-1 identical, small differences), after a longer prefill."""
+    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.weights import open_weights
+    golden = np.load(GOLDENS / "transformers_270m.npz")
+    ids = golden["ppl_ids"][:40].tolist()
+    vk = VulkanBackend(open_weights(model_path), 256, device=vk_device, int_dot=False, few_token_matvec=True)
+    try:
+        vk.forward(ids[:32], 0)
+        got = vk.forward(ids[32:37], 32, all_logits=True)
+    finally:
+        vk.close()
+    cpu_model.backend.forward(ids[:32], 0)
+    want = cpu_model.backend.forward(ids[32:37], 32, all_logits=True)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 0.05
+
+
+def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
+    """GPUs time a 4-token forward through the multi-column matvecs and through the GEMMs at
+    load and keep the faster (lavapipe skips it and keeps its GEMM); the choice and both times
+    are in stats(), and the forward still computes after the trial recordings are dropped."""
+    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.weights import open_weights
+    vk = VulkanBackend(open_weights(tiny_path), 64, device=vk_device)
+    try:
+        assert vk.few_token_matvec is False and "few_token_timing" not in vk.stats()   # CPU device default
+        chosen = vk._choose_few_token_path()
+        st = vk.stats()
+        assert st["few_token_timing"]["matvec_ms"] > 0 and st["few_token_timing"]["gemm_ms"] > 0
+        assert chosen == (st["few_token_timing"]["matvec_ms"] < st["few_token_timing"]["gemm_ms"])
+        vk.few_token_matvec = chosen
+        assert np.isfinite(vk.forward([2, 5, 9], 0, all_logits=True)).all()
+    finally:
+        vk.close()

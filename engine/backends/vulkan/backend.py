@@ -39,7 +39,7 @@ from engine.backends.base import Backend
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, fusable,
+from engine.backends.vulkan.matvec import (MAX_COLUMNS, SUPPORTED, NormTail, RopeTail, WeightMatrix, default_spec, fusable,
                                            out_q8_1_ok, q8_1_bytes, record_matvec, record_quantize, regs_ok, rope_tail_ok)
 from engine.backends.vulkan.memory import Tensor
 from engine.backends.vulkan.ops_common import pack_step
@@ -78,7 +78,8 @@ class VulkanBackend(Backend):
 
     def __init__(self, weights: WeightSource, context_length: int, *, device_index: int | None = None,
                  allow_software: bool = False, quant: str | None = None, progress=None,
-                 int_dot: bool | None = None, device: Device | None = None, autotune: bool | None = None):
+                 int_dot: bool | None = None, device: Device | None = None, autotune: bool | None = None,
+                 few_token_matvec: bool | None = None):
         super().__init__(weights.config, context_length)
         cfg = self.config
         if quant is not None and quant not in QUANT_TYPES:
@@ -91,6 +92,13 @@ class VulkanBackend(Backend):
         caps = dev.caps
         # int8 activations only where the dot instruction is real hardware (unless forced)
         self.int_dot = bool(caps.int_dot and (caps.int_dot_accelerated if int_dot is None else int_dot))
+        # forwards of 2..MAX_COLUMNS tokens (speculative verify, short prompts) through matvecs
+        # that read each weight once for all of them, or through the GEMMs, which dequantize a
+        # whole weight tile for a handful of rows (H100, 27B shape: a 2-token GEMM pass cost 14
+        # decode tokens, the matvecs 4; on the 270M shape the GEMMs win from 3 tokens). None:
+        # timed at load on GPUs; CPU devices keep their register-tiled GEMM.
+        self.few_token_matvec = bool(few_token_matvec)
+        self.few_token_timing: dict = {}
         self._progress = progress
         try:
             self._plan_and_check(weights)
@@ -114,6 +122,8 @@ class VulkanBackend(Backend):
         self.qkv_rope = self._choose_qkv_rope()
         self._py_time = 0.0
         self._py_tokens = 0
+        if few_token_matvec is None and not caps.is_software:
+            self.few_token_matvec = self._choose_few_token_path()
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -331,6 +341,14 @@ class VulkanBackend(Backend):
         if rope is not None:
             assert T == 1 and epilogue is None
             epilogue = "rope"
+        if 1 < T <= MAX_COLUMNS and x_off == 0 and self.few_token_matvec:
+            assert epilogue in (None, "geglu")
+            off = 0
+            for group in ([mats] if epilogue or fusable(mats) else [[m] for m in mats]):
+                record_matvec(cl, self.dev, group, x, y, epilogue=epilogue, x_stride=x_cols, y_stride=y_cols,
+                              y_off=y_off + off, columns=T)
+                off += sum(m.rows for m in group)
+            return
         if T > 1 and x_off == 0:
             if y_off:
                 y = (y, y_off * 4, y.size - y_off * 4)
@@ -458,6 +476,25 @@ class VulkanBackend(Backend):
         k = min(times, key=times.get)
         self.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
         return (int_dot, fused_specs[k]) if times[k] < sep else None
+
+    def _choose_few_token_path(self, tokens: int = 4, repeats: int = 3) -> bool:
+        """Time a `tokens`-token forward (all logits back, as a speculative verify pass asks)
+        through the multi-column matvecs and through the GEMMs; keep the faster."""
+        ids = [self.config.bos_token_id or 2] * tokens
+        ms = {}
+        for use in (True, False):
+            self.few_token_matvec = use
+            self._drop_recordings()
+            self.forward(ids, 0, all_logits=True)           # records it, builds the pipelines
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                self.forward(ids, 0, all_logits=True)
+                times.append(time.perf_counter() - t)
+            ms["matvec_ms" if use else "gemm_ms"] = round(1e3 * sorted(times)[repeats // 2], 2)
+        self._drop_recordings()
+        self.few_token_timing = {"tokens": tokens, **ms}
+        return ms["matvec_ms"] < ms["gemm_ms"]
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
         """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1
@@ -926,6 +963,9 @@ class VulkanBackend(Backend):
                              {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
         if getattr(self, "geglu_q8_1_timing", None):
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
+        out["few_token_matvec"] = self.few_token_matvec
+        if self.few_token_timing:
+            out["few_token_timing"] = self.few_token_timing
         if self._py_tokens:
             out["python_ms_per_token"] = 1000 * self._py_time / self._py_tokens
         busy = self.busy_fraction()

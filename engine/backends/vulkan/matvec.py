@@ -53,6 +53,17 @@ def default_spec(dev) -> dict:
     return {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
 
+MAX_COLUMNS = 8            # vectors one multi-column matvec takes (NCOLS in matvec.comp)
+COLUMN_ROWS = 2            # rows per subgroup there: each load of x serves this many rows
+
+
+def columns_spec(dev, columns: int) -> dict:
+    """Workgroup shape of the multi-column matvec: subgroups owning COLUMN_ROWS rows each on
+    every device (it has no whole-rows-per-invocation form), NCOLS vectors per weight read."""
+    sg = max(8, min(64, dev.caps.subgroup_size))
+    return {"WG": 4 * sg, "ROWS": COLUMN_ROWS, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4, "NCOLS": columns}
+
+
 def rows_per_group(spec: dict) -> int:
     if spec.get("THREAD_ROWS"):
         return spec["ROWS"] * spec["WG"]
@@ -171,7 +182,8 @@ def q8_1_bytes(n: int) -> int:
 def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
                   epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
                   tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None) -> None:
+                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None,
+                  columns: int = 1) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
@@ -185,6 +197,8 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     int_dot="regs": x is f32 and quantized in registers (Q4_0/Q8_0 with n_cols % 64 == 0 only).
     tokens > 1: the same product for `tokens` vectors (workgroup z), x and y (and the residual)
     advancing by x_stride / y_stride per token (prefill without a GEMM kernel).
+    columns > 1 (instead of tokens; f32 x, plain or geglu, up to MAX_COLUMNS): the product for
+    `columns` vectors in one pass over the weights (a few tokens: speculative verify, short prompts).
     Every matrix must share one type and column count. No barrier is recorded.
     """
     if not 1 <= len(mats) <= 3:
@@ -200,6 +214,11 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     if epilogue in ("geglu", "geglu_q8_1") and (len(mats) != 2 or mats[0].rows != mats[1].rows):
         raise ValueError("geglu takes [gate, up] of equal shape")
     spec = spec or default_spec(dev)
+    if columns > 1:
+        if not columns <= MAX_COLUMNS or int_dot or epilogue not in (None, "geglu") or tokens != 1:
+            raise ValueError(f"columns: 2..{MAX_COLUMNS} vectors of f32 x, plain or geglu, one token each "
+                             f"(not {columns} with int_dot={int_dot!r}, epilogue {epilogue!r}, tokens {tokens})")
+        spec = columns_spec(dev, columns)
     if epilogue == "geglu_q8_1":
         if y_q8_1 is None or tokens != 1 or y_off or not out_q8_1_ok(spec, mats[0].rows):
             raise ValueError("geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups that make "

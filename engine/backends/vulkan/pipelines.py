@@ -123,7 +123,7 @@ MATVEC_ROPE_PUSH = PushLayout("matvec_rope", MATVEC_PUSH.fields + [
     ("pos_scale", "f32"),      # 1 / linear scaling factor
     ("eps", "f32"),            # QK-norm epsilon
 ])
-MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0)}
+MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0), "NCOLS": (4, 1)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
