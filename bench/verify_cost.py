@@ -82,8 +82,9 @@ def main(argv=None) -> int:
     tb.forward(ids, 0)
     out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
     if hasattr(tb, "few_token_matvec"):
-        out["few_token_path"] = "matvec" if tb.few_token_matvec else "gemm"
-        out.update({f"load_timing_{k}": v for k, v in getattr(tb, "few_token_timing", {}).items()})
+        out["few_token_matvec_counts"] = sorted(tb.few_token_matvec)
+        for T, t in getattr(tb, "few_token_timing", {}).items():
+            out[f"load_timing_{T}_tokens"] = f"matvec {t['matvec_ms']} ms, gemm {t['gemm_ms']} ms"
     out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3   # logits back
     one = _seconds(lambda: _decode(tb, 16)) / 16
     out["decode_token_ms"] = one * 1e3              # the plain decode loop's token (sampled on the device if it can)

@@ -95,9 +95,11 @@ class VulkanBackend(Backend):
         # forwards of 2..MAX_COLUMNS tokens (speculative verify, short prompts) through matvecs
         # that read each weight once for all of them, or through the GEMMs, which dequantize a
         # whole weight tile for a handful of rows (H100, 27B shape: a 2-token GEMM pass cost 14
-        # decode tokens, the matvecs 4; on the 270M shape the GEMMs win from 3 tokens). None:
-        # timed at load on GPUs; CPU devices keep their register-tiled GEMM.
-        self.few_token_matvec = bool(few_token_matvec)
+        # decode tokens, the matvecs 4; on the 270M shape the GEMMs win at some counts). The
+        # token counts that take the matvecs: all (True), none (False), or None: each count
+        # timed both ways at load on GPUs; CPU devices keep their register-tiled GEMM.
+        self.few_token_matvec: frozenset = (frozenset(range(2, MAX_COLUMNS + 1)) if few_token_matvec
+                                            else frozenset())
         self.few_token_timing: dict = {}
         self._progress = progress
         try:
@@ -341,7 +343,7 @@ class VulkanBackend(Backend):
         if rope is not None:
             assert T == 1 and epilogue is None
             epilogue = "rope"
-        if 1 < T <= MAX_COLUMNS and x_off == 0 and self.few_token_matvec:
+        if T in self.few_token_matvec and x_off == 0:
             assert epilogue in (None, "geglu")
             off = 0
             for group in ([mats] if epilogue or fusable(mats) else [[m] for m in mats]):
@@ -477,24 +479,26 @@ class VulkanBackend(Backend):
         self.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
         return (int_dot, fused_specs[k]) if times[k] < sep else None
 
-    def _choose_few_token_path(self, tokens: int = 4, repeats: int = 3) -> bool:
-        """Time a `tokens`-token forward (all logits back, as a speculative verify pass asks)
-        through the multi-column matvecs and through the GEMMs; keep the faster."""
-        ids = [self.config.bos_token_id or 2] * tokens
-        ms = {}
-        for use in (True, False):
-            self.few_token_matvec = use
+    def _choose_few_token_path(self, counts=range(2, MAX_COLUMNS + 1), repeats: int = 3) -> frozenset:
+        """Time forwards of `counts` tokens (all logits back, as a speculative verify pass asks)
+        through the multi-column matvecs and through the GEMMs; return the counts where the
+        matvecs were faster."""
+        ms: dict = {T: {} for T in counts}
+        for path in ("matvec", "gemm"):
+            self.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
             self._drop_recordings()
-            self.forward(ids, 0, all_logits=True)           # records it, builds the pipelines
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                self.forward(ids, 0, all_logits=True)
-                times.append(time.perf_counter() - t)
-            ms["matvec_ms" if use else "gemm_ms"] = round(1e3 * sorted(times)[repeats // 2], 2)
+            for T in counts:
+                ids = [self.config.bos_token_id] * T
+                self.forward(ids, 0, all_logits=True)      # records it, builds the pipelines
+                times = []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    self.forward(ids, 0, all_logits=True)
+                    times.append(time.perf_counter() - t)
+                ms[T][path + "_ms"] = round(1e3 * sorted(times)[repeats // 2], 2)
         self._drop_recordings()
-        self.few_token_timing = {"tokens": tokens, **ms}
-        return ms["matvec_ms"] < ms["gemm_ms"]
+        self.few_token_timing = ms
+        return frozenset(T for T in counts if ms[T]["matvec_ms"] < ms[T]["gemm_ms"])
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
         """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1
@@ -963,7 +967,7 @@ class VulkanBackend(Backend):
                              {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
         if getattr(self, "geglu_q8_1_timing", None):
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
-        out["few_token_matvec"] = self.few_token_matvec
+        out["few_token_matvec"] = sorted(self.few_token_matvec)
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
         if self._py_tokens:
