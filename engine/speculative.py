@@ -54,7 +54,7 @@ def check_draft(target, draft) -> None:
             "use a model of the same family (Gemma 3 270M / 1B for Gemma 3 4B–27B)")
 
 
-class _Distribution:
+class Distribution:
     """The sampler's distribution for one position: greedy as a point mass, else the filtered
     candidates and their probabilities."""
 
@@ -82,7 +82,7 @@ class _Distribution:
         return int(self.ids[0]) if len(self.ids) == 1 else int(self.ids[rng.choice(len(self.ids), p=self.probs)])
 
 
-def accept_or_resample(p: _Distribution, q: _Distribution, proposal: int,
+def accept_or_resample(p: Distribution, q: Distribution, proposal: int,
                        rng: np.random.Generator) -> tuple[bool, int]:
     """(kept, token): keep `proposal` (drawn from q) with probability min(1, p/q), else draw the
     replacement from the residual max(0, p - q). For point masses this is "keep if equal"."""
@@ -115,7 +115,7 @@ def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingP
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
     rng = np.random.default_rng(params.seed)
     history = list(prompt_ids)
-    token = _Distribution(tb.forward(prompt_ids, 0), history, params).draw(rng)
+    token = Distribution(tb.forward(prompt_ids, 0), history, params).draw(rng)
     db.forward(prompt_ids, 0)
     pos = len(prompt_ids)            # both caches hold positions < pos; `token` is not fed yet
     draft_backlog: list[int] = []    # committed tokens the draft has not seen (beyond `token`)
@@ -129,7 +129,7 @@ def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingP
         proposals, q_dists = [], []
         for _ in range(k):
             logits = db.forward(feed, at)
-            q = _Distribution(logits, history + proposals, params)
+            q = Distribution(logits, history + proposals, params)
             proposals.append(q.draw(rng))
             q_dists.append(q)
             at += len(feed)
@@ -138,14 +138,14 @@ def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingP
         all_logits = tb.forward([token] + proposals, pos, all_logits=True)
         accepted, replacement = 0, None
         for i, d in enumerate(proposals):
-            p = _Distribution(all_logits[i], history + proposals[:i], params)
+            p = Distribution(all_logits[i], history + proposals[:i], params)
             kept, t = accept_or_resample(p, q_dists[i], d, rng)
             if not kept:
                 replacement = t
                 break
             accepted += 1
         if replacement is None:          # all kept: the target's own next token comes free
-            replacement = _Distribution(all_logits[k], history + proposals, params).draw(rng)
+            replacement = Distribution(all_logits[k], history + proposals, params).draw(rng)
         stats.rounds += 1
         stats.proposed += k
         stats.accepted += accepted

@@ -13,7 +13,7 @@ import pytest
 from engine.errors import PhoenixError
 from engine.generate import generate_step, stream_generate
 from engine.sampling import SamplingParams
-from engine.speculative import SpeculativeStats, _Distribution, accept_or_resample, check_draft, speculative_step
+from engine.speculative import SpeculativeStats, Distribution, accept_or_resample, check_draft, speculative_step
 
 from .tinymodels import tiny_gguf
 
@@ -63,8 +63,8 @@ def test_acceptance_rule_leaves_the_targets_distribution():
     """Draw a proposal from q, keep it or resample: the token's frequency must follow p (40 000
     trials, 6 tokens, p and q far apart; a rule that kept every proposal would follow q)."""
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
-    p = _Distribution(np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05, 1e-9], np.float32)), [], params)
-    q = _Distribution(np.log(np.array([0.05, 0.1, 0.1, 0.25, 0.3, 0.2], np.float32)), [], params)
+    p = Distribution(np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05, 1e-9], np.float32)), [], params)
+    q = Distribution(np.log(np.array([0.05, 0.1, 0.1, 0.25, 0.3, 0.2], np.float32)), [], params)
     rng = np.random.default_rng(0)
     n = 40_000
     counts = np.zeros(6)
@@ -76,9 +76,9 @@ def test_acceptance_rule_leaves_the_targets_distribution():
 
 def test_greedy_rule_keeps_only_the_targets_argmax():
     rng = np.random.default_rng(0)
-    p = _Distribution(np.array([0.0, 3.0, 1.0], np.float32), [], GREEDY)
-    assert accept_or_resample(p, _Distribution(np.array([0.0, 3.0, 0.0], np.float32), [], GREEDY), 1, rng) == (True, 1)
-    assert accept_or_resample(p, _Distribution(np.array([5.0, 3.0, 0.0], np.float32), [], GREEDY), 0, rng) == (False, 1)
+    p = Distribution(np.array([0.0, 3.0, 1.0], np.float32), [], GREEDY)
+    assert accept_or_resample(p, Distribution(np.array([0.0, 3.0, 0.0], np.float32), [], GREEDY), 1, rng) == (True, 1)
+    assert accept_or_resample(p, Distribution(np.array([5.0, 3.0, 0.0], np.float32), [], GREEDY), 0, rng) == (False, 1)
 
 
 def test_stream_generate_with_a_draft_gives_the_same_answer(cpu_model, cpu_draft, llama_reference):
