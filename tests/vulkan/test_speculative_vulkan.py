@@ -57,10 +57,10 @@ def test_few_token_forward_through_matvecs_matches_the_cpu_reference(vk_device, 
 
 
 def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
-    """GPUs time forwards of 2..8 tokens through the multi-column matvecs and through the GEMMs
-    at load and keep the faster per token count (CPU devices skip it and keep their GEMM); the
-    choice and the times are in stats(), and forwards still compute after the trial recordings
-    are dropped."""
+    """GPUs time forwards of 2 and 8 tokens (and, where those disagree, every count between)
+    through the multi-column matvecs and through the GEMMs at load and keep the faster per
+    count (CPU devices skip it and keep their GEMM); the choice and the times are in stats(),
+    and forwards still compute after the trial recordings are dropped."""
     from engine.backends.vulkan.backend import VulkanBackend
     from engine.backends.vulkan.matvec import MAX_COLUMNS
     from engine.weights import open_weights
@@ -72,8 +72,13 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
             counts = [2, 3]            # each count is a set of pipelines llvmpipe compiles slowly
             vk.few_token_matvec = vk._choose_few_token_path(counts, repeats=1)
         timing = vk.stats()["few_token_timing"]
-        assert sorted(timing) == counts
-        assert vk.stats()["few_token_matvec"] == [T for T, t in timing.items() if t["matvec_ms"] < t["gemm_ms"]]
+        wins = {T: t["matvec_ms"] < t["gemm_ms"] for T, t in timing.items()}
+        assert counts[0] in timing and counts[-1] in timing
+        if sorted(timing) == counts:           # every count timed (always so for [2, 3])
+            assert vk.stats()["few_token_matvec"] == [T for T in counts if wins[T]]
+        else:                                  # the ends agreed and decided for all
+            assert len(set(wins.values())) == 1
+            assert vk.stats()["few_token_matvec"] == (counts if wins[counts[0]] else [])
         assert np.isfinite(vk.forward([2, 5, 9], 0, all_logits=True)).all()
     finally:
         vk.close()
