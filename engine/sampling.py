@@ -35,16 +35,22 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: np.ndarray, history=()) -> int:
-        p = self.params
-        logits = np.asarray(logits, dtype=np.float32)
-        if p.repetition_penalty != 1.0 and len(history):
-            logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
-        if p.greedy:
-            return int(np.argmax(logits))
-        return int(self._draw(*filter_candidates(logits, p)))
+        ids, probs = candidates(logits, history, self.params)
+        return int(ids[0]) if self.params.greedy else int(self._draw(ids, probs))
 
     def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         return ids[self.rng.choice(len(ids), p=probs)]
+
+
+def candidates(logits: np.ndarray, history, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution a step draws from: penalty, then greedy (the argmax, probability 1) or
+    temperature / top-k / top-p / min-p. (The sampler and speculative decoding's p and q.)"""
+    logits = np.asarray(logits, dtype=np.float32)
+    if p.repetition_penalty != 1.0 and len(history):
+        logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
+    if p.greedy:
+        return np.array([int(np.argmax(logits))]), np.ones(1)
+    return filter_candidates(logits, p)
 
 
 def apply_repetition_penalty(logits: np.ndarray, recent, penalty: float) -> np.ndarray:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import PhoenixError
-from engine.sampling import SamplingParams, apply_repetition_penalty, filter_candidates
+from engine.sampling import SamplingParams, candidates
 
 MAX_DRAFT_TOKENS = 16       # the CPU cache's local rings hold the window + 32 positions
 
@@ -60,14 +60,7 @@ class Distribution:
 
     def __init__(self, logits: np.ndarray, history: Sequence[int], params: SamplingParams):
         self.vocab = len(logits)
-        if params.repetition_penalty != 1.0 and len(history):
-            logits = apply_repetition_penalty(logits, history[-params.repetition_window:],
-                                              params.repetition_penalty)
-        if params.greedy:
-            self.ids = np.array([int(np.argmax(logits))])
-            self.probs = np.ones(1)
-        else:
-            self.ids, self.probs = filter_candidates(np.asarray(logits, np.float32), params)
+        self.ids, self.probs = candidates(logits, history, params)
 
     def prob(self, token: int) -> float:
         hit = np.nonzero(self.ids == token)[0]

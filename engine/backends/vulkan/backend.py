@@ -486,8 +486,8 @@ class VulkanBackend(Backend):
         the matvecs win throughout), the rest follow without timing (each 27B trial is ~0.1 s)."""
         counts = list(counts)
         ms: dict = {}
-        todo = sorted({counts[0], counts[-1]})
-        while todo:
+
+        def trial(todo):
             for path in ("matvec", "gemm"):
                 self.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
                 self._drop_recordings()
@@ -500,14 +500,14 @@ class VulkanBackend(Backend):
                         self.forward(ids, 0, all_logits=True)
                         times.append(time.perf_counter() - t)
                     ms.setdefault(T, {})[path + "_ms"] = round(1e3 * min(times), 2)
-            wins = {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
-            todo = [] if len(set(wins.values())) == 1 else [T for T in counts if T not in ms]
+            return {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
+
+        wins = trial(sorted({counts[0], counts[-1]}))
+        if wins[counts[0]] != wins[counts[-1]]:
+            wins = trial([T for T in counts if T not in ms])
         self._drop_recordings()
         self.few_token_timing = dict(sorted(ms.items()))
-        wins = {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
-        if len(ms) < len(counts):              # the ends agreed
-            return frozenset(counts) if all(wins.values()) else frozenset()
-        return frozenset(T for T in counts if wins[T])
+        return frozenset(T for T in counts if wins.get(T, wins[counts[0]]))
 
     def _geglu_q8_1_applies(self, L: _Layer) -> bool:
         """L's decode GEGLU can write its output's q8_1 blocks for L's down matvec: down reads q8_1

@@ -49,8 +49,13 @@ def default_spec(dev) -> dict:
     over 4 sharing it; 16 is slower on K-quants)."""
     if dev.caps.is_software:
         return {"WG": dev.caps.subgroup_size, "ROWS": 8, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}
+    return subgroup_rows_spec(dev, 2)
+
+
+def subgroup_rows_spec(dev, rows: int) -> dict:
+    """4 subgroups per workgroup, each owning `rows` rows."""
     sg = max(8, min(64, dev.caps.subgroup_size))
-    return {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
+    return {"WG": 4 * sg, "ROWS": rows, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
 
 MAX_COLUMNS = 8            # vectors one multi-column matvec takes (NCOLS in matvec.comp)
@@ -60,8 +65,7 @@ COLUMN_ROWS = 2            # rows per subgroup there: each load of x serves this
 def columns_spec(dev, columns: int) -> dict:
     """Workgroup shape of the multi-column matvec: subgroups owning COLUMN_ROWS rows each on
     every device (it has no whole-rows-per-invocation form), NCOLS vectors per weight read."""
-    sg = max(8, min(64, dev.caps.subgroup_size))
-    return {"WG": 4 * sg, "ROWS": COLUMN_ROWS, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4, "NCOLS": columns}
+    return {**subgroup_rows_spec(dev, COLUMN_ROWS), "NCOLS": columns}
 
 
 def rows_per_group(spec: dict) -> int:
