@@ -296,11 +296,14 @@ def test_several_vectors_in_one_pass_over_the_weights(vk_device, qtype):
         x = rng.standard_normal((n, cols)).astype(np.float32)
         xb, yb = dev.buffer(x.nbytes), dev.buffer((n * 140 + 3) * 4)
         dev.upload(xb, x)
+        dev.upload(yb, np.zeros(n * 140 + 3, np.float32))
         cl = dev.commands()
         record_matvec(cl, dev, mats, xb, yb, y_off=3, x_stride=cols, y_stride=140, columns=n)
         cl.submit()
-        y = dev.download(yb, np.float32)[3:3 + n * 140].reshape(n, 140).astype(np.float64)
+        out = dev.download(yb, np.float32)
+        y = out[3:3 + n * 140].reshape(n, 140).astype(np.float64)
         assert nmse(y[:, :138], x.astype(np.float64) @ ref_all.T) < F32_NMSE, n     # 138 rows, stride 140
+        assert not out[:3].any() and not y[:, 138:].any()                           # nothing outside them
     gate, up = (make_weights(qtype, 96, cols, seed=50 + i) for i in range(2))
     gu = [WeightMatrix.upload(dev, raw, qtype, (96, cols)) for raw, _ in (gate, up)]
     x = rng.standard_normal((3, cols)).astype(np.float32)
