@@ -201,7 +201,9 @@ class Worker:
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
         stats = self._stats(record) if record is not None else {}
-        stats["engine_busy"] = 0.0 if "engine_busy" in stats else None   # idle again
+        for gauge in ("engine_busy", "npu_busy"):          # idle again, where measured
+            if stats.get(gauge) is not None:
+                stats[gauge] = 0.0
         self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats,
                   text="".join(text))
 
@@ -215,19 +217,10 @@ class Worker:
             "ttft_s": getattr(r, "ttft_s", None),
             "context_limit": (self.model_info or {}).get("context_length"),
         }
-        try:
-            backend_stats = dict(self.model.backend.stats() or {})
-        except Exception:  # noqa: BLE001 — gauges are best effort
-            backend_stats = {}
-        stats["backend"] = {k: v for k, v in backend_stats.items() if isinstance(v, (int, float, str, bool))}
-        for key in ("gpu_busy_fraction", "busy_fraction", "gpu_busy", "busy"):
-            if isinstance(backend_stats.get(key), (int, float)):
-                stats["engine_busy"] = float(backend_stats[key])
-                break
-        for key in ("npu_busy", "npu_busy_fraction"):
-            if isinstance(backend_stats.get(key), (int, float)):
-                stats["npu_busy"] = float(backend_stats[key])
-                break
+        live = self.model.backend.live_stats()
+        stats["engine_busy"] = live.gpu_busy
+        stats["npu_busy"] = live.npu_busy
+        stats["kv_cache_bytes"] = live.kv_cache_bytes
         return stats
 
     def _close_model(self) -> None:

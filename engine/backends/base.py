@@ -8,11 +8,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from engine.config import ModelConfig
 from engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """What the gauges show while an engine works: the same record from every backend, so the
+    worker never guesses among key names. None: this backend cannot measure it."""
+    device: str
+    gpu_busy: float | None = None       # share of the last second a GPU worked for this engine
+    npu_busy: float | None = None       # likewise for the NPU
+    kv_cache_bytes: int = 0
 
 
 class Backend(ABC):
@@ -40,8 +51,13 @@ class Backend(ABC):
         """
         return None
 
+    def live_stats(self) -> LiveStats:
+        """The gauges' record (cheap: called a few times a second while generating)."""
+        return LiveStats(device=self.device_name)
+
     def stats(self) -> dict:
-        """Backend-specific numbers (busy fraction, memory) for gauges and benchmarks."""
+        """Backend-specific details (tuning choices, memory plan, timings) for benchmarks and
+        diagnostics, JSON-serialisable; gauges read `live_stats()` instead."""
         return {}
 
     def close(self) -> None:

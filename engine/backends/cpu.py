@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import psutil
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, LiveStats
 from engine.errors import OutOfMemoryError
 from engine.models.gemma3 import Gemma3Model
 from engine.weights.base import WeightSource
@@ -46,6 +46,9 @@ class CpuBackend(Backend):
             else:
                 self.model.forward(chunk, start_pos + i, all_logits=False)
         return np.concatenate(outs) if all_logits else outs[-1]
+
+    def live_stats(self) -> LiveStats:
+        return LiveStats(device=self.device_name, kv_cache_bytes=self.model.cache.nbytes())
 
     def stats(self):
         return {"kv_cache_bytes": self.model.cache.nbytes()}

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, LiveStats
 from engine.backends.cpu import CpuBackend
 from engine.errors import DeviceUnavailableError
 from engine.models.gemma3 import Gemma3Model, KVCache
@@ -177,6 +177,12 @@ class NpuHybridBackend(Backend):
         h["count"] += 1
 
     # ------------------------------------------------------------ gauges
+    def live_stats(self) -> LiveStats:
+        dec = self.decoder.live_stats()
+        return LiveStats(device=self.device_name, gpu_busy=dec.gpu_busy,
+                         npu_busy=self.npu.busy_fraction(1.0),
+                         kv_cache_bytes=self.prefill_model.cache.nbytes() + dec.kv_cache_bytes)
+
     def stats(self):
         g, d = self.gemm.stats, self.npu.stats
         return {

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, LiveStats
 from engine.backends.vulkan import (kv_handoff, ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope,
                                     ops_sample, timing)
 from engine.backends.vulkan.device import Device
@@ -955,6 +955,10 @@ class VulkanBackend(Backend):
     def import_kv(self, rows) -> int:
         """Write K/V rows computed elsewhere (e.g. an NPU prefill) into this cache."""
         return kv_handoff.import_kv(self, rows)
+
+    def live_stats(self) -> LiveStats:
+        return LiveStats(device=self.dev.name, gpu_busy=self.busy_fraction(),
+                         kv_cache_bytes=self.budget["kv_cache"])
 
     def stats(self) -> dict:
         out = {
