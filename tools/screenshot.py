@@ -25,7 +25,6 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 FIRST_PROMPT = "Write a Python function that adds two numbers."
 PROMPT = "Here is a short poem about a phoenix rising from the ashes:"

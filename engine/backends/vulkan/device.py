@@ -20,8 +20,9 @@ Buffers (engine/backends/vulkan/memory.py)
     t = dev.tensor(array_bytes, row_bytes)      # a weight: one buffer, bound in row ranges so
     t.ranges                                    # no binding exceeds maxStorageBufferRange
 
-Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every variant)
+Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every product variant)
     p = dev.pipeline("matvec_q4_0_f32", WG=128)  # name from the table, specialization by name
+    dev.register_variants(bench_variants)       # bench/shaders' probes: usable on this device only
     p.push.pack(n_rows=..., n_cols=...)          # the push-constant layout, defined once
   A variant names its shader file, -D defines, the number of storage-buffer bindings
   (bindings 0..n-1, all `buffer` blocks), a PushLayout and its specialization constants.
@@ -411,11 +412,18 @@ class Device:
         return self._staging
 
     # -- pipelines --
-    def pipeline(self, name: str, **spec):
+    def _pipeline_cache(self):
         if self._pipelines is None:
             from engine.backends.vulkan.pipelines import PipelineCache
             self._pipelines = PipelineCache(self)
-        return self._pipelines.get(name, **spec)
+        return self._pipelines
+
+    def pipeline(self, name: str, **spec):
+        return self._pipeline_cache().get(name, **spec)
+
+    def register_variants(self, variants) -> None:
+        """Make `variants` (not in the product table: bench/shaders' probes) available to `pipeline()`."""
+        self._pipeline_cache().register(variants)
 
     # -- commands --
     def commands(self, *, timestamps: int = 0, name: str = ""):
