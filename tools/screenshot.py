@@ -1,6 +1,6 @@
 """Screenshot of the desktop app mid-answer, under Xvfb, with the device gauges visible.
 
-    python tools/screenshot.py [--out docs/screenshot.png] [--prompt TEXT] [--tokens N]
+    python -m tools.screenshot [--out docs/screenshot.png] [--prompt TEXT] [--tokens N]
 
 Starts a private Xvfb display, opens the real window (xcb platform) on the embedded model
 with a throw-away PHOENIX_CHAT_HOME, sends a prompt, and captures the whole screen with

@@ -1,7 +1,7 @@
 """The "prefill on NPU" plan: prompt-chunk matmuls on the XDNA NPU, decode on the iGPU (Vulkan) or CPU.
 
 Prefill (a chunk of ≥ `min_tokens` tokens) runs a prefill copy of the model whose `linear()` hook
-sends the projections of the chosen layers to the NPU int8 GEMM (npu/gemm.py); attention, norms,
+sends the projections of the chosen layers to the NPU int8 GEMM (engine/backends/npu/gemm.py); attention, norms,
 RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the decoder
 backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both sides keep their own KV cache and the hand-off between them
 is an explicit, timed copy of the rows written since the last hand-off:
@@ -17,7 +17,8 @@ The activations crossing to the NPU per matmul — the hidden state's traffic �
 NPU device (`bytes_to_device` / `bytes_from_device`).
 
 Without a usable NPU the constructor raises DeviceUnavailableError with npu_status()'s reason:
-nothing falls back silently. Tests pass `xrt=npu.emulator.EmulatedXrt()`.
+nothing falls back silently. Tests pass `xrt=tests.npu.emulator.EmulatedXrt()` (its `emulated = True`
+lets it load the emulator's stand-in kernels).
 """
 from __future__ import annotations
 
@@ -68,17 +69,17 @@ class NpuHybridBackend(Backend):
         decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
         side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
         """
-        from npu.detect import npu_status
-        from npu.gemm import NpuGemm
-        from npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
+        from engine.backends.npu.detect import npu_status
+        from engine.backends.npu.gemm import NpuGemm
+        from engine.backends.npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
 
         super().__init__(weights.config, context_length)
-        emulated = xrt is not None and type(xrt).__module__ == "npu.emulator"
+        emulated = getattr(xrt, "emulated", False) is True     # a test double says so itself
         if xrt is None:
             status = npu_status(kernel_dirs=kernel_dirs)
             if not status.available:
                 raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
-            from npu.runtime import import_pyxrt
+            from engine.backends.npu.runtime import import_pyxrt
             xrt = import_pyxrt()
         found, problems = find_kernels(kernel_dirs if kernel_dirs is not None else kernel_search_dirs(),
                                        allow_emulator=emulated)
