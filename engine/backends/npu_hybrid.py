@@ -22,21 +22,18 @@ lets it load the emulator's stand-in kernels).
 """
 from __future__ import annotations
 
-import re
 import time
 
 import numpy as np
 
-from engine.backends.base import Backend, LiveStats
+from engine.backends.base import Backend, LiveStats, forward_in_chunks
 from engine.backends.cpu import CpuBackend
 from engine.errors import DeviceUnavailableError
 from engine.models.gemma3 import Gemma3Model, KVCache
 from engine.weights.base import WeightSource
 
-PREFILL_CHUNK = 256
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 class NpuPrefillModel(Gemma3Model):
@@ -132,21 +129,14 @@ class NpuHybridBackend(Backend):
             self._handoff(self._decoder_rows, lambda rows: _write_rows(model.cache, rows),
                           self._prefill_valid, start_pos, "to_prefill_rows")
         t = time.perf_counter()
-        outs = []
-        for i in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[i:i + PREFILL_CHUNK]
-            last = i + PREFILL_CHUNK >= len(ids)
-            if all_logits or last:
-                outs.append(model.forward(chunk, start_pos + i, all_logits=all_logits))
-            else:
-                model.forward(chunk, start_pos + i, all_logits=False)
+        logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
         self.timing["prefill_s"] += time.perf_counter() - t
         self.timing["prefill_tokens"] += len(ids)
         end = start_pos + len(ids)
         self._handoff(lambda lo, hi: _cache_rows(model.cache, lo, hi), self._decoder_import,
                       start_pos, end, "to_decoder_rows")
         self._prefill_valid = end
-        return np.concatenate(outs) if all_logits else outs[-1]
+        return logits
 
     def decode_tokens(self, first_token, start_pos, params, max_tokens):
         """The decoder's device-resident decode, when it has one (its cache holds the prompt)."""

@@ -26,7 +26,7 @@ Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every product 
     p.push.pack(n_rows=..., n_cols=...)          # the push-constant layout, defined once
   A variant names its shader file, -D defines, the number of storage-buffer bindings
   (bindings 0..n-1, all `buffer` blocks), a PushLayout and its specialization constants.
-  `tools/build_shaders.py` compiles each to shaders/spv/<name>.spv. Unknown spec names raise.
+  `python -m tools.build_shaders` compiles each to shaders/spv/<name>.spv. Unknown spec names raise.
   A variant's push block is generated from its PushLayout and passed to glslc as the macro
   PUSH_CONSTANTS: write `PUSH_CONSTANTS` once at the top level of the shader, read `pc.field`.
 
@@ -61,8 +61,6 @@ import numpy as np
 from engine.errors import DeviceUnavailableError
 
 log = logging.getLogger(__name__)
-
-UINT64_MAX = (1 << 64) - 1   # the binding's VK_WHOLE_SIZE is -1; use this
 
 
 def _vk():

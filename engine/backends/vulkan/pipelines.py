@@ -2,7 +2,7 @@
 
 A `Variant` names its shader file, the -D defines that pick the weight type and epilogue, how
 many storage-buffer bindings it has (0..n-1), its push-constant layout and specialization
-constants. `tools/build_shaders.py` compiles each variant to `shaders/spv/<name>.spv`; the
+constants. `python -m tools.build_shaders` compiles each variant to `shaders/spv/<name>.spv`; the
 `PipelineCache` turns a name (+ specialization values) into a VkPipeline at run time.
 
 `PushLayout` and `Variant` live in `variants.py` (re-exported here). Variants of the other
@@ -13,13 +13,11 @@ only: `bench/` registers its probe kernels on a device with `Device.register_var
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from engine.backends.vulkan import ops_table
 from engine.backends.vulkan.ops_norm import NORM_MAXE
-from engine.backends.vulkan.variants import MAX_PUSH_BYTES, NO_PUSH, PushLayout, Variant  # noqa: F401  (re-exported)
-from shaders import SHADER_DIR, SPV_DIR  # noqa: F401  (the shader package's folders; re-exported for tools/)
+from engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant  # noqa: F401  (MAX_PUSH_BYTES re-exported)
+
 
 # ---- the matvec family ------------------------------------------------------------------
 #
