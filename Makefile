@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 shaders:
-	$(PY) tools/build_shaders.py
+	$(PY) -m tools.build_shaders
 
 bench: $(STAMP)
 	$(PY) -m bench.run

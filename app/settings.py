@@ -73,10 +73,6 @@ class SettingsModel:
     def subscribe(self, listener: Callable[[str, object], None]) -> None:
         self._listeners.append(listener)
 
-    def unsubscribe(self, listener: Callable[[str, object], None]) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
     def set(self, name: str, value) -> None:
         if name not in {f.name for f in fields(Settings)}:
             raise KeyError(name)

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends.vulkan import ops_attention  # noqa: E402
-from engine.backends.vulkan.device import Device  # noqa: E402
-from engine.backends.vulkan.ops_common import pack_step  # noqa: E402
-from engine.backends.vulkan.timing import time_us  # noqa: E402
+from engine.backends.vulkan import ops_attention
+from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.ops_common import pack_step
+from engine.backends.vulkan.timing import time_us
 
 SHAPES = {  # head_dim, query heads, kv heads
     "270m": (256, 4, 1),

@@ -10,20 +10,18 @@ excess over bytes / copy bandwidth is the ramp-up and tail a dependent step pays
 
 --handoff also times a small kernel followed by a weight stream that depends on it, the
 stream either behind a pipeline barrier or launched with no barrier and spinning on a flag
-the small kernel sets (shaders/handoff_probe.comp): how much of the barrier and the stream's
+the small kernel sets (bench/shaders/handoff_probe.comp): how much of the barrier and the stream's
 ramp-up a flag handoff would hide.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends.vulkan.device import Device  # noqa: E402
-from engine.backends.vulkan.timing import time_many, time_us  # noqa: E402
+from bench import shaders as probes
+from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.timing import time_many, time_us
 
 CHAIN = 64
 
@@ -36,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--handoff", action="store_true", help="also time barrier vs flag handoffs")
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=args.software)
+    probes.register(dev)
     p = dev.pipeline("copy_u32x4", WG=256)
     a, b = dev.buffer(64 << 20), dev.buffer(64 << 20)
     out: dict = {"device": dev.name}

@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
-
-from engine.backends.vulkan.device import Device  # noqa: E402
-from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize  # noqa: E402
-from engine.backends.vulkan.timing import time_many  # noqa: E402
+from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
+from engine.backends.vulkan.timing import time_many
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376), (5376, 4096), (10240, 2560), (2048, 640)]   # 27B gate|up, down, qkv, o; 4B gate; 270M gate
 

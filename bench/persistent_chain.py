@@ -3,7 +3,7 @@
     python -m bench.persistent_chain [--groups 132,264] [--layers 8] [--json OUT]
 
 A 27B-shaped layer as 8 dependent phases (QKV, o, gate/up, down weight streams, each followed
-by a small norm-like phase; shaders/persistent_probe.comp), timed per layer five ways, each
+by a small norm-like phase; bench/shaders/persistent_probe.comp), timed per layer five ways, each
 layer on its own weights so nothing is served from L2:
   chain       one dispatch per phase, a pipeline barrier between (the engine's design);
   streams     the four streams alone, barrier between (no small phases);
@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.dispatch_cost import copy_gb_s  # noqa: E402
-from engine.backends.vulkan.device import Device  # noqa: E402
-from engine.backends.vulkan.timing import time_many  # noqa: E402
+from bench.dispatch_cost import copy_gb_s
+from bench import shaders as probes
+from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.timing import time_many
 
 BYTES_27B = {"qkv": 24_772_608, "o": 12_386_304, "gu": 130_056_192, "down": 65_028_096}
 HIDDEN_27B = 5376
@@ -49,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=args.software)
+    probes.register(dev)
     out: dict = {"device": dev.name, "layers": args.layers}
     bw = copy_gb_s(dev, int((1 << 30) * args.scale))
     out["copy_gb_s"] = bw

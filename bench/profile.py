@@ -13,9 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 
 def profile(path: Path, tokens: int, context: int) -> dict:
     from engine.backends.vulkan.backend import VulkanBackend

@@ -15,9 +15,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 # llama.cpp, NVIDIA H100 80GB HBM3, Vulkan, synthetic Q4_0 / Q8_0-embedding GGUFs (shared/DESIGN.md)
 LLAMA_CPP_H100 = {"270m": {"pp512": 8564, "tg128": 479}, "4b": {"pp512": 4927, "tg128": 250},
                   "27b": {"pp512": 733, "tg128": 69.3}}

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.weights import embedded_model_path, open_weights  # noqa: E402
+from engine.weights import embedded_model_path, open_weights
 
 POSITION = 256          # cache filled this far first, as in a conversation
 REPEATS = 5

@@ -53,7 +53,7 @@ def vulkan_entries() -> list[DeviceEntry]:
 
 def npu_entry() -> DeviceEntry:
     try:
-        from npu.detect import npu_status
+        from engine.backends.npu.detect import npu_status
     except ImportError as exc:
         return DeviceEntry("npu", "AMD XDNA NPU", False, f"NPU support not available ({exc})")
     status = npu_status()

@@ -34,3 +34,9 @@ class DeviceUnavailableError(PhoenixError):
 
 class CancelledError(PhoenixError):
     """Long work (loading, re-quantizing) was cancelled by the user."""
+
+
+class ContextFull(Exception):
+    """A prompt does not fit the backend's context window (raised by the token generators).
+
+    Not a PhoenixError: `stream_generate` checks the length first and reports "context" itself."""

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.errors import ContextFull
 from engine.sampling import Sampler, SamplingParams
-
-PREFILL_CHUNK = 512
 
 
 @dataclass
@@ -27,10 +26,6 @@ class GenerationResponse:
     generation_tps: float
     ttft_s: float               # time to first token, prompt processing included
     finish_reason: str | None   # None while running; "stop" | "length" | "context" | "cancelled"
-
-
-class ContextFull(Exception):
-    pass
 
 
 def generate_step(model, prompt_ids: Sequence[int], params: SamplingParams,

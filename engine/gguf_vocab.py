@@ -16,9 +16,6 @@ Special handling mirrors llama.cpp (`llama-vocab.cpp`):
 """
 from __future__ import annotations
 
-import json
-import time
-
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
@@ -146,19 +143,3 @@ def build_gguf_tokenizer(meta: dict) -> Tokenizer:
     tok.add_tokens(added)
     return tok
 
-
-if __name__ == "__main__":  # python -m engine.gguf_vocab [FILE.gguf]: time the build
-    import sys
-
-    from .weights import embedded_model_path
-    from .weights.gguf_file import GGUFFile
-
-    meta = GGUFFile(sys.argv[1] if len(sys.argv) > 1 else embedded_model_path()).metadata
-    t0 = time.perf_counter()
-    merges = derive_merges(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
-                           meta["tokenizer.ggml.token_type"])
-    t1 = time.perf_counter()
-    built = build_gguf_tokenizer(meta)
-    t2 = time.perf_counter()
-    print(f"{len(merges)} merges in {t1 - t0:.2f} s; whole build {t2 - t1:.2f} s;",
-          "'Hello world' ->", json.dumps(built.encode("Hello world").ids))

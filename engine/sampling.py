@@ -1,7 +1,7 @@
 """Sampling parameters and the CPU sampler (mlx-lm style: built once, then applied per step)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,9 +19,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
-
-    def with_(self, **kw) -> "SamplingParams":
-        return replace(self, **kw)
 
 
 class Sampler:

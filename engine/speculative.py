@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import PhoenixError
+from engine.errors import ContextFull, PhoenixError
 from engine.sampling import SamplingParams, candidates
 
 MAX_DRAFT_TOKENS = 16       # the CPU cache's local rings hold the window + 32 positions
@@ -97,8 +97,6 @@ def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingP
     target, draft: LoadedModel-like objects (`.backend`) with the same tokenizer. The caller
     stops early by closing us.
     """
-    from engine.generate import ContextFull
-
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise PhoenixError(f"draft tokens must be 1..{MAX_DRAFT_TOKENS}, not {draft_tokens}")
     stats = stats if stats is not None else SpeculativeStats()

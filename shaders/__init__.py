@@ -1,7 +1,7 @@
 """GLSL compute sources (one .comp per kernel family, include/) and their committed SPIR-V (spv/).
 
 A package so that a wheel carries the SPIR-V the Vulkan backend loads (package data in
-pyproject.toml); `tools/build_shaders.py` compiles the sources into spv/.
+pyproject.toml); `python -m tools.build_shaders` compiles the sources into spv/.
 """
 from pathlib import Path
 

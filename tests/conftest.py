@@ -42,8 +42,8 @@ def gguf(model_path):
 @pytest.fixture(scope="session")
 def npu_test_kernels(tmp_path_factory) -> Path:
     """A folder of emulator stand-in kernels, one per default GEMM spec (shared: copy it to alter it)."""
-    from npu.emulator import write_test_kernel
     from npu.kernels.spec import DEFAULT_SPECS
+    from tests.npu.emulator import write_test_kernel
     folder = tmp_path_factory.mktemp("npu-kernels")
     for spec in DEFAULT_SPECS:
         write_test_kernel(folder, spec)

@@ -1,12 +1,12 @@
-#!/usr/bin/env python3
-"""Compile every pipeline variant in engine/backends/vulkan/pipelines.py to shaders/spv/.
+"""Compile every pipeline variant to SPIR-V: the product's table (engine/backends/vulkan/pipelines.py)
+to shaders/spv/, the benchmarks' probes (bench/shaders/__init__.py) to bench/shaders/spv/.
 
 Each variant's hash covers its shader source, every file it includes (recursively), its -D
 defines (the generated push-constant block among them) and the compiler flags. The hashes go
-to shaders/spv/manifest.json; tests/vulkan/test_shaders_fresh.py fails when a committed .spv
-no longer matches its sources. Only stale variants are rebuilt unless --force.
+to the manifest.json beside the .spv files; tests/vulkan/test_shaders_fresh.py fails when a
+committed .spv no longer matches its sources. Only stale variants are rebuilt unless --force.
 
-    python tools/build_shaders.py [--force] [--check] [--jobs N] [NAME ...]
+    python -m tools.build_shaders [--force] [--check] [--jobs N] [NAME ...]
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine.backends.vulkan.pipelines import SHADER_DIR, SPV_DIR, VARIANTS, Variant  # noqa: E402
+from bench.shaders import VARIANTS as BENCH_VARIANTS
+from engine.backends.vulkan.pipelines import VARIANTS as PRODUCT_VARIANTS
+from engine.backends.vulkan.variants import Variant
 
 GLSLC_FLAGS = ["--target-env=vulkan1.2", "-O", "-fshader-stage=compute"]
 # cooperative-matrix variants: SPIR-V 1.6 / Vulkan 1.3, built by a glslc that knows the
@@ -38,7 +38,18 @@ def needs_modern(v: Variant) -> bool:
 
 def flags(v: Variant) -> list[str]:
     return COOPMAT_FLAGS if needs_modern(v) else GLSLC_FLAGS
-MANIFEST = SPV_DIR / "manifest.json"
+
+def _one_table(*tables: dict[str, Variant]) -> dict[str, Variant]:
+    out: dict[str, Variant] = {}
+    for table in tables:
+        twice = set(out) & set(table)
+        if twice:
+            raise ValueError(f"pipeline variants declared twice: {sorted(twice)}")
+        out.update(table)
+    return out
+
+
+VARIANTS = _one_table(PRODUCT_VARIANTS, BENCH_VARIANTS)
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -56,23 +67,40 @@ def sources(path: Path, seen: set | None = None) -> list[Path]:
 
 def variant_hash(v: Variant) -> str:
     h = hashlib.sha256()
-    for p in sorted(sources((SHADER_DIR / v.shader).resolve()), key=lambda p: str(p)):
+    for p in sorted(sources(v.source.resolve()), key=lambda p: str(p)):
         h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
     h.update("\0".join(v.define_args() + flags(v)).encode())
     return h.hexdigest()
 
 
 def compile_variant(v: Variant, glslc: str) -> tuple[str, str | None]:
-    cmd = [glslc, *flags(v), *v.define_args(), str(SHADER_DIR / v.shader), "-o", str(v.spv_path)]
+    cmd = [glslc, *flags(v), *v.define_args(), str(v.source), "-o", str(v.spv_path)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     return v.name, (r.stderr or r.stdout or "glslc failed") if r.returncode else None
 
 
+def spv_dirs() -> list[Path]:
+    """Every folder the variants' SPIR-V goes to (each has its own manifest.json)."""
+    return sorted({v.spv_path.parent for v in VARIANTS.values()})
+
+
 def load_manifest() -> dict:
-    try:
-        return json.loads(MANIFEST.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    """{name: entry} of every manifest.json, for the variants whose SPIR-V is in that folder."""
+    out = {}
+    for folder in spv_dirs():
+        try:
+            entries = json.loads((folder / "manifest.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        out.update({n: e for n, e in entries.items() if n in VARIANTS and VARIANTS[n].spv_path.parent == folder})
+    return out
+
+
+def write_manifests(manifest: dict) -> None:
+    """Each variant's entry into the manifest.json beside its .spv."""
+    for folder in spv_dirs():
+        mine = {n: e for n, e in manifest.items() if VARIANTS[n].spv_path.parent == folder}
+        (folder / "manifest.json").write_text(json.dumps(dict(sorted(mine.items())), indent=1) + "\n")
 
 
 def stale_variants(manifest: dict | None = None) -> list[str]:
@@ -107,11 +135,11 @@ def main(argv=None) -> int:
     todo = args.names or (list(VARIANTS) if args.force else stale)
     modern = None
     if any(needs_modern(VARIANTS[n]) for n in todo if n in VARIANTS):
-        import modern_glslc
+        from tools import modern_glslc
         try:
             modern = modern_glslc.find()
         except (subprocess.CalledProcessError, RuntimeError, FileNotFoundError) as exc:
-            print(f"no glslc with GL_KHR_cooperative_matrix (tools/modern_glslc.py): {exc}", file=sys.stderr)
+            print(f"no glslc with GL_KHR_cooperative_matrix (tools.modern_glslc): {exc}", file=sys.stderr)
             return 2
 
     def compiler(v: Variant) -> str:
@@ -120,7 +148,8 @@ def main(argv=None) -> int:
     if unknown:
         print(f"unknown variants: {unknown}", file=sys.stderr)
         return 2
-    SPV_DIR.mkdir(parents=True, exist_ok=True)
+    for folder in spv_dirs():
+        folder.mkdir(parents=True, exist_ok=True)
     failed = 0
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for name, err in pool.map(lambda n: compile_variant(VARIANTS[n], compiler(VARIANTS[n])), todo):
@@ -133,11 +162,12 @@ def main(argv=None) -> int:
                               "defines": v.define_args(), "bytes": v.spv_path.stat().st_size}
             print(f"built {name}")
     # drop entries (and files) of variants that no longer exist
-    for name in list(manifest):
-        if name not in VARIANTS:
-            manifest.pop(name)
-            (SPV_DIR / f"{name}.spv").unlink(missing_ok=True)
-    MANIFEST.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    for folder in spv_dirs():
+        for spv in folder.glob("*.spv"):
+            if VARIANTS.get(spv.stem) is None or VARIANTS[spv.stem].spv_path != spv:
+                manifest.pop(spv.stem, None)
+                spv.unlink()
+    write_manifests(manifest)
     print(f"{len(todo) - failed} built, {failed} failed, {len(VARIANTS)} variants")
     return 1 if failed else 0
 

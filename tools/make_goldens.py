@@ -6,7 +6,7 @@ Runs the two reference implementations on the embedded Gemma 3 270M Q4_K_M GGUF:
 and writes tests/goldens/transformers_270m.npz + tests/goldens/transformers_270m.json.
 
 Needs the tools virtualenv (torch is not a runtime dependency of the project):
-    .venv-tools/bin/python tools/make_goldens.py [--skip-llama-cpp] [--skip-ppl]
+    .venv-tools/bin/python -m tools.make_goldens [--skip-llama-cpp] [--skip-ppl]
 See tools/README.md.
 """
 from __future__ import annotations

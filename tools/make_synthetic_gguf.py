@@ -5,7 +5,7 @@ The layout (tensor names, shapes, quant types, metadata) is that of a real Gemma
 every engine loads it like the real model; the values are random blocks with sane scales.
 Real 4B/27B weights cannot be downloaded here; their shapes are all a bandwidth benchmark needs.
 
-    python tools/make_synthetic_gguf.py --shape 27b --type q4_0 -o /tmp/g27.gguf
+    python -m tools.make_synthetic_gguf --shape 27b --type q4_0 -o /tmp/g27.gguf
 """
 from __future__ import annotations
 

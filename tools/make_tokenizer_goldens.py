@@ -6,7 +6,7 @@ For every string of CORPUS, on the embedded Gemma 3 270M GGUF:
   * the text llama.cpp detokenizes its special=True / special=False ids back to (bos skipped)
 Disagreements are recorded as they are, never adjusted.
 
-    .venv-tools/bin/python tools/make_tokenizer_goldens.py
+    .venv-tools/bin/python -m tools.make_tokenizer_goldens
 """
 from __future__ import annotations
 

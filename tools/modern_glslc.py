@@ -8,7 +8,7 @@ system-wide) into .toolchain/ and writes .toolchain/glslc, a wrapper that runs i
 that runtime's own loader. Only shader builds use it: the committed SPIR-V is what runs, and
 tests/vulkan/test_shaders_fresh.py checks it by source hash, so CI needs no compiler at all.
 
-    python tools/modern_glslc.py          # prints the wrapper's path (fetches once)
+    python -m tools.modern_glslc          # prints the wrapper's path (fetches once)
 
 A system glslc that already understands the extension (Ubuntu 24.04+, Debian 13+, the Vulkan
 SDK) is used instead when found; PHOENIX_GLSLC_COOPMAT names one explicitly.

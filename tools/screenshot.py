@@ -1,6 +1,6 @@
 """Screenshot of the desktop app mid-answer, under Xvfb, with the device gauges visible.
 
-    python tools/screenshot.py [--out docs/screenshot.png] [--prompt TEXT] [--tokens N]
+    python -m tools.screenshot [--out docs/screenshot.png] [--prompt TEXT] [--tokens N]
 
 Starts a private Xvfb display, opens the real window (xcb platform) on the embedded model
 with a throw-away PHOENIX_CHAT_HOME, sends a prompt, and captures the whole screen with
@@ -25,7 +25,6 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 FIRST_PROMPT = "Write a Python function that adds two numbers."
 PROMPT = "Here is a short poem about a phoenix rising from the ashes:"

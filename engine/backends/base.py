@@ -15,6 +15,21 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.sampling import SamplingParams
 
+PREFILL_CHUNK = 256     # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
+
+
+def forward_in_chunks(forward, ids: list[int], start_pos: int, all_logits: bool,
+                      chunk: int = PREFILL_CHUNK) -> np.ndarray:
+    """`forward(ids, pos, all_logits=...)` over `ids` a chunk at a time, positions start_pos..:
+    the logits of every position with all_logits, else of the last one. (Between chunks is where
+    a cancel check will go, so that Stop interrupts a long prefill.)"""
+    outs = []
+    for i in range(0, len(ids), chunk):
+        out = forward(ids[i:i + chunk], start_pos + i, all_logits=all_logits)
+        if all_logits or i + chunk >= len(ids):
+            outs.append(out)
+    return np.concatenate(outs) if all_logits else outs[-1]
+
 
 @dataclass(frozen=True)
 class LiveStats:

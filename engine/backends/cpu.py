@@ -4,12 +4,10 @@ from __future__ import annotations
 import numpy as np
 import psutil
 
-from engine.backends.base import Backend, LiveStats
+from engine.backends.base import Backend, LiveStats, forward_in_chunks
 from engine.errors import OutOfMemoryError
 from engine.models.gemma3 import Gemma3Model
 from engine.weights.base import WeightSource
-
-PREFILL_CHUNK = 256
 
 
 def f32_footprint(weights: WeightSource, context_length: int) -> int:
@@ -36,16 +34,7 @@ class CpuBackend(Backend):
         self.model = Gemma3Model(weights, context_length, progress=progress, cancel=cancel)
 
     def forward(self, token_ids, start_pos, *, all_logits=False):
-        ids = list(token_ids)
-        outs = []
-        for i in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[i:i + PREFILL_CHUNK]
-            last_chunk = i + PREFILL_CHUNK >= len(ids)
-            if all_logits or last_chunk:
-                outs.append(self.model.forward(chunk, start_pos + i, all_logits=all_logits))
-            else:
-                self.model.forward(chunk, start_pos + i, all_logits=False)
-        return np.concatenate(outs) if all_logits else outs[-1]
+        return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)
 
     def live_stats(self) -> LiveStats:
         return LiveStats(device=self.device_name, kv_cache_bytes=self.model.cache.nbytes())

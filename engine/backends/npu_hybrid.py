@@ -1,7 +1,7 @@
 """The "prefill on NPU" plan: prompt-chunk matmuls on the XDNA NPU, decode on the iGPU (Vulkan) or CPU.
 
 Prefill (a chunk of ≥ `min_tokens` tokens) runs a prefill copy of the model whose `linear()` hook
-sends the projections of the chosen layers to the NPU int8 GEMM (npu/gemm.py); attention, norms,
+sends the projections of the chosen layers to the NPU int8 GEMM (engine/backends/npu/gemm.py); attention, norms,
 RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the decoder
 backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both sides keep their own KV cache and the hand-off between them
 is an explicit, timed copy of the rows written since the last hand-off:
@@ -17,25 +17,23 @@ The activations crossing to the NPU per matmul — the hidden state's traffic �
 NPU device (`bytes_to_device` / `bytes_from_device`).
 
 Without a usable NPU the constructor raises DeviceUnavailableError with npu_status()'s reason:
-nothing falls back silently. Tests pass `xrt=npu.emulator.EmulatedXrt()`.
+nothing falls back silently. Tests pass `xrt=tests.npu.emulator.EmulatedXrt()` (its `emulated = True`
+lets it load the emulator's stand-in kernels).
 """
 from __future__ import annotations
 
-import re
 import time
 
 import numpy as np
 
-from engine.backends.base import Backend, LiveStats
+from engine.backends.base import Backend, LiveStats, forward_in_chunks
 from engine.backends.cpu import CpuBackend
 from engine.errors import DeviceUnavailableError
 from engine.models.gemma3 import Gemma3Model, KVCache
 from engine.weights.base import WeightSource
 
-PREFILL_CHUNK = 256
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 class NpuPrefillModel(Gemma3Model):
@@ -68,17 +66,17 @@ class NpuHybridBackend(Backend):
         decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
         side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
         """
-        from npu.detect import npu_status
-        from npu.gemm import NpuGemm
-        from npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
+        from engine.backends.npu.detect import npu_status
+        from engine.backends.npu.gemm import NpuGemm
+        from engine.backends.npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
 
         super().__init__(weights.config, context_length)
-        emulated = xrt is not None and type(xrt).__module__ == "npu.emulator"
+        emulated = getattr(xrt, "emulated", False) is True     # a test double says so itself
         if xrt is None:
             status = npu_status(kernel_dirs=kernel_dirs)
             if not status.available:
                 raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
-            from npu.runtime import import_pyxrt
+            from engine.backends.npu.runtime import import_pyxrt
             xrt = import_pyxrt()
         found, problems = find_kernels(kernel_dirs if kernel_dirs is not None else kernel_search_dirs(),
                                        allow_emulator=emulated)
@@ -131,21 +129,14 @@ class NpuHybridBackend(Backend):
             self._handoff(self._decoder_rows, lambda rows: _write_rows(model.cache, rows),
                           self._prefill_valid, start_pos, "to_prefill_rows")
         t = time.perf_counter()
-        outs = []
-        for i in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[i:i + PREFILL_CHUNK]
-            last = i + PREFILL_CHUNK >= len(ids)
-            if all_logits or last:
-                outs.append(model.forward(chunk, start_pos + i, all_logits=all_logits))
-            else:
-                model.forward(chunk, start_pos + i, all_logits=False)
+        logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
         self.timing["prefill_s"] += time.perf_counter() - t
         self.timing["prefill_tokens"] += len(ids)
         end = start_pos + len(ids)
         self._handoff(lambda lo, hi: _cache_rows(model.cache, lo, hi), self._decoder_import,
                       start_pos, end, "to_decoder_rows")
         self._prefill_valid = end
-        return np.concatenate(outs) if all_logits else outs[-1]
+        return logits
 
     def decode_tokens(self, first_token, start_pos, params, max_tokens):
         """The decoder's device-resident decode, when it has one (its cache holds the prompt)."""

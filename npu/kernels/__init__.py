@@ -1,1 +1,7 @@
-"""NPU kernel designs (IRON, for mlir-aie) and the shared description of their buffer layouts."""
+"""NPU kernel designs (IRON, for mlir-aie) and the shared description of their buffer layouts.
+
+The host side that loads and runs the built kernels is engine/backends/npu/.
+"""
+from pathlib import Path
+
+BUILD_DIR = Path(__file__).resolve().parent / "build"     # where build.py writes the kernels

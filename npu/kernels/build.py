@@ -8,7 +8,7 @@ Per kernel in npu.kernels.spec.DEFAULT_SPECS:
   3. aiecc.py --no-xchesscc --no-xbridge --aie-generate-xclbin --aie-generate-npu-insts
      --no-compile-host … → <name>.xclbin and <name>.insts.bin
   4. <name>.json records the spec, the file names, their sha256 and the toolchain versions used,
-     which is what npu.runtime.find_kernels() checks before anything runs.
+     which is what engine.backends.npu.runtime.find_kernels() checks before anything runs.
 
 Toolchain it was written for (not installable from PyPI; wheels from the GitHub releases):
 mlir-aie 1.x with the `aie.iron` API (Xilinx/mlir-aie releases), llvm-aie/Peano of the same
@@ -27,6 +27,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from npu.kernels import BUILD_DIR
 from npu.kernels.gemm_design import object_name
 from npu.kernels.spec import DEFAULT_SPECS, GemmSpec
 
@@ -127,7 +128,7 @@ def _sha256(path: Path) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE / "build")
+    ap.add_argument("--out", type=Path, default=BUILD_DIR)
     ap.add_argument("--only", nargs="*", choices=[s.name for s in DEFAULT_SPECS])
     ap.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
     args = ap.parse_args(argv)

@@ -45,3 +45,5 @@ def test_setuptools_packages_every_resource_and_shader(tmp_path):
     # the SPIR-V of every pipeline variant the Vulkan backend can load
     from engine.backends.vulkan.pipelines import VARIANTS
     assert {f"shaders/spv/{name}.spv" for name in VARIANTS} | {"shaders/spv/manifest.json"} <= built
+    # and nothing that is a probe, a test double or an evaluation script
+    assert not [p for p in built if "probe" in p or "emulator" in p or "eval_" in p], sorted(built)

@@ -68,8 +68,6 @@ def test_export_all_json_and_markdown(home):
 def test_killed_writer_leaves_a_readable_file_with_the_partial_answer(home, tmp_path):
     """SIGKILL a process in the middle of saving a growing answer: the file stays intact."""
     script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(ROOT)!r})
         from app.store import Store
         s = Store(home={str(home)!r})
         c = s.create_conversation("crash")
@@ -84,7 +82,7 @@ def test_killed_writer_leaves_a_readable_file_with_the_partial_answer(home, tmp_
             if i == 200:
                 print("saved", flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "saved"
     proc.kill()
     proc.wait()

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from npu.emulator import EmulatedXrt
-from npu.runtime import NpuDevice, find_kernels
+from engine.backends.npu.runtime import NpuDevice, find_kernels
+from tests.npu.emulator import EmulatedXrt
 
 
 @pytest.fixture

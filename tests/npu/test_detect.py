@@ -6,9 +6,9 @@ import types
 
 import pytest
 
-from npu.detect import npu_status
-from npu.emulator import write_test_kernel
+from engine.backends.npu.detect import npu_status
 from npu.kernels.spec import DEFAULT_SPECS
+from tests.npu.emulator import write_test_kernel
 
 ADDR = "0000:c4:00.1"
 

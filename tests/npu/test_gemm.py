@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from npu.gemm import NpuGemm, plan_cost, reference_matmul
+from engine.backends.npu.gemm import NpuGemm, plan_cost, reference_matmul
 
 
 @pytest.mark.parametrize("n,in_f,out_f", [

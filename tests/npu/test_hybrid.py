@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine.errors import DeviceUnavailableError
-from npu.emulator import EmulatedXrt
+from tests.npu.emulator import EmulatedXrt
 
 N_PROMPT = 64
 
@@ -90,8 +90,8 @@ def test_only_the_chosen_layers_go_to_the_npu(setup):
 
 
 def test_unavailable_npu_is_an_error_with_the_reason(setup):
+    from engine.backends.npu.detect import npu_status
     from engine.backends.npu_hybrid import NpuHybridBackend
-    from npu.detect import npu_status
     weights, _, cpu, _, _ = setup
     status = npu_status()
     if status.available:
@@ -110,7 +110,7 @@ def test_emulated_backend_needs_kernels(setup, tmp_path):
 
 def test_load_with_npu_hybrid_reports_why_not(tmp_path, monkeypatch):
     import engine
-    from npu.detect import npu_status
+    from engine.backends.npu.detect import npu_status
     if npu_status().available:
         pytest.skip("this machine has a usable NPU")
     with pytest.raises(DeviceUnavailableError, match="^NPU prefill is unavailable: "):

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from npu.emulator import EmulatedXrt, EmulatorError, write_test_kernel
+from engine.backends.npu.runtime import NpuDevice, NpuRunError, find_kernels, kernel_search_dirs
 from npu.kernels.spec import DEFAULT_SPECS
-from npu.runtime import NpuDevice, NpuRunError, find_kernels, kernel_search_dirs
+from tests.npu.emulator import EmulatedXrt, EmulatorError, write_test_kernel
 
 I8 = DEFAULT_SPECS[0]
 

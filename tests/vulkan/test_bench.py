@@ -30,7 +30,7 @@ def test_bench_cpu_has_no_device_figures(tiny_path):
 
 
 def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
-    """bench.dispatch_cost --handoff (shaders/handoff_probe.comp: barrier vs flag between a small
+    """bench.dispatch_cost --handoff (bench/shaders/handoff_probe.comp: barrier vs flag between a small
     kernel and a weight stream) runs its chains to the end on this device and reports every
     figure; a consumer that never saw its producer's flag would hang here instead."""
     import json
@@ -46,7 +46,7 @@ def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
 
 
 def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
-    """bench.persistent_chain (shaders/persistent_probe.comp): the one-dispatch version of a
+    """bench.persistent_chain (bench/shaders/persistent_probe.comp): the one-dispatch version of a
     layer chain, its phases separated by grid barriers, leaves the same activations as one
     dispatch per phase (a barrier that let a workgroup run ahead would not), no wait times out,
     every arrival is counted, and every figure is reported. One workgroup: on lavapipe runs of

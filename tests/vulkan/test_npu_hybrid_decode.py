@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.generate import generate_step
 from engine.sampling import SamplingParams
-from npu.emulator import EmulatedXrt
+from tests.npu.emulator import EmulatedXrt
 
 
 class _Model:

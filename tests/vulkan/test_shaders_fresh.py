@@ -1,27 +1,29 @@
 """The committed SPIR-V matches its sources: `make shaders` was run after the last shader edit."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from tools import build_shaders as tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _build_tool():
-    spec = importlib.util.spec_from_file_location("build_shaders", REPO / "tools" / "build_shaders.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_every_variant_has_a_fresh_spv():
-    tool = _build_tool()
+    """The product's table and the benchmarks' probes (bench/shaders/) alike."""
+    assert {"matvec_q4_0_f32_f32", "handoff_probe", "persistent_probe"} <= set(tool.VARIANTS)
     stale = tool.stale_variants()
     assert not stale, f"stale or missing SPIR-V (run `make shaders`): {stale}"
 
 
+def test_probes_are_not_product_kernels():
+    """The product table (what the wheel's shaders/spv holds) has no bench probe."""
+    from bench.shaders import VARIANTS as PROBES
+    from engine.backends.vulkan.pipelines import VARIANTS
+    assert not set(PROBES) & set(VARIANTS)
+    assert all(v.spv_path.parent == REPO / "bench" / "shaders" / "spv" for v in PROBES.values())
+
+
 def test_hash_covers_includes_and_defines():
-    tool = _build_tool()
     v = tool.VARIANTS["matvec_q4_0_f32_f32"]
     names = {p.name for p in tool.sources(REPO / "shaders" / v.shader)}
     assert {"matvec.comp", "common.glsl", "matvec_dot.glsl"} <= names

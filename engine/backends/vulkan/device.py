@@ -20,12 +20,13 @@ Buffers (engine/backends/vulkan/memory.py)
     t = dev.tensor(array_bytes, row_bytes)      # a weight: one buffer, bound in row ranges so
     t.ranges                                    # no binding exceeds maxStorageBufferRange
 
-Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every variant)
+Pipelines (engine/backends/vulkan/pipelines.py holds ONE table of every product variant)
     p = dev.pipeline("matvec_q4_0_f32", WG=128)  # name from the table, specialization by name
+    dev.register_variants(bench_variants)       # bench/shaders' probes: usable on this device only
     p.push.pack(n_rows=..., n_cols=...)          # the push-constant layout, defined once
   A variant names its shader file, -D defines, the number of storage-buffer bindings
   (bindings 0..n-1, all `buffer` blocks), a PushLayout and its specialization constants.
-  `tools/build_shaders.py` compiles each to shaders/spv/<name>.spv. Unknown spec names raise.
+  `python -m tools.build_shaders` compiles each to shaders/spv/<name>.spv. Unknown spec names raise.
   A variant's push block is generated from its PushLayout and passed to glslc as the macro
   PUSH_CONSTANTS: write `PUSH_CONSTANTS` once at the top level of the shader, read `pc.field`.
 
@@ -60,8 +61,6 @@ import numpy as np
 from engine.errors import DeviceUnavailableError
 
 log = logging.getLogger(__name__)
-
-UINT64_MAX = (1 << 64) - 1   # the binding's VK_WHOLE_SIZE is -1; use this
 
 
 def _vk():
@@ -411,11 +410,18 @@ class Device:
         return self._staging
 
     # -- pipelines --
-    def pipeline(self, name: str, **spec):
+    def _pipeline_cache(self):
         if self._pipelines is None:
             from engine.backends.vulkan.pipelines import PipelineCache
             self._pipelines = PipelineCache(self)
-        return self._pipelines.get(name, **spec)
+        return self._pipelines
+
+    def pipeline(self, name: str, **spec):
+        return self._pipeline_cache().get(name, **spec)
+
+    def register_variants(self, variants) -> None:
+        """Make `variants` (not in the product table: bench/shaders' probes) available to `pipeline()`."""
+        self._pipeline_cache().register(variants)
 
     # -- commands --
     def commands(self, *, timestamps: int = 0, name: str = ""):

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from engine.backends.vulkan.memory import Tensor
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES, MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
+from engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 MAX_GROUPS_X = 65535
@@ -95,9 +95,6 @@ class WeightMatrix:
     @property
     def nbytes(self) -> int:
         return self.tensor.nbytes
-
-    def int_dot_ok(self, dev) -> bool:
-        return dev.caps.int_dot and self.qtype.name in INT_DOT_TYPES and self.cols % 32 == 0
 
 
 @dataclass

@@ -2,82 +2,21 @@
 
 A `Variant` names its shader file, the -D defines that pick the weight type and epilogue, how
 many storage-buffer bindings it has (0..n-1), its push-constant layout and specialization
-constants. `tools/build_shaders.py` compiles each variant to `shaders/spv/<name>.spv`; the
+constants. `python -m tools.build_shaders` compiles each variant to `shaders/spv/<name>.spv`; the
 `PipelineCache` turns a name (+ specialization values) into a VkPipeline at run time.
 
-Push constants are defined here only: `PushLayout.glsl()` generates the GLSL block that the
-build passes to the shader as the macro PUSH_CONSTANTS, and the layout's size is checked
-against the 128 bytes every Vulkan device guarantees.
-
-Variants of the other kernel families (norm, rope, attention, embedding, sampling, GEMM) are
-declared in `ops_table.py` as `VARIANTS: list[Variant]` and merged into the one table below.
+`PushLayout` and `Variant` live in `variants.py` (re-exported here). Variants of the other
+kernel families (norm, rope, attention, embedding, sampling, GEMM) are declared in `ops_table.py`
+as `VARIANTS: list[Variant]` and merged into the one table below. The table holds product kernels
+only: `bench/` registers its probe kernels on a device with `Device.register_variants`.
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
-from pathlib import Path
 
+from engine.backends.vulkan import ops_table
 from engine.backends.vulkan.ops_norm import NORM_MAXE
-from shaders import SHADER_DIR, SPV_DIR  # noqa: F401  (the shader package's folders; re-exported for tools/)
-
-MAX_PUSH_BYTES = 128          # the minimum maxPushConstantsSize every device offers
-
-_SCALARS = {"u32": ("I", "uint"), "i32": ("i", "int"), "f32": ("f", "float")}
-
-
-class PushLayout:
-    """A push-constant block of 4-byte scalars, in declaration order (std430: no padding)."""
-
-    def __init__(self, name: str, fields: list[tuple[str, str]]):
-        self.name = name
-        self.fields = list(fields)
-        for f, t in self.fields:
-            if t not in _SCALARS:
-                raise ValueError(f"push layout {name}: field {f} has unknown type {t}")
-        self.names = [f for f, _ in self.fields]
-        self._struct = struct.Struct("<" + "".join(_SCALARS[t][0] for _, t in self.fields))
-        self.size = self._struct.size
-        if self.size > MAX_PUSH_BYTES:
-            raise ValueError(f"push layout {name} is {self.size} B > {MAX_PUSH_BYTES} B")
-
-    def pack(self, **values) -> bytes:
-        """Bytes for vkCmdPushConstants; every field must be given (missing or extra raise)."""
-        extra = set(values) - set(self.names)
-        missing = set(self.names) - set(values)
-        if extra or missing:
-            raise KeyError(f"push layout {self.name}: missing {sorted(missing)}, unknown {sorted(extra)}")
-        return self._struct.pack(*(values[f] for f in self.names))
-
-    def glsl(self) -> str:
-        body = " ".join(f"{_SCALARS[t][1]} {f};" for f, t in self.fields)
-        return f"layout(push_constant) uniform PC_{self.name} {{ {body} }} pc;"
-
-
-NO_PUSH = PushLayout("none", [])
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str                                  # op_wtype_atype_otype[_variant]
-    shader: str                                # file in shaders/
-    bindings: int                              # storage buffers at bindings 0..n-1
-    push: PushLayout = NO_PUSH
-    defines: dict = field(default_factory=dict)
-    spec: dict = field(default_factory=dict)   # spec name -> (constant_id, default int)
-    requires: tuple = ()                       # capability names (Capabilities attributes) needed
-
-    def define_args(self) -> list[str]:
-        args = [f"-D{k}" if v is None or v == "" else f"-D{k}={v}" for k, v in sorted(self.defines.items())]
-        if self.push.fields:
-            args.append(f"-DPUSH_CONSTANTS={self.push.glsl()}")
-        else:
-            args.append("-DPUSH_CONSTANTS=")
-        return args
-
-    @property
-    def spv_path(self) -> Path:
-        return SPV_DIR / f"{self.name}.spv"
+from engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant  # noqa: F401  (MAX_PUSH_BYTES re-exported)
 
 
 # ---- the matvec family ------------------------------------------------------------------
@@ -181,25 +120,11 @@ def _matvec_variants() -> list[Variant]:
                                MATVEC_SPEC, requires=("int_dot",)))
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
-    out.append(Variant("handoff_probe", "handoff_probe.comp", 4,
-                       PushLayout("handoff", [("n", "u32"), ("m", "u32"), ("producers", "u32"), ("reps", "u32")]),
-                       {}, {"WG": (0, 256), "ROLE": (1, 0), "WAIT": (2, 0)}))
-    out.append(Variant("persistent_probe", "persistent_probe.comp", 7,
-                       PushLayout("persistent", [("n_qkv", "u32"), ("n_o", "u32"), ("n_gu", "u32"),
-                                                 ("n_down", "u32"), ("layers", "u32"), ("m", "u32"),
-                                                 ("phase", "u32")]),
-                       {}, {"WG": (0, 512), "PERSIST": (1, 0), "PRE": (2, 4), "NORM_IN_STREAM": (3, 0)}))
     return out
 
 
 def _all_variants() -> dict[str, Variant]:
-    variants = _matvec_variants()
-    try:
-        from engine.backends.vulkan import ops_table
-    except ImportError:
-        ops_table = None
-    if ops_table is not None:
-        variants += list(ops_table.VARIANTS)
+    variants = _matvec_variants() + list(ops_table.VARIANTS)
     table: dict[str, Variant] = {}
     for v in variants:
         if v.name in table:
@@ -269,13 +194,24 @@ class Pipeline:
 
 
 class PipelineCache:
+    """The pipelines of one device, built on first use from `VARIANTS` and any registered extras."""
+
     def __init__(self, dev):
         self.dev = dev
+        self._variants: dict[str, Variant] = dict(VARIANTS)
         self._cache: dict[tuple, Pipeline] = {}
+
+    def register(self, variants) -> None:
+        """Add variants that are not product kernels (bench probes); a name may not change meaning."""
+        for v in variants:
+            known = self._variants.get(v.name)
+            if known is not None and known != v:
+                raise ValueError(f"pipeline variant {v.name} is already registered differently")
+            self._variants[v.name] = v
 
     def get(self, name: str, **spec) -> Pipeline:
         try:
-            variant = VARIANTS[name]
+            variant = self._variants[name]
         except KeyError:
             raise KeyError(f"no pipeline variant {name!r} in the table") from None
         unknown = set(spec) - set(variant.spec)

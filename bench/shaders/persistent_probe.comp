@@ -14,8 +14,8 @@
 // PERSIST 1 and 2 need every workgroup resident at once, which Vulkan does not promise: the host
 // keeps the grid at a few workgroups per SM, and a spin limit ends a wait that would never end
 // (the timing is then meaningless and the probe says so). A timing probe, not an engine kernel.
-#include "include/common.glsl"
-#include "include/wg_reduce.glsl"
+#include "../../shaders/include/common.glsl"
+#include "../../shaders/include/wg_reduce.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 512;

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.backends.npu.quant import bf16_bits_to_f32
 from npu.kernels.spec import GemmSpec
-from npu.quant import bf16_bits_to_f32
 
 
 class EmulatorError(RuntimeError):
@@ -66,6 +66,7 @@ class EmulatedXrt:
 
     xclBOSyncDirection = _SyncDirection
     ert_cmd_state = _CmdState
+    emulated = True            # not a real NPU: the backend accepts emulator_only kernels for it
 
     def __init__(self, n_devices: int = 1, fail_runs: bool = False):
         self.log: list[tuple] = []

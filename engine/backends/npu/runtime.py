@@ -5,7 +5,7 @@ register_xclbin (not load_xclbin) → hw_context → kernel "MLIR_AIE…" → an
 (cacheable, group_id(1)) written and synced once → data BOs (host_only, group_id(3/4/5)) →
 kernel(3, instr_bo, n_words, a, b, c) → wait → sync from device → read.
 
-`xrt` is the pyxrt module, injected so that tests can pass `npu.emulator` in its place.
+`xrt` is the pyxrt module, injected so that tests can pass `tests.npu.emulator` in its place.
 Every run is timed, which feeds the NPU utilization gauge (`busy_fraction`).
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import DeviceUnavailableError, PhoenixError
+from engine.paths import data_dir
+from npu.kernels import BUILD_DIR
 from npu.kernels.spec import GemmSpec
 
 KERNELS_ENV = "PHOENIX_NPU_KERNELS"
@@ -62,12 +64,8 @@ def kernel_search_dirs(extra=None) -> list[Path]:
     dirs = [Path(d) for d in (extra or [])]
     if os.environ.get(KERNELS_ENV, "").strip():
         dirs += [Path(p).expanduser() for p in os.environ[KERNELS_ENV].split(os.pathsep) if p]
-    try:
-        from engine.paths import data_dir
-        dirs.append(data_dir() / "npu-kernels")
-    except ImportError:
-        pass
-    dirs.append(Path(__file__).resolve().parent / "kernels" / "build")
+    dirs.append(data_dir() / "npu-kernels")
+    dirs.append(BUILD_DIR)
     return dirs
 
 

@@ -8,7 +8,7 @@
 // The spin assumes every producer workgroup is issued before any consumer one, which Vulkan does
 // not promise (the engine version of this gave wrong results on an H100: docs/PERFORMANCE.md):
 // this is a timing probe, not an engine kernel.
-#include "include/common.glsl"
+#include "../../shaders/include/common.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
