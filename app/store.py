@@ -245,21 +245,23 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _waited(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[StoreThread, P], R]:
-    """`method` run on the store thread; the caller waits for its result."""
-    @functools.wraps(method)
-    def run(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._pool.submit(method, self.store, *args, **kwargs).result()
-    return run
-
-
 def _queued(method: Callable[Concatenate[Store, P], R]
             ) -> Callable[Concatenate[StoreThread, P], concurrent.futures.Future[R]]:
     """`method` queued on the store thread; the caller gets a Future and does not wait."""
     @functools.wraps(method)
-    def run(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[R]:
+    def queue(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[R]:
         return self._pool.submit(method, self.store, *args, **kwargs)
-    return run
+    return queue
+
+
+def _waited(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[StoreThread, P], R]:
+    """`method` run on the store thread; the caller waits for its result."""
+    queue = _queued(method)
+
+    @functools.wraps(method)
+    def wait(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> R:
+        return queue(self, *args, **kwargs).result()
+    return wait
 
 
 class StoreThread:

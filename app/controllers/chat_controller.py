@@ -21,6 +21,7 @@ from app.store import Message, StoreThread
 from app.views.chat_view import ShownMessage
 from app.views.main_window import MainWindow
 from app.worker.client import WorkerClient
+from app.worker.protocol import GenerationStats
 
 SAVE_INTERVAL_MS = 500
 TITLE_CHARS = 48
@@ -262,7 +263,7 @@ class ChatController(QObject):
         if self.conversation_id == self.gen_conversation:
             self.view.set_streaming_text(self.answer_text)
 
-    def _on_stats(self, gen_id: str, stats: dict) -> None:
+    def _on_stats(self, gen_id: str, stats: GenerationStats) -> None:
         if gen_id == self.gen_id:
             self._show_stats(stats)
 
@@ -270,13 +271,12 @@ class ChatController(QObject):
         if request_id and request_id == self.gen_id:
             self.view.show_notice(html.escape(f"The engine reported an error: {message}"), "error")
 
-    def _on_finished(self, gen_id: str, reason: str, stats: dict, text: str) -> None:
+    def _on_finished(self, gen_id: str, reason: str, stats: GenerationStats, text: str) -> None:
         if gen_id != self.gen_id:
             return
         self.answer_text = text or self.answer_text
         note = FINISH_NOTES.get(reason, "The answer failed (see the message above)." if reason == "error" else "")
-        stats = dict(stats, finish_reason=reason)
-        self._close_answer(note, stats)
+        self._close_answer(note, reason, stats)
         self._show_stats(stats)
 
     def _on_worker_died(self, reason: str) -> None:
@@ -285,16 +285,16 @@ class ChatController(QObject):
         self.view.show_notice(html.escape(message), "error")
         self.window.statusBar().showMessage(message, 10000)
         if self.gen_id is not None:
-            self._close_answer("Interrupted: the engine stopped.", {"finish_reason": "crashed"})
+            self._close_answer("Interrupted: the engine stopped.", "crashed", None)
         elif self.busy:
             self._finish_view("Interrupted: the engine stopped.")
 
-    def _close_answer(self, note: str, stats: dict) -> None:
+    def _close_answer(self, note: str, reason: str, stats: GenerationStats | None) -> None:
         self._save_timer.stop()
-        answer_id, reason = self.answer_id, stats.get("finish_reason", "")
+        answer_id = self.answer_id
         if answer_id is not None:
-            stats = dict(stats, note=note) if note else stats
-            self.store.update_message(answer_id, self.answer_text, complete=True, stats=stats)
+            saved = {**(stats.to_dict() if stats else {}), "finish_reason": reason, **({"note": note} if note else {})}
+            self.store.update_message(answer_id, self.answer_text, complete=True, stats=saved)
         self.gen_id = None
         self.answer_id = None
         if self.gen_conversation == self.conversation_id:
@@ -330,14 +330,11 @@ class ChatController(QObject):
             shown.append(ShownMessage(None, "assistant", "", False))
         self.view.set_messages(shown)
 
-    def _show_stats(self, stats: dict) -> None:
+    def _show_stats(self, stats: GenerationStats) -> None:
         w = self.window
-        tps = stats.get("generation_tps")
-        if tps:
-            w.tps_label.setText(f"{tps:.1f} tok/s")
-        ttft = stats.get("ttft_s")
-        if ttft is not None:
-            w.ttft_label.setText(f"TTFT {ttft * 1000:.0f} ms")
-        used = (stats.get("prompt_tokens") or 0) + (stats.get("generation_tokens") or 0)
-        limit = stats.get("context_limit")
+        if stats.generation_tps:
+            w.tps_label.setText(f"{stats.generation_tps:.1f} tok/s")
+        if stats.ttft_s is not None:
+            w.ttft_label.setText(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+        used, limit = stats.prompt_tokens + stats.generation_tokens, stats.context_limit
         w.context_label.setText(f"context {used:,}/{limit:,}" if limit else f"context {used:,}")
