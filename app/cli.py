@@ -11,6 +11,7 @@ import logging
 import sys
 
 EXIT_USAGE = 2
+MAX_TOKENS = 256          # answer length in the terminal (the app's own is in its settings)
 
 
 def _add_model_args(p, backend=True):
@@ -24,13 +25,14 @@ def _add_model_args(p, backend=True):
 
 
 def _add_sampling_args(p):
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=64)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    # No sampling defaults here: a flag left out is the engine's SamplingParams default.
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repeat-penalty", type=float)
+    p.add_argument("--seed", type=int)
     p.add_argument("--system", default=None, help="system prompt (folded into the first user turn)")
 
 
@@ -80,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sampling(args):
+    """The flags given, over the engine's SamplingParams defaults."""
     from engine.sampling import SamplingParams
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repetition_penalty=args.repeat_penalty, seed=args.seed)
+    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+             "repetition_penalty": args.repeat_penalty, "seed": args.seed}
+    return SamplingParams(**{k: v for k, v in given.items() if v is not None})
 
 
 def _load(args, **kw):
@@ -222,7 +226,7 @@ def cmd_gui(args) -> int:
     import engine
     from engine.sampling import SamplingParams
     from app.terminal_chat import terminal_chat
-    return terminal_chat(engine.load(None), SamplingParams(), 256)
+    return terminal_chat(engine.load(None), SamplingParams(), MAX_TOKENS)
 
 
 COMMANDS = {"run": cmd_run, "chat": cmd_chat, "tokenize": cmd_tokenize, "info": cmd_info,

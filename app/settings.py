@@ -1,6 +1,7 @@
 """Every user choice in one typed model, persisted as JSON in the data folder.
 
-Defaults live in the dataclass and nowhere else. `SettingsModel.set(name, value)` writes the
+Defaults live in the dataclass and nowhere else; the sampling ones are the engine's own
+(`engine.sampling.SamplingParams`), read from it, not restated. `SettingsModel.set(name, value)` writes the
 file atomically (temp file + rename) and tells listeners `(name, value)`; no Qt here, the
 controllers turn notifications into whatever they need.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.paths import data_dir
+from engine.sampling import SamplingParams
 
 SETTINGS_VERSION = 1
 SETTINGS_NAME = "settings.json"
@@ -23,6 +25,7 @@ NPU_CHOICES = ("off", "prefill")
 CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)         # None: the model's own limit
 THEMES = ("light", "dark")
 MAX_RECENT = 8
+_ENGINE_SAMPLING = SamplingParams()
 
 
 @dataclass
@@ -38,11 +41,11 @@ class Settings:
     max_tokens: int = 512
     # Defaults for new conversations; each conversation keeps its own copy.
     system_prompt: str = ""
-    temperature: float = 0.7
-    top_k: int = 64
-    top_p: float = 0.95
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    temperature: float = _ENGINE_SAMPLING.temperature
+    top_k: int = _ENGINE_SAMPLING.top_k
+    top_p: float = _ENGINE_SAMPLING.top_p
+    min_p: float = _ENGINE_SAMPLING.min_p
+    repetition_penalty: float = _ENGINE_SAMPLING.repetition_penalty
     last_conversation_id: int | None = None
     window_geometry: str | None = None  # hex of QWidget.saveGeometry()
 

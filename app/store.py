@@ -4,18 +4,21 @@ One file, `history.sqlite3`, in the data folder. WAL journal, so a reader never 
 writer and a crash mid-write leaves the last committed state intact. Every write is its own
 transaction. The schema version lives in `PRAGMA user_version`.
 
-`Store` is synchronous; the GUI uses `StoreThread`, which runs every call on one background
-thread (in order) so the GUI thread never waits on the disk for a write.
+`Store` is synchronous; the GUI uses `StoreThread`, which has the same methods and runs each
+on one background thread (in order) so the GUI thread never waits on the disk for a streaming
+answer's saves.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Concatenate, ParamSpec, TypeVar
 
 from app.paths import data_dir
 
@@ -238,22 +241,54 @@ def export_all(fmt: str, home=None) -> str:
         store.close()
 
 
-class StoreThread:
-    """Runs `Store` calls on one background thread, in submission order.
+P = ParamSpec("P")
+R = TypeVar("R")
 
-    `submit` returns a concurrent Future (wrap it with `asyncio.wrap_future` to await);
-    `call` waits for the result (used for reads, which are quick and must see prior writes).
+
+def _queued(method: Callable[Concatenate[Store, P], R]
+            ) -> Callable[Concatenate[StoreThread, P], concurrent.futures.Future[R]]:
+    """`method` queued on the store thread; the caller gets a Future and does not wait."""
+    @functools.wraps(method)
+    def queue(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[R]:
+        return self._pool.submit(method, self.store, *args, **kwargs)
+    return queue
+
+
+def _waited(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[StoreThread, P], R]:
+    """`method` run on the store thread; the caller waits for its result."""
+    queue = _queued(method)
+
+    @functools.wraps(method)
+    def wait(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> R:
+        return queue(self, *args, **kwargs).result()
+    return wait
+
+
+class StoreThread:
+    """`Store`'s methods, by the same names and signatures, run on one background thread in
+    submission order.
+
+    Reads, and the writes the GUI acts on at once, wait for their result (reads are quick
+    and must see prior writes); `update_message`, saved repeatedly while an answer streams,
+    returns a concurrent Future instead (wrap it with `asyncio.wrap_future` to await).
     """
 
     def __init__(self, store: Store):
         self.store = store
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
 
-    def submit(self, method: str, *args, **kwargs) -> concurrent.futures.Future:
-        return self._pool.submit(getattr(self.store, method), *args, **kwargs)
-
-    def call(self, method: str, *args, **kwargs):
-        return self.submit(method, *args, **kwargs).result()
+    conversation = _waited(Store.conversation)
+    list_conversations = _waited(Store.list_conversations)
+    create_conversation = _waited(Store.create_conversation)
+    rename_conversation = _waited(Store.rename_conversation)
+    update_conversation_settings = _waited(Store.update_conversation_settings)
+    delete_conversation = _waited(Store.delete_conversation)
+    messages = _waited(Store.messages)
+    add_message = _waited(Store.add_message)
+    edit_message = _waited(Store.edit_message)
+    truncate_after = _waited(Store.truncate_after)
+    export = _waited(Store.export)
+    update_message = _queued(Store.update_message)
 
     def flush(self) -> None:
         self._pool.submit(lambda: None).result()

@@ -31,6 +31,7 @@ class LoadedModel:
     timings: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
+        """What was loaded, where, and how (plain values: the GUI's "About this model")."""
         cfg = self.config
         return {
             "path": str(self.path), "name": cfg.name, "architecture": cfg.architecture,
@@ -38,7 +39,8 @@ class LoadedModel:
             "context_length": self.backend.context_length, "max_context_length": cfg.context_length,
             "tensor_types": self.weights.tensor_types(), "file_size": self.weights.file_size,
             "backend": self.backend.name, "device": self.backend.device_name,
-            "backend_note": self.backend_note, "instruction_tuned": self.is_instruction_tuned,
+            "backend_note": self.backend_note, "is_instruction_tuned": self.is_instruction_tuned,
+            "load_s": self.load_seconds,
         }
 
     def close(self):

@@ -137,10 +137,10 @@ def run(args, home: Path) -> int:
         app.quit()
 
     def on_stats(_gid, stats):
-        if state["phase"] == "shot" and stats.get("ttft_s") is not None:
-            times["engine_ttft_s"] = stats["ttft_s"]
-            times["prompt_tokens"] = stats.get("prompt_tokens")
-            times["generation_tps"] = stats.get("generation_tps")
+        if state["phase"] == "shot" and stats.ttft_s is not None:
+            times["engine_ttft_s"] = stats.ttft_s
+            times["prompt_tokens"] = stats.prompt_tokens
+            times["generation_tps"] = stats.generation_tps
 
     c.models.model_ready.connect(on_model)
     c.chat.answer_finished.connect(on_finished)

@@ -21,6 +21,7 @@ from app.store import Message, StoreThread
 from app.views.chat_view import ShownMessage
 from app.views.main_window import MainWindow
 from app.worker.client import WorkerClient
+from app.worker.protocol import GenerationStats
 
 SAVE_INTERVAL_MS = 500
 TITLE_CHARS = 48
@@ -70,7 +71,7 @@ class ChatController(QObject):
                 worker_died=self._on_worker_died)
 
         last = settings.values.last_conversation_id
-        convs = self.store.call("list_conversations")
+        convs = self.store.list_conversations()
         if last is not None and any(c.id == last for c in convs):
             self.open_conversation(last)
         elif convs:
@@ -80,12 +81,12 @@ class ChatController(QObject):
 
     # -- conversations --------------------------------------------------------------------
     def refresh_list(self) -> None:
-        convs = self.store.call("list_conversations", self.search)
+        convs = self.store.list_conversations(self.search)
         self.list_view.set_conversations([(c.id, c.title) for c in convs], self.conversation_id)
 
     def new_conversation(self) -> int:
         s = self.settings.values
-        conv = self.store.call("create_conversation", "New chat", s.system_prompt, s.sampling_defaults())
+        conv = self.store.create_conversation("New chat", s.system_prompt, s.sampling_defaults())
         self.open_conversation(conv.id)
         return conv.id
 
@@ -94,7 +95,7 @@ class ChatController(QObject):
             return
         self.cancel_edit()
         self.conversation_id = conversation_id
-        self.messages = self.store.call("messages", conversation_id)
+        self.messages = self.store.messages(conversation_id)
         self.settings.set("last_conversation_id", conversation_id)
         self._show_messages()
         self.refresh_list()
@@ -102,16 +103,16 @@ class ChatController(QObject):
         self.conversation_changed.emit(conversation_id)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
-        self.store.call("rename_conversation", conversation_id, title.strip() or "Untitled")
+        self.store.rename_conversation(conversation_id, title.strip() or "Untitled")
         self.refresh_list()
 
     def delete_conversation(self, conversation_id: int) -> None:
         if self.busy and self.gen_conversation == conversation_id:
             self.stop()
-        self.store.call("delete_conversation", conversation_id)
+        self.store.delete_conversation(conversation_id)
         if conversation_id == self.conversation_id:
             self.conversation_id = None
-            convs = self.store.call("list_conversations")
+            convs = self.store.list_conversations()
             if convs:
                 self.open_conversation(convs[0].id)
             else:
@@ -124,7 +125,7 @@ class ChatController(QObject):
         self.refresh_list()
 
     def _ask_rename(self, conversation_id: int) -> None:
-        conv = self.store.call("conversation", conversation_id)
+        conv = self.store.conversation(conversation_id)
         if conv is None:
             return
         title, ok = QInputDialog.getText(self.window, "Rename conversation", "Title:", text=conv.title)
@@ -132,7 +133,7 @@ class ChatController(QObject):
             self.rename_conversation(conversation_id, title)
 
     def _ask_delete(self, conversation_id: int) -> None:
-        conv = self.store.call("conversation", conversation_id)
+        conv = self.store.conversation(conversation_id)
         if conv is None:
             return
         answer = QMessageBox.question(self.window, "Delete conversation",
@@ -142,7 +143,7 @@ class ChatController(QObject):
 
     def _edit_chat_settings(self) -> None:
         from app.views.dialogs import ChatSettingsDialog
-        conv = self.store.call("conversation", self.conversation_id)
+        conv = self.store.conversation(self.conversation_id)
         sampling = {**self.settings.values.sampling_defaults(), **conv.sampling}
         dialog = ChatSettingsDialog(conv.system_prompt, sampling, self.window)
         if dialog.exec():
@@ -150,17 +151,17 @@ class ChatController(QObject):
             self.set_chat_settings(prompt, sampling)
 
     def set_chat_settings(self, system_prompt: str, sampling: dict) -> None:
-        self.store.call("update_conversation_settings", self.conversation_id,
+        self.store.update_conversation_settings(self.conversation_id,
                         system_prompt=system_prompt, sampling=sampling)
         self._show_messages()
 
     # -- export ---------------------------------------------------------------------------
     def export_current(self, fmt: str, path: str | Path) -> None:
-        text = self.store.call("export", fmt, [self.conversation_id])
+        text = self.store.export(fmt, [self.conversation_id])
         Path(path).write_text(text, encoding="utf-8")
 
     def _ask_export(self, fmt: str) -> None:
-        conv = self.store.call("conversation", self.conversation_id)
+        conv = self.store.conversation(self.conversation_id)
         suffix = ".md" if fmt == "markdown" else ".json"
         name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "conversation"
         path, _ = QFileDialog.getSaveFileName(self.window, "Export conversation", str(Path.home() / (name + suffix)),
@@ -178,18 +179,18 @@ class ChatController(QObject):
         if self.conversation_id is None:
             self.new_conversation()
         if self.editing_id is not None:
-            self.store.call("edit_message", self.editing_id, text)
+            self.store.edit_message(self.editing_id, text)
             self.editing_id = None
             self.view.set_editing(None)
         else:
-            self.store.call("add_message", self.conversation_id, "user", text)
+            self.store.add_message(self.conversation_id, "user", text)
             self.view.input.clear()
-            conv = self.store.call("conversation", self.conversation_id)
+            conv = self.store.conversation(self.conversation_id)
             if conv is not None and conv.title == "New chat":
                 title = " ".join(text.split())
                 title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1] + "…"
-                self.store.call("rename_conversation", self.conversation_id, title)
-        self.messages = self.store.call("messages", self.conversation_id)
+                self.store.rename_conversation(self.conversation_id, title)
+        self.messages = self.store.messages(self.conversation_id)
         self.refresh_list()
         self._start_answer()
 
@@ -199,8 +200,8 @@ class ChatController(QObject):
             return
         last = self.messages[-1]
         if last.role == "assistant":
-            self.store.call("truncate_after", last.id, inclusive=True)
-            self.messages = self.store.call("messages", self.conversation_id)
+            self.store.truncate_after(last.id, inclusive=True)
+            self.messages = self.store.messages(self.conversation_id)
         if self.messages and self.messages[-1].role == "user":
             self._start_answer()
 
@@ -239,15 +240,15 @@ class ChatController(QObject):
         if not await self.models.ensure_loaded():
             self._finish_view("The model is not loaded, so there is no answer. See the message above.")
             return
-        conv = self.store.call("conversation", conv_id)
-        history = self.store.call("messages", conv_id)
+        conv = self.store.conversation(conv_id)
+        history = self.store.messages(conv_id)
         sampling = {**self.settings.values.sampling_defaults(), **(conv.sampling if conv else {})}
         max_tokens = int(sampling.pop("max_tokens", self.settings.values.max_tokens))
         prompt = []
         if conv and conv.system_prompt.strip():
             prompt.append({"role": "system", "content": conv.system_prompt})
         prompt += [{"role": m.role, "content": m.content} for m in history if m.content]
-        answer = self.store.call("add_message", conv_id, "assistant", "", complete=False)
+        answer = self.store.add_message(conv_id, "assistant", "", complete=False)
         self.answer_id = answer.id
         self.answer_dirty = False
         self.gen_id = self.worker.request_generation(prompt, sampling, max_tokens)
@@ -262,7 +263,7 @@ class ChatController(QObject):
         if self.conversation_id == self.gen_conversation:
             self.view.set_streaming_text(self.answer_text)
 
-    def _on_stats(self, gen_id: str, stats: dict) -> None:
+    def _on_stats(self, gen_id: str, stats: GenerationStats) -> None:
         if gen_id == self.gen_id:
             self._show_stats(stats)
 
@@ -270,13 +271,12 @@ class ChatController(QObject):
         if request_id and request_id == self.gen_id:
             self.view.show_notice(html.escape(f"The engine reported an error: {message}"), "error")
 
-    def _on_finished(self, gen_id: str, reason: str, stats: dict, text: str) -> None:
+    def _on_finished(self, gen_id: str, reason: str, stats: GenerationStats, text: str) -> None:
         if gen_id != self.gen_id:
             return
         self.answer_text = text or self.answer_text
         note = FINISH_NOTES.get(reason, "The answer failed (see the message above)." if reason == "error" else "")
-        stats = dict(stats, finish_reason=reason)
-        self._close_answer(note, stats)
+        self._close_answer(note, reason, stats)
         self._show_stats(stats)
 
     def _on_worker_died(self, reason: str) -> None:
@@ -285,20 +285,20 @@ class ChatController(QObject):
         self.view.show_notice(html.escape(message), "error")
         self.window.statusBar().showMessage(message, 10000)
         if self.gen_id is not None:
-            self._close_answer("Interrupted: the engine stopped.", {"finish_reason": "crashed"})
+            self._close_answer("Interrupted: the engine stopped.", "crashed", None)
         elif self.busy:
             self._finish_view("Interrupted: the engine stopped.")
 
-    def _close_answer(self, note: str, stats: dict) -> None:
+    def _close_answer(self, note: str, reason: str, stats: GenerationStats | None) -> None:
         self._save_timer.stop()
-        answer_id, reason = self.answer_id, stats.get("finish_reason", "")
+        answer_id = self.answer_id
         if answer_id is not None:
-            stats = dict(stats, note=note) if note else stats
-            self.store.submit("update_message", answer_id, self.answer_text, complete=True, stats=stats)
+            saved = {**(stats.to_dict() if stats else {}), "finish_reason": reason, **({"note": note} if note else {})}
+            self.store.update_message(answer_id, self.answer_text, complete=True, stats=saved)
         self.gen_id = None
         self.answer_id = None
         if self.gen_conversation == self.conversation_id:
-            self.messages = self.store.call("messages", self.conversation_id)
+            self.messages = self.store.messages(self.conversation_id)
         self._finish_view(None)
         if answer_id is not None:
             self.answer_finished.emit(answer_id, reason)
@@ -315,12 +315,12 @@ class ChatController(QObject):
     def _save_partial(self) -> None:
         if self.answer_dirty and self.answer_id is not None:
             self.answer_dirty = False
-            self.store.submit("update_message", self.answer_id, self.answer_text, complete=False)
+            self.store.update_message(self.answer_id, self.answer_text, complete=False)
 
     # -- view -----------------------------------------------------------------------------
     def _show_messages(self, pending: bool = False) -> None:
         shown = []
-        conv = self.store.call("conversation", self.conversation_id) if self.conversation_id else None
+        conv = self.store.conversation(self.conversation_id) if self.conversation_id else None
         if conv is not None and conv.system_prompt.strip():
             shown.append(ShownMessage(None, "system", conv.system_prompt))
         for m in self.messages:
@@ -330,14 +330,11 @@ class ChatController(QObject):
             shown.append(ShownMessage(None, "assistant", "", False))
         self.view.set_messages(shown)
 
-    def _show_stats(self, stats: dict) -> None:
+    def _show_stats(self, stats: GenerationStats) -> None:
         w = self.window
-        tps = stats.get("generation_tps")
-        if tps:
-            w.tps_label.setText(f"{tps:.1f} tok/s")
-        ttft = stats.get("ttft_s")
-        if ttft is not None:
-            w.ttft_label.setText(f"TTFT {ttft * 1000:.0f} ms")
-        used = (stats.get("prompt_tokens") or 0) + (stats.get("generation_tokens") or 0)
-        limit = stats.get("context_limit")
+        if stats.generation_tps:
+            w.tps_label.setText(f"{stats.generation_tps:.1f} tok/s")
+        if stats.ttft_s is not None:
+            w.ttft_label.setText(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+        used, limit = stats.prompt_tokens + stats.generation_tokens, stats.context_limit
         w.context_label.setText(f"context {used:,}/{limit:,}" if limit else f"context {used:,}")

@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.gauges.sampler import GaugeSampler, Snapshot
 from app.views.gauges_view import DevicePanel
 from app.worker.client import WorkerClient
+from app.worker.protocol import GenerationStats
 
 REFRESH_MS = 333          # 3 Hz
 
@@ -37,12 +38,12 @@ class GaugesController(QObject):
                                                                           npu.get("reason", "")))
         worker.model_changed.connect(self._on_model)
         self.backend: str | None = None
-        worker.worker_died.connect(lambda *_: sampler.report_engine(None, None))
+        worker.worker_died.connect(lambda *_: sampler.report_engine(None))
         self.last: Snapshot | None = None
 
     def _on_model(self, _load_id: str, info: dict) -> None:
         self.backend = info.get("backend")
-        self.sampler.report_engine(None, None)
+        self.sampler.report_engine(None)
 
     def start(self) -> None:
         self._timer.start()
@@ -64,12 +65,11 @@ class GaugesController(QObject):
             return
         self.show(fut.result())
 
-    def _on_stats(self, _gen_id: str, stats: dict) -> None:
-        self.sampler.report_engine(stats.get("engine_busy"), stats.get("npu_busy"))
-        tps = stats.get("generation_tps")
-        if tps is not None and stats.get("generation_tokens"):
-            self.panel.sparkline.add(tps)
-            self.panel.tps_value.setText(f"{tps:.1f}")
+    def _on_stats(self, _gen_id: str, stats: GenerationStats) -> None:
+        self.sampler.report_engine(stats)
+        if stats.generation_tokens:
+            self.panel.sparkline.add(stats.generation_tps)
+            self.panel.tps_value.setText(f"{stats.generation_tps:.1f}")
 
     def show(self, snap: Snapshot) -> None:
         p = self.panel

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import psutil
 
 from app.gauges.amdgpu import DEFAULT_ROOT, AmdGpuSysfs
+from app.worker.protocol import GenerationStats
 
 ENGINE_STALE_S = 1.5     # engine figures older than this mean the engine is idle
 
@@ -36,16 +37,16 @@ class GaugeSampler:
     def __init__(self, sysfs_root: str = DEFAULT_ROOT):
         self.amdgpu = AmdGpuSysfs(sysfs_root)
         self._lock = threading.Lock()
-        self._engine_busy: float | None = None
-        self._npu_busy: float | None = None
+        self._engine: GenerationStats | None = None
         self._engine_at = 0.0
         self._npu_present = False
         self._npu_reason = "not detected yet"
         psutil.cpu_percent(None)     # first call primes the counter
 
-    def report_engine(self, engine_busy: float | None, npu_busy: float | None) -> None:
+    def report_engine(self, stats: GenerationStats | None) -> None:
+        """The worker's latest figures; None: no engine figures (no model, or the worker died)."""
         with self._lock:
-            self._engine_busy, self._npu_busy, self._engine_at = engine_busy, npu_busy, time.monotonic()
+            self._engine, self._engine_at = stats, time.monotonic()
 
     def report_npu(self, present: bool, reason: str) -> None:
         with self._lock:
@@ -63,14 +64,13 @@ class GaugeSampler:
                 snap.gtt = (reading.gtt_used, reading.gtt_total)
         with self._lock:
             fresh = time.monotonic() - self._engine_at < ENGINE_STALE_S
-            engine_busy = self._engine_busy
-            npu_busy = self._npu_busy
+            engine = self._engine or GenerationStats()
             snap.npu_present, snap.npu_reason = self._npu_present, self._npu_reason
-        if snap.gpu_busy is None and engine_busy is not None:
+        if snap.gpu_busy is None and engine.gpu_busy is not None:
             # The engine measures its own GPU time; when it stops reporting it is idle.
-            snap.gpu_busy, snap.gpu_source = (engine_busy if fresh else 0.0), "engine"
+            snap.gpu_busy, snap.gpu_source = (engine.gpu_busy if fresh else 0.0), "engine"
         if snap.npu_present:
-            snap.npu_busy = npu_busy if (fresh and npu_busy is not None) else 0.0
+            snap.npu_busy = engine.npu_busy if (fresh and engine.npu_busy is not None) else 0.0
         snap.cpu = psutil.cpu_percent(None) / 100.0
         vm = psutil.virtual_memory()
         snap.ram = (vm.total - vm.available, vm.total)

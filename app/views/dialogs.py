@@ -6,7 +6,10 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFormL
 
 
 class ChatSettingsDialog(QDialog):
-    """System prompt and sampling settings for one conversation."""
+    """System prompt and sampling settings for one conversation.
+
+    `sampling` has every field of `values()` (the controller merges the settings' defaults
+    with the conversation's own): the dialog shows what it is given and has no defaults."""
 
     def __init__(self, system_prompt: str, sampling: dict, parent=None):
         super().__init__(parent)
@@ -15,18 +18,18 @@ class ChatSettingsDialog(QDialog):
         self.system_prompt.setPlaceholderText("Optional instructions given to the model before the chat "
                                               "(Gemma has no system role: this text is put before your first message).")
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
-        self.temperature.setValue(float(sampling.get("temperature", 0.7)))
+        self.temperature.setValue(float(sampling["temperature"]))
         self.temperature.setToolTip("0 = always the most likely token (greedy)")
         self.top_k = QSpinBox(minimum=0, maximum=1000)
-        self.top_k.setValue(int(sampling.get("top_k", 64)))
+        self.top_k.setValue(int(sampling["top_k"]))
         self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2)
-        self.top_p.setValue(float(sampling.get("top_p", 0.95)))
+        self.top_p.setValue(float(sampling["top_p"]))
         self.min_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2)
-        self.min_p.setValue(float(sampling.get("min_p", 0.0)))
+        self.min_p.setValue(float(sampling["min_p"]))
         self.repetition_penalty = QDoubleSpinBox(minimum=1.0, maximum=2.0, singleStep=0.05, decimals=2)
-        self.repetition_penalty.setValue(float(sampling.get("repetition_penalty", 1.0)))
+        self.repetition_penalty.setValue(float(sampling["repetition_penalty"]))
         self.max_tokens = QSpinBox(minimum=1, maximum=32768)
-        self.max_tokens.setValue(int(sampling.get("max_tokens", 512)))
+        self.max_tokens.setValue(int(sampling["max_tokens"]))
         form = QFormLayout()
         form.addRow("System prompt", self.system_prompt)
         form.addRow("Temperature", self.temperature)

@@ -28,8 +28,8 @@ class WorkerClient(QObject):
     model_changed = Signal(str, dict)             # load id, model info
     load_failed = Signal(str, str, bool)          # load id, message, cancelled
     tokens_changed = Signal(str, str)             # generation id, text delta
-    stats_changed = Signal(str, dict)             # generation id, stats
-    generation_finished = Signal(str, str, dict, str)  # id, finish reason, stats, full text
+    stats_changed = Signal(str, object)           # generation id, GenerationStats
+    generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
     error_raised = Signal(str, str)               # request id, message
     worker_died = Signal(str)                     # what we know about why
 
@@ -182,9 +182,10 @@ class WorkerClient(QObject):
         elif kind == P.TOKENS_CHANGED:
             self.tokens_changed.emit(msg["id"], msg["text"])
         elif kind == P.STATS_CHANGED:
-            self.stats_changed.emit(msg["id"], msg["stats"])
+            self.stats_changed.emit(msg["id"], P.GenerationStats.from_dict(msg["stats"]))
         elif kind == P.GENERATION_FINISHED:
-            self.generation_finished.emit(msg["id"], msg["finish_reason"], msg["stats"], msg["text"])
+            self.generation_finished.emit(msg["id"], msg["finish_reason"],
+                                          P.GenerationStats.from_dict(msg["stats"]), msg["text"])
         elif kind == P.ERROR_RAISED:
             self.error_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.WORKER_DIED:

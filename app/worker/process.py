@@ -122,7 +122,6 @@ class Worker:
         kwargs = dict(path=msg.get("path"), backend=backend,
                       context_length=msg.get("context_length"), quant=msg.get("quant"),
                       device=msg.get("device"), progress=progress, cancel=cancel)
-        started = time.monotonic()
         try:
             self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Opening model")
             model = engine.load(**kwargs)
@@ -142,14 +141,15 @@ class Worker:
             with self.lock:
                 self.load_cancels.pop(load_id, None)
         self.model = model
-        self.model_info = describe_model(model, msg, time.monotonic() - started)
+        self.model_info = describe_model(model, msg)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
 
     def generate(self, msg: dict) -> None:
         gen_id = msg["id"]
         if self.model is None:
             self.send(P.ERROR_RAISED, id=gen_id, message="no model is loaded")
-            self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats={}, text="")
+            self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error",
+                      stats=P.GenerationStats().to_dict(), text="")
             return
         from engine.errors import PhoenixError
         from engine.sampling import SamplingParams
@@ -177,7 +177,7 @@ class Worker:
                     pending.clear()
                     last_delta = now
                 if now - last_stats >= STATS_INTERVAL_S:
-                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record))
+                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record).to_dict())
                     last_stats = now
                 if record.finish_reason:
                     reason = record.finish_reason
@@ -200,28 +200,20 @@ class Worker:
                 self.cancelled.discard(gen_id)
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
-        stats = self._stats(record) if record is not None else {}
-        for gauge in ("engine_busy", "npu_busy"):          # idle again, where measured
-            if stats.get(gauge) is not None:
-                stats[gauge] = 0.0
-        self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats,
+        stats = self._stats(record).idle() if record is not None else P.GenerationStats()
+        self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats.to_dict(),
                   text="".join(text))
 
     # -- helpers --------------------------------------------------------------------------
-    def _stats(self, r) -> dict:
-        stats = {
-            "prompt_tokens": getattr(r, "prompt_tokens", 0),
-            "generation_tokens": getattr(r, "generation_tokens", 0),
-            "prompt_tps": getattr(r, "prompt_tps", 0.0),
-            "generation_tps": getattr(r, "generation_tps", 0.0),
-            "ttft_s": getattr(r, "ttft_s", None),
-            "context_limit": (self.model_info or {}).get("context_length"),
-        }
-        live = self.model.backend.live_stats()
-        stats["engine_busy"] = live.gpu_busy
-        stats["npu_busy"] = live.npu_busy
-        stats["kv_cache_bytes"] = live.kv_cache_bytes
-        return stats
+    def _stats(self, r) -> P.GenerationStats:
+        """`r`: the engine's latest GenerationResponse; the busy gauges from the backend."""
+        backend = self.model.backend
+        live = backend.live_stats()
+        return P.GenerationStats(
+            prompt_tokens=r.prompt_tokens, generation_tokens=r.generation_tokens,
+            prompt_tps=r.prompt_tps, generation_tps=r.generation_tps, ttft_s=r.ttft_s,
+            context_limit=backend.context_length,
+            gpu_busy=live.gpu_busy, npu_busy=live.npu_busy, kv_cache_bytes=live.kv_cache_bytes)
 
     def _close_model(self) -> None:
         if self.model is not None:
@@ -233,28 +225,10 @@ class Worker:
             self.model_info = None
 
 
-def describe_model(model, request: dict, load_s: float) -> dict:
-    config = getattr(model, "config", None)
-    backend = getattr(model, "backend", None)
-    try:
-        described = model.describe()
-    except Exception:  # noqa: BLE001
-        described = {}
-    if not isinstance(described, dict):
-        described = {"description": str(described)}
-    described = {k: v for k, v in described.items() if isinstance(v, (str, int, float, bool, type(None)))}
-    return {
-        **described,
-        "name": getattr(config, "name", "model"),
-        "path": request.get("path"),
-        "quant": request.get("quant") or "file",
-        "backend": getattr(backend, "name", "?"),
-        "device": getattr(backend, "device_name", "?"),
-        "context_length": getattr(backend, "context_length", None) or getattr(config, "context_length", None),
-        "is_instruction_tuned": bool(getattr(model, "is_instruction_tuned", True)),
-        "backend_note": getattr(model, "backend_note", ""),
-        "load_s": load_s,
-    }
+def describe_model(model, request: dict) -> dict:
+    """The model info the GUI gets: the engine's own `LoadedModel.describe()`, plus the
+    quantization the request asked for ("file": as stored)."""
+    return {**model.describe(), "quant": request.get("quant") or "file"}
 
 
 def _probe_devices() -> list:

@@ -1,9 +1,13 @@
 """Device gauges: the amdgpu sysfs reader on a fake tree (real file formats), and "not present"."""
 from __future__ import annotations
 
+import pytest
+
 from app.gauges.amdgpu import AmdGpuSysfs
 from app.gauges.sampler import GaugeSampler
 from app.views.gauges_view import NOT_PRESENT
+from app.worker.protocol import GenerationStats
+from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
 
 
 def make_amdgpu_tree(root, busy=37, vram=(512 * 2**20, 4 * 2**30), gtt=(1536 * 2**20, 12 * 2**30)):
@@ -44,7 +48,7 @@ def test_sampler_without_gpu_or_npu_reports_absence_not_zero(tmp_path):
 
 def test_engine_busy_fills_in_when_there_is_no_sysfs(tmp_path):
     sampler = GaugeSampler(str(tmp_path / "nothing"))
-    sampler.report_engine(0.42, None)
+    sampler.report_engine(GenerationStats(gpu_busy=0.42))
     snap = sampler.sample()
     assert (snap.gpu_busy, snap.gpu_source) == (0.42, "engine")
 
@@ -81,3 +85,34 @@ def test_gpu_in_use_without_a_busy_source_says_not_reported(qtbot, qloop, make_a
     with qtbot.waitSignal(app.gauges.updated, timeout=5_000):
         pass
     assert app.window.devices.gpu.text == "not reported" and not app.window.devices.gpu.present
+
+
+def test_npu_busy_from_the_engine_and_idle_once_the_generation_is_over(tmp_path):
+    sampler = GaugeSampler(str(tmp_path / "nothing"))
+    sampler.report_npu(True, "")
+    working = GenerationStats(generation_tokens=3, gpu_busy=0.5, npu_busy=0.25)
+    sampler.report_engine(working)
+    assert (sampler.sample().gpu_busy, sampler.sample().npu_busy) == (0.5, 0.25)
+    sampler.report_engine(working.idle())
+    assert (sampler.sample().gpu_busy, sampler.sample().npu_busy) == (0.0, 0.0)
+    assert GenerationStats.from_dict(working.to_dict()) == working       # what crosses the pipe
+
+
+@pytest.mark.gui
+def test_a_real_generations_stats_record_reaches_the_gauges(qtbot, make_app, home):
+    preset(home, max_tokens=5, temperature=0.0)
+    app = make_app()
+    wait_loaded(qtbot, app)
+    records = []
+    app.worker.stats_changed.connect(lambda _id, stats: records.append(stats))
+    with qtbot.waitSignal(app.worker.generation_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        app.chat.send("Hello")
+    final = done.args[2]
+    assert all(isinstance(r, GenerationStats) for r in records + [final])
+    assert final.generation_tokens == 5 and final.generation_tps > 0
+    panel = app.window.devices
+    assert panel.sparkline.values[-1] == final.generation_tps
+    assert panel.tps_value.text() == f"{final.generation_tps:.1f}"
+    assert app.window.tps_label.text() == f"{final.generation_tps:.1f} tok/s"
+    assert app.window.context_label.text() == (
+        f"context {final.prompt_tokens + final.generation_tokens:,}/{final.context_limit:,}")

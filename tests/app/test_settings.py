@@ -6,6 +6,7 @@ import json
 import pytest
 
 from app.settings import Settings, SettingsModel
+from engine.sampling import SamplingParams
 
 
 def test_defaults_persist_and_notify(home):
@@ -39,3 +40,19 @@ def test_bad_values_are_refused_and_ignored_on_load(home):
 def test_corrupt_file_falls_back_to_defaults(home):
     (home / "settings.json").write_text("{not json")
     assert SettingsModel(home).values == Settings()
+
+
+def test_sampling_defaults_are_the_engines_and_stated_nowhere_else(qtbot):
+    engine = SamplingParams()
+    defaults = Settings().sampling_defaults()
+    assert {k: v for k, v in defaults.items() if k != "max_tokens"} == {
+        k: getattr(engine, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
+    # The CLI states none: a flag left out is the engine's default, a flag given overrides it.
+    from app.cli import _sampling, build_parser
+    assert _sampling(build_parser().parse_args(["run", "hi"])) == engine
+    assert _sampling(build_parser().parse_args(["chat", "--top-k", "5", "--seed", "3"])) == engine.with_(top_k=5, seed=3)
+    # The chat settings dialog shows what it is given (no fallbacks of its own).
+    from app.views.dialogs import ChatSettingsDialog
+    dialog = ChatSettingsDialog("terse", defaults)
+    qtbot.addWidget(dialog)
+    assert dialog.values() == ("terse", defaults)

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from app.store import Store, db_path, export_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,3 +94,30 @@ def test_killed_writer_leaves_a_readable_file_with_the_partial_answer(home, tmp_
         "SELECT content, complete FROM messages WHERE role = 'assistant'").fetchone()
     assert complete == 0
     assert content.startswith("word1 word2 ") and "word200 " in content
+
+
+def test_store_thread_runs_the_stores_own_methods_on_its_thread(home, monkeypatch):
+    import inspect
+    import threading
+
+    import app.store as store_module
+    from app.store import StoreThread
+    threads = []
+    escape = store_module._escape_like
+    monkeypatch.setattr(store_module, "_escape_like",
+                        lambda text: threads.append(threading.current_thread().name) or escape(text))
+    t = StoreThread(Store(home=home))
+    try:
+        conv = t.create_conversation("Typed", sampling={"top_k": 3})
+        msg = t.add_message(conv.id, "assistant", "", complete=False)
+        saved = t.update_message(msg.id, "partial answer", complete=False)     # queued, not waited for
+        assert saved.result(timeout=10) is None
+        assert [(m.content, m.complete) for m in t.messages(conv.id)] == [("partial answer", False)]
+        assert [c.id for c in t.list_conversations("partial")] == [conv.id]
+        assert threads and all(name.startswith("store") for name in threads)
+        # the same names and signatures as Store: a typo is an AttributeError, not a string lookup
+        assert inspect.signature(StoreThread.add_message) == inspect.signature(Store.add_message)
+        with pytest.raises(AttributeError):
+            t.mesages(conv.id)
+    finally:
+        t.close()

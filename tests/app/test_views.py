@@ -62,7 +62,7 @@ def test_conversations_new_rename_search_delete(qtbot, qloop, make_app, home):
     assert chat.conversation_id == first and lv.list.count() == 1
     chat.set_chat_settings("You are terse.", {"temperature": 0.0, "max_tokens": 5})
     assert "You are terse." in app.window.chat.transcript_text()
-    assert app.store.call("conversation", first).sampling["max_tokens"] == 5
+    assert app.store.conversation(first).sampling["max_tokens"] == 5
 
 
 def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
@@ -83,10 +83,10 @@ def test_export_current_conversation(qtbot, qloop, make_app, home, tmp_path):
     import json
     app = make_app(autoload=False)
     conv = app.chat.conversation_id
-    app.store.call("add_message", conv, "user", "Hi there")
-    app.store.call("add_message", conv, "assistant", "Hello!")
-    other = app.store.call("create_conversation", "Not exported")
-    app.store.call("add_message", other.id, "user", "elsewhere")
+    app.store.add_message(conv, "user", "Hi there")
+    app.store.add_message(conv, "assistant", "Hello!")
+    other = app.store.create_conversation("Not exported")
+    app.store.add_message(other.id, "user", "elsewhere")
     app.chat.export_current("markdown", tmp_path / "c.md")
     app.chat.export_current("json", tmp_path / "c.json")
     md = (tmp_path / "c.md").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.worker.client import WorkerClient
+from app.worker.protocol import GenerationStats
 
 pytestmark = pytest.mark.gui
 
@@ -32,6 +33,10 @@ def test_load_reports_progress_then_the_model(qtbot, worker):
     assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress) and len(progress) > 2
     assert info["context_length"] == 2048
     assert info["is_instruction_tuned"] is False and worker.model_info == info
+    # LoadedModel.describe() as the engine gives it, plus the quantization asked for
+    from engine.weights import embedded_model_path
+    assert info["path"] == str(embedded_model_path()) and info["quant"] == "file" and info["load_s"] > 0
+    assert info["backend"] == "cpu" and info["parameters"] > 0 and info["tensor_types"]
 
 
 def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
@@ -44,7 +49,11 @@ def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
     fid, reason, stats, text = done.args
     assert fid == gen_id and reason == "length"
     assert "".join(deltas) == text and text.startswith("Write one sentence about the ocean.")  # greedy, see goldens
-    assert stats["generation_tokens"] == 12
+    # one typed record from the backend's live_stats() through the worker (CPU: no busy timers)
+    assert isinstance(stats, GenerationStats) and stats.generation_tokens == 12
+    assert stats.prompt_tokens > 0 and stats.generation_tps > 0 and stats.ttft_s > 0
+    assert stats.context_limit == worker.model_info["context_length"] == 2048
+    assert stats.kv_cache_bytes > 0 and stats.gpu_busy is None and stats.npu_busy is None
 
 
 def test_cancel_stops_between_tokens(qtbot, worker):
@@ -53,7 +62,7 @@ def test_cancel_stops_between_tokens(qtbot, worker):
         gen_id = worker.request_generation([{"role": "user", "content": "hi"}], {}, 1500)
     with qtbot.waitSignal(worker.generation_finished, timeout=60_000) as done:
         worker.cancel_generation(gen_id)
-    assert done.args[1] == "cancelled" and done.args[2]["generation_tokens"] < 1500
+    assert done.args[1] == "cancelled" and done.args[2].generation_tokens < 1500
 
 
 def test_generate_without_a_model_is_an_error_not_a_crash(qtbot, worker):
