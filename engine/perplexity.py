@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from engine.loader import LoadedModel
 
 # progress(windows done, windows in all, running perplexity)
-Progress = Callable[[int, int, float], None]
+Progress: TypeAlias = Callable[[int, int, float], None]
 
 
 class PerplexityResult(TypedDict):
