@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
-    from engine.loader import LoadedModel
+    from engine.config import ModelConfig
+    from engine.tokenizer import Tokenizer
 
 # progress(windows done, windows in all, running perplexity)
 Progress: TypeAlias = Callable[[int, int, float], None]
+
+
+class ScoredModel(Protocol):
+    """What `perplexity` needs of a model: a LoadedModel, or the parts of one."""
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def backend(self) -> Backend: ...
 
 
 class PerplexityResult(TypedDict):
@@ -37,7 +48,7 @@ def log_softmax_at(logits: npt.NDArray[np.floating], targets: npt.NDArray[np.int
     return scored
 
 
-def perplexity(model: LoadedModel, text: str, n_ctx: int = 512, progress: Progress | None = None) -> PerplexityResult:
+def perplexity(model: ScoredModel, text: str, n_ctx: int = 512, progress: Progress | None = None) -> PerplexityResult:
     tokens = model.tokenizer.encode(text, add_bos=True, parse_special=False)
     return perplexity_of_ids(model.backend, tokens, n_ctx, model.config.bos_token_id, progress=progress)
 
