@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from engine.config import ModelConfig
 from engine.errors import DeviceUnavailableError, PhoenixError
@@ -27,6 +27,23 @@ DEFAULT_CONTEXT = 4096
 BACKENDS = ("auto", "cpu", "vulkan", "npu-hybrid")
 
 
+class ModelDescription(TypedDict):
+    """`LoadedModel.describe()`: for `phoenix-chat info`, logs and the GUI."""
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    layers: int
+    context_length: int
+    max_context_length: int
+    tensor_types: dict[str, int]
+    file_size: int
+    backend: str
+    device: str
+    backend_note: str
+    instruction_tuned: bool
+
+
 @dataclass
 class LoadedModel:
     path: Path
@@ -40,7 +57,7 @@ class LoadedModel:
     load_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> ModelDescription:
         cfg = self.config
         return {
             "path": str(self.path), "name": cfg.name, "architecture": cfg.architecture,
