@@ -18,9 +18,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn, Sequence
 
 from .errors import PhoenixError
+
+if TYPE_CHECKING:
+    from jinja2 import Template
+
+    from .tokenizer import Tokenizer
 
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
@@ -43,7 +48,7 @@ class ChatFormat:
     """Renders and tokenizes conversations `[{"role": ..., "content": ...}, ...]`."""
 
     def __init__(self, template: str | None = None, bos_token: str = "<bos>", eos_token: str = "<eos>",
-                 tokenizer=None, **template_vars: Any):
+                 tokenizer: Tokenizer | None = None, **template_vars: Any) -> None:
         self.template_source = template
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -52,7 +57,7 @@ class ChatFormat:
         self._template = _compile(template) if template else None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer) -> "ChatFormat":
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> "ChatFormat":
         """The format a model's tokenizer implies: its chat template, else Gemma 3's."""
         return cls(tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
                    eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
@@ -68,7 +73,7 @@ class ChatFormat:
             return self._render_jinja(messages, add_generation_prompt)
         return "".join(p.text for p in self._gemma_parts(messages, add_generation_prompt))
 
-    def encode(self, messages: Sequence[Mapping[str, Any]], tokenizer=None,
+    def encode(self, messages: Sequence[Mapping[str, Any]], tokenizer: Tokenizer | None = None,
                add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids; message content never turns into control tokens (see the module doc)."""
         tokenizer = tokenizer or self.tokenizer
@@ -82,7 +87,7 @@ class ChatFormat:
         return _encode_parts(parts, tokenizer)
 
     # -- Gemma 3 ----------------------------------------------------------------------------
-    def _gemma_parts(self, messages, add_generation_prompt: bool) -> list[_Part]:
+    def _gemma_parts(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> list[_Part]:
         messages = list(messages)
         prefix = ""
         if messages and messages[0].get("role") == "system":
@@ -110,7 +115,8 @@ class ChatFormat:
         return parts
 
     # -- Jinja ------------------------------------------------------------------------------
-    def _render_jinja(self, messages, add_generation_prompt: bool) -> str:
+    def _render_jinja(self, messages: Sequence[object], add_generation_prompt: bool) -> str:
+        assert self._template is not None  # only called when the model has a template
         try:
             return self._template.render(
                 messages=list(messages), bos_token=self.bos_token,
@@ -121,10 +127,11 @@ class ChatFormat:
         except Exception as e:  # a template bug is the model file's problem, report it as such
             raise ChatTemplateError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
 
-    def _jinja_parts(self, messages, add_generation_prompt: bool, tokenizer) -> list[_Part]:
+    def _jinja_parts(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                     tokenizer: Tokenizer) -> list[_Part]:
         pattern = tokenizer.special_pattern
 
-        def guard(value):
+        def guard(value: object) -> object:
             if isinstance(value, str):
                 value = value.replace(_GUARD, "")
                 return pattern.sub(lambda m: m.group(0)[0] + _GUARD + m.group(0)[1:], value)
@@ -144,11 +151,11 @@ class ChatFormat:
         return parts
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What every format gets: system messages with blank text dropped, and consecutive text
     messages of one role joined with a blank line (a chat whose answer came back empty would
     otherwise hold two user turns in a row, which Gemma's templates refuse)."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for msg in messages:
         msg = dict(msg)
         content = msg.get("content")
@@ -163,12 +170,12 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-def _encode_parts(parts: list[_Part], tokenizer) -> list[int]:
+def _encode_parts(parts: list[_Part], tokenizer: Tokenizer) -> list[int]:
     """Markers → their ids; each run of text between markers → ids with special parsing off."""
     ids: list[int] = []
     text: list[str] = []
 
-    def flush_text():
+    def flush_text() -> None:
         if text:
             ids.extend(tokenizer.encode("".join(text), add_bos=False, parse_special=False))
             text.clear()
@@ -200,11 +207,11 @@ def _content_text(message: Mapping[str, Any]) -> str:
     raise ChatTemplateError(f"message content must be text, not {type(content).__name__}")
 
 
-def _raise_exception(message: str):
+def _raise_exception(message: str) -> NoReturn:
     raise ChatTemplateError(f"the model's chat template refused the conversation: {message}")
 
 
-def _compile(source: str):
+def _compile(source: str) -> Template:
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

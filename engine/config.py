@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ModelFileError, UnsupportedModelError
 
@@ -75,13 +77,13 @@ class ModelConfig:
     # ---- sources -------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict, path) -> "ModelConfig":
+    def from_gguf_metadata(cls, meta: dict[str, Any], path: str | os.PathLike[str]) -> "ModelConfig":
         arch = meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
                 path, f"unsupported architecture {arch!r} (Phoenix Chat runs: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
-        def need(key):
+        def need(key: str) -> Any:
             full = f"{arch}.{key}"
             if full not in meta:
                 raise ModelFileError(path, f"missing metadata key {full!r}")
@@ -163,7 +165,7 @@ class ModelConfig:
             raise ModelFileError(config_path, f"config.json lacks or mangles a field: {exc}") from None
 
 
-def _find_token(tokens, text: str):
+def _find_token(tokens: list[str] | None, text: str) -> int | None:
     if tokens is None:
         return None
     try:
@@ -172,7 +174,8 @@ def _find_token(tokens, text: str):
         return None
 
 
-def _gguf_query_pre_attn_scalar(meta, arch, hidden, heads, head_dim, layers) -> float:
+def _gguf_query_pre_attn_scalar(meta: dict[str, Any], arch: str, hidden: int, heads: int, head_dim: int,
+                                layers: int) -> float:
     """GGUF has no key for it; llama.cpp derives it: 27B (62 layers) uses hidden/heads, the rest head_dim."""
     if f"{arch}.attention.query_pre_attn_scalar" in meta:
         return float(meta[f"{arch}.attention.query_pre_attn_scalar"])

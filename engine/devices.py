@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import psutil
 
@@ -19,9 +20,9 @@ class DeviceEntry:
     available: bool
     status: str          # one line: "ready", or why not
     index: int | None = None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)   # JSON-serialisable, shown as is
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -6,6 +6,8 @@ Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import os
+
 
 class PhoenixError(Exception):
     """A problem the user can act on; `str(err)` is the whole message."""
@@ -14,7 +16,7 @@ class PhoenixError(Exception):
 class ModelFileError(PhoenixError):
     """A model file or folder is missing, truncated, corrupt or of an unsupported kind."""
 
-    def __init__(self, path, problem: str):
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")

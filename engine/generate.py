@@ -7,13 +7,20 @@ benchmarks all consume `stream_generate`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import numpy as np
 
 from engine.errors import ContextFull
 from engine.sampling import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.loader import LoadedModel
+    from engine.speculative import SpeculativeStats
+
+# a chat (messages as {"role": ..., "content": ...}) or one user message / raw text
+Prompt: TypeAlias = str | Sequence[Mapping[str, Any]]
 
 
 @dataclass
@@ -28,8 +35,8 @@ class GenerationResponse:
     finish_reason: str | None   # None while running; "stop" | "length" | "context" | "cancelled"
 
 
-def generate_step(model, prompt_ids: Sequence[int], params: SamplingParams,
-                  max_tokens: int, start_pos: int = 0) -> Iterator[int]:
+def generate_step(model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
+                  max_tokens: int, start_pos: int = 0) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
     Sampling happens on the device when the backend keeps the token step there
@@ -58,7 +65,7 @@ def generate_step(model, prompt_ids: Sequence[int], params: SamplingParams,
         yield token
 
 
-def prompt_ids_for(model, prompt, raw: bool = False) -> list[int]:
+def prompt_ids_for(model: LoadedModel, prompt: Prompt, raw: bool = False) -> list[int]:
     """Token ids for a chat (list of messages) or a single user message / raw text."""
     if isinstance(prompt, str):
         if raw:
@@ -67,9 +74,9 @@ def prompt_ids_for(model, prompt, raw: bool = False) -> list[int]:
     return model.chat.encode(prompt, model.tokenizer)
 
 
-def stream_generate(model, prompt, params: SamplingParams | None = None, max_tokens: int = 256,
-                    raw: bool = False, draft=None, draft_tokens: int = 4,
-                    spec_stats=None) -> Iterator[GenerationResponse]:
+def stream_generate(model: LoadedModel, prompt: Prompt, params: SamplingParams | None = None, max_tokens: int = 256,
+                    raw: bool = False, draft: LoadedModel | None = None, draft_tokens: int = 4,
+                    spec_stats: SpeculativeStats | None = None) -> Iterator[GenerationResponse]:
     """Stream response records for `prompt` (a chat as a list of messages, or a string).
 
     draft: a second LoadedModel with the same tokenizer for speculative decoding
@@ -81,11 +88,11 @@ def stream_generate(model, prompt, params: SamplingParams | None = None, max_tok
     stops = set(model.config.eos_token_ids)
     detok = StreamingDetokenizer(model.tokenizer)
     start = time.perf_counter()
-    first_at = None
+    first_at: float | None = None
     count = 0
     n_prompt = len(ids)
 
-    def record(text, token, reason):
+    def record(text: str, token: int | None, reason: str | None) -> GenerationResponse:
         now = time.perf_counter()
         ttft = (first_at or now) - start
         decode_time = now - (first_at or now)
@@ -123,5 +130,6 @@ def stream_generate(model, prompt, params: SamplingParams | None = None, max_tok
     yield record(detok.flush(), None, reason)
 
 
-def generate(model, prompt, params: SamplingParams | None = None, max_tokens: int = 256, raw: bool = False) -> str:
+def generate(model: LoadedModel, prompt: Prompt, params: SamplingParams | None = None, max_tokens: int = 256,
+             raw: bool = False) -> str:
     return "".join(r.text for r in stream_generate(model, prompt, params, max_tokens, raw))

@@ -16,7 +16,10 @@ Special handling mirrors llama.cpp (`llama-vocab.cpp`):
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from .errors import UnsupportedModelError
@@ -30,11 +33,12 @@ SPACE_MARK = "\u2581"  # "▁": SentencePiece's visible space
 BUILDER_VERSION = 2
 
 
-def _meta_name(meta: dict) -> str:
+def _meta_name(meta: dict[str, Any]) -> str:
     return str(meta.get("general.name") or "GGUF file")
 
 
-def derive_merges(tokens: list[str], scores: np.ndarray, types: np.ndarray) -> list[tuple[str, str]]:
+def derive_merges(tokens: list[str], scores: npt.NDArray[np.float32],
+                  types: npt.NDArray[np.int32]) -> list[tuple[str, str]]:
     """The merge that forms each normal piece, best-scoring piece first.
 
     Greedy merging inside the span where a piece ends up is independent of the text around it
@@ -95,7 +99,7 @@ def _last_merges(texts: list[str], ids: list[int], score: dict[str, float]) -> l
     return out
 
 
-def build_gguf_tokenizer(meta: dict) -> Tokenizer:
+def build_gguf_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     """A `tokenizers.Tokenizer` that encodes like llama.cpp's SPM tokenizer for this vocabulary.
 
     It adds no <bos> itself (no post-processor): `engine.tokenizer.Tokenizer` does that, the same
@@ -126,7 +130,7 @@ def build_gguf_tokenizer(meta: dict) -> Tokenizer:
     )
     tok = Tokenizer(bpe)
 
-    steps = [normalizers.Replace(" ", SPACE_MARK)]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE_MARK)]
     decode_steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
     if meta.get("tokenizer.ggml.add_space_prefix", False):
         # llama.cpp prefixes a space to every text fragment that follows a token (or starts the text)

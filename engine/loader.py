@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from engine.config import ModelConfig
 from engine.errors import DeviceUnavailableError, PhoenixError
 from engine.weights import embedded_model_path, open_weights
 from engine.weights.base import WeightSource
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.backends.cpu import CpuBackend
+    from engine.chat import ChatFormat
+    from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("phoenix.engine")
 
@@ -17,20 +27,38 @@ DEFAULT_CONTEXT = 4096
 BACKENDS = ("auto", "cpu", "vulkan", "npu-hybrid")
 
 
+class ModelDescription(TypedDict):
+    """`LoadedModel.describe()`: for `phoenix-chat info`, logs and the GUI."""
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    layers: int
+    context_length: int
+    max_context_length: int
+    tensor_types: dict[str, int]
+    file_size: int
+    backend: str
+    device: str
+    backend_note: str
+    is_instruction_tuned: bool
+    load_s: float
+
+
 @dataclass
 class LoadedModel:
     path: Path
     weights: WeightSource
     config: ModelConfig
-    tokenizer: "Tokenizer"          # noqa: F821
-    chat: "ChatFormat"              # noqa: F821
-    backend: "Backend"              # noqa: F821
+    tokenizer: Tokenizer
+    chat: ChatFormat
+    backend: Backend
     is_instruction_tuned: bool
     backend_note: str = ""          # why `auto` picked what it picked (shown in logs and the UI)
     load_seconds: float = 0.0
-    timings: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
-    def describe(self) -> dict:
+    def describe(self) -> ModelDescription:
         """What was loaded, where, and how (plain values: the GUI's "About this model")."""
         cfg = self.config
         return {
@@ -43,12 +71,13 @@ class LoadedModel:
             "load_s": self.load_seconds,
         }
 
-    def close(self):
+    def close(self) -> None:
         self.backend.close()
 
 
-def load(path=None, backend: str = "auto", context_length: int | None = None, quant: str | None = None,
-         device: int | None = None, progress=None, cancel=None) -> LoadedModel:
+def load(path: str | os.PathLike[str] | None = None, backend: str = "auto", context_length: int | None = None,
+         quant: str | None = None, device: int | None = None, progress: Callable[[float, str], None] | None = None,
+         cancel: threading.Event | None = None) -> LoadedModel:
     """Open a GGUF file or Hugging Face folder (default: the embedded 270M) on a backend.
 
     backend: "auto" (a hardware Vulkan GPU if there is one, else the CPU — the choice and its
@@ -61,7 +90,7 @@ def load(path=None, backend: str = "auto", context_length: int | None = None, qu
     if backend not in BACKENDS:
         raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     started = time.perf_counter()
-    timings = {}
+    timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
     report(0.0, "opening model file")
     path = Path(path).expanduser() if path else embedded_model_path()
@@ -88,7 +117,9 @@ def load(path=None, backend: str = "auto", context_length: int | None = None, qu
                        backend_note=note, load_seconds=time.perf_counter() - started, timings=timings)
 
 
-def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
+def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None, device: int | None,
+                  progress: Callable[[float, str], None] | None,
+                  cancel: threading.Event | None) -> tuple[Backend, str]:
     if kind == "auto":
         try:
             from engine.backends.vulkan.backend import VulkanBackend
@@ -111,13 +142,15 @@ def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
     return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
 
 
-def _npu_hybrid(weights, ctx, quant, device, progress, cancel):
+def _npu_hybrid(weights: WeightSource, ctx: int, quant: str | None, device: int | None,
+                progress: Callable[[float, str], None] | None, cancel: threading.Event | None) -> tuple[Backend, str]:
     """NPU prefill; decode on a hardware Vulkan GPU when there is one, else on the CPU (said so)."""
     from engine.backends.npu.detect import npu_status
     from engine.backends.npu_hybrid import NpuHybridBackend
     status = npu_status()
     if not status.available:     # say why before loading anything
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
+    decoder: Backend
     try:
         from engine.backends.vulkan.backend import VulkanBackend
         decoder = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant, progress=progress)
@@ -128,7 +161,8 @@ def _npu_hybrid(weights, ctx, quant, device, progress, cancel):
     return NpuHybridBackend(weights, ctx, progress=progress, cancel=cancel, decoder=decoder), note
 
 
-def _cpu(weights, ctx, quant, progress, cancel):
+def _cpu(weights: WeightSource, ctx: int, quant: str | None, progress: Callable[[float, str], None] | None,
+         cancel: threading.Event | None) -> CpuBackend:
     from engine.backends.cpu import CpuBackend
     if quant:
         log.warning("quantization %s applies to the Vulkan backend; the CPU reference runs in f32", quant)

@@ -7,25 +7,54 @@ tokenized once with <bos>, cut into windows of n_ctx, each window's first token 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.config import ModelConfig
+    from engine.tokenizer import Tokenizer
+
+# progress(windows done, windows in all, running perplexity)
+Progress: TypeAlias = Callable[[int, int, float], None]
 
 
-def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+class ScoredModel(Protocol):
+    """What `perplexity` needs of a model: a LoadedModel, or the parts of one."""
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def backend(self) -> Backend: ...
+
+
+class PerplexityResult(TypedDict):
+    ppl: float
+    windows: int
+    scored_tokens: int
+    n_ctx: int
+    running: list[float]     # the perplexity after each window
+
+
+def log_softmax_at(logits: npt.NDArray[np.floating], targets: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
     logits = logits.astype(np.float64)
     m = logits.max(axis=-1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=-1))
-    return logits[np.arange(len(targets)), targets] - lse
+    scored: npt.NDArray[np.float64] = logits[np.arange(len(targets)), targets] - lse
+    return scored
 
 
-def perplexity(model, text: str, n_ctx: int = 512, progress: Callable | None = None) -> dict:
+def perplexity(model: ScoredModel, text: str, n_ctx: int = 512, progress: Progress | None = None) -> PerplexityResult:
     tokens = model.tokenizer.encode(text, add_bos=True, parse_special=False)
     return perplexity_of_ids(model.backend, tokens, n_ctx, model.config.bos_token_id, progress=progress)
 
 
-def perplexity_of_ids(backend, tokens, n_ctx: int, bos_id: int, max_windows: int | None = None,
-                      progress: Callable | None = None) -> dict:
+def perplexity_of_ids(backend: Backend, tokens: Sequence[int] | npt.NDArray[np.integer], n_ctx: int, bos_id: int,
+                      max_windows: int | None = None, progress: Progress | None = None) -> PerplexityResult:
     """The windowed method on token ids already made (tests and benchmarks reuse it)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     n_windows = len(tokens) // n_ctx

@@ -1,9 +1,11 @@
 """Sampling parameters and the CPU sampler (mlx-lm style: built once, then applied per step)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,16 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits: np.ndarray, history=()) -> int:
+    def __call__(self, logits: npt.NDArray[np.float32], history: Sequence[int] = ()) -> int:
         ids, probs = candidates(logits, history, self.params)
         return int(ids[0]) if self.params.greedy else int(self._draw(ids, probs))
 
-    def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
-        return ids[self.rng.choice(len(ids), p=probs)]
+    def _draw(self, ids: npt.NDArray[np.intp], probs: npt.NDArray[np.float64]) -> int:
+        return int(ids[self.rng.choice(len(ids), p=probs)])
 
 
-def candidates(logits: np.ndarray, history, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def candidates(logits: npt.NDArray[np.float32], history: Sequence[int],
+               p: SamplingParams) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """The distribution a step draws from: penalty, then greedy (the argmax, probability 1) or
     temperature / top-k / top-p / min-p. (The sampler and speculative decoding's p and q.)"""
     logits = np.asarray(logits, dtype=np.float32)
@@ -50,7 +53,8 @@ def candidates(logits: np.ndarray, history, p: SamplingParams) -> tuple[np.ndarr
     return filter_candidates(logits, p)
 
 
-def apply_repetition_penalty(logits: np.ndarray, recent, penalty: float) -> np.ndarray:
+def apply_repetition_penalty(logits: npt.NDArray[np.float32], recent: Sequence[int],
+                             penalty: float) -> npt.NDArray[np.float32]:
     """llama.cpp/CTRL style: positive logits of seen tokens divided, negative multiplied."""
     out = logits.copy()
     seen = np.unique(np.asarray(recent, dtype=np.int64))
@@ -59,7 +63,8 @@ def apply_repetition_penalty(logits: np.ndarray, recent, penalty: float) -> np.n
     return out
 
 
-def filter_candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def filter_candidates(logits: npt.NDArray[np.float32],
+                      p: SamplingParams) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """The surviving token ids and their renormalised probabilities."""
     scaled = logits / np.float32(p.temperature)
     k = p.top_k if 0 < p.top_k < len(scaled) else len(scaled)

@@ -18,13 +18,18 @@ start of its next forward (`Backend.forward`), and the caches' local rings keep 
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from engine.errors import ContextFull, PhoenixError
 from engine.sampling import SamplingParams, candidates
+
+if TYPE_CHECKING:
+    from engine.loader import LoadedModel
 
 MAX_DRAFT_TOKENS = 16       # the CPU cache's local rings hold the window + 32 positions
 
@@ -45,7 +50,7 @@ class SpeculativeStats:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
 
 
-def check_draft(target, draft) -> None:
+def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
     """The draft must speak the target's vocabulary, or its guesses mean nothing."""
     if target.tokenizer != draft.tokenizer:
         raise PhoenixError(
@@ -58,7 +63,7 @@ class Distribution:
     """The sampler's distribution for one position: greedy as a point mass, else the filtered
     candidates and their probabilities."""
 
-    def __init__(self, logits: np.ndarray, history: Sequence[int], params: SamplingParams):
+    def __init__(self, logits: npt.NDArray[np.float32], history: Sequence[int], params: SamplingParams) -> None:
         self.vocab = len(logits)
         self.ids, self.probs = candidates(logits, history, params)
 
@@ -66,7 +71,7 @@ class Distribution:
         hit = np.nonzero(self.ids == token)[0]
         return float(self.probs[hit[0]]) if len(hit) else 0.0
 
-    def dense(self) -> np.ndarray:
+    def dense(self) -> npt.NDArray[np.float64]:
         out = np.zeros(self.vocab)
         out[self.ids] = self.probs
         return out
@@ -90,8 +95,9 @@ def accept_or_resample(p: Distribution, q: Distribution, proposal: int,
     return False, int(ids[rng.choice(len(ids), p=residual[ids] / total)])
 
 
-def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-                     draft_tokens: int = 4, stats: SpeculativeStats | None = None) -> Iterator[int]:
+def speculative_step(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
+                     max_tokens: int, draft_tokens: int = 4,
+                     stats: SpeculativeStats | None = None) -> Generator[int, None, None]:
     """`generate_step` with a draft model: yields the target's tokens, several per target pass.
 
     target, draft: LoadedModel-like objects (`.backend`) with the same tokenizer. The caller
@@ -117,7 +123,8 @@ def speculative_step(target, draft, prompt_ids: Sequence[int], params: SamplingP
         history.append(token)
         # the draft catches up on what it missed and proposes k tokens
         feed, at = draft_backlog + [token], pos - len(draft_backlog)
-        proposals, q_dists = [], []
+        proposals: list[int] = []
+        q_dists: list[Distribution] = []
         for _ in range(k):
             logits = db.forward(feed, at)
             q = Distribution(logits, history + proposals, params)

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import tokenizers
 
@@ -28,7 +28,7 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _TURN_END_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>")
 
 
-def gguf_cache_key(path: str | os.PathLike) -> str:
+def gguf_cache_key(path: str | os.PathLike[str]) -> str:
     """A file-name-safe key for a GGUF file's built tokenizer: its name, plus a hash of its
     absolute path, size, modification time and the tokenizer builder's version."""
     from .gguf_vocab import BUILDER_VERSION
@@ -58,12 +58,12 @@ class Tokenizer:
         added = hf.get_added_tokens_decoder()
         self.special_tokens: dict[str, int] = {t.content: i for i, t in added.items() if t.special}
         self._special_ids = frozenset(self.special_tokens.values())
-        self._special_re: re.Pattern | None = None
+        self._special_re: re.Pattern[str] | None = None
         self._stream_info: tuple[str, bool] | None = None
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_gguf_metadata(cls, meta: dict, cache_key: str | None = None) -> "Tokenizer":
+    def from_gguf_metadata(cls, meta: dict[str, Any], cache_key: str | None = None) -> "Tokenizer":
         """Build from GGUF metadata; with a `cache_key` (see `gguf_cache_key`) the built
         tokenizer is kept as `cache_dir()/tokenizers/<cache_key>.json` and reused."""
         from .gguf_vocab import build_gguf_tokenizer
@@ -94,7 +94,7 @@ class Tokenizer:
                    chat_template=meta.get("tokenizer.chat_template"), pad_id=meta_id("padding"))
 
     @classmethod
-    def from_hf_folder(cls, folder: str | os.PathLike) -> "Tokenizer":
+    def from_hf_folder(cls, folder: str | os.PathLike[str]) -> "Tokenizer":
         """Load tokenizer.json (+ tokenizer_config.json, generation_config.json, chat_template.jinja)."""
         folder = Path(folder)
         tok_file = folder / "tokenizer.json"
@@ -107,7 +107,7 @@ class Tokenizer:
         config = _read_json(folder / "tokenizer_config.json")
         generation = _read_json(folder / "generation_config.json")
 
-        def token_id(entry) -> int | None:
+        def token_id(entry: object) -> int | None:
             text = entry.get("content") if isinstance(entry, dict) else entry
             return hf.token_to_id(text) if isinstance(text, str) else None
 
@@ -170,19 +170,20 @@ class Tokenizer:
         return self.id_to_piece(self.eos_ids[0]) if self.eos_ids else None
 
     @property
-    def special_pattern(self) -> re.Pattern:
+    def special_pattern(self) -> re.Pattern[str]:
         """A regex matching any special-token string, longest first (for the chat encoder)."""
         if self._special_re is None:
             alts = sorted(self.special_tokens, key=len, reverse=True)
             self._special_re = re.compile("|".join(map(re.escape, alts)) if alts else r"(?!x)x")
         return self._special_re
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, Tokenizer) and self.hf.to_str() == other.hf.to_str()
                 and (self.bos_id, self.eos_ids, self.add_bos, self.chat_template, self.pad_id)
                 == (other.bos_id, other.eos_ids, other.add_bos, other.chat_template, other.pad_id))
 
-    __hash__ = None  # mutable wrapper around a Rust object
+    # mutable wrapper around a Rust object: unhashable (typeshed types object.__hash__ as a method, hence the ignore)
+    __hash__ = None  # type: ignore[assignment]
 
     def _stream_mode(self) -> tuple[str, bool]:
         """("spm", strip_first_space) when pieces map to bytes one by one, else ("naive", False)."""
@@ -193,13 +194,13 @@ class Tokenizer:
                 dec = {}
             steps = dec.get("decoders", [dec]) if dec.get("type") == "Sequence" else [dec]
 
-            def space_mark(step) -> bool:
-                return step.get("type") == "Metaspace" and step.get("replacement") == SPACE_MARK or (
+            def space_mark(step: dict[str, Any]) -> bool:
+                return bool(step.get("type") == "Metaspace" and step.get("replacement") == SPACE_MARK or (
                     step.get("type") == "Replace" and step.get("pattern", {}).get("String") == SPACE_MARK
-                    and step.get("content") == " ")
+                    and step.get("content") == " "))
 
-            def first_space_strip(step) -> bool:
-                return step.get("type") == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0
+            def first_space_strip(step: dict[str, Any]) -> bool:
+                return bool(step.get("type") == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0)
 
             kinds = [s.get("type") for s in steps]
             spm = ("ByteFallback" in kinds and any(map(space_mark, steps))
@@ -318,7 +319,7 @@ class StreamingDetokenizer:
         return out
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:

@@ -6,27 +6,34 @@ Linear layers go through `linear()`, the one hook a hybrid plan (NPU prefill) ov
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeAlias, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from engine.config import ModelConfig
 from engine.weights.base import WeightSource
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
+F32: TypeAlias = npt.NDArray[np.float32]
+# numpy's stubs type much f32 arithmetic as float64 or floating[Any]; cast(F32, ...) below says what
+# the arrays are (all f32: the reference runs in f32 throughout)
 
-def rms_norm(x: np.ndarray, multiplier: np.ndarray, eps: float) -> np.ndarray:
+
+def rms_norm(x: F32, multiplier: F32, eps: float) -> F32:
     """Gemma's RMSNorm; `multiplier` is already 1 + w (see engine/weights/base.py)."""
     var = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(var + np.float32(eps))) * multiplier
+    return cast(F32, (x / np.sqrt(var + np.float32(eps))) * multiplier)
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+def gelu_tanh(x: F32) -> F32:
+    return cast(F32, np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x))))
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, base: float, scale: float):
+def rope_tables(positions: npt.NDArray[np.integer], head_dim: int, base: float, scale: float) -> tuple[F32, F32]:
     """cos/sin for NEOX-style (rotate-half) RoPE; linear scaling divides the positions."""
     inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     angles = (positions.astype(np.float64)[:, None] / scale) * inv_freq[None, :]
@@ -34,11 +41,11 @@ def rope_tables(positions: np.ndarray, head_dim: int, base: float, scale: float)
     return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def apply_rope(x: F32, cos: F32, sin: F32) -> F32:
     """x: [n, heads, head_dim]; cos/sin: [n, head_dim]."""
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return cast(F32, x * cos[:, None, :] + rotated * sin[:, None, :])
 
 
 class KVCache:
@@ -52,7 +59,9 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, context_length: int, rollback_slack: int = 32):
         self.config = config
-        self.k, self.v, self.positions = [], [], []
+        self.k: list[F32] = []
+        self.v: list[F32] = []
+        self.positions: list[npt.NDArray[np.int64]] = []
         for layer in range(config.num_layers):
             ring = config.sliding_window + rollback_slack
             slots = context_length if config.is_global_layer(layer) else min(ring, context_length)
@@ -60,7 +69,7 @@ class KVCache:
             self.v.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
             self.positions.append(np.full(slots, -1, np.int64))
 
-    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray):
+    def write(self, layer: int, positions: npt.NDArray[np.int64], k: F32, v: F32) -> None:
         slots = positions % len(self.positions[layer])
         self.k[layer][slots], self.v[layer][slots] = k, v
         self.positions[layer][slots] = positions
@@ -72,12 +81,12 @@ class KVCache:
 class Gemma3Model:
     """Weights as dense f32 arrays plus the forward pass over a chunk of tokens."""
 
-    def __init__(self, weights: WeightSource, context_length: int, progress: Callable | None = None,
-                 cancel=None):
+    def __init__(self, weights: WeightSource, context_length: int,
+                 progress: Callable[[float, str], None] | None = None, cancel: threading.Event | None = None) -> None:
         self.config = cfg = weights.config
         self.context_length = context_length
         names = [n for n in weights.tensors if n != "embed_tokens"]
-        self.w: dict[str, np.ndarray] = {}
+        self.w: dict[str, F32] = {}
         for i, name in enumerate(names):
             if cancel is not None and cancel.is_set():
                 from engine.errors import CancelledError
@@ -91,15 +100,15 @@ class Gemma3Model:
             progress(1.0, "weights ready")
         self.embed_scale = np.float32(cfg.embed_scale)
         self.cache = KVCache(cfg, context_length)
-        self.rope = {}
+        self.rope: dict[str, tuple[F32, F32]] = {}
         for kind, base, scale in (("local", cfg.rope_local_theta, 1.0), ("global", cfg.rope_theta, cfg.rope_scaling_factor)):
             self.rope[kind] = rope_tables(np.arange(context_length), cfg.head_dim, base, scale)
 
-    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+    def linear(self, x: F32, name: str) -> F32:
         """x [n, in] @ W[name].T → [n, out]. The hook hybrid plans override."""
         return x @ self.w[name].T
 
-    def forward(self, token_ids, start_pos: int, all_logits: bool = False) -> np.ndarray:
+    def forward(self, token_ids: Sequence[int], start_pos: int, all_logits: bool = False) -> F32:
         cfg = self.config
         ids = np.asarray(token_ids, dtype=np.int64)
         positions = np.arange(start_pos, start_pos + len(ids))
@@ -110,7 +119,7 @@ class Gemma3Model:
         logits = x @ self.embed.T
         return logits if all_logits else logits[0]
 
-    def _block(self, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _block(self, layer: int, x: F32, positions: npt.NDArray[np.int64]) -> F32:
         cfg, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "input_layernorm"], cfg.rms_norm_eps)
         attn = self._attention(layer, h, positions)
@@ -119,7 +128,7 @@ class Gemma3Model:
         mlp = gelu_tanh(self.linear(h, p + "mlp.gate_proj")) * self.linear(h, p + "mlp.up_proj")
         return x + rms_norm(self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps)
 
-    def _attention(self, layer: int, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _attention(self, layer: int, h: F32, positions: npt.NDArray[np.int64]) -> F32:
         cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(positions)
         q = self.linear(h, p + "q_proj").reshape(n, cfg.num_heads, cfg.head_dim)
         k = self.linear(h, p + "k_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
@@ -160,6 +169,6 @@ class Gemma3Model:
         out = np.einsum("hqk,khd->qhd", probs, values).reshape(n, cfg.q_dim)
         return self.linear(out, p + "o_proj")
 
-    def reset(self):
+    def reset(self) -> None:
         for held in self.cache.positions:
             held[:] = -1

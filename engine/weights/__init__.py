@@ -1,13 +1,14 @@
 """Open a model from a GGUF file or a Hugging Face folder: `open_weights(path) -> WeightSource`."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from engine.errors import ModelFileError
 from engine.weights.base import TensorInfo, WeightSource
 
 
-def open_weights(path) -> WeightSource:
+def open_weights(path: str | os.PathLike[str]) -> WeightSource:
     path = Path(path).expanduser()
     if path.is_dir():
         from engine.weights.hf_folder import HFFolder

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
+    from engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -33,20 +39,20 @@ class WeightSource:
     """A memory-mapped model: config, tensor table, raw bytes, f32 dequantization, tokenizer."""
 
     path: Path
-    config: "ModelConfig"            # noqa: F821
+    config: ModelConfig
     tensors: dict[str, TensorInfo]
     chat_template: str | None = None
     file_size: int = 0
 
-    def raw(self, name: str) -> np.ndarray:
+    def raw(self, name: str) -> npt.NDArray[np.uint8]:
         """The tensor's bytes as stored (uint8, memory-mapped, no copy)."""
         raise NotImplementedError
 
-    def dequantize(self, name: str) -> np.ndarray:
+    def dequantize(self, name: str) -> npt.NDArray[np.float32]:
         """The tensor as float32 in its logical shape (norms as 1 + w multipliers)."""
         raise NotImplementedError
 
-    def tokenizer(self) -> "Tokenizer":  # noqa: F821
+    def tokenizer(self) -> Tokenizer:
         raise NotImplementedError
 
     def tensor_types(self) -> dict[str, int]:

@@ -13,14 +13,21 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.weights.base import TensorInfo, WeightSource
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from engine.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 MAX_TENSORS = 1_000_000
@@ -78,26 +85,28 @@ class _RawTensor:
 class _Cursor:
     """Bounds-checked little-endian reads over the memory map."""
 
-    def __init__(self, buf, path):
+    def __init__(self, buf: memoryview, path: Path) -> None:
         self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
 
-    def need(self, n: int, what: str):
+    def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
             raise ModelFileError(self.path, f"truncated or corrupt GGUF header ({what} needs {n} bytes at offset "
                                             f"{self.pos}, file has {self.size})")
 
-    def scalar(self, vtype: int, what: str):
+    def scalar(self, vtype: int, what: str) -> Any:
         fmt, size = _SCALARS[vtype]
         self.need(size, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
-    def u32(self, what):
-        return self.scalar(4, what)
+    def u32(self, what: str) -> int:
+        value: int = self.scalar(4, what)
+        return value
 
-    def u64(self, what):
-        return self.scalar(10, what)
+    def u64(self, what: str) -> int:
+        value: int = self.scalar(10, what)
+        return value
 
     def string(self, what: str) -> str:
         n = self.u64(what)
@@ -106,7 +115,7 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, what: str):
+    def value(self, vtype: int, what: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, what)
         if vtype == _STRING:
@@ -116,7 +125,8 @@ class _Cursor:
             if item_type in _NUMPY:
                 size = _SCALARS[item_type][1]
                 self.need(count * size, what)
-                arr = np.frombuffer(self.buf, dtype=_NUMPY[item_type], count=count, offset=self.pos).copy()
+                arr: npt.NDArray[np.generic] = np.frombuffer(self.buf, dtype=_NUMPY[item_type], count=count,
+                                                             offset=self.pos).copy()
                 self.pos += count * size
                 return arr
             if item_type == _STRING:
@@ -149,7 +159,7 @@ class _Cursor:
 class GGUFFile(WeightSource):
     """An open GGUF model: `metadata`, `tensors` (canonical names), memory-mapped bytes."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
             fd = os.open(self.path, os.O_RDONLY)
@@ -175,7 +185,7 @@ class GGUFFile(WeightSource):
 
     # ---- parsing ------------------------------------------------------------------
 
-    def _parse_header(self):
+    def _parse_header(self) -> tuple[dict[str, Any], list[_RawTensor], int]:
         cur = _Cursor(self._buf, self.path)
         cur.need(4, "magic")
         if bytes(self._buf[:4]) != GGUF_MAGIC:
@@ -187,7 +197,7 @@ class GGUFFile(WeightSource):
         n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
         if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
             raise ModelFileError(self.path, f"corrupt GGUF header: absurd counts ({n_tensors} tensors, {n_kv} keys)")
-        meta: dict = {}
+        meta: dict[str, Any] = {}    # values: int, float, bool, str, numpy array, list
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             meta[key] = cur.value(cur.u32(key), key)
@@ -205,8 +215,10 @@ class GGUFFile(WeightSource):
         data_start = (cur.pos + align - 1) // align * align
         return meta, raw, data_start
 
-    def _build_table(self, raw_tensors, data_start):
-        tensors, offsets = {}, {}
+    def _build_table(self, raw_tensors: list[_RawTensor],
+                     data_start: int) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+        tensors: dict[str, TensorInfo] = {}
+        offsets: dict[str, int] = {}
         for t in raw_tensors:
             try:
                 qtype = QType(t.qtype)
@@ -231,7 +243,7 @@ class GGUFFile(WeightSource):
             offsets[name] = start
         return tensors, offsets
 
-    def _check_required(self):
+    def _check_required(self) -> None:
         cfg = self.config
         required = ["embed_tokens", "norm"] + [
             f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in _BLOCK_NAMES.values()]
@@ -242,24 +254,24 @@ class GGUFFile(WeightSource):
 
     # ---- WeightSource -------------------------------------------------------------
 
-    def raw(self, name: str) -> np.ndarray:
+    def raw(self, name: str) -> npt.NDArray[np.uint8]:
         info = self.tensors[name]
         rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         flat = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=self._offsets[name])
         return flat.reshape(rows, info.nbytes // rows)
 
-    def dequantize(self, name: str) -> np.ndarray:
+    def dequantize(self, name: str) -> npt.NDArray[np.float32]:
         info = self.tensors[name]
         out = gguf_quants.dequantize(self.raw(name), info.qtype)
         return np.ascontiguousarray(out, dtype=np.float32).reshape(info.shape)
 
-    def dequantize_rows(self, name: str, rows) -> np.ndarray:
+    def dequantize_rows(self, name: str, rows: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.float32]:
         """Only some rows (embedding lookups) without dequantizing the whole table."""
         info = self.tensors[name]
         out = gguf_quants.dequantize(self.raw(name)[np.asarray(rows)], info.qtype)
         return np.asarray(out, dtype=np.float32).reshape(len(rows), info.shape[-1])
 
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         from engine.tokenizer import Tokenizer, gguf_cache_key
         return Tokenizer.from_gguf_metadata(self.metadata, gguf_cache_key(self.path))
 

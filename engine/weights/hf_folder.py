@@ -11,14 +11,20 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.weights.base import TensorInfo, WeightSource
+
+if TYPE_CHECKING:
+    from engine.tokenizer import Tokenizer
 
 _DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -38,14 +44,15 @@ def canonical_name(hf_name: str) -> str | None:
 
 
 class HFFolder(WeightSource):
-    def __init__(self, folder):
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.path = Path(folder)
         if not self.path.is_dir():
             raise ModelFileError(self.path, "not a folder")
         self.config = ModelConfig.from_hf_config(self.path / "config.json")
         self.chat_template = _read_chat_template(self.path)
         self._maps: list[mmap.mmap] = []
-        self.tensors, self._where = {}, {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._where: dict[str, tuple[mmap.mmap, int]] = {}
         for shard in self._shards():
             self._index_shard(shard)
         self.file_size = sum(len(m) for m in self._maps)
@@ -68,7 +75,7 @@ class HFFolder(WeightSource):
             raise ModelFileError(self.path, "no *.safetensors files in the folder")
         return shards
 
-    def _index_shard(self, shard: Path):
+    def _index_shard(self, shard: Path) -> None:
         size = shard.stat().st_size
         if size < 8:
             raise ModelFileError(shard, "truncated safetensors file")
@@ -103,7 +110,7 @@ class HFFolder(WeightSource):
             self.tensors[name] = TensorInfo(name, qtype, shape, nbytes, hf_name)
             self._where[name] = (mm, base + start)
 
-    def _check_required(self):
+    def _check_required(self) -> None:
         cfg = self.config
         blocks = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -113,22 +120,22 @@ class HFFolder(WeightSource):
         if missing:
             raise ModelFileError(self.path, f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
 
-    def raw(self, name: str) -> np.ndarray:
+    def raw(self, name: str) -> npt.NDArray[np.uint8]:
         info = self.tensors[name]
         mm, offset = self._where[name]
         rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         return np.frombuffer(mm, dtype=np.uint8, count=info.nbytes, offset=offset).reshape(rows, -1)
 
-    def dequantize(self, name: str) -> np.ndarray:
+    def dequantize(self, name: str) -> npt.NDArray[np.float32]:
         info = self.tensors[name]
         out = _to_f32(self.raw(name), info.qtype).reshape(info.shape)
         return out + np.float32(1.0) if info.is_norm else out
 
-    def dequantize_rows(self, name: str, rows) -> np.ndarray:
+    def dequantize_rows(self, name: str, rows: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.float32]:
         info = self.tensors[name]
         return _to_f32(self.raw(name)[np.asarray(rows)], info.qtype).reshape(len(rows), info.shape[-1])
 
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         from engine.tokenizer import Tokenizer
         return Tokenizer.from_hf_folder(self.path)
 
@@ -140,7 +147,7 @@ class HFFolder(WeightSource):
                 pass
 
 
-def _to_f32(raw: np.ndarray, qtype: QType) -> np.ndarray:
+def _to_f32(raw: npt.NDArray[np.uint8], qtype: QType) -> npt.NDArray[np.float32]:
     flat = np.ascontiguousarray(raw).reshape(-1)
     if qtype == QType.F32:
         return flat.view(np.float32).copy()
@@ -163,6 +170,6 @@ def _read_chat_template(folder: Path) -> str | None:
                 continue
             if isinstance(template, list):  # named templates: take "default"
                 template = next((t["template"] for t in template if t.get("name") == "default"), None)
-            if template:
+            if isinstance(template, str) and template:
                 return template
     return None

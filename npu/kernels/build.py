@@ -64,6 +64,7 @@ def find_toolchain() -> dict:
                        "(pip install llvm-aie from github.com/Xilinx/llvm-aie releases)")
     if missing:
         raise ToolchainMissing("cannot build NPU kernels: " + "; ".join(missing))
+    assert aie_dir is not None  # else `missing` says so
     include = _first_existing([aie_dir / "include", aie_dir.parent / "include",
                                Path(os.environ.get("MLIR_AIE_INSTALL_DIR", "/nonexistent")) / "include"])
     return {"aiecc": aiecc, "clang": str(clang), "peano_dir": peano, "include": str(include) if include else None,

@@ -22,6 +22,7 @@ transfer is one contiguous run and no DMA needs a strided or transposing access 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,12 @@ def _linear(total: int, offset: int, length: int, itemsize: int, repeat: int = 1
     return TensorAccessPattern((1, total), offset, sizes, strides)
 
 
+def _buffer_type(count: int, dtype: type) -> Any:
+    """IRON's type of a flat buffer: `np.ndarray[(count,), np.dtype[dtype]]`, built at run time."""
+    # a value for IRON, not a static type: mypy rejects a variable dtype inside [...]
+    return np.ndarray[(count,), np.dtype[dtype]]  # type: ignore[misc, valid-type]
+
+
 def build_module(spec: GemmSpec):
     from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
     from aie.iron.controlflow import range_
@@ -72,13 +79,13 @@ def build_module(spec: GemmSpec):
     k_steps, tn = K // k, spec.tn
     isz_in, isz_out = (2 if spec.dtype_in == "bf16" else 1), 4
 
-    A_ty = np.ndarray[(M * K,), np.dtype[t_in]]
-    B_ty = np.ndarray[(K * N,), np.dtype[t_in]]
-    C_ty = np.ndarray[(M * N,), np.dtype[t_out]]
-    a_ty = np.ndarray[(m * k,), np.dtype[t_in]]
-    b_ty = np.ndarray[(k * n,), np.dtype[t_in]]
-    c_ty = np.ndarray[(m * n,), np.dtype[t_out]]
-    c_col_ty = np.ndarray[(CORE_ROWS * m * n,), np.dtype[t_out]]
+    A_ty = _buffer_type(M * K, t_in)
+    B_ty = _buffer_type(K * N, t_in)
+    C_ty = _buffer_type(M * N, t_out)
+    a_ty = _buffer_type(m * k, t_in)
+    b_ty = _buffer_type(k * n, t_in)
+    c_ty = _buffer_type(m * n, t_out)
+    c_col_ty = _buffer_type(CORE_ROWS * m * n, t_out)
 
     zero_sym, mm_sym = kernel_symbols(spec)
     zero = Kernel(zero_sym, object_name(spec), [c_ty])

@@ -105,8 +105,8 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     nodes = sorted((dev_root / "accel").glob("accel*")) if (dev_root / "accel").is_dir() else []
     details["accel_nodes"] = [str(n) for n in nodes]
     if not nodes:
-        bound = npu["driver"] == DRIVER
-        why = " although amdxdna is bound (check udev)" if bound else f" (it appears once {DRIVER} binds)"
+        driver_bound = npu["driver"] == DRIVER
+        why = " although amdxdna is bound (check udev)" if driver_bound else f" (it appears once {DRIVER} binds)"
         msg = f"no {dev_root / 'accel' / 'accel*'} device node{why}"
         checks.append(("device node", False, msg))
         problems.append(msg)
@@ -152,6 +152,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
 
     if probe:
         try:
+            assert xrt is not None  # a failed import is among `problems`, returned above
             xrt.device(0)
             checks.append(("open", True, "pyxrt opened device 0"))
         except Exception as exc:        # noqa: BLE001 — any failure here is the user's answer
@@ -163,9 +164,10 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     return done(True, f"ready: AMD XDNA1 NPU (Phoenix, npu1) at {npu['address']}{fw}, {len(found)} kernel(s)")
 
 
-def _pci_npus(sys_root: Path):
+def _pci_npus(sys_root: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(XDNA1 NPUs, other XDNA NPUs) on the PCI bus, each {address, id, driver, path, kind}."""
-    npus, others = [], []
+    npus: list[dict[str, str]] = []
+    others: list[dict[str, str]] = []
     base = sys_root / "bus" / "pci" / "devices"
     if not base.is_dir():
         return npus, others

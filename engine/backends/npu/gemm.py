@@ -145,6 +145,7 @@ class NpuGemm:
                     acc[:, cols] += spec.unpack_c(c_buf.read(spec.out_dtype))
             part = acc[:rows, :pw.out_features]
             if self.dtype == "i8":
+                assert sx is not None and pw.scale is not None  # the i8 path has both scales
                 out[m0:m0 + rows] = dequantize_output(part, sx[m0:m0 + rows], pw.scale)
             else:
                 out[m0:m0 + rows] = part
