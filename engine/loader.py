@@ -111,9 +111,9 @@ def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
 
 def _npu_hybrid(weights, ctx, quant, device, progress, cancel):
     """NPU prefill; decode on a hardware Vulkan GPU when there is one, else on the CPU (said so)."""
-    from engine.backends.npu.detect import npu_status
-    from engine.backends.npu_hybrid import NpuHybridBackend
-    status = npu_status()
+    from engine.backends.npu_hybrid import NpuHybridBackend, npu_kernel_dirs
+    from npu.detect import npu_status
+    status = npu_status(kernel_dirs=npu_kernel_dirs())
     if not status.available:     # say why before loading anything
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
     try:
