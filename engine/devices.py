@@ -54,10 +54,11 @@ def vulkan_entries() -> list[DeviceEntry]:
 
 def npu_entry() -> DeviceEntry:
     try:
-        from engine.backends.npu.detect import npu_status
+        from engine.backends.npu_hybrid import npu_kernel_dirs
+        from npu.detect import npu_status
     except ImportError as exc:
         return DeviceEntry("npu", "AMD XDNA NPU", False, f"NPU support not available ({exc})")
-    status = npu_status()
+    status = npu_status(kernel_dirs=npu_kernel_dirs())
     return DeviceEntry("npu", status.details.get("name", "AMD XDNA NPU"), status.available, status.reason,
                        details=status.details)
 

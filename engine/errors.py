@@ -34,6 +34,10 @@ class DeviceUnavailableError(PhoenixError):
     """The requested compute device (Vulkan GPU, NPU) is not present or not usable."""
 
 
+class DeviceRunError(PhoenixError):
+    """A compute device failed while running (an NPU run that timed out or ended in an error state)."""
+
+
 class CancelledError(PhoenixError):
     """Long work (loading, re-quantizing) was cancelled by the user."""
 

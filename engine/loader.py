@@ -145,9 +145,9 @@ def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None,
 def _npu_hybrid(weights: WeightSource, ctx: int, quant: str | None, device: int | None,
                 progress: Callable[[float, str], None] | None, cancel: threading.Event | None) -> tuple[Backend, str]:
     """NPU prefill; decode on a hardware Vulkan GPU when there is one, else on the CPU (said so)."""
-    from engine.backends.npu.detect import npu_status
-    from engine.backends.npu_hybrid import NpuHybridBackend
-    status = npu_status()
+    from engine.backends.npu_hybrid import NpuHybridBackend, npu_kernel_dirs
+    from npu.detect import npu_status
+    status = npu_status(kernel_dirs=npu_kernel_dirs())
     if not status.available:     # say why before loading anything
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
     decoder: Backend

@@ -3,7 +3,7 @@
     python -m tools.eval_npu_prefill [--n-ctx 512] [--text tests/goldens/ppl_text.txt] [--mode emulator|host]
 
 `emulator` runs the real hybrid backend over the emulated NPU (slow: the emulator multiplies the
-padded tiles in numpy). `host` replaces the NPU GEMM by `engine.backends.npu.gemm.reference_matmul`, which the
+padded tiles in numpy). `host` replaces the NPU GEMM by `npu.gemm.reference_matmul`, which the
 tests show to be bit-identical to the emulated kernels, to measure long texts quickly.
 Both use engine.perplexity (llama.cpp's method). Without a Phoenix NPU nothing here touches one.
 """
@@ -34,9 +34,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from engine.backends.cpu import CpuBackend
-    from engine.backends.npu.gemm import reference_matmul
     from engine.backends.npu_hybrid import NpuHybridBackend
     from engine.weights import embedded_model_path, open_weights
+    from npu.gemm import reference_matmul
     from npu.kernels.spec import DEFAULT_SPECS
     from tests.npu.emulator import EmulatedXrt, write_test_kernel
 

@@ -1,7 +1,7 @@
 """The "prefill on NPU" plan: prompt-chunk matmuls on the XDNA NPU, decode on the iGPU (Vulkan) or CPU.
 
 Prefill (a chunk of ≥ `min_tokens` tokens) runs a prefill copy of the model whose `linear()` hook
-sends the projections of the chosen layers to the NPU int8 GEMM (engine/backends/npu/gemm.py); attention, norms,
+sends the projections of the chosen layers to the NPU int8 GEMM (npu/gemm.py); attention, norms,
 RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the decoder
 backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both sides keep their own KV cache and the hand-off between them
 is an explicit, timed copy of the rows written since the last hand-off:
@@ -16,24 +16,36 @@ CPU backend) is read and written directly.
 The activations crossing to the NPU per matmul — the hidden state's traffic — are counted by the
 NPU device (`bytes_to_device` / `bytes_from_device`).
 
-Without a usable NPU the constructor raises DeviceUnavailableError with npu_status()'s reason:
-nothing falls back silently. Tests pass `xrt=tests.npu.emulator.EmulatedXrt()` (its `emulated = True`
-lets it load the emulator's stand-in kernels).
+This is the engine's seam with npu/, which knows nothing of the engine: without a usable NPU the
+constructor raises DeviceUnavailableError with npu_status()'s reason (or the npu.errors.NpuError
+that stopped it), and a failed NPU run during a prefill becomes DeviceRunError; nothing falls back
+silently. Tests pass `xrt=tests.npu.emulator.EmulatedXrt()` (its `emulated = True` lets it load
+the emulator's stand-in kernels).
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from engine.backends.base import Backend, LiveStats, forward_in_chunks
 from engine.backends.cpu import CpuBackend
-from engine.errors import DeviceUnavailableError
+from engine.errors import DeviceRunError, DeviceUnavailableError
 from engine.models.gemma3 import Gemma3Model, KVCache
+from engine.paths import data_dir
 from engine.weights.base import WeightSource
+from npu.errors import NpuError, NpuRunError
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def npu_kernel_dirs() -> list[Path]:
+    """Where the engine looks for built NPU kernels: $PHOENIX_NPU_KERNELS, the user's data folder
+    (`npu-kernels` under engine.paths.data_dir()), then npu/kernels/build."""
+    from npu.runtime import kernel_search_dirs
+    return kernel_search_dirs(user_dir=data_dir() / "npu-kernels")
 
 
 class NpuPrefillModel(Gemma3Model):
@@ -66,20 +78,18 @@ class NpuHybridBackend(Backend):
         decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
         side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
         """
-        from engine.backends.npu.detect import npu_status
-        from engine.backends.npu.gemm import NpuGemm
-        from engine.backends.npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
+        from npu.detect import npu_status
+        from npu.gemm import NpuGemm
+        from npu.runtime import NpuDevice, find_kernels
 
         super().__init__(weights.config, context_length)
         emulated = getattr(xrt, "emulated", False) is True     # a test double says so itself
+        dirs = list(kernel_dirs) if kernel_dirs is not None else npu_kernel_dirs()
         if xrt is None:
-            status = npu_status(kernel_dirs=kernel_dirs)
+            status = npu_status(kernel_dirs=dirs)
             if not status.available:
                 raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
-            from engine.backends.npu.runtime import import_pyxrt
-            xrt = import_pyxrt()
-        found, problems = find_kernels(kernel_dirs if kernel_dirs is not None else kernel_search_dirs(),
-                                       allow_emulator=emulated)
+        found, problems = find_kernels(dirs, allow_emulator=emulated)
         if not found:
             raise DeviceUnavailableError("NPU prefill is unavailable: no built NPU kernels"
                                          + (f" ({'; '.join(problems)})" if problems else ""))
@@ -98,15 +108,15 @@ class NpuHybridBackend(Backend):
         on_npu = {f"layers.{i}.{p}" for i in layers for p in projections}
 
         t = time.perf_counter()
-        self.npu = NpuDevice(xrt=xrt)
         try:
+            self.npu = NpuDevice(xrt=xrt)           # xrt None: the real pyxrt, imported here
             self.gemm = NpuGemm(self.npu, found, dtype)
-        except ValueError as exc:
+            for i, name in enumerate(sorted(on_npu)):
+                self.gemm.add_weight(name, base.w[name])
+                if progress:
+                    progress((i + 1) / len(on_npu), f"quantizing {name} into NPU buffers")
+        except NpuError as exc:
             raise DeviceUnavailableError(f"NPU prefill is unavailable: {exc}") from None
-        for i, name in enumerate(sorted(on_npu)):
-            self.gemm.add_weight(name, base.w[name])
-            if progress:
-                progress((i + 1) / len(on_npu), f"quantizing {name} into NPU buffers")
         self.upload_s = time.perf_counter() - t
         self.prefill_model = NpuPrefillModel(base, self.gemm, on_npu, min_tokens)
         self.min_tokens = min_tokens
@@ -129,7 +139,10 @@ class NpuHybridBackend(Backend):
             self._handoff(self._decoder_rows, lambda rows: _write_rows(model.cache, rows),
                           self._prefill_valid, start_pos, "to_prefill_rows")
         t = time.perf_counter()
-        logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
+        try:
+            logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
+        except NpuRunError as exc:
+            raise DeviceRunError(f"NPU prefill failed: {exc}") from None
         self.timing["prefill_s"] += time.perf_counter() - t
         self.timing["prefill_tokens"] += len(ids)
         end = start_pos + len(ids)

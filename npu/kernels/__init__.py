@@ -1,6 +1,7 @@
 """NPU kernel designs (IRON, for mlir-aie) and the shared description of their buffer layouts.
 
-The host side that loads and runs the built kernels is engine/backends/npu/.
+The host side that finds, loads and runs the built kernels is npu/runtime.py, beside detect.py,
+gemm.py and quant.py.
 """
 from pathlib import Path
 

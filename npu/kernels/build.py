@@ -8,7 +8,7 @@ Per kernel in npu.kernels.spec.DEFAULT_SPECS:
   3. aiecc.py --no-xchesscc --no-xbridge --aie-generate-xclbin --aie-generate-npu-insts
      --no-compile-host … → <name>.xclbin and <name>.insts.bin
   4. <name>.json records the spec, the file names, their sha256 and the toolchain versions used,
-     which is what engine.backends.npu.runtime.find_kernels() checks before anything runs.
+     which is what npu.runtime.find_kernels() checks before anything runs.
 
 Toolchain it was written for (not installable from PyPI; wheels from the GitHub releases):
 mlir-aie 1.x with the `aie.iron` API (Xilinx/mlir-aie releases), llvm-aie/Peano of the same

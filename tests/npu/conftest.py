@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from engine.backends.npu.runtime import NpuDevice, find_kernels
+from npu.runtime import NpuDevice, find_kernels
 from tests.npu.emulator import EmulatedXrt
 
 

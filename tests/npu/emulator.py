@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backends.npu.quant import bf16_bits_to_f32
 from npu.kernels.spec import GemmSpec
+from npu.quant import bf16_bits_to_f32
 
 
 class EmulatorError(RuntimeError):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from engine.backends.npu.detect import npu_status
+from npu.detect import npu_status
 from npu.kernels.spec import DEFAULT_SPECS
 from tests.npu.emulator import write_test_kernel
 

@@ -1,6 +1,8 @@
 """The "prefill on NPU" plan on the embedded Gemma 3 270M, with the emulated NPU."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -90,8 +92,8 @@ def test_only_the_chosen_layers_go_to_the_npu(setup):
 
 
 def test_unavailable_npu_is_an_error_with_the_reason(setup):
-    from engine.backends.npu.detect import npu_status
     from engine.backends.npu_hybrid import NpuHybridBackend
+    from npu.detect import npu_status
     weights, _, cpu, _, _ = setup
     status = npu_status()
     if status.available:
@@ -108,9 +110,28 @@ def test_emulated_backend_needs_kernels(setup, tmp_path):
         NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[tmp_path], decoder=cpu)
 
 
+def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsys):
+    import engine.loader
+    from app.cli import main
+    from engine.backends.npu_hybrid import NpuHybridBackend
+    from engine.errors import DeviceRunError
+    weights, kernels, cpu, ids, _ = setup
+    hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(fail_runs=True), kernel_dirs=[kernels], decoder=cpu,
+                              npu_layers=[0], projections=("mlp.down_proj",))
+    message = r"NPU prefill failed: NPU kernel gemm_i8_\S+ ended in state ERT_CMD_STATE_ERROR, not COMPLETED"
+    with pytest.raises(DeviceRunError, match=f"^{message}$"):
+        hybrid.forward(ids[:8], 0)
+    assert hybrid.stats()["handoff"]["count"] == 0            # nothing half-done reached the decoder
+    # `phoenix-chat run` on it: the CLI's PhoenixError path, one line on stderr, exit status 2
+    monkeypatch.setattr(engine.loader, "_make_backend", lambda *a: (hybrid, "NPU prefill (emulated, failing)"))
+    assert main(["run", "Hello", "--backend", "npu-hybrid", "--max-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"phoenix-chat: error: {message}\n", err), err
+
+
 def test_load_with_npu_hybrid_reports_why_not(tmp_path, monkeypatch):
     import engine
-    from engine.backends.npu.detect import npu_status
+    from npu.detect import npu_status
     if npu_status().available:
         pytest.skip("this machine has a usable NPU")
     with pytest.raises(DeviceUnavailableError, match="^NPU prefill is unavailable: "):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends.npu.quant import bf16_bits_to_f32, dequantize_output, f32_to_bf16_bits, quantize_rows
 from npu.kernels.spec import DEFAULT_SPECS, GemmSpec
+from npu.quant import bf16_bits_to_f32, dequantize_output, f32_to_bf16_bits, quantize_rows
 
 
 @pytest.mark.parametrize("spec", DEFAULT_SPECS, ids=lambda s: s.name)

@@ -6,8 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from engine.backends.npu.runtime import NpuDevice, NpuRunError, find_kernels, kernel_search_dirs
+from npu.errors import NpuRunError
+from npu.kernels import BUILD_DIR
 from npu.kernels.spec import DEFAULT_SPECS
+from npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
 from tests.npu.emulator import EmulatedXrt, EmulatorError, write_test_kernel
 
 I8 = DEFAULT_SPECS[0]
@@ -145,14 +147,22 @@ def test_lookup_reports_each_broken_artifact(tmp_path):
 
 
 def test_search_order_and_first_folder_wins(tmp_path, monkeypatch):
-    first, second = tmp_path / "a", tmp_path / "b"
+    first, second, user = tmp_path / "a", tmp_path / "b", tmp_path / "user"
     write_test_kernel(first, I8)
     write_test_kernel(second, I8)
     monkeypatch.setenv("PHOENIX_NPU_KERNELS", str(second))
-    dirs = kernel_search_dirs([first])
-    assert dirs[0] == first and dirs[1] == second and dirs[-1].parts[-3:] == ("npu", "kernels", "build")
+    dirs = kernel_search_dirs([first], user_dir=user)
+    assert dirs == [first, second, user, BUILD_DIR] and BUILD_DIR.parts[-3:] == ("npu", "kernels", "build")
     found, _ = find_kernels(dirs, allow_emulator=True)
     assert found[I8.name].xclbin.parent == first
+
+
+def test_the_engine_passes_the_users_kernel_folder(monkeypatch):
+    from engine.backends.npu_hybrid import npu_kernel_dirs
+    from engine.paths import data_dir
+    monkeypatch.delenv("PHOENIX_NPU_KERNELS", raising=False)
+    assert kernel_search_dirs() == [BUILD_DIR]                 # npu/ knows no per-user folder
+    assert npu_kernel_dirs() == [data_dir() / "npu-kernels", BUILD_DIR]
 
 
 def test_hex_text_instruction_streams(tmp_path):

@@ -37,7 +37,8 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     """Check every piece the NPU backend needs; `available` only when all are there.
 
     import_xrt: a callable returning the pyxrt module (default: `import pyxrt`).
-    kernel_dirs: where to look for built kernels (default: engine.backends.npu.runtime.kernel_search_dirs()).
+    kernel_dirs: where to look for built kernels (default: npu.runtime.kernel_search_dirs(), which
+      knows no per-user folder: the engine passes its own list).
     probe: also open device 0 through pyxrt (cheap, but touches the driver).
     """
     sys_root, dev_root = Path(sys_root), Path(dev_root)
@@ -131,7 +132,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         problems.append(msg)
 
     # 5. built kernels
-    from engine.backends.npu.runtime import find_kernels, kernel_search_dirs
+    from npu.runtime import find_kernels, kernel_search_dirs
     dirs = list(kernel_dirs) if kernel_dirs is not None else kernel_search_dirs()
     found, kernel_problems = find_kernels(dirs, allow_emulator=allow_emulator_kernels)
     details["kernels"] = {n: str(a.xclbin) for n, a in found.items()}

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backends.npu.quant import (bf16_bits_to_f32, dequantize_output, f32_to_bf16_bits,
-                                       quantize_activation_per_token, quantize_weight_per_channel)
-from engine.backends.npu.runtime import KernelArtifact, NpuBuffer, NpuDevice, NpuKernel
+from npu.errors import NpuUnavailableError
 from npu.kernels.spec import GemmSpec
+from npu.quant import (bf16_bits_to_f32, dequantize_output, f32_to_bf16_bits, quantize_activation_per_token,
+                       quantize_weight_per_channel)
+from npu.runtime import KernelArtifact, NpuBuffer, NpuDevice, NpuKernel
 
 # Rough figures for choosing between kernel variants (not measured on hardware: see docs/NPU.md).
 PEAK_MACS_PER_S = {"i8": 6.76e12 / 2, "bf16": 3.14e12 / 2}   # best published XDNA GEMM results
@@ -63,7 +64,7 @@ class NpuGemm:
         self.device, self.dtype = device, dtype
         self.artifacts = {n: a for n, a in artifacts.items() if a.spec.dtype_in == dtype}
         if not self.artifacts:
-            raise ValueError(f"no {dtype} GEMM kernel among {sorted(artifacts) or 'none'}")
+            raise NpuUnavailableError(f"no {dtype} GEMM kernel among {sorted(artifacts) or 'none'}")
         self.kernels: dict[str, NpuKernel] = {}
         self.weights: dict[str, PlacedWeight] = {}
         self._a_bufs: dict[tuple[str, int], NpuBuffer] = {}

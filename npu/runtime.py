@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import DeviceUnavailableError, PhoenixError
-from engine.paths import data_dir
+from npu.errors import NpuRunError, NpuUnavailableError
 from npu.kernels import BUILD_DIR
 from npu.kernels.spec import GemmSpec
 
@@ -31,10 +30,6 @@ RUN_OPCODE = 3            # "execute the instruction stream" in mlir-aie's NPU k
 INSTR_GROUP = 1
 ARG_GROUPS = (3, 4, 5)    # A, B, C
 XCLBIN_MAGIC = b"xclbin2\0"
-
-
-class NpuRunError(PhoenixError):
-    """The NPU did not complete a run (timeout, error state, bad artifact)."""
 
 
 # ---------------------------------------------------------------- artifacts
@@ -58,13 +53,15 @@ class KernelArtifact:
         return np.frombuffer(raw, dtype="<u4").astype(np.uint32)
 
 
-def kernel_search_dirs(extra=None) -> list[Path]:
-    """Where kernels are looked up, in order: `extra`, $PHOENIX_NPU_KERNELS, the user's data
-    folder (`…/phoenix-chat/npu-kernels`), then `npu/kernels/build` (what build.py writes)."""
+def kernel_search_dirs(extra=None, user_dir=None) -> list[Path]:
+    """Where kernels are looked up, in order: `extra`, $PHOENIX_NPU_KERNELS, `user_dir` (the
+    application's per-user kernel folder, which the caller knows), then `npu/kernels/build`
+    (what build.py writes)."""
     dirs = [Path(d) for d in (extra or [])]
     if os.environ.get(KERNELS_ENV, "").strip():
         dirs += [Path(p).expanduser() for p in os.environ[KERNELS_ENV].split(os.pathsep) if p]
-    dirs.append(data_dir() / "npu-kernels")
+    if user_dir is not None:
+        dirs.append(Path(user_dir))
     dirs.append(BUILD_DIR)
     return dirs
 
@@ -122,11 +119,11 @@ def _sha256(path: Path) -> str:
 
 
 def import_pyxrt():
-    """The real pyxrt module, or DeviceUnavailableError saying how to get it."""
+    """The real pyxrt module, or NpuUnavailableError saying how to get it."""
     try:
         import pyxrt
     except ImportError as exc:
-        raise DeviceUnavailableError(
+        raise NpuUnavailableError(
             f"pyxrt is not importable ({exc}): install XRT with the XDNA plugin "
             "(github.com/amd/xdna-driver) and run `source /opt/xilinx/xrt/setup.sh`") from None
     return pyxrt
