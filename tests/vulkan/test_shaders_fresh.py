@@ -20,6 +20,15 @@ def test_every_variant_has_a_fresh_spv():
     assert not stale, f"stale or missing SPIR-V (run `make shaders`): {stale}"
 
 
+def test_step_struct_is_generated_from_the_host_layout():
+    """shaders/include/step.glsl's `struct Step` is the text `ops_common.STEP` generates (the
+    host packs the same layout), so the two cannot drift apart."""
+    tool = _build_tool()
+    assert not tool.stale_generated(), "run `make shaders`: step.glsl differs from ops_common.STEP"
+    from engine.backends.vulkan.ops_common import STEP
+    assert STEP.struct_glsl() in (REPO / "shaders" / "include" / "step.glsl").read_text()
+
+
 def test_hash_covers_includes_and_defines():
     tool = _build_tool()
     v = tool.VARIANTS["matvec_q4_0_f32_f32"]
