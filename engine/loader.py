@@ -89,9 +89,8 @@ def load(path=None, backend: str = "auto", context_length: int | None = None, qu
 def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
     if kind == "auto":
         try:
-            from engine.backends.vulkan.backend import VulkanBackend
-            backend = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant,
-                                    progress=progress)
+            from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+            backend = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
             note = f"auto: CPU backend, because {exc}"
@@ -103,8 +102,8 @@ def _make_backend(kind, weights, ctx, quant, device, progress, cancel):
     if kind == "cpu":
         return _cpu(weights, ctx, quant, progress, cancel), ""
     if kind == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend
-        return VulkanBackend(weights, ctx, device_index=device, allow_software=True, quant=quant,
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        return VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=True, quant=quant),
                              progress=progress), ""
     return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
 
@@ -117,8 +116,8 @@ def _npu_hybrid(weights, ctx, quant, device, progress, cancel):
     if not status.available:     # say why before loading anything
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
     try:
-        from engine.backends.vulkan.backend import VulkanBackend
-        decoder = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant, progress=progress)
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        decoder = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
         note = "NPU prefill, Vulkan decode"
     except DeviceUnavailableError as exc:
         decoder, note = _cpu(weights, ctx, quant, progress, cancel), f"NPU prefill, CPU decode, because {exc}"
