@@ -3,7 +3,7 @@
     python -m bench.matvec_sweep [--types q4_0,q8_0] [--copies 8] [--json OUT]
 GPU timestamps, median of repeated dispatches separated by barriers (dependent, like decode),
 every candidate of a shape recorded first and timed with the GPU kept busy (timing.time_many).
-A wider grid than the load-time autotune (VulkanBackend._autotune), which times a few of
+A wider grid than the load-time autotune (autotune.autotune_matvecs), which times a few of
 these shapes on the model's own matrices with the same `timing.time_many`.
 A matrix that fits the GPU's L2 (H100: 50 MB) partly stays there across repeated dispatches,
 so its GB/s with one copy is above a decode step's (27B QKV: 2.58 TB/s, ~1.4 in a step);

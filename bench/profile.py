@@ -2,7 +2,7 @@
 
     python -m bench.profile [--synthetic 27b] [--model PATH] [--tokens 128]
 
-Timestamps after every barrier (`VulkanBackend.profile_step`), summed by op kind, beside the
+Timestamps after every barrier (`engine/backends/vulkan/profiling.py` `profile_step`), summed by op kind, beside the
 kernel choices (matvec tuning, prefill GEMM path). For finding where a token's time goes;
 `bench.run` is the benchmark.
 """
@@ -15,12 +15,13 @@ from pathlib import Path
 
 
 def profile(path: Path, tokens: int, context: int) -> dict:
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from engine.backends.vulkan.profiling import profile_step
     from engine.weights import open_weights
     weights = open_weights(path)
-    be = VulkanBackend(weights, context, allow_software=True)
+    be = VulkanBackend(weights, context, VulkanOptions(allow_software=True))
     try:
-        return {"decode": be.profile_step(1), f"prefill_{tokens}": be.profile_step(tokens), "stats": be.stats()}
+        return {"decode": profile_step(be, 1), f"prefill_{tokens}": profile_step(be, tokens), "stats": be.stats()}
     finally:
         be.close()
         weights.close()

@@ -69,18 +69,19 @@ def main(argv=None) -> int:
     weights = open_weights(path or embedded_model_path())
     ctx = POSITION + 64                                   # room for 16 decode steps
     if args.backend == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend
-        tb = VulkanBackend(weights, ctx, allow_software=True,
-                           few_token_matvec={"auto": None, "matvec": True, "gemm": False}[args.path])
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        tb = VulkanBackend(weights, ctx, VulkanOptions(
+            allow_software=True, few_token_matvec={"auto": None, "matvec": True, "gemm": False}[args.path]))
     else:
         from engine.backends.cpu import CpuBackend
         tb = CpuBackend(weights, ctx)
     ids = [2] + [100 + i for i in range(POSITION - 1)]
     tb.forward(ids, 0)
     out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
-    if hasattr(tb, "few_token_matvec"):
-        out["few_token_matvec_counts"] = sorted(tb.few_token_matvec)
-        for T, t in getattr(tb, "few_token_timing", {}).items():
+    stats = tb.stats()
+    if "few_token_matvec" in stats:           # the Vulkan backend's load-time choice
+        out["few_token_matvec_counts"] = stats["few_token_matvec"]
+        for T, t in stats.get("few_token_timing", {}).items():
             out[f"load_timing_{T}_tokens"] = f"matvec {t['matvec_ms']} ms, gemm {t['gemm_ms']} ms"
     out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3   # logits back
     one = _seconds(lambda: _decode(tb, 16)) / 16

@@ -102,8 +102,8 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
     ctx = context_length or (prompt_tokens + gen_tokens + 8)
     t0 = time.perf_counter()
     if backend == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend
-        be = VulkanBackend(weights, ctx, device_index=device, allow_software=allow_software, quant=quant)
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        be = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=quant))
         wbytes = be.budget["weights"]
     elif backend == "cpu":
         from engine.backends.cpu import CpuBackend
@@ -131,8 +131,8 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
             t0 = time.perf_counter()        # and of the clocks, which the prefill warm-up may have left
             while backend != "cpu" and time.perf_counter() - t0 < 0.5:
                 list(be.decode_tokens(first, prompt_tokens, greedy, 16))
-            if hasattr(be, "_py_time"):
-                be._py_time, be._py_tokens = 0.0, 0
+            if backend == "vulkan":
+                be.host_time.reset()        # python_ms_per_token of the measured run only
         t0 = time.perf_counter()
         gen = be.decode_tokens(first, prompt_tokens, greedy, gen_tokens)
         n = 0
@@ -147,7 +147,10 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
                 n += 1
         decode_s = time.perf_counter() - t0
         stats = be.stats()
-        profile = be.profile_decode() if hasattr(be, "profile_decode") else None
+        profile = None
+        if backend == "vulkan":
+            from engine.backends.vulkan.profiling import profile_step
+            profile = profile_step(be, 1)
         dev = getattr(be, "dev", None)
         copy = copy_bandwidth(dev) if dev is not None else None
     finally:

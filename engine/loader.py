@@ -122,9 +122,8 @@ def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None,
                   cancel: threading.Event | None) -> tuple[Backend, str]:
     if kind == "auto":
         try:
-            from engine.backends.vulkan.backend import VulkanBackend
-            backend = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant,
-                                    progress=progress)
+            from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+            backend = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
             note = f"auto: CPU backend, because {exc}"
@@ -136,8 +135,8 @@ def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None,
     if kind == "cpu":
         return _cpu(weights, ctx, quant, progress, cancel), ""
     if kind == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend
-        return VulkanBackend(weights, ctx, device_index=device, allow_software=True, quant=quant,
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        return VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=True, quant=quant),
                              progress=progress), ""
     return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
 
@@ -152,8 +151,8 @@ def _npu_hybrid(weights: WeightSource, ctx: int, quant: str | None, device: int 
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
     decoder: Backend
     try:
-        from engine.backends.vulkan.backend import VulkanBackend
-        decoder = VulkanBackend(weights, ctx, device_index=device, allow_software=False, quant=quant, progress=progress)
+        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        decoder = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
         note = "NPU prefill, Vulkan decode"
     except DeviceUnavailableError as exc:
         decoder, note = _cpu(weights, ctx, quant, progress, cancel), f"NPU prefill, CPU decode, because {exc}"

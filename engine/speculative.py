@@ -31,7 +31,7 @@ from engine.sampling import SamplingParams, candidates
 if TYPE_CHECKING:
     from engine.loader import LoadedModel
 
-MAX_DRAFT_TOKENS = 16       # the CPU cache's local rings hold the window + 32 positions
+MAX_DRAFT_TOKENS = 16       # a verify pass (draft + 1) fits one forward chunk, so rings hold it (models/kv_plan.py)
 
 
 @dataclass

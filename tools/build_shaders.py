@@ -6,6 +6,9 @@ defines (the generated push-constant block among them) and the compiler flags. T
 to the manifest.json beside the .spv files; tests/vulkan/test_shaders_fresh.py fails when a
 committed .spv no longer matches its sources. Only stale variants are rebuilt unless --force.
 
+Generated includes (`GENERATED`: shaders/include/step.glsl from the Python step layout) are
+written first, so the hashes see their current text; --check reports one that differs.
+
     python -m tools.build_shaders [--force] [--check] [--jobs N] [NAME ...]
 """
 from __future__ import annotations
@@ -25,6 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 from bench.shaders import VARIANTS as BENCH_VARIANTS
 from engine.backends.vulkan.pipelines import VARIANTS as PRODUCT_VARIANTS
 from engine.backends.vulkan.variants import Variant
+from engine.backends.vulkan.ops_common import step_glsl
+from shaders import SHADER_DIR
+
+# include files written from Python layouts: path -> its text
+GENERATED = {SHADER_DIR / "include" / "step.glsl": step_glsl}
 
 GLSLC_FLAGS = ["--target-env=vulkan1.2", "-O", "-fshader-stage=compute"]
 # cooperative-matrix variants: SPIR-V 1.6 / Vulkan 1.3, built by a glslc that knows the
@@ -63,6 +71,17 @@ def sources(path: Path, seen: set | None = None) -> list[Path]:
     for inc in _INCLUDE.findall(path.read_text()):
         out += sources((path.parent / inc).resolve(), seen)
     return out
+
+
+def stale_generated() -> list[Path]:
+    """Generated includes whose file text differs from what their layout generates."""
+    return [p for p, text in GENERATED.items() if not p.exists() or p.read_text() != text()]
+
+
+def write_generated() -> None:
+    for p in stale_generated():
+        p.write_text(GENERATED[p]())
+        print(f"wrote {p.relative_to(REPO)}")
 
 
 def variant_hash(v: Variant) -> str:
@@ -122,12 +141,17 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args(argv)
 
-    manifest = load_manifest()
-    stale = stale_variants(manifest)
     if args.check:
+        generated = stale_generated()
+        for p in generated:
+            print(f"stale generated include: {p.relative_to(REPO)}")
+        stale = stale_variants()
         for n in stale:
             print(f"stale: {n}")
-        return 1 if stale else 0
+        return 1 if stale or generated else 0
+    write_generated()
+    manifest = load_manifest()
+    stale = stale_variants(manifest)
     glslc = shutil.which("glslc")
     if glslc is None:
         print("glslc not found: install it (Debian: apt-get install glslc)", file=sys.stderr)

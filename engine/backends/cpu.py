@@ -7,6 +7,7 @@ import psutil
 from engine.backends.base import Backend, LiveStats, forward_in_chunks
 from engine.errors import OutOfMemoryError
 from engine.models.gemma3 import Gemma3Model
+from engine.models.kv_plan import layer_slots
 from engine.weights.base import WeightSource
 
 
@@ -14,8 +15,7 @@ def f32_footprint(weights: WeightSource, context_length: int) -> int:
     """Bytes the reference needs: every weight in f32 plus an f32 KV cache."""
     cfg = weights.config
     params = sum(int(np.prod(t.shape)) for t in weights.tensors.values())
-    kv_slots = sum(context_length if cfg.is_global_layer(i) else min(cfg.sliding_window, context_length)
-                   for i in range(cfg.num_layers))
+    kv_slots = sum(layer_slots(cfg, context_length, PREFILL_CHUNK))
     return params * 4 + kv_slots * cfg.kv_dim * 4 * 2
 
 
@@ -31,7 +31,8 @@ class CpuBackend(Backend):
             raise OutOfMemoryError(
                 f"the CPU backend needs {need / 2**30:.1f} GiB for f32 weights and cache, "
                 f"{have / 2**30:.1f} GiB is available: use --backend vulkan or a shorter --ctx")
-        self.model = Gemma3Model(weights, context_length, progress=progress, cancel=cancel)
+        self.model = Gemma3Model(weights, context_length, progress=progress, cancel=cancel,
+                                 forward_tokens=PREFILL_CHUNK)
 
     def forward(self, token_ids, start_pos, *, all_logits=False):
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)

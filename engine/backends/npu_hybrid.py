@@ -54,7 +54,7 @@ class NpuPrefillModel(Gemma3Model):
     def __init__(self, base: Gemma3Model, gemm, on_npu: set[str], min_tokens: int = 2):
         # No super().__init__: the f32 weights and RoPE tables are shared with `base`, not copied.
         self.__dict__.update({k: v for k, v in base.__dict__.items() if k != "cache"})
-        self.cache = KVCache(base.config, base.context_length)
+        self.cache = KVCache(base.config, base.context_length, base.cache.forward_tokens)
         self.gemm, self.on_npu, self.min_tokens = gemm, on_npu, min_tokens
         self.npu_calls = 0
 
@@ -102,7 +102,8 @@ class NpuHybridBackend(Backend):
                 raise ValueError(f"decoder {type(self.decoder).__name__} offers no KV hand-off "
                                  "(export_kv/import_kv, or a reference model's cache)")
         if not isinstance(base, Gemma3Model):      # the prefill side needs f32 weights of its own
-            base = Gemma3Model(weights, context_length, progress=progress, cancel=cancel)
+            base = Gemma3Model(weights, context_length, progress=progress, cancel=cancel,
+                               forward_tokens=PREFILL_CHUNK)
         cfg = self.config
         layers = range(cfg.num_layers) if npu_layers is None else sorted(set(npu_layers))
         on_npu = {f"layers.{i}.{p}" for i in layers for p in projections}

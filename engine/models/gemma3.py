@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.config import ModelConfig
+from engine.models.kv_plan import layer_slots
 from engine.weights.base import WeightSource
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -51,20 +52,20 @@ def apply_rope(x: F32, cos: F32, sin: F32) -> F32:
 class KVCache:
     """Per-layer K/V: full length on global layers, a ring on local ones.
 
-    Slot of position p: p on global layers, p % ring on local ones, where the ring holds the
-    sliding window plus `rollback_slack` slots so a speculative draft can be rolled back that far.
-    `positions` remembers which position each slot holds (-1 = empty): rolling back is simply
-    starting the next forward at an earlier position.
+    Slot of position p: p on global layers, p % ring on local ones; the ring's size is
+    `kv_plan.ring_slots` (the window plus the most positions one forward writes, which is also
+    how far a speculative draft can be rolled back). `positions` remembers which position each
+    slot holds (-1 = empty): rolling back is simply starting the next forward at an earlier
+    position.
     """
 
-    def __init__(self, config: ModelConfig, context_length: int, rollback_slack: int = 32):
+    def __init__(self, config: ModelConfig, context_length: int, forward_tokens: int):
         self.config = config
+        self.forward_tokens = forward_tokens
         self.k: list[F32] = []
         self.v: list[F32] = []
         self.positions: list[npt.NDArray[np.int64]] = []
-        for layer in range(config.num_layers):
-            ring = config.sliding_window + rollback_slack
-            slots = context_length if config.is_global_layer(layer) else min(ring, context_length)
+        for slots in layer_slots(config, context_length, forward_tokens):
             self.k.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
             self.v.append(np.zeros((slots, config.num_kv_heads, config.head_dim), np.float32))
             self.positions.append(np.full(slots, -1, np.int64))
@@ -79,10 +80,12 @@ class KVCache:
 
 
 class Gemma3Model:
-    """Weights as dense f32 arrays plus the forward pass over a chunk of tokens."""
+    """Weights as dense f32 arrays plus the forward pass over a chunk of tokens.
+    forward_tokens: the most tokens the caller passes to one forward (sizes the KV rings)."""
 
     def __init__(self, weights: WeightSource, context_length: int,
-                 progress: Callable[[float, str], None] | None = None, cancel: threading.Event | None = None) -> None:
+                 progress: Callable[[float, str], None] | None = None, cancel: threading.Event | None = None,
+                 *, forward_tokens: int) -> None:
         self.config = cfg = weights.config
         self.context_length = context_length
         names = [n for n in weights.tensors if n != "embed_tokens"]
@@ -99,7 +102,7 @@ class Gemma3Model:
         if progress:
             progress(1.0, "weights ready")
         self.embed_scale = np.float32(cfg.embed_scale)
-        self.cache = KVCache(cfg, context_length)
+        self.cache = KVCache(cfg, context_length, forward_tokens)
         self.rope: dict[str, tuple[F32, F32]] = {}
         for kind, base, scale in (("local", cfg.rope_local_theta, 1.0), ("global", cfg.rope_theta, cfg.rope_scaling_factor)):
             self.rope[kind] = rope_tables(np.arange(context_length), cfg.head_dim, base, scale)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.backends.vulkan.profiling import profile_step
 from engine.errors import OutOfMemoryError
 from engine.sampling import SamplingParams
 
@@ -56,13 +57,13 @@ def test_tuning_cycles_through_layers_of_the_same_types(backends, weights):
     """The load-time timing runs each candidate over several layers' matrices in turn (so they
     are read from memory, not a GPU's L2): only layers whose matrices match layer 0's types,
     which in the embedded Q4_K_M file skips the layers whose down-proj is Q4_K, not Q6_K."""
-    from engine.backends.vulkan.backend import TUNE_LAYERS
+    from engine.backends.vulkan.autotune import TUNE_LAYERS, tuning_layers
     _cpu, vk = backends
     types = [weights.tensors[f"layers.{i}.mlp.down_proj"].qtype for i in range(vk.config.num_layers)]
     want = [i for i, t in enumerate(types) if t == types[0]][:TUNE_LAYERS]
-    got = vk._tuning_layers(lambda L: [L.down])
+    got = tuning_layers(vk.graph, lambda L: [L.down])
     assert got == want and len(got) == TUNE_LAYERS and got != list(range(TUNE_LAYERS))
-    assert vk._tuning_layers(lambda L: [L.o]) == list(range(TUNE_LAYERS))
+    assert tuning_layers(vk.graph, lambda L: [L.o]) == list(range(TUNE_LAYERS))
 
 
 def test_greedy_continuation_matches_cpu(backends, text_ids):
@@ -111,13 +112,13 @@ def tiny(tmp_path_factory, vk_device):
     """A 6-layer synthetic Gemma 3 (random Q4_0 weights): fast, and has a global layer and a
     32-token sliding window, so 48 positions exercise the ring buffer and the window."""
     from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from engine.weights import open_weights
     from tools.make_synthetic_gguf import write
     path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=1)
     w = open_weights(path)
     # autotune on: lavapipe times its one candidate per shape, the code path GPUs take
-    vk, cpu = VulkanBackend(w, 64, device=vk_device, autotune=True), CpuBackend(w, 64)
+    vk, cpu = VulkanBackend(w, 64, VulkanOptions(autotune=True), device=vk_device), CpuBackend(w, 64)
     yield cpu, vk
     vk.close()
     w.close()
@@ -144,26 +145,26 @@ def test_tiny_model_decode_norm_add_paths_match_cpu(tiny, tail):
     x and x_alt, an odd number of moves per layer in the mixed case) against the CPU, token by
     token past the prompt."""
     cpu, vk = tiny
-    saved = dict(vk.norm_tail)
+    saved = dict(vk.tuning.norm_tail)
     try:
-        vk.norm_tail = dict(tail)
-        vk._recordings.clear()
+        vk.tuning.norm_tail = dict(tail)
+        vk.drop_recordings()
         ids = [2, 9, 311, 4000, 12, 99, 7, 1234]
         ref = cpu.forward(ids, 0, all_logits=True)
         vk.forward(ids[:3], 0)
         got = np.stack([vk.forward([t], p) for p, t in enumerate(ids[3:], start=3)])
         assert (got.argmax(-1) == ref[3:].argmax(-1)).all()
         np.testing.assert_allclose(got, ref[3:], atol=2e-3 * np.abs(ref).max())
-        assert vk.profile_decode()["norm_add"] > 0
+        assert profile_step(vk)["norm_add"] > 0
     finally:
-        vk.norm_tail = saved
-        vk._recordings.clear()
+        vk.tuning.norm_tail = saved
+        vk.drop_recordings()
 
 
 def test_tiny_model_profile_and_tuning(tiny):
     _cpu, vk = tiny
     assert set(vk.stats()["matvec_tuning"]) >= {"qkv", "o", "geglu", "down"}
-    prof = vk.profile_decode()
+    prof = profile_step(vk)
     assert prof["total"] > 0 and prof["gate_up_geglu"] > 0 and prof["attention"] > 0
 
 
@@ -174,9 +175,9 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
     goes through the int8 lm head."""
     if not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     cpu, vk = tiny
-    vk8 = VulkanBackend(vk.weights_source, 64, device=vk_device, int_dot=True, autotune=True)
+    vk8 = VulkanBackend(vk.weights_source, 64, VulkanOptions(int_dot=True, autotune=True), device=vk_device)
     keys = ("qkv", "o", "geglu", "down", "lm")
     mixed = dict(zip(keys, (True, "regs", False, True, True)))
     try:
@@ -184,14 +185,14 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
         # the decode fusions across ops (rope in the QKV matvec, GEGLU writing down's q8_1 input)
         # are chosen by timing and have their own tests: off here, so the dispatch count below
         # says only what the int8 mode of each matvec does
-        vk8.qkv_rope = vk8.geglu_q8_1 = None
-        vk8.tuning = {k: (0.0, False, None) for k in keys}
-        vk8._recordings.clear()
-        f32_dispatches = vk8.profile_decode()["dispatches"]
+        vk8.tuning.qkv_rope = vk8.tuning.geglu_q8_1 = None
+        vk8.tuning.matvec = {k: (0.0, False, None) for k in keys}
+        vk8.drop_recordings()
+        f32_dispatches = profile_step(vk8)["dispatches"]
         for name, modes in (("regs", dict.fromkeys(keys, "regs")), ("q8_1", dict.fromkeys(keys, True)),
                             ("mixed", mixed)):
-            vk8.tuning = {k: (0.0, m, None) for k, m in modes.items()}
-            vk8._recordings.clear()
+            vk8.tuning.matvec = {k: (0.0, m, None) for k, m in modes.items()}
+            vk8.drop_recordings()
             ids = [5, 17, 300, 4000, 12, 99]
             ref = cpu.forward(ids, 0, all_logits=True)
             got = np.stack([vk8.forward([t], i) for i, t in enumerate(ids)])
@@ -203,7 +204,7 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
             # a quantize dispatch is left only before down (its input comes from the GEGLU matvec;
             # the norms write h's blocks, attention the o-proj's)
             extra = (modes["down"] is True) * vk8.config.num_layers
-            assert vk8.profile_decode()["dispatches"] == f32_dispatches + extra, name
+            assert profile_step(vk8)["dispatches"] == f32_dispatches + extra, name
     finally:
         vk8.close()
 
@@ -212,9 +213,9 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
 def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
     """--quant re-quantizes every matrix on load; Q8_0/F16 of Q4_0 weights are nearly lossless,
     Q4_0 of them is the same grid again."""
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     cpu, vk = tiny
-    vq = VulkanBackend(vk.weights_source, 64, device=vk_device, quant=quant)
+    vq = VulkanBackend(vk.weights_source, 64, VulkanOptions(quant=quant), device=vk_device)
     try:
         types = {m.qtype.name for m in vq.layers[0].qkv}
         assert types == {quant.upper()}

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.backends.vulkan.profiling import profile_step
 from engine.generate import generate_step
 from engine.perplexity import perplexity_of_ids
 from engine.sampling import SamplingParams
@@ -36,8 +37,8 @@ def vulkan(weights, vk_device):
     fast int8 dot product decode with int8 activations by default; that path is checked by
     test_int8_activation_decode_agrees_with_cpu: on an H100 it flipped a near-tie — CPU top-2
     margin 0.014 logits — at the 11th greedy token of one prompt, as llama.cpp's q8_1 path can.)"""
-    from engine.backends.vulkan.backend import VulkanBackend
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=False)
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=False), device=vk_device)
     yield backend
     backend.close()
 
@@ -101,10 +102,10 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     < 0.25 logits — a confident choice never flips."""
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no integer dot product")
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     ids = golden["ppl_ids"][:40].tolist()
     ref = cpu.forward(ids, 0, all_logits=True)
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True)
+    backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=True), device=vk_device)
     try:
         backend.forward(ids[:8], 0)
         got = np.stack([backend.forward([ids[p]], p) for p in range(8, 40)])
@@ -157,10 +158,11 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant,
     """Re-quantizing on load: the device's perplexity equals the CPU reference's on the same
     re-quantized weights, and the cost against the file's own types is reported (docs/PERFORMANCE.md)."""
     from gguf import GGMLQuantizationType as Q
+
     from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     ids = golden["ppl_ids"].tolist()
-    backend = VulkanBackend(weights, CTX, device=vk_device, quant=quant)
+    backend = VulkanBackend(weights, CTX, VulkanOptions(quant=quant), device=vk_device)
     try:
         ppl = windowed_ppl(backend, ids)
     finally:
@@ -182,12 +184,13 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no integer dot product")
     from gguf import GGMLQuantizationType as Q
+
     from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
     ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
     # untuned, the fusion is taken wherever it applies (a tuned GPU keeps it only where it is faster)
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=True, quant="q8_0", autotune=False)
+    backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=True, quant="q8_0", autotune=False), device=vk_device)
     try:
         assert backend.stats()["geglu_q8_1"] is not None, "the GEGLU should write down's q8_1 input here"
         assert backend.stats()["qkv_rope"] is not None, "uniform q/k/v types: the QKV matvec runs the rope"
@@ -213,15 +216,15 @@ def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, cpu, golden,
     activations against the CPU reference, logits within 0.05 and so top-1 identical wherever
     the reference's top-2 margin exceeds twice the largest difference (on lavapipe: at every
     position; an H100's summation order moves logits by ~0.01 and met a 0.02 near-tie)."""
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     ids = golden["ppl_ids"][:24].tolist()
     ref = cpu.forward(ids, 0, all_logits=True)[8:]
-    backend = VulkanBackend(weights, CTX, device=vk_device, int_dot=False, autotune=False)
+    backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=False, autotune=False), device=vk_device)
     try:
         types = {tuple(m.qtype.name for m in L.qkv) for L in backend.layers}
         assert ("Q5_0", "Q5_0", "Q8_0") in types, types          # a mixed QKV is among them
         assert backend.stats()["qkv_rope"] is not None
-        labels = backend.profile_decode()
+        labels = profile_step(backend)
         assert "qkv+rope_kv" in labels and "rope_kv" not in labels, sorted(labels)
         backend.forward(ids[:8], 0)
         got = np.stack([backend.forward([ids[p]], p) for p in range(8, len(ids))])

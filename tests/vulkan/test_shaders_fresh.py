@@ -23,6 +23,14 @@ def test_probes_are_not_product_kernels():
     assert all(v.spv_path.parent == REPO / "bench" / "shaders" / "spv" for v in PROBES.values())
 
 
+def test_step_struct_is_generated_from_the_host_layout():
+    """shaders/include/step.glsl's `struct Step` is the text `ops_common.STEP` generates (the
+    host packs the same layout), so the two cannot drift apart."""
+    assert not tool.stale_generated(), "run `make shaders`: step.glsl differs from ops_common.STEP"
+    from engine.backends.vulkan.ops_common import STEP
+    assert STEP.struct_glsl() in (REPO / "shaders" / "include" / "step.glsl").read_text()
+
+
 def test_hash_covers_includes_and_defines():
     v = tool.VARIANTS["matvec_q4_0_f32_f32"]
     names = {p.name for p in tool.sources(REPO / "shaders" / v.shader)}

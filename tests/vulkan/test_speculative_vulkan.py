@@ -21,11 +21,11 @@ class _Model:  # speculative_step needs only `.backend`
 
 
 def test_speculative_greedy_on_vulkan_is_the_reference_greedy(vk_device, model_path, draft_path):
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from engine.weights import open_weights
     golden = np.load(GOLDENS / "transformers_270m.npz")
-    target = VulkanBackend(open_weights(model_path), 256, device=vk_device, int_dot=False)
-    draft = VulkanBackend(open_weights(draft_path), 256, device=vk_device, int_dot=False)
+    target = VulkanBackend(open_weights(model_path), 256, VulkanOptions(int_dot=False), device=vk_device)
+    draft = VulkanBackend(open_weights(draft_path), 256, VulkanOptions(int_dot=False), device=vk_device)
     try:
         stats = SpeculativeStats()
         out = list(speculative_step(_Model(target), _Model(draft), golden["capital_prompt_ids"].tolist(),
@@ -40,11 +40,11 @@ def test_speculative_greedy_on_vulkan_is_the_reference_greedy(vk_device, model_p
 def test_few_token_forward_through_matvecs_matches_the_cpu_reference(vk_device, model_path, cpu_model):
     """Forwards of 2..8 tokens through the multi-column matvecs: every position's logits as the
     CPU reference's (top-1 identical, small differences), after a longer prefill."""
-    from engine.backends.vulkan.backend import VulkanBackend
+    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from engine.weights import open_weights
     golden = np.load(GOLDENS / "transformers_270m.npz")
     ids = golden["ppl_ids"][:40].tolist()
-    vk = VulkanBackend(open_weights(model_path), 256, device=vk_device, int_dot=False, few_token_matvec=True)
+    vk = VulkanBackend(open_weights(model_path), 256, VulkanOptions(int_dot=False, few_token_matvec=True), device=vk_device)
     try:
         vk.forward(ids[:32], 0)
         got = vk.forward(ids[32:37], 32, all_logits=True)
@@ -61,6 +61,7 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
     through the multi-column matvecs and through the GEMMs at load and keep the faster per
     count (CPU devices skip it and keep their GEMM); the choice and the times are in stats(),
     and forwards still compute after the trial recordings are dropped."""
+    from engine.backends.vulkan.autotune import choose_few_token_path
     from engine.backends.vulkan.backend import VulkanBackend
     from engine.backends.vulkan.matvec import MAX_COLUMNS
     from engine.weights import open_weights
@@ -70,7 +71,7 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
         if vk_device.caps.is_software:
             assert vk.stats()["few_token_matvec"] == [] and "few_token_timing" not in vk.stats()
             counts = [2, 3]            # each count is a set of pipelines llvmpipe compiles slowly
-            vk.few_token_matvec = vk._choose_few_token_path(counts, repeats=1)
+            vk.tuning.few_token_matvec = choose_few_token_path(vk, counts, repeats=1)
         timing = vk.stats()["few_token_timing"]
         wins = {T: t["matvec_ms"] < t["gemm_ms"] for T, t in timing.items()}
         assert counts[0] in timing and counts[-1] in timing

@@ -1,5 +1,8 @@
 """The Vulkan backend: device layer (device.py, memory.py), the pipeline table (pipelines.py),
-command recording (recorder.py) and the backend itself (backend.py).
+command recording (recorder.py), kernels (ops_*.py, matvec.py), and the backend: options
+(options.py), memory plan (plan.py), resident weights and buffers (resident.py), Gemma 3's
+graph (gemma3_graph.py), load-time tuning (autotune.py), measurements (profiling.py) and the
+facade (backend.py).
 
 Importing this package never touches the Vulkan loader; `Device.open()` does.
 """
@@ -7,9 +10,9 @@ from __future__ import annotations
 
 
 def __getattr__(name):
-    if name == "VulkanBackend":
-        from engine.backends.vulkan.backend import VulkanBackend
-        return VulkanBackend
+    if name in ("VulkanBackend", "VulkanOptions"):
+        from engine.backends.vulkan import backend
+        return getattr(backend, name)
     if name in ("Device", "list_devices", "Capabilities"):
         from engine.backends.vulkan import device
         return getattr(device, name)

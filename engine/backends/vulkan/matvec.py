@@ -58,6 +58,10 @@ def subgroup_rows_spec(dev, rows: int) -> dict:
     return {"WG": 4 * sg, "ROWS": rows, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
 
+# workgroup shape of the int8 path that quantizes x in registers ("regs") where no tuned
+# shape of its own applies (the block-pair path lives in the cooperative kernels)
+REGS_SPEC = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
+
 MAX_COLUMNS = 8            # vectors one multi-column matvec takes (NCOLS in matvec.comp)
 COLUMN_ROWS = 2            # rows per subgroup there: each load of x serves this many rows
 

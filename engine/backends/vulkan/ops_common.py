@@ -1,23 +1,60 @@
-"""Host-side mirror of the step buffer (`shaders/include/step.glsl`) for the ops wrappers/tests."""
+"""The step buffer's layout, defined once: `STEP` packs it on the host and generates
+`struct Step` in shaders/include/step.glsl (tools/build_shaders.py writes the file from
+`step_glsl()`; tests/vulkan/test_shaders_fresh.py fails when the two disagree)."""
 from __future__ import annotations
 
-import struct
+import numpy as np
 
-# field order and types of `struct Step` in step.glsl (12 x 4 bytes)
-STEP_FIELDS = (("pos", "I"), ("n_tokens", "I"), ("seed", "I"), ("top_k", "I"), ("temperature", "f"),
-               ("top_p", "f"), ("min_p", "f"), ("rep_penalty", "f"), ("rep_window", "I"), ("flags", "I"),
-               ("pad0", "I"), ("pad1", "I"))
-_STEP = struct.Struct("<" + "".join(t for _, t in STEP_FIELDS))
-STEP_BYTES = _STEP.size
+from engine.backends.vulkan.pipelines import PushLayout
+
+STEP = PushLayout("Step", [
+    ("pos", "u32", "position of the first token of this submission"),
+    ("n_tokens", "u32", "tokens in this submission (1 for decode)"),
+    ("seed", "u32", "RNG seed; the sampler hashes (seed, pos)"),
+    ("top_k", "u32", "0 = off"),
+    ("temperature", "f32", "<= 0: greedy"),
+    ("top_p", "f32", "1 = off"),
+    ("min_p", "f32", "0 = off"),
+    ("rep_penalty", "f32", "1 = off"),
+    ("rep_window", "u32", "how many earlier tokens the penalty looks at"),
+    ("flags", "u32"),
+    ("pad0", "u32"),
+    ("pad1", "u32"),
+])
+STEP_BYTES = STEP.size
+
+_STEP_HEADER = """\
+// The per-step values of the token step. The host writes them through a mapped pointer;
+// kernels read them here, never from push constants (a recorded command buffer freezes those).
+//
+// Token flow: `tokens` (uint[context_length]) holds the ids of every position. Prefill: the host
+// writes tokens[pos .. pos+n_tokens). Decode: the embedding reads tokens[step.pos], the sampler
+// writes tokens[step.pos + 1], and the step's last kernel increments step.pos, so a replayed
+// command buffer needs nothing from the host. The host reads the new id from `tokens`.
+"""
+_STEP_FOOTER = """
+#define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { Step step; };
+"""
+
+
+def step_glsl() -> str:
+    """The text of shaders/include/step.glsl (generated: edit `STEP` above, then `make shaders`)."""
+    return _STEP_HEADER + STEP.struct_glsl() + "\n" + _STEP_FOOTER
 
 
 def pack_step(pos: int = 0, n_tokens: int = 1, seed: int = 0, top_k: int = 0, temperature: float = 0.0,
               top_p: float = 1.0, min_p: float = 0.0, rep_penalty: float = 1.0, rep_window: int = 0,
               flags: int = 0) -> bytes:
     """The bytes of one Step, to write into the mapped step buffer."""
-    return _STEP.pack(pos, n_tokens, seed & 0xFFFFFFFF, top_k, temperature, top_p, min_p, rep_penalty,
-                      rep_window, flags, 0, 0)
+    return STEP.pack(pos=pos, n_tokens=n_tokens, seed=seed & 0xFFFFFFFF, top_k=top_k, temperature=temperature,
+                     top_p=top_p, min_p=min_p, rep_penalty=rep_penalty, rep_window=rep_window, flags=flags,
+                     pad0=0, pad1=0)
+
+
+def write_step(step_buffer, **values) -> None:
+    """Write one Step (pack_step's arguments) into the mapped step buffer."""
+    step_buffer.mapped[:STEP_BYTES] = np.frombuffer(pack_step(**values), np.uint8)
 
 
 def unpack_step(data: bytes) -> dict:
-    return dict(zip((n for n, _ in STEP_FIELDS), _STEP.unpack(bytes(data[:STEP_BYTES]))))
+    return STEP.unpack(data)

@@ -20,11 +20,14 @@ _SCALARS = {"u32": ("I", "uint"), "i32": ("i", "int"), "f32": ("f", "float")}
 
 
 class PushLayout:
-    """A push-constant block of 4-byte scalars, in declaration order (std430: no padding)."""
+    """A block of 4-byte scalars, in declaration order (std430: no padding): a push-constant
+    block (`glsl()`), or a struct in a buffer such as the step buffer's (`struct_glsl()`).
+    A field is (name, type) or (name, type, comment); the comment goes into the struct's GLSL."""
 
-    def __init__(self, name: str, fields: list[tuple[str, str]]):
+    def __init__(self, name: str, fields: list[tuple]):
         self.name = name
-        self.fields = list(fields)
+        self.fields = [(f[0], f[1]) for f in fields]
+        self.comments = {f[0]: f[2] for f in fields if len(f) > 2}
         for f, t in self.fields:
             if t not in _SCALARS:
                 raise ValueError(f"push layout {name}: field {f} has unknown type {t}")
@@ -42,9 +45,20 @@ class PushLayout:
             raise KeyError(f"push layout {self.name}: missing {sorted(missing)}, unknown {sorted(extra)}")
         return self._struct.pack(*(values[f] for f in self.names))
 
+    def unpack(self, data: bytes) -> dict:
+        return dict(zip(self.names, self._struct.unpack(bytes(data[:self.size]))))
+
     def glsl(self) -> str:
         body = " ".join(f"{_SCALARS[t][1]} {f};" for f, t in self.fields)
         return f"layout(push_constant) uniform PC_{self.name} {{ {body} }} pc;"
+
+    def struct_glsl(self) -> str:
+        """`struct <name> { ... };`, one field a line, comments aligned in one column."""
+        lines = [f"struct {self.name} {{"]
+        for f, t in self.fields:
+            decl = f"{_SCALARS[t][1]} {f};"
+            lines.append(f"    {decl:<21}// {self.comments[f]}" if f in self.comments else f"    {decl}")
+        return "\n".join(lines + ["};"])
 
 
 NO_PUSH = PushLayout("none", [])

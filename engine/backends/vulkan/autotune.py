@@ -1,0 +1,302 @@
+"""Every load-time choice made by timing, and its results in one record (`Tuning`).
+
+On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
+chosen per matrix shape (`autotune_matvecs`), then the decode fusions across ops (the GEGLU
+writing down's q8_1 input, the QKV matvec running the rope: `choose_geglu_q8_1`,
+`choose_qkv_rope`) and the path of forwards of a few tokens (`choose_few_token_path`), each by
+timing the candidates on the model's own matrices. Untuned devices (CPU Vulkan) keep the
+defaults and take each fusion wherever it applies. The graph (gemma3_graph.py) reads the record;
+these functions record candidates through the graph's public methods.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.backends.vulkan import ops_norm, timing
+from engine.backends.vulkan.matvec import (MAX_COLUMNS, REGS_SPEC, NormTail, default_spec, fusable, out_q8_1_ok,
+                                           record_quantize, regs_ok, rope_tail_ok)
+from engine.backends.vulkan.ops_common import write_step
+from engine.backends.vulkan.pipelines import INT_DOT_TYPES
+
+TUNE_LAYERS = 8           # layers the load-time timing cycles through (`tuning_layers`)
+
+
+@dataclass
+class Tuning:
+    """The load-time choices. Empty timings: that choice was not timed (untuned device)."""
+    matvec: dict = field(default_factory=dict)        # key -> (us, int_dot, spec) of the fastest candidate
+    norm_tail: dict = field(default_factory=dict)     # key -> run the following norm_add in the matvec's last workgroup
+    # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
+    # matvec (no quantize dispatch between them), or None
+    geglu_q8_1: tuple | None = None
+    geglu_q8_1_timing: dict = field(default_factory=dict)
+    # (int_dot, spec) of a decode QKV matvec whose last workgroup per head runs QK-norm +
+    # RoPE + the KV write (no rope dispatch), or None
+    qkv_rope: tuple | None = None
+    qkv_rope_timing: dict = field(default_factory=dict)
+    # token counts (2..MAX_COLUMNS) whose forwards take the multi-column matvecs, not the GEMMs
+    few_token_matvec: frozenset = frozenset()
+    few_token_timing: dict = field(default_factory=dict)
+
+    def stats(self) -> dict:
+        """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
+        out = {"matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2],
+                                     **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
+                                 for k, v in self.matvec.items()}}
+        out["qkv_rope"] = None if self.qkv_rope is None else {"int8": self.qkv_rope[0], **self.qkv_rope[1]}
+        if self.qkv_rope_timing:
+            out["qkv_rope_timing"] = self.qkv_rope_timing
+        out["geglu_q8_1"] = (None if self.geglu_q8_1 is None else
+                             {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
+        if self.geglu_q8_1_timing:
+            out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
+        out["few_token_matvec"] = sorted(self.few_token_matvec)
+        if self.few_token_timing:
+            out["few_token_timing"] = self.few_token_timing
+        return out
+
+
+def tune(graph, *, time_matvecs: bool) -> None:
+    """Fill graph.tuning: matvec paths (where `time_matvecs`), then the decode fusions."""
+    if time_matvecs:
+        autotune_matvecs(graph)
+    graph.tuning.geglu_q8_1 = choose_geglu_q8_1(graph)
+    graph.tuning.qkv_rope = choose_qkv_rope(graph)
+
+
+def tuning_layers(graph, pick) -> list[int]:
+    """Layers whose matrices `pick(L)` match layer 0's in type and shape, up to TUNE_LAYERS:
+    the timed candidates cycle through them, so each repeat reads its weights from memory
+    as a decode step does (one matrix repeated stays partly in a big GPU's L2: an H100 read
+    a 27B QKV at 2.6 TB/s that way against 1.8 from memory, and ranked shapes differently)."""
+    layers = graph.weights.layers
+    sig = [(m.qtype, m.rows, m.cols) for m in pick(layers[0])]
+    return [i for i, L in enumerate(layers)
+            if [(m.qtype, m.rows, m.cols) for m in pick(L)] == sig][:TUNE_LAYERS]
+
+
+def matvec_cases(graph) -> dict:
+    """key -> (matrix lists, one per tuning layer, x, y, x_cols, y_cols, epilogue)."""
+    cfg, b, layers = graph.config, graph.buffers, graph.weights.layers
+    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    picks = {"o": lambda L: [L.o], "geglu": lambda L: [L.gate, L.up], "down": lambda L: [L.down]}
+    if fusable(layers[0].qkv):
+        picks["qkv"] = lambda L: L.qkv
+    shapes = {"o": (b.attn, b.o, cfg.q_dim, H, None), "geglu": (b.h, b.mlp, H, I, "geglu"),
+              "down": (b.mlp, b.o, I, H, None), "qkv": (b.h, b.qkv, H, graph.qkv_dim, None)}
+    cases = {k: ([pick(layers[i]) for i in tuning_layers(graph, pick)], *shapes[k])
+             for k, pick in picks.items()}
+    lm_head = graph.weights.lm_head
+    if len(lm_head.tensor.ranges) == 1:
+        cases["lm"] = ([[lm_head]], b.h, b.logits, H, V, None)
+    return cases
+
+
+def autotune_matvecs(graph) -> None:
+    """Pick, per matvec shape of this model, the fastest kernel path (f32 / int8 activations)
+    and workgroup shape on this device, by timing candidates on the real weights (~1 s)."""
+    dev, cfg, b, tuning = graph.dev, graph.config, graph.buffers, graph.tuning
+    sg = max(8, min(64, dev.caps.subgroup_size))
+    specs = [{"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+             {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+             {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+             {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+             {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2}]
+    if dev.caps.is_software:
+        specs = [{"WG": dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+    cases = matvec_cases(graph)
+    reps = 2 if dev.caps.is_software else 10
+    # The matvecs reading h get its q8_1 blocks from the norm that writes h, the o-proj its
+    # input's from attention (no quantize dispatch in decode), so their int8 path is timed
+    # without one; hq and attnq hold real blocks.
+    cl = dev.commands()
+    record_quantize(cl, dev, b.h, b.hq, cfg.hidden_size)
+    record_quantize(cl, dev, b.attn, b.attnq, cfg.q_dim)
+    cl.submit()
+    cl.destroy()
+    # o-proj and down can run the following norm_add in their last workgroup (one dispatch and
+    # barrier fewer, but one workgroup of the matvec's shape does the whole norm): timed both
+    # ways, the tail with each workgroup shape, the plain matvec plus a norm_add dispatch.
+    L0 = graph.weights.layers[0]
+    tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
+             "down": ("post_feedforward_layernorm", "input_layernorm")}
+    # every candidate of every matrix recorded first, then timed in one go (timing.time_many)
+    candidates: dict = {}
+    for key, (rotation, x, y, xc, yc, epi) in cases.items():
+        mats = rotation[0]
+        xq = b.hq if key in ("qkv", "geglu", "lm") else (b.attnq if key == "o" else None)
+        tail = None
+        if key in tails and len(mats[0].tensor.ranges) == 1:
+            w_post, w_next = (L0.norms[n] for n in tails[key])
+            tail = NormTail(w_post, b.x, w_next, b.h, b.mv_arrival, cfg.rms_norm_eps, q=b.hq)
+        paths = [False]
+        if graph.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
+            paths.append(True)
+            if all(regs_ok(m) for m in mats):
+                paths.append("regs")
+        for use_tail in ([True, False] if tail is not None else [False]):
+            for int_dot in paths:
+                for si, spec in enumerate(specs if int_dot != "regs" or not dev.caps.is_software
+                                          else [REGS_SPEC]):
+                    def record(cl, layers=itertools.cycle(rotation), x=x, y=y, xc=xc, yc=yc, epi=epi, xq=xq,
+                               tail=tail, int_dot=int_dot, spec=spec, use_tail=use_tail):
+                        # each repeat on the next tuning layer's matrices (tuning_layers)
+                        graph.mv(cl, next(layers), x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
+                                 force=(int_dot, spec), xq=xq, tail=tail if use_tail else None)
+                        if tail is not None and not use_tail:
+                            cl.barrier()
+                            ops_norm.norm_add_split(cl, dev, y, tail.w_post, b.x, tail.w_next, b.h,
+                                                    b.x_alt, n=yc, eps=cfg.rms_norm_eps, q=b.hq)
+                    candidates[(key, use_tail, str(int_dot), si)] = (record, (int_dot, spec))
+    times = timing.time_many(dev, {k: rec for k, (rec, _) in candidates.items()}, reps=reps)
+    for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
+        if key not in tuning.matvec:
+            tuning.matvec[key] = (us, *candidates[(key, use_tail, _i, _s)][1])
+            if key in tails and len(cases[key][0][0][0].tensor.ranges) == 1:
+                tuning.norm_tail[key] = use_tail
+
+
+def geglu_q8_1_specs(graph) -> list[dict]:
+    """Workgroup shapes that make whole q8_1 blocks (matvec.out_q8_1_ok): the GEGLU's tuned
+    shape where it qualifies (its workgroups then share blocks through arrival counters),
+    and shapes of 32 rows per workgroup (no counters, but fewer workgroups)."""
+    I, caps = graph.config.intermediate_size, graph.dev.caps
+    tuned = graph.tuning.matvec.get("geglu")
+    if caps.is_software:
+        wg = caps.subgroup_size
+        specs = [{"WG": wg, "ROWS": max(1, 32 // wg), "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+    else:
+        sg = max(8, min(64, caps.subgroup_size))
+        specs = ([tuned[2]] if tuned and tuned[2] else []) + [default_spec(graph.dev)]
+        specs += [{"WG": 4 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4, 8)]
+    out = []
+    for s in specs:
+        if out_q8_1_ok(s, I) and s not in out:
+            out.append(s)
+    return out
+
+
+def choose_geglu_q8_1(graph):
+    """Where the down matvec reads q8_1 blocks, the GEGLU before it can write them (a
+    quantize dispatch and a barrier fewer per layer). Tuned devices keep it only if timing
+    says so (block arrival counting, or 32-row workgroups that stream worse, can cost more
+    than the dispatch saved); untuned ones (CPU Vulkan) take it whenever it applies."""
+    dev, b, layers = graph.dev, graph.buffers, graph.weights.layers
+    L = layers[0]
+    specs = geglu_q8_1_specs(graph)
+    if not specs or graph.path([L.down], "down")[0] is not True:
+        return None
+    int_dot, tuned_spec = graph.path([L.gate, L.up], "geglu")
+    if int_dot == "regs" and dev.caps.is_software:
+        return None
+    if "geglu" not in graph.tuning.matvec:
+        return (int_dot, specs[0])
+    cfg = graph.config
+    H, I = cfg.hidden_size, cfg.intermediate_size
+
+    rotation = tuning_layers(graph, lambda L: [L.gate, L.up])
+
+    def separate(cl, order=itertools.cycle(rotation)):
+        L = layers[next(order)]
+        graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu",
+                 force=(int_dot, tuned_spec), xq=b.hq)
+        cl.barrier()
+        record_quantize(cl, dev, b.mlp, b.xq, I)
+    records = {"separate": separate}
+    for i, spec in enumerate(specs):
+        def fused(cl, spec=spec, order=itertools.cycle(rotation)):
+            L = layers[next(order)]
+            graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu_q8_1",
+                     force=(int_dot, spec), xq=b.hq, y_q8_1=b.mlpq)
+        records[i] = fused
+    times = timing.time_many(dev, records, reps=10)
+    sep_us = times.pop("separate")
+    i = min(times, key=times.get)
+    best = (times[i], specs[i])
+    graph.tuning.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
+    return (int_dot, best[1]) if best[0] < sep_us else None
+
+
+def choose_qkv_rope(graph):
+    """The decode QKV matvec can run each head's rope in its last workgroup (per-head arrival
+    counters) where its workgroups' rows lie within one head. Tuned devices keep it only if
+    timing says so (the fused kernel in the QKV's tuned shape and in subgroup-row shapes,
+    whose workgroups hold more of a head, against the tuned matvec, a barrier and the rope
+    dispatch); untuned ones take it whenever it applies."""
+    dev, b, layers, cfg = graph.dev, graph.buffers, graph.weights.layers, graph.config
+    L, H = layers[0], cfg.hidden_size
+    if not graph.qkv_fused(L):
+        return None
+    int_dot, spec = graph.path(L.qkv, "qkv")
+    if int_dot == "regs" and spec is None:
+        spec = REGS_SPEC
+    spec = spec or default_spec(dev)
+    if "qkv" not in graph.tuning.matvec:
+        return (int_dot, spec) if rope_tail_ok(spec, cfg.head_dim) else None
+    hq = b.hq if int_dot is True else None
+    sg = max(8, min(64, dev.caps.subgroup_size))
+    fused_specs = []
+    for cand in ([spec] if int_dot == "regs" else
+                 [spec, default_spec(dev), {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}]):
+        if rope_tail_ok(cand, cfg.head_dim) and cand not in fused_specs:
+            fused_specs.append(cand)
+    if not fused_specs:
+        return None
+
+    rotation = tuning_layers(graph, lambda L: L.qkv)
+
+    def separate(cl, order=itertools.cycle(rotation)):
+        i = next(order)
+        graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim,
+                 force=(int_dot, spec), xq=hq)
+        cl.barrier()
+        graph.rope_kv(cl, i, 1)
+
+    records = {"separate": separate}
+    for k, fs in enumerate(fused_specs):
+        def fused(cl, fs=fs, order=itertools.cycle(rotation)):
+            i = next(order)
+            graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim,
+                     force=(int_dot, fs), xq=hq, rope=graph.rope_tail(i))
+        records[k] = fused
+    write_step(b.step, pos=min(graph.context_length - 1, 512), n_tokens=1)
+    times = timing.time_many(dev, records, reps=10)
+    sep = times.pop("separate")
+    k = min(times, key=times.get)
+    graph.tuning.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
+    return (int_dot, fused_specs[k]) if times[k] < sep else None
+
+
+def choose_few_token_path(backend, counts=range(2, MAX_COLUMNS + 1), repeats: int = 2) -> frozenset:
+    """Time forwards of a few tokens (all logits back, as a speculative verify pass asks) on a
+    VulkanBackend through the multi-column matvecs and through the GEMMs; return the counts
+    where the matvecs were faster (the times go to tuning.few_token_timing). The smallest and
+    largest count first: where both agree (big models: the matvecs win throughout), the rest
+    follow without timing (each 27B trial is ~0.1 s)."""
+    counts = list(counts)
+    ms: dict = {}
+    tuning = backend.tuning
+
+    def trial(todo):
+        for path in ("matvec", "gemm"):
+            tuning.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
+            backend.drop_recordings()
+            for T in todo:
+                ids = [backend.config.bos_token_id] * T
+                backend.forward(ids, 0, all_logits=True)      # records it, builds the pipelines
+                times = []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    backend.forward(ids, 0, all_logits=True)
+                    times.append(time.perf_counter() - t)
+                ms.setdefault(T, {})[path + "_ms"] = round(1e3 * min(times), 2)
+        return {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
+
+    wins = trial(sorted({counts[0], counts[-1]}))
+    if wins[counts[0]] != wins[counts[-1]]:
+        wins = trial([T for T in counts if T not in ms])
+    backend.drop_recordings()
+    tuning.few_token_timing = dict(sorted(ms.items()))
+    return frozenset(T for T in counts if wins.get(T, wins[counts[0]]))

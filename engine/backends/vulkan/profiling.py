@@ -1,0 +1,117 @@
+"""What the backend measures about itself: the GPU busy gauge (`BusyGauge`), the host's share
+of a decode token (`HostTime`), per-op GPU time of one step (`profile_step`, for the bench and
+bench/profile.py) and the details `stats()` reports.
+
+Per-op timing needs no second graph: the graph calls `mark` at every barrier, which also writes
+a timestamp labelled with the op it closes when the command list was recorded for profiling.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.backends.vulkan import ops_gemm
+from engine.backends.vulkan.ops_common import write_step
+from engine.backends.vulkan.plan import PREFILL_CHUNK
+
+
+def mark(cl, label: str) -> None:
+    """A barrier; when profiling, also a timestamp that closes the op named `label`."""
+    cl.barrier()
+    prof = getattr(cl, "profile_labels", None)
+    if prof is not None and len(prof) + 1 < cl.n_timestamps:
+        prof.append(label)
+        cl.timestamp(len(prof))
+
+
+class BusyGauge:
+    """Share of recent wall time the GPU spent on this engine's command lists, from the two
+    timestamps bracketing each (an engine-side figure, so NVIDIA, Intel and lavapipe have one)."""
+
+    def __init__(self, has_timestamps: bool):
+        self.has_timestamps = has_timestamps
+        self._busy: deque = deque()      # (host time at completion, GPU seconds) per command list
+
+    def account(self, cl) -> None:
+        """After a wait: remember how long the GPU worked on `cl`."""
+        if getattr(cl, "busy_timed", False):
+            gpu_s = float(cl.timestamps_ns(2)[1]) * 1e-9
+            self._busy.append((time.perf_counter(), gpu_s))
+
+    def fraction(self, window_s: float = 1.0) -> float | None:
+        """Busy share of the last `window_s` seconds (None: the device has no timestamps)."""
+        if not self.has_timestamps:
+            return None
+        now = time.perf_counter()
+        while self._busy and self._busy[0][0] < now - window_s:
+            self._busy.popleft()
+        return min(1.0, sum(gpu for _, gpu in self._busy) / window_s)
+
+
+@dataclass
+class HostTime:
+    """Host seconds the decode loop spent outside fence waits (submitting, reading ids), per
+    token: what Python costs a token. The bench resets it after its warm-up."""
+    seconds: float = 0.0
+    tokens: int = 0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.tokens += tokens
+
+    def reset(self) -> None:
+        self.seconds, self.tokens = 0.0, 0
+
+    @property
+    def ms_per_token(self) -> float | None:
+        return 1000 * self.seconds / self.tokens if self.tokens else None
+
+
+def profile_step(backend, tokens: int = 1) -> dict:
+    """GPU time by op kind (us) of one decode step (tokens = 1) or one prefill chunk of
+    `tokens` (<= PREFILL_CHUNK, last-position logits) on a VulkanBackend, from timestamps
+    after every barrier; also the dispatch and barrier counts. Overwrites the cache's first
+    `tokens` positions."""
+    if not 1 <= tokens <= PREFILL_CHUNK:
+        raise ValueError(f"profile_step: 1 <= tokens <= {PREFILL_CHUNK}")
+    mode = "sample" if tokens == 1 else "last"
+    cl = backend.graph.record(tokens, mode, greedy=True, penalty=False, profile=True)
+    backend.buffers.tokens_view[:tokens] = backend.config.bos_token_id
+    for _ in range(3):        # the first runs warm clocks and caches
+        write_step(backend.buffers.step, pos=0, n_tokens=tokens)
+        cl.submit()
+    ts = np.diff(cl.timestamps_ns(len(cl.profile_labels) + 1)) / 1e3
+    out: dict = {}
+    for label, us in zip(cl.profile_labels, ts):
+        out[label] = out.get(label, 0.0) + float(us)
+    out["total"] = float(sum(ts))
+    out["dispatches"] = cl.dispatches
+    out["barriers"] = cl.barriers
+    cl.destroy()
+    return out
+
+
+def stats(backend) -> dict:
+    """A VulkanBackend's details as a JSON-serialisable dict (bench, diagnostics): memory, the
+    load-time choices and their timings, `python_ms_per_token` once it has decoded,
+    `gpu_busy_fraction` where the device has timestamps."""
+    dev, budget, tuning = backend.dev, backend.budget, backend.tuning
+    out = {
+        "device": dev.name,
+        "weights_bytes": budget["weights"],
+        "kv_cache_bytes": budget["kv_cache"],
+        "scratch_bytes": budget["scratch"],
+        "allocated_bytes": dev.allocated_bytes,
+        "int_dot": backend.int_dot,
+        "prefill_gemm": ops_gemm.path(dev),
+        **tuning.stats(),
+    }
+    if backend.host_time.ms_per_token is not None:
+        out["python_ms_per_token"] = backend.host_time.ms_per_token
+    busy = backend.busy.fraction()
+    if busy is not None:
+        out["gpu_busy_fraction"] = busy
+    return out
