@@ -9,13 +9,27 @@ APT_PACKAGES := libvulkan1 mesa-vulkan-drivers glslc xvfb xauth libxkbcommon-x11
   libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 \
   libxcb-shape0 libxcb-cursor0 libegl1 libgl1 libfontconfig1 libdbus-1-3
 
-.PHONY: run test system-deps venv shaders bench clean
+PACKAGES := app engine npu shaders resources
+LINTED := $(PACKAGES) tests bench tools
+
+.PHONY: run test lint typecheck system-deps venv shaders bench clean
 
 run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
-test: $(STAMP)
+test: lint typecheck
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+# mypy reads the packages under their installed names (phoenix_chat.engine, ...): the editable
+# install maps them with an import hook mypy cannot follow, so a folder of links stands in.
+typecheck: $(STAMP)
+	@rm -rf build/typecheck && mkdir -p build/typecheck/phoenix_chat
+	@for p in $(PACKAGES); do ln -s ../../../$$p build/typecheck/phoenix_chat/$$p; done
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml $(addprefix -p phoenix_chat.,$(PACKAGES))
 
 system-deps:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \

@@ -3,6 +3,7 @@
 Contract (issue "Foundation"): run, chat, tokenize, info, perplexity, devices, export, bench.
 User errors print one line to stderr and exit 2; generated text goes to stdout alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ import logging
 import sys
 
 EXIT_USAGE = 2
-MAX_TOKENS = 256          # answer length in the terminal (the app's own is in its settings)
+MAX_TOKENS = 256  # answer length in the terminal (the app's own is in its settings)
 
 
 def _add_model_args(p, backend=True):
@@ -20,8 +21,9 @@ def _add_model_args(p, backend=True):
         p.add_argument("--backend", choices=["auto", "cpu", "vulkan", "npu-hybrid"], default="auto")
         p.add_argument("--device", type=int, default=None, metavar="N", help="Vulkan device index (see `devices`)")
         p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length")
-        p.add_argument("--quant", choices=["q4_0", "q8_0", "f16"], default=None,
-                       help="re-quantize weights on the device (Vulkan)")
+        p.add_argument(
+            "--quant", choices=["q4_0", "q8_0", "f16"], default=None, help="re-quantize weights on the device (Vulkan)"
+        )
 
 
 def _add_sampling_args(p):
@@ -46,9 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="feed PROMPT as plain text after <bos>, no chat template")
     _add_model_args(p)
     _add_sampling_args(p)
-    p.add_argument("--draft", metavar="PATH", default=None,
-                   help="speculative decoding: a small model with the same tokenizer proposes tokens "
-                        "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same")
+    p.add_argument(
+        "--draft",
+        metavar="PATH",
+        default=None,
+        help="speculative decoding: a small model with the same tokenizer proposes tokens "
+        "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same",
+    )
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft proposes per round")
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
@@ -83,16 +89,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _sampling(args):
     """The flags given, over the engine's SamplingParams defaults."""
-    from engine.sampling import SamplingParams
-    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-             "repetition_penalty": args.repeat_penalty, "seed": args.seed}
+    from phoenix_chat.engine.sampling import SamplingParams
+
+    given = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repeat_penalty,
+        "seed": args.seed,
+    }
     return SamplingParams(**{k: v for k, v in given.items() if v is not None})
 
 
 def _load(args, **kw):
-    import engine
-    return engine.load(args.model, backend=getattr(args, "backend", "cpu"), context_length=getattr(args, "ctx", None),
-                       quant=getattr(args, "quant", None), device=getattr(args, "device", None), **kw)
+    from phoenix_chat import engine
+
+    return engine.load(
+        args.model,
+        backend=getattr(args, "backend", "cpu"),
+        context_length=getattr(args, "ctx", None),
+        quant=getattr(args, "quant", None),
+        device=getattr(args, "device", None),
+        **kw,
+    )
 
 
 def _messages(system, prompt):
@@ -101,42 +121,62 @@ def _messages(system, prompt):
 
 
 def cmd_run(args) -> int:
-    from engine.generate import stream_generate
-    from engine.speculative import SpeculativeStats, check_draft
+    from phoenix_chat.engine.generate import stream_generate
+    from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
+
     model = _load(args)
     draft = spec = None
     if args.draft:
-        import engine
-        on = "auto" if args.backend == "npu-hybrid" else args.backend      # the draft decodes, it prefills little
-        draft = engine.load(args.draft, backend=on, context_length=model.backend.context_length,
-                            quant=args.quant, device=args.device)
+        from phoenix_chat import engine
+
+        on = "auto" if args.backend == "npu-hybrid" else args.backend  # the draft decodes, it prefills little
+        draft = engine.load(
+            args.draft, backend=on, context_length=model.backend.context_length, quant=args.quant, device=args.device
+        )
         check_draft(model, draft)
         spec = SpeculativeStats()
     prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
     last = None
-    for r in stream_generate(model, prompt, _sampling(args), args.max_tokens, raw=args.raw, draft=draft,
-                             draft_tokens=args.draft_tokens, spec_stats=spec):
+    for r in stream_generate(
+        model,
+        prompt,
+        _sampling(args),
+        args.max_tokens,
+        raw=args.raw,
+        draft=draft,
+        draft_tokens=args.draft_tokens,
+        spec_stats=spec,
+    ):
         if r.text:
             sys.stdout.write(r.text)
             sys.stdout.flush()
         last = r
     sys.stdout.write("\n")
-    drafted = (f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
-               f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
-               f"{spec.tokens_per_round:.2f} tok per target pass" if draft else "")
-    print(f"[{model.backend.name}: prompt {last.prompt_tokens} tok at {last.prompt_tps:.1f} tok/s, "
-          f"generated {last.generation_tokens} tok at {last.generation_tps:.1f} tok/s, "
-          f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}{drafted}]", file=sys.stderr)
+    drafted = (
+        f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
+        f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
+        f"{spec.tokens_per_round:.2f} tok per target pass"
+        if draft
+        else ""
+    )
+    print(
+        f"[{model.backend.name}: prompt {last.prompt_tokens} tok at {last.prompt_tps:.1f} tok/s, "
+        f"generated {last.generation_tokens} tok at {last.generation_tps:.1f} tok/s, "
+        f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}{drafted}]",
+        file=sys.stderr,
+    )
     return 0
 
 
 def cmd_chat(args) -> int:
-    from app.terminal_chat import terminal_chat
+    from phoenix_chat.app.terminal_chat import terminal_chat
+
     return terminal_chat(_load(args), _sampling(args), args.max_tokens, system=args.system)
 
 
 def cmd_tokenize(args) -> int:
-    from engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
     weights = open_weights(args.model or embedded_model_path())
     ids = weights.tokenizer().encode(args.text, add_bos=True, parse_special=True)
     print(" ".join(str(i) for i in ids))
@@ -144,23 +184,37 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
     path = args.model or embedded_model_path()
     w = open_weights(path)
     cfg = w.config
-    info = {"path": str(path), "name": cfg.name, "architecture": cfg.architecture,
-            "parameters": cfg.parameter_count(), "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
-            "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-            "context_length": cfg.context_length, "sliding_window": cfg.sliding_window,
-            "tensor_types": w.tensor_types(), "file_size": w.file_size,
-            "chat_template": bool(w.chat_template)}
+    info = {
+        "path": str(path),
+        "name": cfg.name,
+        "architecture": cfg.architecture,
+        "parameters": cfg.parameter_count(),
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "context_length": cfg.context_length,
+        "sliding_window": cfg.sliding_window,
+        "tensor_types": w.tensor_types(),
+        "file_size": w.file_size,
+        "chat_template": bool(w.chat_template),
+    }
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
     print(f"model:          {info['name']} ({info['path']})")
-    print(f"architecture:   {cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-          f"heads {cfg.num_heads}/{cfg.num_kv_heads} kv, head_dim {cfg.head_dim}, ffn {cfg.intermediate_size}")
+    print(
+        f"architecture:   {cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+        f"heads {cfg.num_heads}/{cfg.num_kv_heads} kv, head_dim {cfg.head_dim}, ffn {cfg.intermediate_size}"
+    )
     print(f"parameters:     {info['parameters'] / 1e6:.1f} M")
     print(f"vocabulary:     {cfg.vocab_size} tokens")
     print(f"context length: {cfg.context_length} (sliding window {cfg.sliding_window})")
@@ -171,12 +225,14 @@ def cmd_info(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from engine.perplexity import perplexity
+    from phoenix_chat.engine.perplexity import perplexity
+
     try:
         with open(args.file, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
-        from engine.errors import PhoenixError
+        from phoenix_chat.engine.errors import PhoenixError
+
         raise PhoenixError(f"{args.file}: {exc.strerror}") from None
     model = _load(args)
     n_ctx = args.ctx or 512
@@ -187,15 +243,19 @@ def cmd_perplexity(args) -> int:
     try:
         result = perplexity(model, text, n_ctx, progress)
     except ValueError as exc:
-        from engine.errors import PhoenixError
+        from phoenix_chat.engine.errors import PhoenixError
+
         raise PhoenixError(f"{args.file}: {exc}") from None
-    print(f"{result['windows']} windows of {n_ctx} tokens, {result['scored_tokens']} scored, backend {model.backend.name}")
+    print(
+        f"{result['windows']} windows of {n_ctx} tokens, {result['scored_tokens']} scored, backend {model.backend.name}"
+    )
     print(f"PPL = {result['ppl']:.4f}")
     return 0
 
 
 def cmd_devices(args) -> int:
-    from engine.devices import list_devices
+    from phoenix_chat.engine.devices import list_devices
+
     entries = list_devices()
     if args.json:
         print(json.dumps([e.as_dict() for e in entries], indent=1, default=str))
@@ -207,38 +267,56 @@ def cmd_devices(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from app.store import export_all
+    from phoenix_chat.app.store import export_all
+
     sys.stdout.write(export_all(args.format))
     return 0
 
 
 def cmd_bench(args) -> int:
-    from engine.bench import run_bench_cli
+    from phoenix_chat.engine.bench import run_bench_cli
+
     return run_bench_cli(args)
 
 
 def cmd_gui(args) -> int:
-    from app.gui import display_available, run_gui
+    from phoenix_chat.app.gui import display_available, run_gui
+
     if display_available():
         return run_gui(None)
-    print("phoenix-chat: no display found (set DISPLAY or run on a desktop); starting the terminal chat instead.",
-          file=sys.stderr)
-    import engine
-    from engine.sampling import SamplingParams
-    from app.terminal_chat import terminal_chat
+    print(
+        "phoenix-chat: no display found (set DISPLAY or run on a desktop); starting the terminal chat instead.",
+        file=sys.stderr,
+    )
+    from phoenix_chat import engine
+    from phoenix_chat.app.terminal_chat import terminal_chat
+    from phoenix_chat.engine.sampling import SamplingParams
+
     return terminal_chat(engine.load(None), SamplingParams(), MAX_TOKENS)
 
 
-COMMANDS = {"run": cmd_run, "chat": cmd_chat, "tokenize": cmd_tokenize, "info": cmd_info,
-            "perplexity": cmd_perplexity, "devices": cmd_devices, "export": cmd_export, "bench": cmd_bench,
-            None: cmd_gui}
+COMMANDS = {
+    "run": cmd_run,
+    "chat": cmd_chat,
+    "tokenize": cmd_tokenize,
+    "info": cmd_info,
+    "perplexity": cmd_perplexity,
+    "devices": cmd_devices,
+    "export": cmd_export,
+    "bench": cmd_bench,
+    None: cmd_gui,
+}
 
 
 def main(argv=None) -> int:
-    from engine.errors import PhoenixError
+    from phoenix_chat.engine.errors import PhoenixError
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return COMMANDS[args.command](args)
     except PhoenixError as exc:

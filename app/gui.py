@@ -1,4 +1,5 @@
 """Desktop app entry points for the CLI: `display_available()` and `run_gui()`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,18 +32,18 @@ def _x11_display_live(display: str) -> bool:
     host, _, rest = display.rpartition(":")
     number = rest.split(".")[0]
     if host not in ("", "unix") or not number.isdigit():
-        return True          # a remote or unusual display: let Qt try it
+        return True  # a remote or unusual display: let Qt try it
     return os.path.exists(f"/tmp/.X11-unix/X{number}")
 
 
 def run_gui(model_path: str | None = None, home=None) -> int:
     """Open the main window (on `model_path`, else the last or embedded model); exit code."""
     started = time.perf_counter()
-    from PySide6.QtWidgets import QApplication
     import qasync
+    from PySide6.QtWidgets import QApplication
 
-    from app.controllers.app_controller import AppController
-    from app.views.theme import app_icon
+    from phoenix_chat.app.controllers.app_controller import AppController
+    from phoenix_chat.app.views.theme import app_icon
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Phoenix Chat")
@@ -67,19 +68,25 @@ def _report_startup(started: float, controller) -> None:
     import psutil
     from PySide6.QtCore import QTimer
 
-    launched = psutil.Process().create_time()      # wall clock: includes interpreter start-up
+    launched = psutil.Process().create_time()  # wall clock: includes interpreter start-up
 
     def since_launch() -> float:
         return time.time() - launched
 
     def interactive():
-        print(f"interactive window {since_launch():.2f} s after launch "
-              f"({time.perf_counter() - started:.2f} s in run_gui)", file=sys.stderr)
+        print(
+            f"interactive window {since_launch():.2f} s after launch "
+            f"({time.perf_counter() - started:.2f} s in run_gui)",
+            file=sys.stderr,
+        )
 
-    QTimer.singleShot(0, interactive)      # runs on the first event-loop turn after show()
+    QTimer.singleShot(0, interactive)  # runs on the first event-loop turn after show()
     controller.models.model_ready.connect(
-        lambda info: print(f"model ready {since_launch():.2f} s after launch "
-                           f"(load in the worker {info.get('load_s', 0):.2f} s)", file=sys.stderr))
+        lambda info: print(
+            f"model ready {since_launch():.2f} s after launch (load in the worker {info.get('load_s', 0):.2f} s)",
+            file=sys.stderr,
+        )
+    )
 
 
 def _quit_on_signals(app, controller) -> None:

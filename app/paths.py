@@ -1,4 +1,5 @@
 """Where the app keeps its files: `$PHOENIX_CHAT_HOME`, else the platform data folder."""
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,8 @@ def data_dir(home: str | os.PathLike | None = None) -> Path:
         path = Path(os.environ["PHOENIX_CHAT_HOME"])
     else:
         try:
-            from engine.paths import data_dir as engine_data_dir
+            from phoenix_chat.engine.paths import data_dir as engine_data_dir
+
             path = Path(engine_data_dir())
         except ImportError:
             path = _platform_data_dir()

@@ -8,12 +8,13 @@ made these singletons immortal, which hides the bug; on 3.11 we give them a refe
 so large that no session can use it up. Only the registry's newest PySide6 (6.12.0) was
 installable here, so pinning an older one was not an option.
 """
+
 from __future__ import annotations
 
 import ctypes
 import sys
 
-_HEADROOM = 1 << 48      # ~2.8e14 leaked references; the counter is a 64-bit ssize_t
+_HEADROOM = 1 << 48  # ~2.8e14 leaked references; the counter is a 64-bit ssize_t
 _done = False
 
 

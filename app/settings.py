@@ -5,24 +5,25 @@ Defaults live in the dataclass and nowhere else; the sampling ones are the engin
 file atomically (temp file + rename) and tells listeners `(name, value)`; no Qt here, the
 controllers turn notifications into whatever they need.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable
 
-from app.paths import data_dir
-from engine.sampling import SamplingParams
+from phoenix_chat.app.paths import data_dir
+from phoenix_chat.engine.sampling import SamplingParams
 
 SETTINGS_VERSION = 1
 SETTINGS_NAME = "settings.json"
 
-QUANT_CHOICES = ("file", "Q4_0", "Q8_0", "F16")           # "file": as stored in the model file
+QUANT_CHOICES = ("file", "Q4_0", "Q8_0", "F16")  # "file": as stored in the model file
 NPU_CHOICES = ("off", "prefill")
-CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)         # None: the model's own limit
+CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)  # None: the model's own limit
 THEMES = ("light", "dark")
 MAX_RECENT = 8
 _ENGINE_SAMPLING = SamplingParams()
@@ -30,10 +31,10 @@ _ENGINE_SAMPLING = SamplingParams()
 
 @dataclass
 class Settings:
-    model_path: str | None = None      # None: the embedded Gemma 3 270M
+    model_path: str | None = None  # None: the embedded Gemma 3 270M
     recent_models: list[str] = field(default_factory=list)
     quant: str = "file"
-    backend: str = "auto"              # "auto" | "cpu" | "vulkan:<device index>"
+    backend: str = "auto"  # "auto" | "cpu" | "vulkan:<device index>"
     npu: str = "off"
     context_length: int | None = 4096
     theme: str = "light"
@@ -50,9 +51,14 @@ class Settings:
     window_geometry: str | None = None  # hex of QWidget.saveGeometry()
 
     def sampling_defaults(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
-                "max_tokens": self.max_tokens}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "max_tokens": self.max_tokens,
+        }
 
 
 _VALIDATORS: dict[str, Callable[[object], bool]] = {

@@ -8,6 +8,7 @@ transaction. The schema version lives in `PRAGMA user_version`.
 on one background thread (in order) so the GUI thread never waits on the disk for a streaming
 answer's saves.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -16,11 +17,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
-from app.paths import data_dir
+from phoenix_chat.app.paths import data_dir
 
 SCHEMA_VERSION = 1
 DB_NAME = "history.sqlite3"
@@ -110,13 +112,16 @@ class Store:
             self._db.close()
 
     # -- conversations --------------------------------------------------------------------
-    def create_conversation(self, title: str = "New chat", system_prompt: str = "",
-                            sampling: dict | None = None) -> Conversation:
+    def create_conversation(
+        self, title: str = "New chat", system_prompt: str = "", sampling: dict | None = None
+    ) -> Conversation:
         now = time.time()
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, system_prompt, sampling) "
-                "VALUES (?, ?, ?, ?, ?)", (title, now, now, system_prompt, json.dumps(sampling or {})))
+                "VALUES (?, ?, ?, ?, ?)",
+                (title, now, now, system_prompt, json.dumps(sampling or {})),
+            )
             return Conversation(cur.lastrowid, title, now, now, system_prompt, dict(sampling or {}))
 
     def conversation(self, conversation_id: int) -> Conversation | None:
@@ -132,26 +137,29 @@ class Store:
                 rows = self._db.execute(
                     "SELECT * FROM conversations c WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS ("
                     " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\')"
-                    " ORDER BY updated_at DESC, id DESC", (pattern, pattern)).fetchall()
+                    " ORDER BY updated_at DESC, id DESC",
+                    (pattern, pattern),
+                ).fetchall()
             else:
-                rows = self._db.execute(
-                    "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
+                rows = self._db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
         return [_conversation(r) for r in rows]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         with self._tx() as db:
-            db.execute("UPDATE conversations SET title = ?, updated_at = ? WHERE id = ?",
-                       (title, time.time(), conversation_id))
+            db.execute(
+                "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ?", (title, time.time(), conversation_id)
+            )
 
-    def update_conversation_settings(self, conversation_id: int, *, system_prompt: str | None = None,
-                                     sampling: dict | None = None) -> None:
+    def update_conversation_settings(
+        self, conversation_id: int, *, system_prompt: str | None = None, sampling: dict | None = None
+    ) -> None:
         with self._tx() as db:
             if system_prompt is not None:
-                db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?",
-                           (system_prompt, conversation_id))
+                db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (system_prompt, conversation_id))
             if sampling is not None:
-                db.execute("UPDATE conversations SET sampling = ? WHERE id = ?",
-                           (json.dumps(sampling), conversation_id))
+                db.execute(
+                    "UPDATE conversations SET sampling = ? WHERE id = ?", (json.dumps(sampling), conversation_id)
+                )
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._tx() as db:
@@ -161,25 +169,29 @@ class Store:
     def messages(self, conversation_id: int) -> list[Message]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
-                (conversation_id,)).fetchall()
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", (conversation_id,)
+            ).fetchall()
         return [_message(r) for r in rows]
 
-    def add_message(self, conversation_id: int, role: str, content: str, *, complete: bool = True,
-                    stats: dict | None = None) -> Message:
+    def add_message(
+        self, conversation_id: int, role: str, content: str, *, complete: bool = True, stats: dict | None = None
+    ) -> Message:
         now = time.time()
         with self._tx() as db:
-            pos = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?",
-                             (conversation_id,)).fetchone()[0]
+            pos = db.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()[0]
             cur = db.execute(
                 "INSERT INTO messages (conversation_id, position, role, content, complete, created_at, stats) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, pos, role, content, int(complete), now, json.dumps(stats or {})))
+                (conversation_id, pos, role, content, int(complete), now, json.dumps(stats or {})),
+            )
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
             return Message(cur.lastrowid, conversation_id, pos, role, content, complete, dict(stats or {}))
 
-    def update_message(self, message_id: int, content: str, *, complete: bool | None = None,
-                       stats: dict | None = None) -> None:
+    def update_message(
+        self, message_id: int, content: str, *, complete: bool | None = None, stats: dict | None = None
+    ) -> None:
         """Replace a message's text (a streaming answer is saved this way, repeatedly)."""
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
@@ -191,13 +203,14 @@ class Store:
     def truncate_after(self, message_id: int, *, inclusive: bool = False) -> None:
         """Delete the messages after `message_id` in its conversation (and itself if inclusive)."""
         with self._tx() as db:
-            row = db.execute("SELECT conversation_id, position FROM messages WHERE id = ?",
-                             (message_id,)).fetchone()
+            row = db.execute("SELECT conversation_id, position FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 return
             op = ">=" if inclusive else ">"
-            db.execute(f"DELETE FROM messages WHERE conversation_id = ? AND position {op} ?",
-                       (row["conversation_id"], row["position"]))
+            db.execute(
+                f"DELETE FROM messages WHERE conversation_id = ? AND position {op} ?",
+                (row["conversation_id"], row["position"]),
+            )
 
     def edit_message(self, message_id: int, content: str) -> None:
         """Change an earlier message and forget everything after it (edit-and-resend)."""
@@ -214,11 +227,30 @@ class Store:
             convs = [c for c in convs if c.id in wanted]
         items = [(c, self.messages(c.id)) for c in convs]
         if fmt == "json":
-            return json.dumps({"format": "phoenix-chat", "version": SCHEMA_VERSION, "conversations": [
-                {"id": c.id, "title": c.title, "created_at": c.created_at,
-                 "system_prompt": c.system_prompt, "sampling": c.sampling,
-                 "messages": [{"role": m.role, "content": m.content, "complete": m.complete} for m in msgs]}
-                for c, msgs in items]}, ensure_ascii=False, indent=2) + "\n"
+            return (
+                json.dumps(
+                    {
+                        "format": "phoenix-chat",
+                        "version": SCHEMA_VERSION,
+                        "conversations": [
+                            {
+                                "id": c.id,
+                                "title": c.title,
+                                "created_at": c.created_at,
+                                "system_prompt": c.system_prompt,
+                                "sampling": c.sampling,
+                                "messages": [
+                                    {"role": m.role, "content": m.content, "complete": m.complete} for m in msgs
+                                ],
+                            }
+                            for c, msgs in items
+                        ],
+                    },
+                    ensure_ascii=False,
+                    indent=2,
+                )
+                + "\n"
+            )
         if fmt in ("markdown", "md"):
             out = []
             for c, msgs in items:
@@ -245,12 +277,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _queued(method: Callable[Concatenate[Store, P], R]
-            ) -> Callable[Concatenate[StoreThread, P], concurrent.futures.Future[R]]:
+def _queued(
+    method: Callable[Concatenate[Store, P], R],
+) -> Callable[Concatenate[StoreThread, P], concurrent.futures.Future[R]]:
     """`method` queued on the store thread; the caller gets a Future and does not wait."""
+
     @functools.wraps(method)
     def queue(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[R]:
         return self._pool.submit(method, self.store, *args, **kwargs)
+
     return queue
 
 
@@ -261,6 +296,7 @@ def _waited(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[
     @functools.wraps(method)
     def wait(self: StoreThread, *args: P.args, **kwargs: P.kwargs) -> R:
         return queue(self, *args, **kwargs).result()
+
     return wait
 
 
@@ -319,10 +355,23 @@ def _escape_like(text: str) -> str:
 
 
 def _conversation(row) -> Conversation:
-    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"],
-                        row["system_prompt"], json.loads(row["sampling"] or "{}"))
+    return Conversation(
+        row["id"],
+        row["title"],
+        row["created_at"],
+        row["updated_at"],
+        row["system_prompt"],
+        json.loads(row["sampling"] or "{}"),
+    )
 
 
 def _message(row) -> Message:
-    return Message(row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-                   bool(row["complete"]), json.loads(row["stats"] or "{}"))
+    return Message(
+        row["id"],
+        row["conversation_id"],
+        row["position"],
+        row["role"],
+        row["content"],
+        bool(row["complete"]),
+        json.loads(row["stats"] or "{}"),
+    )

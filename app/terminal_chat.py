@@ -1,9 +1,10 @@
 """A chat in the terminal: history kept for the session, answers streamed as they come."""
+
 from __future__ import annotations
 
 import sys
 
-from engine.generate import stream_generate
+from phoenix_chat.engine.generate import stream_generate
 
 HELP = "Type a message and press Enter. Commands: /reset (new conversation), /quit."
 
@@ -12,8 +13,11 @@ def terminal_chat(model, params, max_tokens: int, system: str | None = None, std
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     print(f"Phoenix Chat — {model.config.name} on {model.backend.device_name}. {HELP}", file=stdout)
     if not model.is_instruction_tuned:
-        print("Note: this is a base model, not instruction-tuned: it continues text rather than "
-              "following instructions, and often echoes the prompt.", file=stdout)
+        print(
+            "Note: this is a base model, not instruction-tuned: it continues text rather than "
+            "following instructions, and often echoes the prompt.",
+            file=stdout,
+        )
     history = [{"role": "system", "content": system}] if system else []
     while True:
         stdout.write("> ")

@@ -6,6 +6,7 @@ Where a decode step's attention time goes: the split-K work against the last wor
 of the splits (n_splits = 1 has no combine to speak of but walks every position in one
 workgroup per kv head), beside a tiny dispatch's cost on the same device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backends.vulkan import ops_attention
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.ops_common import pack_step
-from engine.backends.vulkan.timing import time_us
+from phoenix_chat.engine.backends.vulkan import ops_attention
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.ops_common import pack_step
+from phoenix_chat.engine.backends.vulkan.timing import time_us
 
 SHAPES = {  # head_dim, query heads, kv heads
     "270m": (256, 4, 1),
@@ -62,11 +63,28 @@ def main(argv=None) -> int:
             def record(cl, s=s, part=part):
                 for i in range(CHAIN):
                     k, v = caches[i % CACHES]
-                    ops_attention.attention_decode(cl, dev, step, q, k, v, part, counters, o, head_dim=hd,
-                                                   n_heads=h, n_kv_heads=kv, cache_slots=n, window=0,
-                                                   scale=0.0625, n_splits=s, wg=args.wg)
+                    ops_attention.attention_decode(
+                        cl,
+                        dev,
+                        step,
+                        q,
+                        k,
+                        v,
+                        part,
+                        counters,
+                        o,
+                        head_dim=hd,
+                        n_heads=h,
+                        n_kv_heads=kv,
+                        cache_slots=n,
+                        window=0,
+                        scale=0.0625,
+                        n_splits=s,
+                        wg=args.wg,
+                    )
                     cl.barrier()
-            time_us(dev, record, reps=4)            # clocks up
+
+            time_us(dev, record, reps=4)  # clocks up
             us = time_us(dev, record, reps=8) / CHAIN
             out[f"{shape}_splits{s}_us"] = us
             print(f"{shape:5s} splits {s:3d}: {us:7.2f} us", flush=True)

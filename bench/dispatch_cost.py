@@ -13,6 +13,7 @@ stream either behind a pipeline barrier or launched with no barrier and spinning
 the small kernel sets (bench/shaders/handoff_probe.comp): how much of the barrier and the stream's
 ramp-up a flag handoff would hide.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ import json
 from pathlib import Path
 
 from bench import shaders as probes
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.timing import time_many, time_us
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.timing import time_many, time_us
 
 CHAIN = 64
 
@@ -44,9 +45,10 @@ def main(argv=None) -> int:
             for _ in range(CHAIN):
                 cl.dispatch(p, [a, b], (1, 1, 1), p.push.pack(n=1))
                 barrier(cl)
+
         return time_us(dev, record, reps=8) / CHAIN
 
-    for _ in range(3):        # clocks up
+    for _ in range(3):  # clocks up
         chain(lambda cl: cl.barrier())
     out["tiny_dispatch_barrier_us"] = chain(lambda cl: cl.barrier())
     out["tiny_dispatch_compute_barrier_us"] = chain(lambda cl: cl.barrier(transfer=False))
@@ -62,16 +64,21 @@ def main(argv=None) -> int:
             for src, dst in pairs:
                 cl.dispatch(p, [src, dst], (groups, 1, 1), p.push.pack(n=n16))
                 cl.barrier()
+
         return time_us(dev, record, reps=4) / len(pairs)
 
     bw = copy_gb_s(dev, int((1 << 30) * args.scale))
     out["copy_gb_s"] = bw
-    sizes = {"o_27b_12MB": 12_386_304, "qkv_27b_25MB": 24_772_608, "down_27b_65MB": 65_028_096,
-             "gate_up_27b_130MB": 130_056_192}
+    sizes = {
+        "o_27b_12MB": 12_386_304,
+        "qkv_27b_25MB": 24_772_608,
+        "down_27b_65MB": 65_028_096,
+        "gate_up_27b_130MB": 130_056_192,
+    }
     for name, nbytes in sizes.items():
         nbytes = int(nbytes * args.scale) // 32 * 32
         pairs = [(dev.buffer(nbytes // 2), dev.buffer(nbytes // 2)) for _ in range(8)]
-        us = copy_us(nbytes // 2, pairs)   # read + write = nbytes moved, as a matvec reads its weights
+        us = copy_us(nbytes // 2, pairs)  # read + write = nbytes moved, as a matvec reads its weights
         for pair in pairs:
             for buf in pair:
                 buf.destroy()
@@ -101,6 +108,7 @@ def copy_gb_s(dev, nbytes: int) -> float:
         for _ in range(8):
             cl.dispatch(p, [src, dst], (groups, 1, 1), p.push.pack(n=n16))
             cl.barrier()
+
     us = time_us(dev, record, reps=4) / 8
     src.destroy()
     dst.destroy()
@@ -110,7 +118,7 @@ def copy_gb_s(dev, nbytes: int) -> float:
 def handoff(dev, sizes: dict, scale: float) -> dict:
     """Per layer of a chain of 8: producer then consumer stream, with a barrier between them
     or a flag; and each alone. Every layer streams its own weights (none from L2)."""
-    m = 5376                                  # the 27B shape's hidden size
+    m = 5376  # the 27B shape's hidden size
     wg = 256
     producers = -(-m // wg)
     vbuf = dev.buffer(8 * m)
@@ -142,9 +150,19 @@ def handoff(dev, sizes: dict, scale: float) -> dict:
                         if wait is not None:
                             cl.dispatch(cons[wait], [weights[k], vbuf, flags, obuf], (groups, 1, 1), push)
                         cl.barrier(transfer=False)
+
                 return record
-            t = time_many(dev, {"barrier": layers(True, True, 0), "flag": layers(True, False, 1),
-                                "stream": layers(False, False, 0), "small": layers(True, False, None)}, reps=4)
+
+            t = time_many(
+                dev,
+                {
+                    "barrier": layers(True, True, 0),
+                    "flag": layers(True, False, 1),
+                    "stream": layers(False, False, 0),
+                    "small": layers(True, False, None),
+                },
+                reps=4,
+            )
             for k, us in t.items():
                 out[f"handoff_{name}_reps{reps}_{k}_us"] = us / 8
         for b in weights + [obuf]:

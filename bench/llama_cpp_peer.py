@@ -4,6 +4,7 @@
 Returns None, and the caller says so, when llama-cpp-python is not installed: the comparison is
 never invented.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,9 +26,16 @@ def run_llama_cpp(path, prompt_ids, gen_tokens: int, threads: int | None = None)
     except ImportError:
         return None
     threads = threads or os.cpu_count() or 1
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + gen_tokens + 8, n_batch=512,
-                          n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False)
-    llm.eval(prompt_ids[:8])          # warm-up, then start again at position 0
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=len(prompt_ids) + gen_tokens + 8,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=True,
+        verbose=False,
+    )
+    llm.eval(prompt_ids[:8])  # warm-up, then start again at position 0
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(prompt_ids)
@@ -38,6 +46,9 @@ def run_llama_cpp(path, prompt_ids, gen_tokens: int, threads: int | None = None)
         llm.eval([token])
         token = llm.sample(top_k=1, temp=0.0)
     t3 = time.perf_counter()
-    return PeerResult(name=f"llama.cpp {llama_cpp.__version__} CPU ({threads} threads)",
-                      prefill_tok_s=len(prompt_ids) / (t1 - t0),
-                      decode_tok_s=(gen_tokens - 1) / (t3 - t2), threads=threads)
+    return PeerResult(
+        name=f"llama.cpp {llama_cpp.__version__} CPU ({threads} threads)",
+        prefill_tok_s=len(prompt_ids) / (t1 - t0),
+        decode_tok_s=(gen_tokens - 1) / (t3 - t2),
+        threads=threads,
+    )

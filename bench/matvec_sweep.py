@@ -9,6 +9,7 @@ A matrix that fits the GPU's L2 (H100: 50 MB) partly stays there across repeated
 so its GB/s with one copy is above a decode step's (27B QKV: 2.58 TB/s, ~1.4 in a step);
 --copies 8 times each repeat on its own copy, read from memory as in a step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,21 @@ import json
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
+from phoenix_chat.engine.backends.vulkan.timing import time_many
 
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
-from engine.backends.vulkan.timing import time_many
-
-SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376), (5376, 4096), (10240, 2560), (2048, 640)]   # 27B gate|up, down, qkv, o; 4B gate; 270M gate
+SHAPES = [
+    (21504, 5376),
+    (5376, 21504),
+    (8192, 5376),
+    (5376, 4096),
+    (10240, 2560),
+    (2048, 640),
+]  # 27B gate|up, down, qkv, o; 4B gate; 270M gate
 
 
 def random_blocks(qtype, rows, cols, rng):
@@ -47,8 +55,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_0,q8_0")
     ap.add_argument("--json")
-    ap.add_argument("--copies", type=int, default=1,
-                    help="distinct copies of each matrix, used in turn (8: none is read from L2)")
+    ap.add_argument(
+        "--copies", type=int, default=1, help="distinct copies of each matrix, used in turn (8: none is read from L2)"
+    )
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=True)
     print(dev.caps.summary(), flush=True)
@@ -70,16 +79,21 @@ def main(argv=None):
             record_quantize(cl, dev, xb, xq, cols)
             cl.submit()
             yb = dev.buffer(rows * 4)
-            grid = [(int_dot, i) for int_dot in ((False, True) if dev.caps.int_dot else (False,))
-                    for i in range(len(specs))]
+            grid = [
+                (int_dot, i) for int_dot in ((False, True) if dev.caps.int_dot else (False,)) for i in range(len(specs))
+            ]
             times = time_many(dev, {(d, i): spec_record(dev, ms, xb, xq, yb, specs[i], d) for d, i in grid}, 20)
             for (int_dot, i), us in times.items():
                 spec = specs[i]
                 gbs = m.nbytes / us / 1e3
-                out.append(dict(type=tname, rows=rows, cols=cols, copies=args.copies, int_dot=int_dot, **spec,
-                                us=us, gb_s=gbs))
-                print(f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
-                      f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s", flush=True)
+                out.append(
+                    dict(type=tname, rows=rows, cols=cols, copies=args.copies, int_dot=int_dot, **spec, us=us, gb_s=gbs)
+                )
+                print(
+                    f"{tname} {rows}x{cols} {'int8' if int_dot else 'f32 '} WG={spec['WG']:3d} "
+                    f"ROWS={spec['ROWS']} SGR={spec['SUBGROUP_ROWS']}: {us:8.1f} us {gbs:8.1f} GB/s",
+                    flush=True,
+                )
             for c in ms:
                 c.tensor.buffer.destroy()
             for b in (xb, xq, yb):

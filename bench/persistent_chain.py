@@ -21,16 +21,17 @@ wait timed out, the arrival count is short or the activations differ from the ch
 marked invalid. (On lavapipe, Mesa 22.3, runs of more than one workgroup lose arrivals: only
 `--groups 1` is valid there.)
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-from bench.dispatch_cost import copy_gb_s
 from bench import shaders as probes
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.timing import time_many
+from bench.dispatch_cost import copy_gb_s
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.timing import time_many
 
 BYTES_27B = {"qkv": 24_772_608, "o": 12_386_304, "gu": 130_056_192, "down": 65_028_096}
 HIDDEN_27B = 5376
@@ -69,8 +70,9 @@ def main(argv=None) -> int:
     bindings = [*weights, act, flags, partials]
 
     def push(p, phase=0):
-        return p.push.pack(n_qkv=n["qkv"], n_o=n["o"], n_gu=n["gu"], n_down=n["down"],
-                           layers=args.layers, m=m, phase=phase)
+        return p.push.pack(
+            n_qkv=n["qkv"], n_o=n["o"], n_gu=n["gu"], n_down=n["down"], layers=args.layers, m=m, phase=phase
+        )
 
     def chain(with_small: bool, norm_in_stream: bool = False, groups: int | None = None):
         p = dev.pipeline("persistent_probe", WG=WG, PERSIST=0, PRE=4, NORM_IN_STREAM=int(norm_in_stream))
@@ -83,6 +85,7 @@ def main(argv=None) -> int:
                 g = (groups or stream_groups[k // 2]) if k % 2 == 0 else -(-m // WG)
                 cl.dispatch(p, bindings, (g,), push(p, phase))
                 cl.barrier(transfer=False)
+
         return record
 
     def persistent(mode: int, groups: int, pre: int):
@@ -92,12 +95,13 @@ def main(argv=None) -> int:
             cl.fill(flags, 0, 0, 4)
             cl.barrier()
             cl.dispatch(p, bindings, (groups,), push(p))
+
         return record
 
     records = {"chain": chain(True), "streams": chain(False), "chain_norm_in_stream": chain(False, True)}
     for g in (int(x) for x in args.groups.split(",")):
         records[f"chain_norm_in_stream_g{g}"] = chain(False, True, g)
-    for _ in range(2):                      # clocks up, pipelines built
+    for _ in range(2):  # clocks up, pipelines built
         time_many(dev, {"chain": records["chain"]}, reps=1)
     times = time_many(dev, records, reps=4)
     for mode, name in ((1, "persistent"), (2, "fused")):
@@ -109,10 +113,9 @@ def main(argv=None) -> int:
                     out[f"{key}_matches_chain"] = same_result(dev, records["chain"], rec, act, flags)
                 times[key] = time_many(dev, {key: rec}, reps=4)[key]
                 arrivals, timed_out = (int(x) for x in dev.download(flags, dtype="uint32")[:2])
-                syncs = (8 if mode == 1 else 4) * args.layers - 1      # grid barriers in one run
+                syncs = (8 if mode == 1 else 4) * args.layers - 1  # grid barriers in one run
                 out[f"{key}_waits_timed_out"] = timed_out
-                out[f"{key}_valid"] = (timed_out == 0 and arrivals == syncs * g
-                                       and out.get(f"{key}_matches_chain", True))
+                out[f"{key}_valid"] = timed_out == 0 and arrivals == syncs * g and out.get(f"{key}_matches_chain", True)
     ideal_us = layer_bytes / (bw * 1e9) * 1e6
     out["layer_mb"] = layer_bytes / 1e6
     out["layer_at_copy_bw_us"] = ideal_us
@@ -124,8 +127,10 @@ def main(argv=None) -> int:
         print(f"{k:40s} {v:.2f}" if isinstance(v, float) else f"{k:40s} {v}")
     for k, v in out.items():
         if k.endswith("_valid") and not v:
-            print(f"WARNING: {k[:-6]}: a grid-barrier wait timed out, an arrival went missing or the result "
-                  "differs from the chain's (its workgroups were not all resident at once): its figures are not valid")
+            print(
+                f"WARNING: {k[:-6]}: a grid-barrier wait timed out, an arrival went missing or the result "
+                "differs from the chain's (its workgroups were not all resident at once): its figures are not valid"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
@@ -145,7 +150,7 @@ def same_result(dev, chain, persistent, act, flags) -> bool:
     for record in (chain, persistent):
         cl = dev.commands()
         cl.fill(act, 0)
-        cl.fill(flags, 0, 0, 4)          # arrivals; [1] keeps counting timed-out waits
+        cl.fill(flags, 0, 0, 4)  # arrivals; [1] keeps counting timed-out waits
         cl.barrier()
         record(cl)
         cl.run()

@@ -6,6 +6,7 @@ Timestamps after every barrier (`engine/backends/vulkan/profiling.py` `profile_s
 kernel choices (matvec tuning, prefill GEMM path). For finding where a token's time goes;
 `bench.run` is the benchmark.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,10 @@ from pathlib import Path
 
 
 def profile(path: Path, tokens: int, context: int) -> dict:
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-    from engine.backends.vulkan.profiling import profile_step
-    from engine.weights import open_weights
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.profiling import profile_step
+    from phoenix_chat.engine.weights import open_weights
+
     weights = open_weights(path)
     be = VulkanBackend(weights, context, VulkanOptions(allow_software=True))
     try:
@@ -30,8 +32,9 @@ def profile(path: Path, tokens: int, context: int) -> dict:
 def show(name: str, prof: dict) -> None:
     total = prof["total"]
     print(f"  {name}: {total:.0f} us, {prof['dispatches']} dispatches, {prof['barriers']} barriers")
-    for k, us in sorted(((k, v) for k, v in prof.items() if k not in ("total", "dispatches", "barriers")),
-                        key=lambda kv: -kv[1]):
+    for k, us in sorted(
+        ((k, v) for k, v in prof.items() if k not in ("total", "dispatches", "barriers")), key=lambda kv: -kv[1]
+    ):
         print(f"    {k:16s} {us:9.1f} us  {100 * us / total:5.1f} %")
 
 
@@ -47,13 +50,15 @@ def main(argv=None) -> int:
     runs = [(Path(m).stem, Path(m)) for m in args.model]
     for shape in filter(None, args.synthetic.split(",")):
         from tools.make_synthetic_gguf import write
+
         p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"
         if not p.exists():
             p.parent.mkdir(parents=True, exist_ok=True)
             write(p, shape, "q4_0", "q8_0")
         runs.append((shape, p))
     if not runs:
-        from engine.weights import embedded_model_path
+        from phoenix_chat.engine.weights import embedded_model_path
+
         runs.append(("270m-embedded", embedded_model_path()))
     out = {}
     for label, path in runs:

@@ -7,6 +7,7 @@ into --workdir and benchmarked on Vulkan, printed beside llama.cpp's H100 Vulkan
 the same shapes (docs/PERFORMANCE.md; llama-cpp-python's Vulkan build cannot be compiled
 against Debian 12's Vulkan headers, so those figures are quoted, not re-measured).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 # llama.cpp, NVIDIA H100 80GB HBM3, Vulkan, synthetic Q4_0 / Q8_0-embedding GGUFs (shared/DESIGN.md)
-LLAMA_CPP_H100 = {"270m": {"pp512": 8564, "tg128": 479}, "4b": {"pp512": 4927, "tg128": 250},
-                  "27b": {"pp512": 733, "tg128": 69.3}}
+LLAMA_CPP_H100 = {
+    "270m": {"pp512": 8564, "tg128": 479},
+    "4b": {"pp512": 4927, "tg128": 250},
+    "27b": {"pp512": 733, "tg128": 69.3},
+}
 
 
 def main(argv=None) -> int:
-    from engine.bench import run_bench
+    from phoenix_chat.engine.bench import run_bench
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="", help="comma-separated shapes: tiny,270m,1b,4b,12b,27b")
     ap.add_argument("--model", action="append", default=[], help="GGUF path (repeatable)")
@@ -36,6 +41,7 @@ def main(argv=None) -> int:
     runs = []
     if args.synthetic:
         from tools.make_synthetic_gguf import write
+
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
         for shape in args.synthetic.split(","):
             p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"
@@ -46,7 +52,8 @@ def main(argv=None) -> int:
     for m in args.model:
         runs.append((Path(m).stem, Path(m)))
     if not runs:
-        from engine.weights import embedded_model_path
+        from phoenix_chat.engine.weights import embedded_model_path
+
         runs.append(("270m-embedded", embedded_model_path()))
 
     results = []
@@ -59,13 +66,19 @@ def main(argv=None) -> int:
             ref = LLAMA_CPP_H100.get(label)
             if ref and backend == "vulkan":
                 if "H100" in r.device:
-                    d["vs_llama_cpp_h100"] = {"prefill": r.prefill_tok_s / ref["pp512"],
-                                              "decode": r.decode_tok_s / ref["tg128"]}
+                    d["vs_llama_cpp_h100"] = {
+                        "prefill": r.prefill_tok_s / ref["pp512"],
+                        "decode": r.decode_tok_s / ref["tg128"],
+                    }
                 else:
                     print(f"(llama.cpp's quoted figures for this shape are an H100's; no ratio on {r.device})")
             print(r.table(), flush=True)
             if "vs_llama_cpp_h100" in d:
-                print("vs llama.cpp H100 Vulkan: prefill x{prefill:.2f}, decode x{decode:.2f}".format(**d["vs_llama_cpp_h100"]))
+                print(
+                    "vs llama.cpp H100 Vulkan: prefill x{prefill:.2f}, decode x{decode:.2f}".format(
+                        **d["vs_llama_cpp_h100"]
+                    )
+                )
             results.append(d)
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
@@ -79,10 +92,11 @@ def main(argv=None) -> int:
 def _llama_cpp_side_by_side(label, path, args, ours) -> dict:
     """llama.cpp's CPU build on the same GGUF and prompt, in the same run; ratios printed."""
     from bench.llama_cpp_peer import run_llama_cpp
-    from engine.bench import bench_prompt
-    from engine.weights import open_weights
+    from phoenix_chat.engine.bench import bench_prompt
+    from phoenix_chat.engine.weights import open_weights
+
     weights = open_weights(path)
-    prompt = bench_prompt(weights.config, args.prompt_tokens)     # the prompt our backends ran
+    prompt = bench_prompt(weights.config, args.prompt_tokens)  # the prompt our backends ran
     weights.close()
     peer = run_llama_cpp(path, prompt, args.gen_tokens)
     if peer is None:
@@ -93,8 +107,10 @@ def _llama_cpp_side_by_side(label, path, args, ours) -> dict:
     for r in ours:
         ratio = {"prefill": r["prefill_tok_s"] / peer.prefill_tok_s, "decode": r["decode_tok_s"] / peer.decode_tok_s}
         d["ratios"][r["backend"]] = ratio
-        print(f"  ours ({r['backend']}) / llama.cpp CPU: prefill x{ratio['prefill']:.2f}, decode x{ratio['decode']:.2f}",
-              flush=True)
+        print(
+            f"  ours ({r['backend']}) / llama.cpp CPU: prefill x{ratio['prefill']:.2f}, decode x{ratio['decode']:.2f}",
+            flush=True,
+        )
     return d
 
 

@@ -9,6 +9,7 @@ proposal, a pass yields (1 - a^(k+1)) / (1 - a) tokens; the speed-up over plain 
 divided by (verify ratio + k x draft-token / target-token). This prints the verify ratios; the
 acceptance rate depends on the pair of models (measure it with `phoenix-chat run --draft`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,14 +17,14 @@ import json
 import time
 from pathlib import Path
 
-from engine.weights import embedded_model_path, open_weights
+from phoenix_chat.engine.weights import embedded_model_path, open_weights
 
-POSITION = 256          # cache filled this far first, as in a conversation
+POSITION = 256  # cache filled this far first, as in a conversation
 REPEATS = 5
 
 
 def _seconds(fn, repeats=REPEATS) -> float:
-    fn()                                  # first call records / warms up
+    fn()  # first call records / warms up
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -33,10 +34,11 @@ def _seconds(fn, repeats=REPEATS) -> float:
 
 
 def _decode(backend, n: int) -> None:
-    from engine.sampling import SamplingParams
+    from phoenix_chat.engine.sampling import SamplingParams
+
     greedy = SamplingParams(temperature=0)
     stream = backend.decode_tokens(7, POSITION, greedy, n)
-    if stream is None:                    # a backend that samples on the CPU: forward + argmax
+    if stream is None:  # a backend that samples on the CPU: forward + argmax
         for i in range(n):
             backend.forward([7], POSITION + i).argmax()
         return
@@ -52,40 +54,53 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=["vulkan", "cpu"], default="vulkan")
     ap.add_argument("--k", default="1,2,4,8", help="proposals per pass")
     ap.add_argument("--rows", type=int, default=None, help="rows per subgroup of the few-token matvec (tuning)")
-    ap.add_argument("--path", choices=["auto", "matvec", "gemm"], default="auto",
-                    help="few-token forwards through multi-column matvecs, GEMMs, or what the backend times faster")
+    ap.add_argument(
+        "--path",
+        choices=["auto", "matvec", "gemm"],
+        default="auto",
+        help="few-token forwards through multi-column matvecs, GEMMs, or what the backend times faster",
+    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.rows:
-        from engine.backends.vulkan import matvec
+        from phoenix_chat.engine.backends.vulkan import matvec
+
         matvec.COLUMN_ROWS = args.rows
     path = args.model
     if args.synthetic:
         from tools.make_synthetic_gguf import write
+
         path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             write(path, args.synthetic, "q4_0", "q8_0")
     weights = open_weights(path or embedded_model_path())
-    ctx = POSITION + 64                                   # room for 16 decode steps
+    ctx = POSITION + 64  # room for 16 decode steps
     if args.backend == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-        tb = VulkanBackend(weights, ctx, VulkanOptions(
-            allow_software=True, few_token_matvec={"auto": None, "matvec": True, "gemm": False}[args.path]))
+        from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+        tb = VulkanBackend(
+            weights,
+            ctx,
+            VulkanOptions(
+                allow_software=True, few_token_matvec={"auto": None, "matvec": True, "gemm": False}[args.path]
+            ),
+        )
     else:
-        from engine.backends.cpu import CpuBackend
+        from phoenix_chat.engine.backends.cpu import CpuBackend
+
         tb = CpuBackend(weights, ctx)
     ids = [2] + [100 + i for i in range(POSITION - 1)]
     tb.forward(ids, 0)
     out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
     stats = tb.stats()
-    if "few_token_matvec" in stats:           # the Vulkan backend's load-time choice
+    if "few_token_matvec" in stats:  # the Vulkan backend's load-time choice
         out["few_token_matvec_counts"] = stats["few_token_matvec"]
         for T, t in stats.get("few_token_timing", {}).items():
             out[f"load_timing_{T}_tokens"] = f"matvec {t['matvec_ms']} ms, gemm {t['gemm_ms']} ms"
-    out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3   # logits back
+    out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3  # logits back
     one = _seconds(lambda: _decode(tb, 16)) / 16
-    out["decode_token_ms"] = one * 1e3              # the plain decode loop's token (sampled on the device if it can)
+    out["decode_token_ms"] = one * 1e3  # the plain decode loop's token (sampled on the device if it can)
     for k in (int(x) for x in args.k.split(",")):
         t = _seconds(lambda k=k: tb.forward([7] * (k + 1), POSITION, all_logits=True))
         out[f"verify_k{k}_ms"] = t * 1e3

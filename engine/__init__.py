@@ -3,15 +3,16 @@
 The public names load lazily (PEP 562): the GUI imports `engine.sampling` for its defaults at
 start-up without paying for the loader, the backends and their dependencies.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.errors import PhoenixError
-    from engine.loader import LoadedModel, load
-    from engine.sampling import SamplingParams
+    from phoenix_chat.engine.errors import PhoenixError
+    from phoenix_chat.engine.loader import LoadedModel, load
+    from phoenix_chat.engine.sampling import SamplingParams
 
 __all__ = ["load", "LoadedModel", "SamplingParams", "PhoenixError"]
 _HOME = {"load": "loader", "LoadedModel": "loader", "SamplingParams": "sampling", "PhoenixError": "errors"}

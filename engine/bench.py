@@ -7,6 +7,7 @@ Python time per decode token is the host work between GPU steps (submit, fence, 
 
 Tokenizer-free on purpose: it runs on synthetic GGUFs (tools/make_synthetic_gguf.py) too.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from engine.sampling import SamplingParams
+from phoenix_chat.engine.sampling import SamplingParams
 
 
 @dataclass
@@ -36,16 +37,16 @@ class BenchResult:
     python_ms_per_token: float | None
     python_pct_of_token: float | None
     peak_device_gib: float | None
-    peak_host_gib: float | None = None         # the process's peak resident set so far (ru_maxrss)
+    peak_host_gib: float | None = None  # the process's peak resident set so far (ru_maxrss)
     date: str = ""
-    decode_profile_us: dict | None = None      # GPU time of one decode step by op kind
-    matvec_tuning: dict | None = None          # the kernel path/shape the autotuner picked per matrix
-    decode_options: dict | None = None         # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
+    decode_profile_us: dict | None = None  # GPU time of one decode step by op kind
+    matvec_tuning: dict | None = None  # the kernel path/shape the autotuner picked per matrix
+    decode_options: dict | None = None  # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
         w = max(len(k) for k, _ in rows)
-        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)   # noqa: E731
+        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
         return "\n".join(f"{k:<{w}}  {fmt(v)}" for k, v in rows)
 
 
@@ -56,8 +57,12 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     p = dev.pipeline("copy_u32x4", WG=256)
     cl = dev.commands(timestamps=2)
     cl.timestamp(0)
-    cl.dispatch(p, [a, b], (min(65535, dev.caps.max_workgroup_count[0], -(-nbytes // 16 // 256 // 4)), 1, 1),
-                p.push.pack(n=nbytes // 16))
+    cl.dispatch(
+        p,
+        [a, b],
+        (min(65535, dev.caps.max_workgroup_count[0], -(-nbytes // 16 // 256 // 4)), 1, 1),
+        p.push.pack(n=nbytes // 16),
+    )
     cl.barrier()
     cl.timestamp(1)
     cl.end()
@@ -78,13 +83,16 @@ def bench_prompt(cfg, n: int, seed: int = 0) -> list[int]:
     """The benchmark's prompt: <bos> and n - 1 random ids of ordinary tokens (the same for every
     backend and for llama.cpp, so their figures compare)."""
     rng = np.random.default_rng(seed)
-    return [cfg.bos_token_id] + rng.integers(min(1000, cfg.vocab_size - 1), min(cfg.vocab_size, 200_000), n - 1).tolist()
+    return [cfg.bos_token_id] + rng.integers(
+        min(1000, cfg.vocab_size - 1), min(cfg.vocab_size, 200_000), n - 1
+    ).tolist()
 
 
 def _peak_rss_bytes() -> int:
     """Peak resident memory of this process (Linux reports ru_maxrss in KiB, macOS in bytes)."""
     import resource
     import sys
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
@@ -93,20 +101,32 @@ def _matrix_bytes(weights) -> int:
     return sum(t.nbytes for n, t in weights.tensors.items() if not t.is_norm)
 
 
-def run_bench(path, backend: str = "vulkan", *, context_length: int | None = None, quant: str | None = None,
-              device: int | None = None, prompt_tokens: int = 512, gen_tokens: int = 128,
-              allow_software: bool = True, seed: int = 0) -> BenchResult:
-    from engine.weights import open_weights
+def run_bench(
+    path,
+    backend: str = "vulkan",
+    *,
+    context_length: int | None = None,
+    quant: str | None = None,
+    device: int | None = None,
+    prompt_tokens: int = 512,
+    gen_tokens: int = 128,
+    allow_software: bool = True,
+    seed: int = 0,
+) -> BenchResult:
+    from phoenix_chat.engine.weights import open_weights
+
     weights = open_weights(path)
     cfg = weights.config
     ctx = context_length or (prompt_tokens + gen_tokens + 8)
     t0 = time.perf_counter()
     if backend == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
         be = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=quant))
         wbytes = be.budget["weights"]
     elif backend == "cpu":
-        from engine.backends.cpu import CpuBackend
+        from phoenix_chat.engine.backends.cpu import CpuBackend
+
         be = CpuBackend(weights, ctx)
         wbytes = _matrix_bytes(weights)
     else:
@@ -126,13 +146,13 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         first = int(np.argmax(logits))
         greedy = SamplingParams(temperature=0.0)
         gen = be.decode_tokens(first, prompt_tokens, greedy, 16)
-        if gen is not None:                             # warm-up of the recorded token step
+        if gen is not None:  # warm-up of the recorded token step
             list(gen)
-            t0 = time.perf_counter()        # and of the clocks, which the prefill warm-up may have left
+            t0 = time.perf_counter()  # and of the clocks, which the prefill warm-up may have left
             while backend != "cpu" and time.perf_counter() - t0 < 0.5:
                 list(be.decode_tokens(first, prompt_tokens, greedy, 16))
             if backend == "vulkan":
-                be.host_time.reset()        # python_ms_per_token of the measured run only
+                be.host_time.reset()  # python_ms_per_token of the measured run only
         t0 = time.perf_counter()
         gen = be.decode_tokens(first, prompt_tokens, greedy, gen_tokens)
         n = 0
@@ -149,7 +169,8 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         stats = be.stats()
         profile = None
         if backend == "vulkan":
-            from engine.backends.vulkan.profiling import profile_step
+            from phoenix_chat.engine.backends.vulkan.profiling import profile_step
+
             profile = profile_step(be, 1)
         dev = getattr(be, "dev", None)
         copy = copy_bandwidth(dev) if dev is not None else None
@@ -160,11 +181,18 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
     gbs = wbytes * decode_tps / 1e9
     py_ms = stats.get("python_ms_per_token")
     return BenchResult(
-        model=str(cfg.name), backend=backend, device=getattr(be, "device_name", "?"),
-        weights_gib=wbytes / 2**30, prompt_tokens=prompt_tokens, gen_tokens=n, load_s=load_s,
+        model=str(cfg.name),
+        backend=backend,
+        device=getattr(be, "device_name", "?"),
+        weights_gib=wbytes / 2**30,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=n,
+        load_s=load_s,
         prefill_tok_s=prompt_tokens / prefill_s,
         prefill_tflops=2 * cfg.parameter_count() * prompt_tokens / prefill_s / 1e12,
-        decode_tok_s=decode_tps, decode_gb_s=gbs, copy_gb_s=copy,
+        decode_tok_s=decode_tps,
+        decode_gb_s=gbs,
+        copy_gb_s=copy,
         decode_pct_of_copy=100 * gbs / copy if copy else None,
         python_ms_per_token=py_ms,
         python_pct_of_token=(100 * py_ms * decode_tps / 1000) if py_ms is not None else None,
@@ -173,26 +201,37 @@ def run_bench(path, backend: str = "vulkan", *, context_length: int | None = Non
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         decode_profile_us={k: round(v, 1) for k, v in profile.items()} if profile else None,
         matvec_tuning=stats.get("matvec_tuning"),
-        decode_options={k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing")
-                        if k in stats} or None,
+        decode_options={
+            k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing") if k in stats
+        }
+        or None,
     )
 
 
 def run_bench_cli(args) -> int:
     """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
-    from engine.errors import PhoenixError
-    from engine.weights import embedded_model_path
+    from phoenix_chat.engine.errors import PhoenixError
+    from phoenix_chat.engine.weights import embedded_model_path
+
     backend = args.backend
     if backend == "auto":
         try:
-            from engine.backends.vulkan.device import Device
+            from phoenix_chat.engine.backends.vulkan.device import Device
+
             Device.open(args.device).close()
             backend = "vulkan"
         except PhoenixError:
             backend = "cpu"
     if backend not in ("cpu", "vulkan"):
         raise PhoenixError(f"bench runs the cpu and vulkan backends, not {backend}")
-    r = run_bench(args.model or embedded_model_path(), backend, context_length=args.ctx, quant=args.quant,
-                  device=args.device, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+    r = run_bench(
+        args.model or embedded_model_path(),
+        backend,
+        context_length=args.ctx,
+        quant=args.quant,
+        device=args.device,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+    )
     print(json.dumps(asdict(r), indent=1) if args.json else r.table())
     return 0

@@ -13,12 +13,14 @@ Message text is data, not markup. `encode` never lets message content produce a 
   (the template's own), the guards are removed and each text run is tokenized with parsing off.
 Both give exactly llama.cpp's ids for the rendered text whenever the content holds no markers.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import PhoenixError
 
@@ -47,8 +49,14 @@ class _Part:
 class ChatFormat:
     """Renders and tokenizes conversations `[{"role": ..., "content": ...}, ...]`."""
 
-    def __init__(self, template: str | None = None, bos_token: str = "<bos>", eos_token: str = "<eos>",
-                 tokenizer: Tokenizer | None = None, **template_vars: Any) -> None:
+    def __init__(
+        self,
+        template: str | None = None,
+        bos_token: str = "<bos>",
+        eos_token: str = "<eos>",
+        tokenizer: Tokenizer | None = None,
+        **template_vars: Any,
+    ) -> None:
         self.template_source = template
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -57,10 +65,14 @@ class ChatFormat:
         self._template = _compile(template) if template else None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Tokenizer) -> "ChatFormat":
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> ChatFormat:
         """The format a model's tokenizer implies: its chat template, else Gemma 3's."""
-        return cls(tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
-                   eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
+        return cls(
+            tokenizer.chat_template,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+            tokenizer=tokenizer,
+        )
 
     @property
     def uses_model_template(self) -> bool:
@@ -73,8 +85,12 @@ class ChatFormat:
             return self._render_jinja(messages, add_generation_prompt)
         return "".join(p.text for p in self._gemma_parts(messages, add_generation_prompt))
 
-    def encode(self, messages: Sequence[Mapping[str, Any]], tokenizer: Tokenizer | None = None,
-               add_generation_prompt: bool = True) -> list[int]:
+    def encode(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tokenizer: Tokenizer | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
         """Prompt ids; message content never turns into control tokens (see the module doc)."""
         tokenizer = tokenizer or self.tokenizer
         if tokenizer is None:
@@ -104,12 +120,16 @@ class ChatFormat:
             if role != expected:
                 raise ChatTemplateError(
                     "Gemma's chat format needs one optional system message first, then user and "
-                    f"assistant turns alternating, starting with user (message {i + 1} is {role!r})")
+                    f"assistant turns alternating, starting with user (message {i + 1} is {role!r})"
+                )
             turn_role = "model" if role == "assistant" else "user"
-            parts += [_Part(START_OF_TURN, True),
-                      _Part(turn_role + "\n" + (prefix if i == 0 else ""), False),
-                      _Part(_content_text(msg).strip(), False),
-                      _Part(END_OF_TURN, True), _Part("\n", False)]
+            parts += [
+                _Part(START_OF_TURN, True),
+                _Part(turn_role + "\n" + (prefix if i == 0 else ""), False),
+                _Part(_content_text(msg).strip(), False),
+                _Part(END_OF_TURN, True),
+                _Part("\n", False),
+            ]
         if add_generation_prompt:
             parts += [_Part(START_OF_TURN, True), _Part("model\n", False)]
         return parts
@@ -119,16 +139,20 @@ class ChatFormat:
         assert self._template is not None  # only called when the model has a template
         try:
             return self._template.render(
-                messages=list(messages), bos_token=self.bos_token,
-                eos_token=self.eos_token, add_generation_prompt=add_generation_prompt,
-                **self.template_vars)
+                messages=list(messages),
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_vars,
+            )
         except ChatTemplateError:
             raise
         except Exception as e:  # a template bug is the model file's problem, report it as such
             raise ChatTemplateError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
 
-    def _jinja_parts(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
-                     tokenizer: Tokenizer) -> list[_Part]:
+    def _jinja_parts(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, tokenizer: Tokenizer
+    ) -> list[_Part]:
         pattern = tokenizer.special_pattern
 
         def guard(value: object) -> object:
@@ -145,7 +169,7 @@ class ChatFormat:
         parts: list[_Part] = []
         pos = 0
         for m in pattern.finditer(rendered):
-            parts += [_Part(rendered[pos:m.start()].replace(_GUARD, ""), False), _Part(m.group(0), True)]
+            parts += [_Part(rendered[pos : m.start()].replace(_GUARD, ""), False), _Part(m.group(0), True)]
             pos = m.end()
         parts.append(_Part(rendered[pos:].replace(_GUARD, ""), False))
         return parts
@@ -162,8 +186,13 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if msg.get("role") == "system" and isinstance(content, str) and not content.strip():
             continue
         prev = out[-1] if out else None
-        if (prev is not None and prev.get("role") == msg.get("role") and isinstance(content, str)
-                and isinstance(prev.get("content"), str) and set(prev) == set(msg) == {"role", "content"}):
+        if (
+            prev is not None
+            and prev.get("role") == msg.get("role")
+            and isinstance(content, str)
+            and isinstance(prev.get("content"), str)
+            and set(prev) == set(msg) == {"role", "content"}
+        ):
             prev["content"] = prev["content"] + "\n\n" + content
             continue
         out.append(msg)
@@ -219,7 +248,8 @@ def _compile(source: str) -> Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     # as transformers: keep non-ASCII as is (a "\\u..." escape would hide the guard character)
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:

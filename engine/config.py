@@ -3,16 +3,17 @@
 GGUF metadata and Hugging Face `config.json` name the same facts differently; both are
 mapped here once so every backend reads the same fields.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ModelFileError, UnsupportedModelError
+from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
 
@@ -29,10 +30,10 @@ class ModelConfig:
     vocab_size: int
     context_length: int
     sliding_window: int
-    sliding_window_pattern: int = 6          # every 6th layer is global
-    rope_theta: float = 1_000_000.0          # global layers
-    rope_local_theta: float = 10_000.0       # sliding-window layers
-    rope_scaling_factor: float = 1.0         # linear scaling, global layers only
+    sliding_window_pattern: int = 6  # every 6th layer is global
+    rope_theta: float = 1_000_000.0  # global layers
+    rope_local_theta: float = 10_000.0  # sliding-window layers
+    rope_scaling_factor: float = 1.0  # linear scaling, global layers only
     query_pre_attn_scalar: float = 256.0
     rms_norm_eps: float = 1e-6
     name: str = "Gemma 3"
@@ -68,20 +69,22 @@ class ModelConfig:
     def parameter_count(self) -> int:
         per_layer = (
             self.hidden_size * (self.q_dim + 2 * self.kv_dim)  # q, k, v
-            + self.q_dim * self.hidden_size                     # o
-            + 3 * self.hidden_size * self.intermediate_size     # gate, up, down
-            + 4 * self.hidden_size + 2 * self.head_dim          # norms
+            + self.q_dim * self.hidden_size  # o
+            + 3 * self.hidden_size * self.intermediate_size  # gate, up, down
+            + 4 * self.hidden_size
+            + 2 * self.head_dim  # norms
         )
         return self.vocab_size * self.hidden_size + self.num_layers * per_layer + self.hidden_size
 
     # ---- sources -------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict[str, Any], path: str | os.PathLike[str]) -> "ModelConfig":
+    def from_gguf_metadata(cls, meta: dict[str, Any], path: str | os.PathLike[str]) -> ModelConfig:
         arch = meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
-                path, f"unsupported architecture {arch!r} (Phoenix Chat runs: {', '.join(SUPPORTED_ARCHITECTURES)})")
+                path, f"unsupported architecture {arch!r} (Phoenix Chat runs: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
 
         def need(key: str) -> Any:
             full = f"{arch}.{key}"
@@ -121,7 +124,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_hf_config(cls, config_path: Path) -> "ModelConfig":
+    def from_hf_config(cls, config_path: Path) -> ModelConfig:
         try:
             raw = json.loads(Path(config_path).read_text())
         except FileNotFoundError:
@@ -131,12 +134,16 @@ class ModelConfig:
         text = raw.get("text_config", raw)  # multimodal 4B/12B/27B nest the text model
         model_type = text.get("model_type", raw.get("model_type", ""))
         if model_type not in ("gemma3_text", "gemma3"):
-            raise UnsupportedModelError(config_path, f"unsupported model_type {model_type!r} (expected gemma3 / gemma3_text)")
+            raise UnsupportedModelError(
+                config_path, f"unsupported model_type {model_type!r} (expected gemma3 / gemma3_text)"
+            )
         try:
             hidden = int(text["hidden_size"])
             heads = int(text["num_attention_heads"])
             scaling = text.get("rope_scaling") or {}
-            factor = float(scaling.get("factor", 1.0)) if scaling.get("rope_type", scaling.get("type")) == "linear" else 1.0
+            factor = (
+                float(scaling.get("factor", 1.0)) if scaling.get("rope_type", scaling.get("type")) == "linear" else 1.0
+            )
             eos = raw.get("eos_token_id", text.get("eos_token_id", [1, 106]))
             eos = tuple(sorted(set(eos if isinstance(eos, list) else [eos]) | {106}))
             return cls(
@@ -174,8 +181,9 @@ def _find_token(tokens: list[str] | None, text: str) -> int | None:
         return None
 
 
-def _gguf_query_pre_attn_scalar(meta: dict[str, Any], arch: str, hidden: int, heads: int, head_dim: int,
-                                layers: int) -> float:
+def _gguf_query_pre_attn_scalar(
+    meta: dict[str, Any], arch: str, hidden: int, heads: int, head_dim: int, layers: int
+) -> float:
     """GGUF has no key for it; llama.cpp derives it: 27B (62 layers) uses hidden/heads, the rest head_dim."""
     if f"{arch}.attention.query_pre_attn_scalar" in meta:
         return float(meta[f"{arch}.attention.query_pre_attn_scalar"])

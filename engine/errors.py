@@ -4,6 +4,7 @@ Every problem a user can cause (a bad file, a model too big, no Vulkan device) i
 `PhoenixError` with a one-line message; the CLI prints it and exits 2, the GUI shows it.
 Anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@
 deltas and timings; `generate` collects the whole answer. The CLI, the GUI worker and the
 benchmarks all consume `stream_generate`.
 """
+
 from __future__ import annotations
 
 import time
@@ -11,13 +12,12 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-
-from engine.errors import ContextFull
-from engine.sampling import Sampler, SamplingParams
+from phoenix_chat.engine.errors import ContextFull
+from phoenix_chat.engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
-    from engine.loader import LoadedModel
-    from engine.speculative import SpeculativeStats
+    from phoenix_chat.engine.loader import LoadedModel
+    from phoenix_chat.engine.speculative import SpeculativeStats
 
 # a chat (messages as {"role": ..., "content": ...}) or one user message / raw text
 Prompt: TypeAlias = str | Sequence[Mapping[str, Any]]
@@ -25,18 +25,19 @@ Prompt: TypeAlias = str | Sequence[Mapping[str, Any]]
 
 @dataclass
 class GenerationResponse:
-    text: str                   # the new text since the previous record
-    token: int | None           # the token id behind it (None on the final record)
+    text: str  # the new text since the previous record
+    token: int | None  # the token id behind it (None on the final record)
     prompt_tokens: int
     generation_tokens: int
     prompt_tps: float
     generation_tps: float
-    ttft_s: float               # time to first token, prompt processing included
-    finish_reason: str | None   # None while running; "stop" | "length" | "context" | "cancelled"
+    ttft_s: float  # time to first token, prompt processing included
+    finish_reason: str | None  # None while running; "stop" | "length" | "context" | "cancelled"
 
 
-def generate_step(model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
-                  max_tokens: int, start_pos: int = 0) -> Generator[int, None, None]:
+def generate_step(
+    model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, start_pos: int = 0
+) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
     Sampling happens on the device when the backend keeps the token step there
@@ -74,14 +75,21 @@ def prompt_ids_for(model: LoadedModel, prompt: Prompt, raw: bool = False) -> lis
     return model.chat.encode(prompt, model.tokenizer)
 
 
-def stream_generate(model: LoadedModel, prompt: Prompt, params: SamplingParams | None = None, max_tokens: int = 256,
-                    raw: bool = False, draft: LoadedModel | None = None, draft_tokens: int = 4,
-                    spec_stats: SpeculativeStats | None = None) -> Iterator[GenerationResponse]:
+def stream_generate(
+    model: LoadedModel,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    max_tokens: int = 256,
+    raw: bool = False,
+    draft: LoadedModel | None = None,
+    draft_tokens: int = 4,
+    spec_stats: SpeculativeStats | None = None,
+) -> Iterator[GenerationResponse]:
     """Stream response records for `prompt` (a chat as a list of messages, or a string).
 
     draft: a second LoadedModel with the same tokenizer for speculative decoding
     (engine/speculative.py); spec_stats, a SpeculativeStats it fills in."""
-    from engine.tokenizer import StreamingDetokenizer
+    from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
     ids = prompt_ids_for(model, prompt, raw)
@@ -97,16 +105,22 @@ def stream_generate(model: LoadedModel, prompt: Prompt, params: SamplingParams |
         ttft = (first_at or now) - start
         decode_time = now - (first_at or now)
         return GenerationResponse(
-            text=text, token=token, prompt_tokens=n_prompt, generation_tokens=count,
+            text=text,
+            token=token,
+            prompt_tokens=n_prompt,
+            generation_tokens=count,
             prompt_tps=n_prompt / ttft if ttft > 0 else 0.0,
             generation_tps=(count - 1) / decode_time if count > 1 and decode_time > 0 else 0.0,
-            ttft_s=ttft, finish_reason=reason)
+            ttft_s=ttft,
+            finish_reason=reason,
+        )
 
     if n_prompt >= model.backend.context_length:
         yield record("", None, "context")
         return
     if draft is not None:
-        from engine.speculative import speculative_step
+        from phoenix_chat.engine.speculative import speculative_step
+
         steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats)
     else:
         steps = generate_step(model, ids, params, max_tokens)
@@ -130,6 +144,7 @@ def stream_generate(model: LoadedModel, prompt: Prompt, params: SamplingParams |
     yield record(detok.flush(), None, reason)
 
 
-def generate(model: LoadedModel, prompt: Prompt, params: SamplingParams | None = None, max_tokens: int = 256,
-             raw: bool = False) -> str:
+def generate(
+    model: LoadedModel, prompt: Prompt, params: SamplingParams | None = None, max_tokens: int = 256, raw: bool = False
+) -> str:
     return "".join(r.text for r in stream_generate(model, prompt, params, max_tokens, raw))

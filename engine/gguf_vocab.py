@@ -14,6 +14,7 @@ Special handling mirrors llama.cpp (`llama-vocab.cpp`):
   always cut out of the text first, whatever the parsing mode;
 - both match the raw text (before spaces become "▁"), so they are added with `normalized=False`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,9 @@ def _meta_name(meta: dict[str, Any]) -> str:
     return str(meta.get("general.name") or "GGUF file")
 
 
-def derive_merges(tokens: list[str], scores: npt.NDArray[np.float32],
-                  types: npt.NDArray[np.int32]) -> list[tuple[str, str]]:
+def derive_merges(
+    tokens: list[str], scores: npt.NDArray[np.float32], types: npt.NDArray[np.int32]
+) -> list[tuple[str, str]]:
     """The merge that forms each normal piece, best-scoring piece first.
 
     Greedy merging inside the span where a piece ends up is independent of the text around it
@@ -108,7 +110,8 @@ def build_gguf_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     kind = meta.get("tokenizer.ggml.model")
     if kind != "llama":
         raise UnsupportedModelError(
-            _meta_name(meta), f"tokenizer model {kind!r} is not supported (only SentencePiece 'llama')")
+            _meta_name(meta), f"tokenizer model {kind!r} is not supported (only SentencePiece 'llama')"
+        )
     tokens = list(meta["tokenizer.ggml.tokens"])
     n = len(tokens)
     scores = np.asarray(meta.get("tokenizer.ggml.scores", np.zeros(n)), dtype=np.float32)
@@ -142,8 +145,8 @@ def build_gguf_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     added = []
     for i in np.nonzero((types == CONTROL) | (types == UNKNOWN) | (types == USER_DEFINED))[0].tolist():
         special = int(types[i]) != USER_DEFINED
-        added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=False,
-                                normalized=False, special=special))
+        added.append(
+            AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
+        )
     tok.add_tokens(added)
     return tok
-

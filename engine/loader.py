@@ -1,4 +1,5 @@
 """`load()`: from a path (or the embedded model) to a ready `LoadedModel` on a chosen backend."""
+
 from __future__ import annotations
 
 import logging
@@ -10,16 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from engine.config import ModelConfig
-from engine.errors import DeviceUnavailableError, PhoenixError
-from engine.weights import embedded_model_path, open_weights
-from engine.weights.base import WeightSource
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import DeviceUnavailableError, PhoenixError
+from phoenix_chat.engine.weights import embedded_model_path, open_weights
+from phoenix_chat.engine.weights.base import WeightSource
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.backends.cpu import CpuBackend
-    from engine.chat import ChatFormat
-    from engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.backends.base import Backend
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.chat import ChatFormat
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("phoenix.engine")
 
@@ -29,6 +30,7 @@ BACKENDS = ("auto", "cpu", "vulkan", "npu-hybrid")
 
 class ModelDescription(TypedDict):
     """`LoadedModel.describe()`: for `phoenix-chat info`, logs and the GUI."""
+
     path: str
     name: str
     architecture: str
@@ -54,7 +56,7 @@ class LoadedModel:
     chat: ChatFormat
     backend: Backend
     is_instruction_tuned: bool
-    backend_note: str = ""          # why `auto` picked what it picked (shown in logs and the UI)
+    backend_note: str = ""  # why `auto` picked what it picked (shown in logs and the UI)
     load_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -62,12 +64,19 @@ class LoadedModel:
         """What was loaded, where, and how (plain values: the GUI's "About this model")."""
         cfg = self.config
         return {
-            "path": str(self.path), "name": cfg.name, "architecture": cfg.architecture,
-            "parameters": cfg.parameter_count(), "layers": cfg.num_layers,
-            "context_length": self.backend.context_length, "max_context_length": cfg.context_length,
-            "tensor_types": self.weights.tensor_types(), "file_size": self.weights.file_size,
-            "backend": self.backend.name, "device": self.backend.device_name,
-            "backend_note": self.backend_note, "is_instruction_tuned": self.is_instruction_tuned,
+            "path": str(self.path),
+            "name": cfg.name,
+            "architecture": cfg.architecture,
+            "parameters": cfg.parameter_count(),
+            "layers": cfg.num_layers,
+            "context_length": self.backend.context_length,
+            "max_context_length": cfg.context_length,
+            "tensor_types": self.weights.tensor_types(),
+            "file_size": self.weights.file_size,
+            "backend": self.backend.name,
+            "device": self.backend.device_name,
+            "backend_note": self.backend_note,
+            "is_instruction_tuned": self.is_instruction_tuned,
             "load_s": self.load_seconds,
         }
 
@@ -75,9 +84,15 @@ class LoadedModel:
         self.backend.close()
 
 
-def load(path: str | os.PathLike[str] | None = None, backend: str = "auto", context_length: int | None = None,
-         quant: str | None = None, device: int | None = None, progress: Callable[[float, str], None] | None = None,
-         cancel: threading.Event | None = None) -> LoadedModel:
+def load(
+    path: str | os.PathLike[str] | None = None,
+    backend: str = "auto",
+    context_length: int | None = None,
+    quant: str | None = None,
+    device: int | None = None,
+    progress: Callable[[float, str], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> LoadedModel:
     """Open a GGUF file or Hugging Face folder (default: the embedded 270M) on a backend.
 
     backend: "auto" (a hardware Vulkan GPU if there is one, else the CPU — the choice and its
@@ -85,7 +100,7 @@ def load(path: str | os.PathLike[str] | None = None, backend: str = "auto", cont
     ones such as lavapipe included), "npu-hybrid" (prompt prefill on the NPU).
     progress(fraction, message) is called during long work; cancel is an Event-like object.
     """
-    from engine.chat import ChatFormat
+    from phoenix_chat.engine.chat import ChatFormat
 
     if backend not in BACKENDS:
         raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
@@ -102,8 +117,12 @@ def load(path: str | os.PathLike[str] | None = None, backend: str = "auto", cont
     report(0.02, "loading tokenizer (built once, then cached)")
     tokenizer = weights.tokenizer()
     timings["tokenizer_s"] = time.perf_counter() - t
-    chat = ChatFormat(weights.chat_template or tokenizer.chat_template, bos_token=tokenizer.bos_token or "",
-                      eos_token=tokenizer.eos_token or "", tokenizer=tokenizer)
+    chat = ChatFormat(
+        weights.chat_template or tokenizer.chat_template,
+        bos_token=tokenizer.bos_token or "",
+        eos_token=tokenizer.eos_token or "",
+        tokenizer=tokenizer,
+    )
 
     t = time.perf_counter()
     report(0.1, "loading weights")
@@ -112,17 +131,33 @@ def load(path: str | os.PathLike[str] | None = None, backend: str = "auto", cont
     report(1.0, "ready")
     timings["backend_s"] = time.perf_counter() - t
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
-    return LoadedModel(path=path, weights=weights, config=cfg, tokenizer=tokenizer, chat=chat,
-                       backend=engine_backend, is_instruction_tuned=_looks_instruction_tuned(weights, path),
-                       backend_note=note, load_seconds=time.perf_counter() - started, timings=timings)
+    return LoadedModel(
+        path=path,
+        weights=weights,
+        config=cfg,
+        tokenizer=tokenizer,
+        chat=chat,
+        backend=engine_backend,
+        is_instruction_tuned=_looks_instruction_tuned(weights, path),
+        backend_note=note,
+        load_seconds=time.perf_counter() - started,
+        timings=timings,
+    )
 
 
-def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None, device: int | None,
-                  progress: Callable[[float, str], None] | None,
-                  cancel: threading.Event | None) -> tuple[Backend, str]:
+def _make_backend(
+    kind: str,
+    weights: WeightSource,
+    ctx: int,
+    quant: str | None,
+    device: int | None,
+    progress: Callable[[float, str], None] | None,
+    cancel: threading.Event | None,
+) -> tuple[Backend, str]:
     if kind == "auto":
         try:
-            from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+            from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
             backend = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
@@ -135,23 +170,33 @@ def _make_backend(kind: str, weights: WeightSource, ctx: int, quant: str | None,
     if kind == "cpu":
         return _cpu(weights, ctx, quant, progress, cancel), ""
     if kind == "vulkan":
-        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-        return VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=True, quant=quant),
-                             progress=progress), ""
+        from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+        return VulkanBackend(
+            weights, ctx, VulkanOptions(device_index=device, allow_software=True, quant=quant), progress=progress
+        ), ""
     return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
 
 
-def _npu_hybrid(weights: WeightSource, ctx: int, quant: str | None, device: int | None,
-                progress: Callable[[float, str], None] | None, cancel: threading.Event | None) -> tuple[Backend, str]:
+def _npu_hybrid(
+    weights: WeightSource,
+    ctx: int,
+    quant: str | None,
+    device: int | None,
+    progress: Callable[[float, str], None] | None,
+    cancel: threading.Event | None,
+) -> tuple[Backend, str]:
     """NPU prefill; decode on a hardware Vulkan GPU when there is one, else on the CPU (said so)."""
-    from engine.backends.npu_hybrid import NpuHybridBackend, npu_kernel_dirs
-    from npu.detect import npu_status
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend, npu_kernel_dirs
+    from phoenix_chat.npu.detect import npu_status
+
     status = npu_status(kernel_dirs=npu_kernel_dirs())
-    if not status.available:     # say why before loading anything
+    if not status.available:  # say why before loading anything
         raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
     decoder: Backend
     try:
-        from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+        from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
         decoder = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
         note = "NPU prefill, Vulkan decode"
     except DeviceUnavailableError as exc:
@@ -160,9 +205,15 @@ def _npu_hybrid(weights: WeightSource, ctx: int, quant: str | None, device: int 
     return NpuHybridBackend(weights, ctx, progress=progress, cancel=cancel, decoder=decoder), note
 
 
-def _cpu(weights: WeightSource, ctx: int, quant: str | None, progress: Callable[[float, str], None] | None,
-         cancel: threading.Event | None) -> CpuBackend:
-    from engine.backends.cpu import CpuBackend
+def _cpu(
+    weights: WeightSource,
+    ctx: int,
+    quant: str | None,
+    progress: Callable[[float, str], None] | None,
+    cancel: threading.Event | None,
+) -> CpuBackend:
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+
     if quant:
         log.warning("quantization %s applies to the Vulkan backend; the CPU reference runs in f32", quant)
     return CpuBackend(weights, ctx, progress=progress, cancel=cancel)

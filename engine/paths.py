@@ -4,6 +4,7 @@
 otherwise the platform's usual per-user folders are used. Nothing here creates folders: callers
 `mkdir(parents=True, exist_ok=True)` what they write to.
 """
+
 from __future__ import annotations
 
 import os

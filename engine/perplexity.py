@@ -4,6 +4,7 @@ Same method as llama.cpp's `perplexity` tool, so numbers compare directly: the t
 tokenized once with <bos>, cut into windows of n_ctx, each window's first token replaced by
 <bos>, and in each window the logits at positions n_ctx/2 … n_ctx-2 predict the next token.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
-    from engine.config import ModelConfig
-    from engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.backends.base import Backend
+    from phoenix_chat.engine.config import ModelConfig
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 # progress(windows done, windows in all, running perplexity)
 Progress: TypeAlias = Callable[[int, int, float], None]
@@ -24,6 +25,7 @@ Progress: TypeAlias = Callable[[int, int, float], None]
 
 class ScoredModel(Protocol):
     """What `perplexity` needs of a model: a LoadedModel, or the parts of one."""
+
     @property
     def tokenizer(self) -> Tokenizer: ...
     @property
@@ -37,7 +39,7 @@ class PerplexityResult(TypedDict):
     windows: int
     scored_tokens: int
     n_ctx: int
-    running: list[float]     # the perplexity after each window
+    running: list[float]  # the perplexity after each window
 
 
 def log_softmax_at(logits: npt.NDArray[np.floating], targets: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
@@ -53,8 +55,14 @@ def perplexity(model: ScoredModel, text: str, n_ctx: int = 512, progress: Progre
     return perplexity_of_ids(model.backend, tokens, n_ctx, model.config.bos_token_id, progress=progress)
 
 
-def perplexity_of_ids(backend: Backend, tokens: Sequence[int] | npt.NDArray[np.integer], n_ctx: int, bos_id: int,
-                      max_windows: int | None = None, progress: Progress | None = None) -> PerplexityResult:
+def perplexity_of_ids(
+    backend: Backend,
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    n_ctx: int,
+    bos_id: int,
+    max_windows: int | None = None,
+    progress: Progress | None = None,
+) -> PerplexityResult:
     """The windowed method on token ids already made (tests and benchmarks reuse it)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     n_windows = len(tokens) // n_ctx
@@ -65,7 +73,7 @@ def perplexity_of_ids(backend: Backend, tokens: Sequence[int] | npt.NDArray[np.i
     first = n_ctx // 2
     nll, count, running = 0.0, 0, []
     for w in range(n_windows):
-        window = tokens[w * n_ctx:(w + 1) * n_ctx].copy()
+        window = tokens[w * n_ctx : (w + 1) * n_ctx].copy()
         window[0] = bos_id
         # Only positions first .. n_ctx - 2 are scored, so the first half just fills the KV cache
         # and logits come back for the second half: the 262k-row output head is most of a small
@@ -73,11 +81,16 @@ def perplexity_of_ids(backend: Backend, tokens: Sequence[int] | npt.NDArray[np.i
         if first:
             backend.forward(window[:first].tolist(), 0)
         logits = backend.forward(window[first:].tolist(), first, all_logits=True)
-        scored = log_softmax_at(logits[:n_ctx - 1 - first], window[first + 1:n_ctx])
+        scored = log_softmax_at(logits[: n_ctx - 1 - first], window[first + 1 : n_ctx])
         nll -= float(scored.sum())
         count += len(scored)
         running.append(math.exp(nll / count))
         if progress:
             progress(w + 1, n_windows, running[-1])
-    return {"ppl": math.exp(nll / count), "windows": n_windows, "scored_tokens": count,
-            "n_ctx": n_ctx, "running": running}
+    return {
+        "ppl": math.exp(nll / count),
+        "windows": n_windows,
+        "scored_tokens": count,
+        "n_ctx": n_ctx,
+        "running": running,
+    }

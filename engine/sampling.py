@@ -1,4 +1,5 @@
 """Sampling parameters and the CPU sampler (mlx-lm style: built once, then applied per step)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,12 +11,12 @@ import numpy.typing as npt
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0        # 0 → greedy
-    top_k: int = 64                 # 0 → off
-    top_p: float = 0.95             # 1 → off
-    min_p: float = 0.0              # 0 → off
-    repetition_penalty: float = 1.0 # 1 → off (llama.cpp-style: divide positive, multiply negative logits)
-    repetition_window: int = 64     # how many recent tokens the penalty looks at
+    temperature: float = 1.0  # 0 → greedy
+    top_k: int = 64  # 0 → off
+    top_p: float = 0.95  # 1 → off
+    min_p: float = 0.0  # 0 → off
+    repetition_penalty: float = 1.0  # 1 → off (llama.cpp-style: divide positive, multiply negative logits)
+    repetition_window: int = 64  # how many recent tokens the penalty looks at
     seed: int | None = None
 
     @property
@@ -41,20 +42,22 @@ class Sampler:
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
 
-def candidates(logits: npt.NDArray[np.float32], history: Sequence[int],
-               p: SamplingParams) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+def candidates(
+    logits: npt.NDArray[np.float32], history: Sequence[int], p: SamplingParams
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """The distribution a step draws from: penalty, then greedy (the argmax, probability 1) or
     temperature / top-k / top-p / min-p. (The sampler and speculative decoding's p and q.)"""
     logits = np.asarray(logits, dtype=np.float32)
     if p.repetition_penalty != 1.0 and len(history):
-        logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
+        logits = apply_repetition_penalty(logits, history[-p.repetition_window :], p.repetition_penalty)
     if p.greedy:
         return np.array([int(np.argmax(logits))]), np.ones(1)
     return filter_candidates(logits, p)
 
 
-def apply_repetition_penalty(logits: npt.NDArray[np.float32], recent: Sequence[int],
-                             penalty: float) -> npt.NDArray[np.float32]:
+def apply_repetition_penalty(
+    logits: npt.NDArray[np.float32], recent: Sequence[int], penalty: float
+) -> npt.NDArray[np.float32]:
     """llama.cpp/CTRL style: positive logits of seen tokens divided, negative multiplied."""
     out = logits.copy()
     seen = np.unique(np.asarray(recent, dtype=np.int64))
@@ -63,8 +66,9 @@ def apply_repetition_penalty(logits: npt.NDArray[np.float32], recent: Sequence[i
     return out
 
 
-def filter_candidates(logits: npt.NDArray[np.float32],
-                      p: SamplingParams) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+def filter_candidates(
+    logits: npt.NDArray[np.float32], p: SamplingParams
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """The surviving token ids and their renormalised probabilities."""
     scaled = logits / np.float32(p.temperature)
     k = p.top_k if 0 < p.top_k < len(scaled) else len(scaled)

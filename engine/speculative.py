@@ -16,6 +16,7 @@ Rolling back the rejected tail needs nothing: a backend forgets positions at and
 start of its next forward (`Backend.forward`), and the caches' local rings keep enough slack
 (`MAX_DRAFT_TOKENS`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
@@ -25,13 +26,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import ContextFull, PhoenixError
-from engine.sampling import SamplingParams, candidates
+from phoenix_chat.engine.errors import ContextFull, PhoenixError
+from phoenix_chat.engine.sampling import SamplingParams, candidates
 
 if TYPE_CHECKING:
-    from engine.loader import LoadedModel
+    from phoenix_chat.engine.loader import LoadedModel
 
-MAX_DRAFT_TOKENS = 16       # a verify pass (draft + 1) fits one forward chunk, so rings hold it (models/kv_plan.py)
+MAX_DRAFT_TOKENS = 16  # a verify pass (draft + 1) fits one forward chunk, so rings hold it (models/kv_plan.py)
 
 
 @dataclass
@@ -56,7 +57,8 @@ def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
         raise PhoenixError(
             f"draft model {draft.path.name} does not share the tokenizer of {target.path.name} "
             f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} tokens): "
-            "use a model of the same family (Gemma 3 270M / 1B for Gemma 3 4B–27B)")
+            "use a model of the same family (Gemma 3 270M / 1B for Gemma 3 4B–27B)"
+        )
 
 
 class Distribution:
@@ -80,8 +82,7 @@ class Distribution:
         return int(self.ids[0]) if len(self.ids) == 1 else int(self.ids[rng.choice(len(self.ids), p=self.probs)])
 
 
-def accept_or_resample(p: Distribution, q: Distribution, proposal: int,
-                       rng: np.random.Generator) -> tuple[bool, int]:
+def accept_or_resample(p: Distribution, q: Distribution, proposal: int, rng: np.random.Generator) -> tuple[bool, int]:
     """(kept, token): keep `proposal` (drawn from q) with probability min(1, p/q), else draw the
     replacement from the residual max(0, p - q). For point masses this is "keep if equal"."""
     pp, qp = p.prob(proposal), q.prob(proposal)
@@ -89,15 +90,21 @@ def accept_or_resample(p: Distribution, q: Distribution, proposal: int,
         return True, proposal
     residual = np.maximum(0.0, p.dense() - q.dense())
     total = residual.sum()
-    if total <= 0:                       # p == q: a rejection had probability zero
+    if total <= 0:  # p == q: a rejection had probability zero
         return False, p.draw(rng)
     ids = np.nonzero(residual)[0]
     return False, int(ids[rng.choice(len(ids), p=residual[ids] / total)])
 
 
-def speculative_step(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
-                     max_tokens: int, draft_tokens: int = 4,
-                     stats: SpeculativeStats | None = None) -> Generator[int, None, None]:
+def speculative_step(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    max_tokens: int,
+    draft_tokens: int = 4,
+    stats: SpeculativeStats | None = None,
+) -> Generator[int, None, None]:
     """`generate_step` with a draft model: yields the target's tokens, several per target pass.
 
     target, draft: LoadedModel-like objects (`.backend`) with the same tokenizer. The caller
@@ -114,8 +121,8 @@ def speculative_step(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequen
     history = list(prompt_ids)
     token = Distribution(tb.forward(prompt_ids, 0), history, params).draw(rng)
     db.forward(prompt_ids, 0)
-    pos = len(prompt_ids)            # both caches hold positions < pos; `token` is not fed yet
-    draft_backlog: list[int] = []    # committed tokens the draft has not seen (beyond `token`)
+    pos = len(prompt_ids)  # both caches hold positions < pos; `token` is not fed yet
+    draft_backlog: list[int] = []  # committed tokens the draft has not seen (beyond `token`)
     emitted = 1
     yield token
     while emitted < max_tokens and pos + 1 < limit:
@@ -142,7 +149,7 @@ def speculative_step(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequen
                 replacement = t
                 break
             accepted += 1
-        if replacement is None:          # all kept: the target's own next token comes free
+        if replacement is None:  # all kept: the target's own next token comes free
             replacement = Distribution(all_logits[k], history + proposals, params).draw(rng)
         stats.rounds += 1
         stats.proposed += k

@@ -7,6 +7,7 @@ Encoding follows llama.cpp's contract: `encode(text)` adds <bos> and turns speci
 such as "<end_of_turn>" into their ids; with `parse_special=False` those strings are plain text
 (chat message content is always encoded that way, see `engine.chat`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,9 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import tokenizers
 
@@ -44,8 +46,16 @@ def gguf_cache_key(path: str | os.PathLike[str]) -> str:
 class Tokenizer:
     """Text ↔ token ids for one model."""
 
-    def __init__(self, hf: tokenizers.Tokenizer, *, bos_id: int | None, eos_ids: Iterable[int],
-                 add_bos: bool = True, chat_template: str | None = None, pad_id: int | None = None):
+    def __init__(
+        self,
+        hf: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None,
+        eos_ids: Iterable[int],
+        add_bos: bool = True,
+        chat_template: str | None = None,
+        pad_id: int | None = None,
+    ):
         self.hf = hf
         self.bos_id = bos_id
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_ids))
@@ -63,7 +73,7 @@ class Tokenizer:
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_gguf_metadata(cls, meta: dict[str, Any], cache_key: str | None = None) -> "Tokenizer":
+    def from_gguf_metadata(cls, meta: dict[str, Any], cache_key: str | None = None) -> Tokenizer:
         """Build from GGUF metadata; with a `cache_key` (see `gguf_cache_key`) the built
         tokenizer is kept as `cache_dir()/tokenizers/<cache_key>.json` and reused."""
         from .gguf_vocab import build_gguf_tokenizer
@@ -89,12 +99,17 @@ class Tokenizer:
 
         eos = [i for i in (meta_id("eos"), meta_id("eot"), meta_id("eom")) if i is not None]
         eos += [i for i in (hf.token_to_id(t) for t in _TURN_END_TEXTS) if i is not None]
-        return cls(hf, bos_id=meta_id("bos"), eos_ids=eos,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-                   chat_template=meta.get("tokenizer.chat_template"), pad_id=meta_id("padding"))
+        return cls(
+            hf,
+            bos_id=meta_id("bos"),
+            eos_ids=eos,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            pad_id=meta_id("padding"),
+        )
 
     @classmethod
-    def from_hf_folder(cls, folder: str | os.PathLike[str]) -> "Tokenizer":
+    def from_hf_folder(cls, folder: str | os.PathLike[str]) -> Tokenizer:
         """Load tokenizer.json (+ tokenizer_config.json, generation_config.json, chat_template.jinja)."""
         folder = Path(folder)
         tok_file = folder / "tokenizer.json"
@@ -125,10 +140,14 @@ class Tokenizer:
             template = jinja_file.read_text(encoding="utf-8")
         if template is None:
             template = _read_json(folder / "chat_template.json").get("chat_template")
-        return cls(hf, bos_id=bos_id, eos_ids=[i for i in eos if isinstance(i, int)],
-                   add_bos=bool(config.get("add_bos_token", bos_id is not None)),
-                   chat_template=template if isinstance(template, str) else None,
-                   pad_id=token_id(config.get("pad_token")))
+        return cls(
+            hf,
+            bos_id=bos_id,
+            eos_ids=[i for i in eos if isinstance(i, int)],
+            add_bos=bool(config.get("add_bos_token", bos_id is not None)),
+            chat_template=template if isinstance(template, str) else None,
+            pad_id=token_id(config.get("pad_token")),
+        )
 
     # -- encoding / decoding ------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = True, parse_special: bool = True) -> list[int]:
@@ -178,9 +197,12 @@ class Tokenizer:
         return self._special_re
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Tokenizer) and self.hf.to_str() == other.hf.to_str()
-                and (self.bos_id, self.eos_ids, self.add_bos, self.chat_template, self.pad_id)
-                == (other.bos_id, other.eos_ids, other.add_bos, other.chat_template, other.pad_id))
+        return (
+            isinstance(other, Tokenizer)
+            and self.hf.to_str() == other.hf.to_str()
+            and (self.bos_id, self.eos_ids, self.add_bos, self.chat_template, self.pad_id)
+            == (other.bos_id, other.eos_ids, other.add_bos, other.chat_template, other.pad_id)
+        )
 
     # mutable wrapper around a Rust object: unhashable (typeshed types object.__hash__ as a method, hence the ignore)
     __hash__ = None  # type: ignore[assignment]
@@ -195,19 +217,30 @@ class Tokenizer:
             steps = dec.get("decoders", [dec]) if dec.get("type") == "Sequence" else [dec]
 
             def space_mark(step: dict[str, Any]) -> bool:
-                return bool(step.get("type") == "Metaspace" and step.get("replacement") == SPACE_MARK or (
-                    step.get("type") == "Replace" and step.get("pattern", {}).get("String") == SPACE_MARK
-                    and step.get("content") == " "))
+                return bool(
+                    step.get("type") == "Metaspace"
+                    and step.get("replacement") == SPACE_MARK
+                    or (
+                        step.get("type") == "Replace"
+                        and step.get("pattern", {}).get("String") == SPACE_MARK
+                        and step.get("content") == " "
+                    )
+                )
 
             def first_space_strip(step: dict[str, Any]) -> bool:
                 return bool(step.get("type") == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0)
 
             kinds = [s.get("type") for s in steps]
-            spm = ("ByteFallback" in kinds and any(map(space_mark, steps))
-                   and all(k in ("ByteFallback", "Fuse") or space_mark(s) or first_space_strip(s)
-                           for k, s in zip(kinds, steps)))
+            spm = (
+                "ByteFallback" in kinds
+                and any(map(space_mark, steps))
+                and all(
+                    k in ("ByteFallback", "Fuse") or space_mark(s) or first_space_strip(s) for k, s in zip(kinds, steps)
+                )
+            )
             strip_first = any(first_space_strip(s) and s.get("start", 0) == 1 for s in steps) or any(
-                s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never" for s in steps)
+                s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never" for s in steps
+            )
             self._stream_info = ("spm", strip_first) if spm else ("naive", False)
         return self._stream_info
 
@@ -230,12 +263,12 @@ class StreamingDetokenizer:
         self.reset()
 
     def reset(self) -> None:
-        self._chunks: list[str] = []   # everything emitted so far
+        self._chunks: list[str] = []  # everything emitted so far
         self.tokens: list[int] = []
-        self._pending = bytearray()    # bytes of an unfinished character (spm mode)
+        self._pending = bytearray()  # bytes of an unfinished character (spm mode)
         self._naive_ids: list[int] = []
         self._naive_emitted = 0
-        self._started = False          # has any text been emitted (for strip_first)
+        self._started = False  # has any text been emitted (for strip_first)
 
     @property
     def text(self) -> str:
@@ -264,7 +297,7 @@ class StreamingDetokenizer:
         """The text still held back (an unfinished character shows as U+FFFD)."""
         if self._mode == "naive":
             text = self.tokenizer.decode(self._naive_ids, self.skip_special)
-            out = text[self._naive_emitted:]
+            out = text[self._naive_emitted :]
             self._naive_ids, self._naive_emitted = [], 0
             return self._emit(out)
         return self._emit(self._drain(final=True))
@@ -291,12 +324,12 @@ class StreamingDetokenizer:
                 out.append(buf.decode("utf-8"))
                 buf = bytearray()
             except UnicodeDecodeError as e:
-                out.append(buf[:e.start].decode("utf-8"))
+                out.append(buf[: e.start].decode("utf-8"))
                 if e.reason == "unexpected end of data" and e.end == len(buf) and not final:
-                    buf = buf[e.start:]  # a character still arriving: hold it
+                    buf = buf[e.start :]  # a character still arriving: hold it
                     break
                 out.append("\ufffd" * (e.end - e.start))
-                buf = buf[e.end:]
+                buf = buf[e.end :]
         self._pending = bytearray(buf)
         return "".join(out)
 
@@ -305,7 +338,7 @@ class StreamingDetokenizer:
         text = self.tokenizer.decode(self._naive_ids, self.skip_special)
         if text.endswith("\ufffd"):
             return ""
-        out = text[self._naive_emitted:]
+        out = text[self._naive_emitted :]
         self._naive_emitted = len(text)
         return out
 

@@ -6,6 +6,7 @@ node we may open → `pyxrt` importable (XRT with the XDNA plugin) → built GEM
 `devices` command and the GUI Devices menu show the result; nothing here opens the device unless
 `probe=True`. Roots are parameters so tests run on fake sysfs/dev trees.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 AMD_VENDOR = 0x1022
-PHOENIX_DEVICE = 0x1502            # XDNA1, npu1: Phoenix and Hawk Point
+PHOENIX_DEVICE = 0x1502  # XDNA1, npu1: Phoenix and Hawk Point
 XDNA2_DEVICES = {0x17F0: "XDNA2 (Strix Point / Strix Halo / Krackan Point)"}
 FIRMWARE_NAME = "amdnpu/1502_00/npu.sbin"
 DRIVER = "amdxdna"
@@ -23,7 +24,7 @@ DRIVER = "amdxdna"
 @dataclass
 class NpuStatus:
     available: bool
-    reason: str                                  # one line: why not, or what is ready
+    reason: str  # one line: why not, or what is ready
     details: dict = field(default_factory=dict)  # every check and what it found
 
     def lines(self) -> list[str]:
@@ -31,9 +32,16 @@ class NpuStatus:
         return [f"  [{'ok' if ok else '--'}] {name}: {msg}" for name, ok, msg in self.details.get("checks", [])]
 
 
-def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware", "/usr/lib/firmware"),
-               import_xrt=None, kernel_dirs=None, allow_emulator_kernels: bool = False,
-               kernel_release: str | None = None, probe: bool = False) -> NpuStatus:
+def npu_status(
+    sys_root="/sys",
+    dev_root="/dev",
+    firmware_roots=("/lib/firmware", "/usr/lib/firmware"),
+    import_xrt=None,
+    kernel_dirs=None,
+    allow_emulator_kernels: bool = False,
+    kernel_release: str | None = None,
+    probe: bool = False,
+) -> NpuStatus:
     """Check every piece the NPU backend needs; `available` only when all are there.
 
     import_xrt: a callable returning the pyxrt module (default: `import pyxrt`).
@@ -56,11 +64,15 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         if others:
             o = others[0]
             details["name"] = f"AMD {o['kind']} NPU"
-            msg = (f"found an {o['kind']} NPU ({o['id']}) at {o['address']}; Phoenix Chat's NPU kernels are "
-                   f"compiled for XDNA1 (npu1, PCI 1022:1502: Ryzen 7040/8040 'Phoenix'/'Hawk Point')")
+            msg = (
+                f"found an {o['kind']} NPU ({o['id']}) at {o['address']}; Phoenix Chat's NPU kernels are "
+                f"compiled for XDNA1 (npu1, PCI 1022:1502: Ryzen 7040/8040 'Phoenix'/'Hawk Point')"
+            )
         else:
-            msg = (f"no AMD XDNA NPU (PCI 1022:1502) under {sys_root / 'bus/pci/devices'}: this is not a Ryzen AI "
-                   "Phoenix/Hawk Point machine, or the NPU ('IPU') is disabled in the firmware setup")
+            msg = (
+                f"no AMD XDNA NPU (PCI 1022:1502) under {sys_root / 'bus/pci/devices'}: this is not a Ryzen AI "
+                "Phoenix/Hawk Point machine, or the NPU ('IPU') is disabled in the firmware setup"
+            )
         checks.append(("NPU", False, msg))
         return done(False, msg)
     npu = npus[0]
@@ -74,14 +86,18 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     details["driver_version"] = _read(module / "version")
     problems: list[str] = []
     if not module.exists():
-        msg = (f"the {DRIVER} kernel driver is not loaded (Linux {release}; it is part of Linux 6.14 and later, "
-               f"or build it from github.com/amd/xdna-driver): try `sudo modprobe {DRIVER}`")
+        msg = (
+            f"the {DRIVER} kernel driver is not loaded (Linux {release}; it is part of Linux 6.14 and later, "
+            f"or build it from github.com/amd/xdna-driver): try `sudo modprobe {DRIVER}`"
+        )
         checks.append(("driver", False, msg))
         problems.append(msg)
     elif npu["driver"] != DRIVER:
         bound = f"bound to {npu['driver']}" if npu["driver"] else "not bound to any driver"
-        msg = (f"{DRIVER} is loaded but the NPU at {npu['address']} is {bound}: see `sudo dmesg | grep -i xdna` "
-               "(usually missing firmware or an IOMMU problem)")
+        msg = (
+            f"{DRIVER} is loaded but the NPU at {npu['address']} is {bound}: see `sudo dmesg | grep -i xdna` "
+            "(usually missing firmware or an IOMMU problem)"
+        )
         checks.append(("driver", False, msg))
         problems.append(msg)
     else:
@@ -97,8 +113,10 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         checks.append(("firmware", True, f"loaded by {DRIVER} ({fw_version or 'version not exposed in sysfs'})"))
     else:
         roots = " or ".join(str(r) for r in firmware_roots)
-        msg = (f"NPU firmware {FIRMWARE_NAME} is missing under {roots}: install a linux-firmware package from "
-               "2024 or later (it carries amdnpu/), then reload the driver")
+        msg = (
+            f"NPU firmware {FIRMWARE_NAME} is missing under {roots}: install a linux-firmware package from "
+            "2024 or later (it carries amdnpu/), then reload the driver"
+        )
         checks.append(("firmware", False, msg))
         problems.append(msg)
 
@@ -112,8 +130,10 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         checks.append(("device node", False, msg))
         problems.append(msg)
     elif not os.access(nodes[0], os.R_OK | os.W_OK):
-        msg = (f"no permission to open {nodes[0]}: add your user to the group that owns it, usually `render` "
-               "(`sudo usermod -aG render $USER`, then log in again)")
+        msg = (
+            f"no permission to open {nodes[0]}: add your user to the group that owns it, usually `render` "
+            "(`sudo usermod -aG render $USER`, then log in again)"
+        )
         checks.append(("device node", False, msg))
         problems.append(msg)
     else:
@@ -126,13 +146,16 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
         details["pyxrt"] = getattr(xrt, "__file__", None) or repr(xrt)
         checks.append(("pyxrt", True, f"importable ({details['pyxrt']})"))
     except ImportError as exc:
-        msg = (f"pyxrt is not importable ({exc}): install XRT built with the XDNA plugin (github.com/amd/xdna-driver;"
-               " not PyPI, not Debian's XRT 2.13) and `source /opt/xilinx/xrt/setup.sh` before starting")
+        msg = (
+            f"pyxrt is not importable ({exc}): install XRT built with the XDNA plugin (github.com/amd/xdna-driver;"
+            " not PyPI, not Debian's XRT 2.13) and `source /opt/xilinx/xrt/setup.sh` before starting"
+        )
         checks.append(("pyxrt", False, msg))
         problems.append(msg)
 
     # 5. built kernels
-    from npu.runtime import find_kernels, kernel_search_dirs
+    from phoenix_chat.npu.runtime import find_kernels, kernel_search_dirs
+
     dirs = list(kernel_dirs) if kernel_dirs is not None else kernel_search_dirs()
     found, kernel_problems = find_kernels(dirs, allow_emulator=allow_emulator_kernels)
     details["kernels"] = {n: str(a.xclbin) for n, a in found.items()}
@@ -140,9 +163,11 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
     if not any(a.spec.dtype_in == "i8" for a in found.values()):
         looked = ", ".join(str(d) for d in dirs)
         extra = f" ({'; '.join(kernel_problems)})" if kernel_problems else ""
-        msg = (f"no built int8 GEMM kernel (.xclbin + instructions + manifest) in {looked}{extra}: build them with "
-               "`python -m npu.kernels.build` where the mlir-aie toolchain is installed (docs/NPU.md), or set "
-               "PHOENIX_NPU_KERNELS to a folder of built kernels")
+        msg = (
+            f"no built int8 GEMM kernel (.xclbin + instructions + manifest) in {looked}{extra}: build them with "
+            "`python -m npu.kernels.build` where the mlir-aie toolchain is installed (docs/NPU.md), or set "
+            "PHOENIX_NPU_KERNELS to a folder of built kernels"
+        )
         checks.append(("kernels", False, msg))
         problems.append(msg)
     else:
@@ -156,7 +181,7 @@ def npu_status(sys_root="/sys", dev_root="/dev", firmware_roots=("/lib/firmware"
             assert xrt is not None  # a failed import is among `problems`, returned above
             xrt.device(0)
             checks.append(("open", True, "pyxrt opened device 0"))
-        except Exception as exc:        # noqa: BLE001 — any failure here is the user's answer
+        except Exception as exc:  # noqa: BLE001 — any failure here is the user's answer
             msg = f"pyxrt could not open the NPU ({exc}): is this XRT built with the XDNA plugin?"
             checks.append(("open", False, msg))
             return done(False, msg)
@@ -182,8 +207,13 @@ def _pci_npus(sys_root: Path) -> tuple[list[dict[str, str]], list[dict[str, str]
             continue
         driver_link = dev / "driver"
         driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else ""
-        entry = {"address": dev.name, "id": f"1022:{device:04x}", "driver": driver, "path": str(dev),
-                 "kind": "XDNA1" if device == PHOENIX_DEVICE else XDNA2_DEVICES[device]}
+        entry = {
+            "address": dev.name,
+            "id": f"1022:{device:04x}",
+            "driver": driver,
+            "path": str(dev),
+            "kind": "XDNA1" if device == PHOENIX_DEVICE else XDNA2_DEVICES[device],
+        }
         (npus if device == PHOENIX_DEVICE else others).append(entry)
     return npus, others
 

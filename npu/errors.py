@@ -2,6 +2,7 @@
 into its one-line user errors (engine.errors.PhoenixError) where it calls in, in
 engine/backends/npu_hybrid.py.
 """
+
 from __future__ import annotations
 
 

@@ -8,6 +8,7 @@ pack each K chunk of A once, then run every (N-block, K-chunk) pair and sum the 
 results on the host — int32 partial sums add exactly, so K-splitting costs no precision in the
 int8 path. The per-token and per-channel scales are applied to the summed int32 result in f32.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,15 +17,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npu.errors import NpuUnavailableError
-from npu.kernels.spec import GemmSpec
-from npu.quant import (bf16_bits_to_f32, dequantize_output, f32_to_bf16_bits, quantize_activation_per_token,
-                       quantize_weight_per_channel)
-from npu.runtime import KernelArtifact, NpuBuffer, NpuDevice, NpuKernel
+from phoenix_chat.npu.errors import NpuUnavailableError
+from phoenix_chat.npu.kernels.spec import GemmSpec
+from phoenix_chat.npu.quant import (
+    bf16_bits_to_f32,
+    dequantize_output,
+    f32_to_bf16_bits,
+    quantize_activation_per_token,
+    quantize_weight_per_channel,
+)
+from phoenix_chat.npu.runtime import KernelArtifact, NpuBuffer, NpuDevice, NpuKernel
 
 # Rough figures for choosing between kernel variants (not measured on hardware: see docs/NPU.md).
-PEAK_MACS_PER_S = {"i8": 6.76e12 / 2, "bf16": 3.14e12 / 2}   # best published XDNA GEMM results
-CALL_OVERHEAD_S = 50e-6                                        # assumed per-run submit + wait cost
+PEAK_MACS_PER_S = {"i8": 6.76e12 / 2, "bf16": 3.14e12 / 2}  # best published XDNA GEMM results
+CALL_OVERHEAD_S = 50e-6  # assumed per-run submit + wait cost
 
 
 @dataclass
@@ -33,8 +39,8 @@ class PlacedWeight:
     out_features: int
     in_features: int
     kernel: NpuKernel
-    blocks: list[list[NpuBuffer]]        # [k_chunk][n_block], resident on the device
-    scale: np.ndarray | None             # f32 per output channel (int8 path)
+    blocks: list[list[NpuBuffer]]  # [k_chunk][n_block], resident on the device
+    scale: np.ndarray | None  # f32 per output channel (int8 path)
 
     @property
     def spec(self) -> GemmSpec:
@@ -69,8 +75,15 @@ class NpuGemm:
         self.weights: dict[str, PlacedWeight] = {}
         self._a_bufs: dict[tuple[str, int], NpuBuffer] = {}
         self._c_bufs: dict[str, NpuBuffer] = {}
-        self.stats = {"matmuls": 0, "runs": 0, "npu_s": 0.0, "host_s": 0.0, "macs": 0, "padded_macs": 0,
-                      "weight_bytes": 0}
+        self.stats = {
+            "matmuls": 0,
+            "runs": 0,
+            "npu_s": 0.0,
+            "host_s": 0.0,
+            "macs": 0,
+            "padded_macs": 0,
+            "weight_bytes": 0,
+        }
 
     def _kernel(self, name: str) -> NpuKernel:
         if name not in self.kernels:
@@ -97,7 +110,7 @@ class NpuGemm:
             row = []
             for nb in range(np_ // spec.N):
                 buf = kernel.buffer(1, spec.b_bytes)
-                buf.write(spec.pack_b(b[kc * spec.K:(kc + 1) * spec.K, nb * spec.N:(nb + 1) * spec.N]))
+                buf.write(spec.pack_b(b[kc * spec.K : (kc + 1) * spec.K, nb * spec.N : (nb + 1) * spec.N]))
                 row.append(buf)
             blocks.append(row)
         self.stats["weight_bytes"] += b.nbytes
@@ -135,21 +148,21 @@ class NpuGemm:
         for m0 in range(0, n, spec.M):
             rows = min(spec.M, n - m0)
             a = np.zeros((spec.M, pw.k_chunks * spec.K), spec.in_dtype)
-            a[:rows, :in_f] = qx[m0:m0 + rows]
+            a[:rows, :in_f] = qx[m0 : m0 + rows]
             for kc, buf in enumerate(a_bufs):
-                buf.write(spec.pack_a(a[:, kc * spec.K:(kc + 1) * spec.K]))
+                buf.write(spec.pack_a(a[:, kc * spec.K : (kc + 1) * spec.K]))
             acc = np.zeros((spec.M, pw.n_blocks * spec.N), acc_dtype)
             for nb in range(pw.n_blocks):
                 cols = slice(nb * spec.N, (nb + 1) * spec.N)
                 for kc in range(pw.k_chunks):
                     npu_s += kernel.run(a_bufs[kc], pw.blocks[kc][nb], c_buf)
                     acc[:, cols] += spec.unpack_c(c_buf.read(spec.out_dtype))
-            part = acc[:rows, :pw.out_features]
+            part = acc[:rows, : pw.out_features]
             if self.dtype == "i8":
                 assert sx is not None and pw.scale is not None  # the i8 path has both scales
-                out[m0:m0 + rows] = dequantize_output(part, sx[m0:m0 + rows], pw.scale)
+                out[m0 : m0 + rows] = dequantize_output(part, sx[m0 : m0 + rows], pw.scale)
             else:
-                out[m0:m0 + rows] = part
+                out[m0 : m0 + rows] = part
         runs = math.ceil(n / spec.M) * pw.k_chunks * pw.n_blocks
         st = self.stats
         st["matmuls"] += 1

@@ -5,11 +5,12 @@ Activations: one f32 scale per token (row of x [n, in]), computed at run time fr
 Then x @ W.T ≈ (qx @ qw.T) * sx[:, None] * sw[None, :]: the int32 product is exact, only the
 two roundings to int8 lose precision.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-QMAX = 127   # symmetric: -128 is never produced, so negating a weight row stays exact
+QMAX = 127  # symmetric: -128 is never produced, so negating a weight row stays exact
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -21,8 +22,8 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(q, -QMAX, QMAX).astype(np.int8), scale
 
 
-quantize_weight_per_channel = quantize_rows     # W [out, in]: one scale per output channel
-quantize_activation_per_token = quantize_rows   # x [n, in]: one scale per token
+quantize_weight_per_channel = quantize_rows  # W [out, in]: one scale per output channel
+quantize_activation_per_token = quantize_rows  # x [n, in]: one scale per token
 
 
 def dequantize_output(acc: np.ndarray, token_scale: np.ndarray, channel_scale: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ kernel(3, instr_bo, n_words, a, b, c) → wait → sync from device → read.
 `xrt` is the pyxrt module, injected so that tests can pass `tests.npu.emulator` in its place.
 Every run is timed, which feeds the NPU utilization gauge (`busy_fraction`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.errors import NpuRunError, NpuUnavailableError
-from npu.kernels import BUILD_DIR
-from npu.kernels.spec import GemmSpec
+from phoenix_chat.npu.errors import NpuRunError, NpuUnavailableError
+from phoenix_chat.npu.kernels import BUILD_DIR
+from phoenix_chat.npu.kernels.spec import GemmSpec
 
 KERNELS_ENV = "PHOENIX_NPU_KERNELS"
-RUN_OPCODE = 3            # "execute the instruction stream" in mlir-aie's NPU kernel ABI
+RUN_OPCODE = 3  # "execute the instruction stream" in mlir-aie's NPU kernel ABI
 INSTR_GROUP = 1
-ARG_GROUPS = (3, 4, 5)    # A, B, C
+ARG_GROUPS = (3, 4, 5)  # A, B, C
 XCLBIN_MAGIC = b"xclbin2\0"
 
 
@@ -92,7 +93,7 @@ def find_kernels(dirs=None, allow_emulator: bool = False) -> tuple[dict[str, Ker
                 problems.append(f"{manifest_path}: an emulator test stand-in, not a built kernel")
                 continue
             if spec.name in found:
-                continue            # an earlier folder wins
+                continue  # an earlier folder wins
             missing = [p.name for p in (xclbin, insts) if not p.is_file()]
             if missing:
                 problems.append(f"{manifest_path}: missing {', '.join(missing)}")
@@ -101,8 +102,11 @@ def find_kernels(dirs=None, allow_emulator: bool = False) -> tuple[dict[str, Ker
                 if f.read(8) != XCLBIN_MAGIC:
                     problems.append(f"{xclbin}: not an xclbin (no xclbin2 header)")
                     continue
-            stale = [p.name for p, key in ((xclbin, "xclbin_sha256"), (insts, "insts_sha256"))
-                     if data.get(key) and _sha256(p) != data[key]]
+            stale = [
+                p.name
+                for p, key in ((xclbin, "xclbin_sha256"), (insts, "insts_sha256"))
+                if data.get(key) and _sha256(p) != data[key]
+            ]
             if stale:
                 problems.append(f"{manifest_path}: {', '.join(stale)} changed since the manifest was written")
                 continue
@@ -125,7 +129,8 @@ def import_pyxrt():
     except ImportError as exc:
         raise NpuUnavailableError(
             f"pyxrt is not importable ({exc}): install XRT with the XDNA plugin "
-            "(github.com/amd/xdna-driver) and run `source /opt/xilinx/xrt/setup.sh`") from None
+            "(github.com/amd/xdna-driver) and run `source /opt/xilinx/xrt/setup.sh`"
+        ) from None
     return pyxrt
 
 
@@ -138,9 +143,8 @@ class NpuDevice:
         self.index = index
         self.handle = self.xrt.device(index)
         self._lock = threading.Lock()
-        self._runs: deque[tuple[float, float]] = deque(maxlen=history)   # (start, end) perf_counter
-        self.stats = {"runs": 0, "busy_s": 0.0, "bytes_to_device": 0, "bytes_from_device": 0,
-                      "sync_s": 0.0}
+        self._runs: deque[tuple[float, float]] = deque(maxlen=history)  # (start, end) perf_counter
+        self.stats = {"runs": 0, "busy_s": 0.0, "bytes_to_device": 0, "bytes_from_device": 0, "sync_s": 0.0}
 
     def record_run(self, start: float, end: float):
         with self._lock:
@@ -156,7 +160,7 @@ class NpuDevice:
             busy = sum(max(0.0, min(end, now) - max(start, lo)) for start, end in self._runs if end > lo)
         return min(1.0, busy / window_s)
 
-    def load(self, artifact: KernelArtifact) -> "NpuKernel":
+    def load(self, artifact: KernelArtifact) -> NpuKernel:
         return NpuKernel(self, artifact)
 
 
@@ -171,7 +175,7 @@ class NpuKernel:
         aie = [n for n in names if n.startswith("MLIR_AIE")]
         if not aie:
             raise NpuRunError(f"{artifact.xclbin}: no MLIR_AIE kernel inside (has {names or 'none'})")
-        dev.register_xclbin(self.xclbin)          # load_xclbin is not supported on the NPU
+        dev.register_xclbin(self.xclbin)  # load_xclbin is not supported on the NPU
         self.context = xrt.hw_context(dev, self.xclbin.get_uuid())
         self.kernel = xrt.kernel(self.context, aie[0])
         self.kernel_name = aie[0]
@@ -182,16 +186,16 @@ class NpuKernel:
         self.instr_bo.write(insts.view(np.uint8), 0)
         self.instr_bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
 
-    def buffer(self, arg: int, nbytes: int) -> "NpuBuffer":
+    def buffer(self, arg: int, nbytes: int) -> NpuBuffer:
         """A host_only data BO for argument 0 (A), 1 (B) or 2 (C)."""
         return NpuBuffer(self, arg, nbytes)
 
-    def run(self, a: "NpuBuffer", b: "NpuBuffer", c: "NpuBuffer") -> float:
+    def run(self, a: NpuBuffer, b: NpuBuffer, c: NpuBuffer) -> float:
         """One call of the kernel on BOs already synced to the device; blocks, returns seconds."""
         xrt = self.device.xrt
         start = time.perf_counter()
         handle = self.kernel(RUN_OPCODE, self.instr_bo, self.n_instr_words, a.bo, b.bo, c.bo)
-        state = handle.wait()     # the form mlir-aie's own python/utils/xrt.py uses
+        state = handle.wait()  # the form mlir-aie's own python/utils/xrt.py uses
         end = time.perf_counter()
         if state != xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
             name = getattr(state, "name", state)

@@ -3,6 +3,7 @@
 Code finds them through `path()`, never through a path relative to the checkout: installed from a
 wheel this folder is the package `resources` in site-packages, with no repository around it.
 """
+
 from __future__ import annotations
 
 from importlib.resources import files

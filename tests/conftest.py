@@ -1,4 +1,5 @@
 """Shared fixtures: the real embedded model, opened once per session; NPU emulator kernels."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ def _isolated_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from engine.weights import embedded_model_path
+    from phoenix_chat.engine.weights import embedded_model_path
+
     return embedded_model_path()
 
 
@@ -30,20 +32,23 @@ def draft_path(tmp_path_factory, model_path) -> Path:
     """The real 270M cut to its first 12 of 18 layers: a speculative-decoding draft with the
     same tokenizer that disagrees with the full model often enough to exercise rejections."""
     from .tinymodels import truncated_gguf
+
     return truncated_gguf(model_path, tmp_path_factory.mktemp("draft") / "gemma3-270m-12-layers.gguf", 12)
 
 
 @pytest.fixture(scope="session")
 def gguf(model_path):
-    from engine.weights.gguf_file import GGUFFile
+    from phoenix_chat.engine.weights.gguf_file import GGUFFile
+
     return GGUFFile(model_path)
 
 
 @pytest.fixture(scope="session")
 def npu_test_kernels(tmp_path_factory) -> Path:
     """A folder of emulator stand-in kernels, one per default GEMM spec (shared: copy it to alter it)."""
-    from npu.kernels.spec import DEFAULT_SPECS
+    from phoenix_chat.npu.kernels.spec import DEFAULT_SPECS
     from tests.npu.emulator import write_test_kernel
+
     folder = tmp_path_factory.mktemp("npu-kernels")
     for spec in DEFAULT_SPECS:
         write_test_kernel(folder, spec)
@@ -52,7 +57,8 @@ def npu_test_kernels(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_model(model_path):
-    import engine
+    from phoenix_chat import engine
+
     return engine.load(model_path, backend="cpu", context_length=2048)
 
 

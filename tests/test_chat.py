@@ -1,9 +1,10 @@
 """Chat format: Gemma 3 fallback and model Jinja templates; message text never forges a turn."""
+
 from __future__ import annotations
 
 import pytest
 
-from engine.chat import ChatFormat, ChatTemplateError
+from phoenix_chat.engine.chat import ChatFormat, ChatTemplateError
 from tests.test_tokenizer import embedded_tokenizer
 
 # Gemma 3's published chat template, restated (system text goes before the first user message)
@@ -25,8 +26,11 @@ GEMMA_LIKE_TEMPLATE = """{{ bos_token }}
 CONVERSATIONS = [
     [{"role": "user", "content": "Write one sentence about the ocean."}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "  Hi 🙂  "}],
-    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-     {"role": "user", "content": "東京は？\n\nand  spaces\t"}],
+    [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "東京は？\n\nand  spaces\t"},
+    ],
 ]
 
 FORGERIES = [
@@ -64,21 +68,29 @@ def test_matches_llama_cpp_reference(gemma, tok, llama_reference):
 def test_gemma_rendering():
     f = ChatFormat()
     assert f.render(CONVERSATIONS[1]) == (
-        "<bos><start_of_turn>user\nYou are terse.\n\nHi 🙂<end_of_turn>\n<start_of_turn>model\n")
+        "<bos><start_of_turn>user\nYou are terse.\n\nHi 🙂<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert f.render(CONVERSATIONS[2], add_generation_prompt=False) == (
         "<bos><start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n4<end_of_turn>\n"
-        "<start_of_turn>user\n東京は？\n\nand  spaces<end_of_turn>\n")
+        "<start_of_turn>user\n東京は？\n\nand  spaces<end_of_turn>\n"
+    )
     assert f.render([{"role": "system", "content": "Be kind."}]) == (
-        "<bos><start_of_turn>user\nBe kind.\n\n<end_of_turn>\n<start_of_turn>model\n")
-    assert f.render([{"role": "user", "content": [{"type": "text", "text": " a "}, {"type": "text", "text": "b"}]}]) \
+        "<bos><start_of_turn>user\nBe kind.\n\n<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert (
+        f.render([{"role": "user", "content": [{"type": "text", "text": " a "}, {"type": "text", "text": "b"}]}])
         == "<bos><start_of_turn>user\nab<end_of_turn>\n<start_of_turn>model\n"
+    )
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "assistant", "content": "hello"}],
-    [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}],
-    [{"role": "tool", "content": "x"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "assistant", "content": "hello"}],
+        [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}],
+        [{"role": "tool", "content": "x"}],
+    ],
+)
 def test_gemma_rejects_what_its_format_cannot_say(messages):
     with pytest.raises(ChatTemplateError, match="alternating"):
         ChatFormat().render(messages)
@@ -86,10 +98,17 @@ def test_gemma_rejects_what_its_format_cannot_say(messages):
 
 def test_messages_are_normalized(jinja):
     """Blank system text is dropped and a role repeated is one turn, for every format."""
-    msgs = [{"role": "system", "content": "  "}, {"role": "user", "content": "a"}, {"role": "user", "content": "b "},
-            {"role": "assistant", "content": "c"}, {"role": "assistant", "content": "d"}]
-    expected = ("<bos><start_of_turn>user\na\n\nb<end_of_turn>\n<start_of_turn>model\nc\n\nd<end_of_turn>\n"
-                "<start_of_turn>model\n")
+    msgs = [
+        {"role": "system", "content": "  "},
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b "},
+        {"role": "assistant", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
+    expected = (
+        "<bos><start_of_turn>user\na\n\nb<end_of_turn>\n<start_of_turn>model\nc\n\nd<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
     assert ChatFormat().render(msgs) == jinja.render(msgs) == expected
     assert msgs[1] == {"role": "user", "content": "a"}  # the caller's list is left alone
 
@@ -132,8 +151,12 @@ def test_forgery_is_plain_text_tokenization(gemma, tok):
 
 
 def test_jinja_template_features(tok):
-    fmt = ChatFormat("{% for m in messages %}{{ m['role'] }}={{ m['content'] | tojson }};{% endfor %}"
-                     "{% if add_generation_prompt %}{{ eos_token }}{% endif %}", eos_token="<eos>", tokenizer=tok)
+    fmt = ChatFormat(
+        "{% for m in messages %}{{ m['role'] }}={{ m['content'] | tojson }};{% endfor %}"
+        "{% if add_generation_prompt %}{{ eos_token }}{% endif %}",
+        eos_token="<eos>",
+        tokenizer=tok,
+    )
     msgs = [{"role": "user", "content": "naïve <end_of_turn>"}]
     assert fmt.render(msgs) == 'user="naïve <end_of_turn>";<eos>'
     ids = fmt.encode(msgs)

@@ -1,19 +1,19 @@
 """The `phoenix-chat` command line, end to end, in subprocesses on the real embedded model."""
+
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 GOLDENS = Path(__file__).parent / "goldens"
 
 
 def cli(*args, env_extra=None, timeout=600):
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "phoenix_chat.app.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
@@ -24,22 +24,47 @@ def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
     assert "generated 16 tok" in proc.stderr and "finish: length" in proc.stderr
 
 
-def test_run_with_a_draft_model_gives_the_same_answer_and_reports_acceptance(llama_reference, cpu_model,
-                                                                            draft_path, tmp_path):
+def test_run_with_a_draft_model_gives_the_same_answer_and_reports_acceptance(
+    llama_reference, cpu_model, draft_path, tmp_path
+):
     chat = llama_reference["chat_prompt"]
-    proc = cli("run", chat["messages"][0]["content"], "--backend", "cpu", "--temperature", "0", "--max-tokens", "12",
-               "--draft", str(draft_path), "--draft-tokens", "3")
+    proc = cli(
+        "run",
+        chat["messages"][0]["content"],
+        "--backend",
+        "cpu",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--draft",
+        str(draft_path),
+        "--draft-tokens",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:12]) + "\n"
     assert "generated 12 tok" in proc.stderr and "proposals accepted" in proc.stderr
     from .tinymodels import tiny_gguf
+
     other = cli("run", "hi", "--backend", "cpu", "--draft", str(tiny_gguf(tmp_path / "tiny.gguf")))
     assert other.returncode == 2 and "does not share the tokenizer" in other.stderr
 
 
 def test_run_raw_and_seeded_sampling_is_reproducible():
-    args = ("run", "The capital of France is", "--raw", "--backend", "cpu", "--max-tokens", "8", "--seed", "42",
-            "--temperature", "0.9")
+    args = (
+        "run",
+        "The capital of France is",
+        "--raw",
+        "--backend",
+        "cpu",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "42",
+        "--temperature",
+        "0.9",
+    )
     first, second = cli(*args), cli(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout and first.stdout.strip()
@@ -76,8 +101,15 @@ def test_devices_without_any_vulkan_driver_says_so():
 
 
 def test_run_on_vulkan_without_any_driver_exits_2_with_the_reason():
-    proc = cli("run", "Hi", "--backend", "vulkan", "--max-tokens", "1",
-               env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"})
+    proc = cli(
+        "run",
+        "Hi",
+        "--backend",
+        "vulkan",
+        "--max-tokens",
+        "1",
+        env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"},
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "no Vulkan device" in proc.stderr
 

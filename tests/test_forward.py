@@ -1,9 +1,10 @@
 """The numpy reference forward pass: self-consistency on a tiny model, agreement with references."""
+
 import numpy as np
 import pytest
 
-from engine.backends.cpu import CpuBackend
-from engine.weights import open_weights
+from phoenix_chat.engine.backends.cpu import CpuBackend
+from phoenix_chat.engine.weights import open_weights
 from tests.tinymodels import tiny_gguf
 
 
@@ -25,8 +26,11 @@ def test_chunks_longer_than_the_ring(tiny):
     ids = list(np.random.default_rng(2).integers(0, 300, 23))
     whole = CpuBackend(tiny, 64).forward(ids, 0, all_logits=True)
     b = CpuBackend(tiny, 64)
-    parts = [b.forward(ids[:9], 0, all_logits=True), b.forward(ids[9:10], 9, all_logits=True),
-             b.forward(ids[10:], 10, all_logits=True)]
+    parts = [
+        b.forward(ids[:9], 0, all_logits=True),
+        b.forward(ids[9:10], 9, all_logits=True),
+        b.forward(ids[10:], 10, all_logits=True),
+    ]
     assert np.max(np.abs(whole - np.concatenate(parts))) < 1e-4
 
 
@@ -35,7 +39,7 @@ def test_rollback_is_moving_the_position(tiny):
     a, b_ = list(rng.integers(0, 300, 12)), list(rng.integers(0, 300, 6))
     fresh = CpuBackend(tiny, 64).forward(a[:6] + b_, 0, all_logits=True)
     reused = CpuBackend(tiny, 64)
-    reused.forward(a, 0)                      # 12 tokens, then roll back to 6
+    reused.forward(a, 0)  # 12 tokens, then roll back to 6
     again = reused.forward(b_, 6, all_logits=True)
     assert np.max(np.abs(fresh[6:] - again)) < 1e-4
 
@@ -61,8 +65,9 @@ def test_top5_logits_match_transformers(cpu_model, llama_reference):
 
 
 def test_greedy_48_tokens_match_llama_cpp_and_transformers(cpu_model, llama_reference):
-    from engine.generate import generate_step
-    from engine.sampling import SamplingParams
+    from phoenix_chat.engine.generate import generate_step
+    from phoenix_chat.engine.sampling import SamplingParams
+
     chat = llama_reference["chat_prompt"]
     out = list(generate_step(cpu_model, chat["prompt_ids"], SamplingParams(temperature=0), 48))
     assert out == chat["greedy_48_ids"]

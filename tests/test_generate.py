@@ -1,9 +1,8 @@
 """The generation API on the real model: records, finish reasons, context overflow, streaming text."""
-import pytest
 
-import engine
-from engine.generate import generate, generate_step, stream_generate
-from engine.sampling import SamplingParams
+from phoenix_chat import engine
+from phoenix_chat.engine.generate import generate, generate_step, stream_generate
+from phoenix_chat.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -24,9 +23,12 @@ def test_stop_token_ends_with_stop(cpu_model, llama_reference):
     """Treat "." (the 7th greedy token of the reference answer) as a stop token: the stream must
     end there with finish_reason "stop", without emitting it."""
     import dataclasses
+
     chat = llama_reference["chat_prompt"]
     period = chat["greedy_48_ids"][6]
-    stopping = dataclasses.replace(cpu_model, config=dataclasses.replace(cpu_model.config, eos_token_ids=(1, 106, period)))
+    stopping = dataclasses.replace(
+        cpu_model, config=dataclasses.replace(cpu_model.config, eos_token_ids=(1, 106, period))
+    )
     records = list(stream_generate(stopping, chat["messages"], GREEDY, max_tokens=20))
     assert records[-1].finish_reason == "stop" and records[-1].generation_tokens == 6
     assert "".join(r.text for r in records) == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:6])
@@ -52,4 +54,4 @@ def test_same_seed_same_text(cpu_model):
 def test_closing_the_stream_stops_generation(cpu_model):
     stream = stream_generate(cpu_model, "Count: 1, 2, 3,", GREEDY, max_tokens=50, raw=True)
     next(stream)
-    stream.close()   # the GUI's Stop: no exception, no further work
+    stream.close()  # the GUI's Stop: no exception, no further work

@@ -3,18 +3,19 @@
 Goldens come from tools/make_goldens.py (transformers 5.23 / llama-cpp-python 0.3.36); nothing
 here is typed by hand.
 """
+
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engine.generate import generate_step
-from engine.sampling import SamplingParams
+from phoenix_chat.engine.generate import generate_step
+from phoenix_chat.engine.sampling import SamplingParams
 
 GOLDENS = Path(__file__).parent / "goldens"
 PROMPTS = ("chat", "capital", "code", "long")
-TAIL = 48   # positions of the long prompt whose logits are checked (all beyond the 512-token window)
+TAIL = 48  # positions of the long prompt whose logits are checked (all beyond the 512-token window)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,8 @@ def test_greedy_40_tokens_identical_to_transformers(cpu_model, golden, name):
 
 def test_hidden_states_layer_by_layer(cpu_model, golden):
     """Where a mismatch starts, if there is one: the residual stream after every block."""
-    from engine.models.gemma3 import rms_norm
+    from phoenix_chat.engine.models.gemma3 import rms_norm
+
     _, npz = golden
     ref = npz["capital_hidden_states"]
     m = cpu_model.backend.model
@@ -83,7 +85,8 @@ def test_hidden_states_layer_by_layer(cpu_model, golden):
 
 
 def test_perplexity_matches_transformers(cpu_model, golden):
-    from engine.perplexity import perplexity
+    from phoenix_chat.engine.perplexity import perplexity
+
     meta, npz = golden
     ref = meta["perplexity"]
     text = (GOLDENS / "ppl_text.txt").read_text()

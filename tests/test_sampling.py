@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from engine.sampling import Sampler, SamplingParams, apply_repetition_penalty, filter_candidates
+from phoenix_chat.engine.sampling import Sampler, SamplingParams, apply_repetition_penalty, filter_candidates
 
 
 def _logits(seed=0, n=1000):
@@ -15,8 +15,17 @@ def test_greedy_is_argmax():
 
 def test_same_seed_same_tokens_different_seed_differs():
     logits = _logits()
-    draw = lambda seed: [Sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=seed))(logits) for _ in range(1)]
-    seq = lambda seed: (lambda s: [s(logits) for _ in range(50)])(Sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=seed)))
+
+    def sampler(seed):
+        return Sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=seed))
+
+    def draw(seed):
+        return [sampler(seed)(logits)]
+
+    def seq(seed):
+        s = sampler(seed)
+        return [s(logits) for _ in range(50)]
+
     assert seq(7) == seq(7)
     assert seq(7) != seq(8)
     assert draw(3) == draw(3)

@@ -5,15 +5,22 @@ The draft is the real 270M cut to its first 12 of 18 layers (conftest `draft_pat
 same tokenizer, real weights, and it disagrees with the full model often enough that both the
 accepted and the rejected paths run. (No smaller Gemma 3 than the 270M exists to draft for it.)
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.errors import PhoenixError
-from engine.generate import generate_step, stream_generate
-from engine.sampling import SamplingParams
-from engine.speculative import SpeculativeStats, Distribution, accept_or_resample, check_draft, speculative_step
+from phoenix_chat.engine.errors import PhoenixError
+from phoenix_chat.engine.generate import generate_step, stream_generate
+from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.speculative import (
+    Distribution,
+    SpeculativeStats,
+    accept_or_resample,
+    check_draft,
+    speculative_step,
+)
 
 from .tinymodels import tiny_gguf
 
@@ -22,7 +29,8 @@ GREEDY = SamplingParams(temperature=0)
 
 @pytest.fixture(scope="session")
 def cpu_draft(draft_path):
-    import engine
+    from phoenix_chat import engine
+
     m = engine.load(draft_path, backend="cpu")
     yield m
     m.close()
@@ -38,8 +46,8 @@ def test_speculative_greedy_is_the_targets_greedy_token_for_token(cpu_model, cpu
     for k in (1, 4):
         stats = SpeculativeStats()
         assert list(speculative_step(cpu_model, cpu_draft, capital_ids, GREEDY, 24, k, stats)) == plain
-        assert 0 < stats.accepted < stats.proposed          # both paths ran
-        assert stats.rounds + stats.accepted >= 23          # each pass: its accepted proposals + one of its own
+        assert 0 < stats.accepted < stats.proposed  # both paths ran
+        assert stats.rounds + stats.accepted >= 23  # each pass: its accepted proposals + one of its own
 
 
 def test_a_draft_that_is_the_target_is_always_accepted(cpu_model, capital_ids):
@@ -47,7 +55,7 @@ def test_a_draft_that_is_the_target_is_always_accepted(cpu_model, capital_ids):
     stats = SpeculativeStats()
     assert list(speculative_step(cpu_model, cpu_model, capital_ids, GREEDY, 16, 4, stats)) == plain
     assert stats.acceptance == 1.0 and stats.tokens_per_round == 5.0
-    sampled = SpeculativeStats()             # p == q up to batch-shape rounding: min(1, p/q) ~ 1
+    sampled = SpeculativeStats()  # p == q up to batch-shape rounding: min(1, p/q) ~ 1
     list(speculative_step(cpu_model, cpu_model, capital_ids, SamplingParams(temperature=0.8, seed=3), 16, 4, sampled))
     assert sampled.acceptance >= 0.9
 
@@ -71,7 +79,7 @@ def test_acceptance_rule_leaves_the_targets_distribution():
     for _ in range(n):
         counts[accept_or_resample(p, q, q.draw(rng), rng)[1]] += 1
     np.testing.assert_allclose(counts / n, p.dense(), atol=0.01)
-    assert abs(counts[4] / n - 0.3) > 0.2          # and not q's
+    assert abs(counts[4] / n - 0.3) > 0.2  # and not q's
 
 
 def test_greedy_rule_keeps_only_the_targets_argmax():
@@ -91,7 +99,8 @@ def test_stream_generate_with_a_draft_gives_the_same_answer(cpu_model, cpu_draft
 
 
 def test_a_draft_with_another_vocabulary_is_refused(cpu_model, tmp_path):
-    import engine
+    from phoenix_chat import engine
+
     tiny = engine.load(tiny_gguf(tmp_path / "tiny.gguf"), backend="cpu")
     with pytest.raises(PhoenixError, match="does not share the tokenizer"):
         check_draft(cpu_model, tiny)

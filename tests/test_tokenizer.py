@@ -5,6 +5,7 @@ the llama.cpp/transformers corpus in tests/goldens/tokenizer_corpus.json, and an
 slow, straight-line Python port of llama.cpp's SentencePiece tokenizer (`llama_cpp_spm` below)
 run on hundreds of generated strings.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import gguf_vocab
-from engine.paths import cache_dir, data_dir
-from engine.tokenizer import StreamingDetokenizer, Tokenizer, gguf_cache_key
+from phoenix_chat.engine import gguf_vocab
+from phoenix_chat.engine.paths import cache_dir, data_dir
+from phoenix_chat.engine.tokenizer import StreamingDetokenizer, Tokenizer, gguf_cache_key
 
 GOLDENS = Path(__file__).resolve().parent / "goldens" / "tokenizer_corpus.json"
 CONTROL, USER_DEFINED, UNKNOWN = gguf_vocab.CONTROL, gguf_vocab.USER_DEFINED, gguf_vocab.UNKNOWN
@@ -28,8 +29,8 @@ CONTROL, USER_DEFINED, UNKNOWN = gguf_vocab.CONTROL, gguf_vocab.USER_DEFINED, gg
 # -- shared helpers (test_chat.py uses them too) -----------------------------------------------
 @lru_cache(maxsize=1)
 def embedded_metadata() -> dict:
-    from engine.weights import embedded_model_path
-    from engine.weights.gguf_file import GGUFFile
+    from phoenix_chat.engine.weights import embedded_model_path
+    from phoenix_chat.engine.weights.gguf_file import GGUFFile
 
     return GGUFFile(embedded_model_path()).metadata
 
@@ -95,7 +96,7 @@ class LlamaCppSPM:
                     if k:
                         out.append(f[:k])
                     out.append(tid)
-                    f = f[k + len(piece):]
+                    f = f[k + len(piece) :]
                 if f:
                     out.append(f)
             frags = out
@@ -154,10 +155,38 @@ def generated_strings(meta: dict, count: int, seed: int = 1234) -> list[str]:
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta["tokenizer.ggml.token_type"]
     normal = [i for i in range(len(tokens)) if types[i] == gguf_vocab.NORMAL]
-    extras = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<unused7>", "[multimodal]", "<b>",
-              "</table>", "  ", "\n", "\n\n\n", "\t\t", "\u2581", " ", "<0x41>", "<end_of", "🙂", "\U0010FFFD"]
-    ranges = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x4FF), (0x590, 0x6FF), (0x900, 0x97F), (0x3040, 0x30FF),
-              (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0x1F300, 0x1FAFF), (0x20000, 0x2A6DF)]
+    extras = [
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "<bos>",
+        "<eos>",
+        "<unused7>",
+        "[multimodal]",
+        "<b>",
+        "</table>",
+        "  ",
+        "\n",
+        "\n\n\n",
+        "\t\t",
+        "\u2581",
+        " ",
+        "<0x41>",
+        "<end_of",
+        "🙂",
+        "\U0010fffd",
+    ]
+    ranges = [
+        (0x20, 0x7E),
+        (0xA0, 0x24F),
+        (0x370, 0x4FF),
+        (0x590, 0x6FF),
+        (0x900, 0x97F),
+        (0x3040, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0x1F300, 0x1FAFF),
+        (0x20000, 0x2A6DF),
+    ]
     out = []
     for _ in range(count):
         parts = []
@@ -199,7 +228,7 @@ def test_merges_follow_scores():
 
 
 def test_rejects_other_tokenizer_models(meta):
-    from engine.errors import UnsupportedModelError
+    from phoenix_chat.engine.errors import UnsupportedModelError
 
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         gguf_vocab.build_gguf_tokenizer({**meta, "tokenizer.ggml.model": "gpt2"})
@@ -260,8 +289,10 @@ def test_matches_llama_cpp_corpus(tok, entry):
     assert tok.encode(text, parse_special=True) == entry["llama_cpp_special_true"]
     assert tok.encode(text, parse_special=False) == entry["llama_cpp_special_false"]
     # and llama.cpp's detokenization (llama-cpp-python renders control tokens as "", <unk> as "▅")
-    for ids, detok in ((entry["llama_cpp_special_true"], entry["llama_cpp_detok_special_true"]),
-                       (entry["llama_cpp_special_false"], entry["llama_cpp_detok_special_false"])):
+    for ids, detok in (
+        (entry["llama_cpp_special_true"], entry["llama_cpp_detok_special_true"]),
+        (entry["llama_cpp_special_false"], entry["llama_cpp_detok_special_false"]),
+    ):
         if "\ufffd" not in detok and 3 not in ids:
             assert tok.decode(ids[1:], skip_special=True) == detok
         full = tok.decode(ids)
@@ -282,10 +313,17 @@ def test_parse_special_off_keeps_markers_as_text(tok):
 
 
 def test_byte_fallback_and_round_trip(tok):
-    ids = tok.encode("\U0010FFFD", add_bos=False)
+    ids = tok.encode("\U0010fffd", add_bos=False)
     assert [tok.id_to_piece(i) for i in ids] == ["<0xF4>", "<0x8F>", "<0xBF>", "<0xBD>"]
-    for s in ["", " ", "  leading", "trailing  ", "naïve café — 東京タワー 🙂👨‍👩‍👧 \U0010FFFD x\n\n\ty",
-              "<end_of_turn> <b>bold</b> underline", "\x00\x07 control"]:
+    for s in [
+        "",
+        " ",
+        "  leading",
+        "trailing  ",
+        "naïve café — 東京タワー 🙂👨‍👩‍👧 \U0010fffd x\n\n\ty",
+        "<end_of_turn> <b>bold</b> underline",
+        "\x00\x07 control",
+    ]:
         ids = tok.encode(s, add_bos=False, parse_special=False)
         assert tok.decode(ids) == s
         assert tok.decode(tok.encode(s, parse_special=False), skip_special=True) == s
@@ -299,7 +337,7 @@ def test_byte_fallback_and_round_trip(tok):
 STREAM_TEXTS = [
     "Hello, world! How are you?",
     " leading space and  double spaces",
-    "🙂 smile 👨‍👩‍👧‍👦 family 🇫🇷 flag \U0010FFFD private \U00020000 rare",
+    "🙂 smile 👨‍👩‍👧‍👦 family 🇫🇷 flag \U0010fffd private \U00020000 rare",
     "東京タワーは赤と白の塔です。안녕하세요 नमस्ते",
     "code:\n\tdef f(x):\n        return x  # done\n\n\n",
 ]
@@ -312,7 +350,7 @@ def test_streaming_detokenizer_matches_full_decode(tok, text):
     assert "".join(deltas) == tok.decode(ids) == text
     assert not any("\ufffd" in d for d in deltas)
     # a character split over byte tokens comes out whole, in one delta
-    for ch in ("🙂", "\U0010FFFD", "\U00020000"):
+    for ch in ("🙂", "\U0010fffd", "\U00020000"):
         if ch in text:
             assert any(ch in d for d in deltas)
 
@@ -345,8 +383,14 @@ def test_streaming_fallback_for_other_decoders(tok):
     other = Tokenizer(tok.hf, bos_id=2, eos_ids=[1])
     saved = tok.hf.decoder
     try:
-        tok.hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                            decoders.Fuse(), decoders.BPEDecoder(suffix="</w>")])
+        tok.hf.decoder = decoders.Sequence(
+            [
+                decoders.Replace("\u2581", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.BPEDecoder(suffix="</w>"),
+            ]
+        )
         other._stream_info = None
         assert other._stream_mode()[0] == "naive"
         ids = tok.encode(STREAM_TEXTS[2], add_bos=False)
@@ -417,9 +461,17 @@ def test_paths_honour_phoenix_chat_home(monkeypatch, tmp_path):
 # -- Hugging Face folders -----------------------------------------------------------------------
 def test_from_hf_folder(tok, tmp_path):
     (tmp_path / "tokenizer.json").write_text(tok.hf.to_str())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<bos>", "eos_token": {"content": "<eos>"}, "pad_token": "<pad>",
-        "add_bos_token": True, "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<bos>",
+                "eos_token": {"content": "<eos>"},
+                "pad_token": "<pad>",
+                "add_bos_token": True,
+                "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
+            }
+        )
+    )
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
     hf = Tokenizer.from_hf_folder(tmp_path)
     assert (hf.bos_id, hf.eos_ids[:2], hf.pad_id, hf.add_bos) == (2, (1, 106), 0, True)
@@ -430,7 +482,7 @@ def test_from_hf_folder(tok, tmp_path):
 
 
 def test_from_hf_folder_errors(tmp_path):
-    from engine.errors import ModelFileError
+    from phoenix_chat.engine.errors import ModelFileError
 
     with pytest.raises(ModelFileError, match="no tokenizer.json"):
         Tokenizer.from_hf_folder(tmp_path)
@@ -447,8 +499,9 @@ def test_space_prefix_vocabularies(tok):
     saved = tok.hf.normalizer, tok.hf.decoder
     try:
         tok.hf.normalizer = normalizers.Sequence([normalizers.Prepend(" "), normalizers.Replace(" ", "\u2581")])
-        tok.hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                            decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        tok.hf.decoder = decoders.Sequence(
+            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
         llama2 = Tokenizer(tok.hf, bos_id=2, eos_ids=[1])
         assert llama2._stream_mode() == ("spm", True)
         ids = llama2.encode("Hello world 🙂")

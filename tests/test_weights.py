@@ -1,4 +1,5 @@
 """The GGUF parser against the `gguf` package's reader, and every bad-input case."""
+
 import json
 import shutil
 import struct
@@ -9,15 +10,16 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from engine.errors import ModelFileError, UnsupportedModelError
-from engine.weights import open_weights
-from engine.weights.gguf_file import GGUFFile, canonical_name
+from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
+from phoenix_chat.engine.weights import open_weights
+from phoenix_chat.engine.weights.gguf_file import GGUFFile, canonical_name
 from tests.tinymodels import tiny_gguf
 
 
 @pytest.fixture(scope="module")
 def reference_reader(model_path):
     import gguf
+
     return gguf.GGUFReader(str(model_path))
 
 
@@ -34,8 +36,9 @@ def test_parser_matches_gguf_reader(gguf, reference_reader):
     assert gguf.metadata["tokenizer.ggml.tokens"][:50] == [bytes(tokens.parts[i]).decode() for i in tokens.data[:50]]
     assert len(gguf.metadata["tokenizer.ggml.tokens"]) == 262144
     scores = ref.fields["tokenizer.ggml.scores"]
-    assert np.array_equal(gguf.metadata["tokenizer.ggml.scores"][:1000],
-                          np.array([scores.parts[i][0] for i in scores.data[:1000]]))
+    assert np.array_equal(
+        gguf.metadata["tokenizer.ggml.scores"][:1000], np.array([scores.parts[i][0] for i in scores.data[:1000]])
+    )
 
 
 def test_config_of_embedded_model(gguf):
@@ -49,6 +52,7 @@ def test_config_of_embedded_model(gguf):
 
 def test_dequantize_uses_gguf_reference(gguf, reference_reader):
     from gguf import quants
+
     t = next(t for t in reference_reader.tensors if t.name == "blk.0.ffn_down.weight")
     assert np.array_equal(gguf.dequantize("layers.0.mlp.down_proj"), quants.dequantize(t.data, t.tensor_type))
     rows = gguf.dequantize_rows("embed_tokens", [2, 105, 262143])
@@ -58,12 +62,14 @@ def test_dequantize_uses_gguf_reference(gguf, reference_reader):
 
 def test_opening_is_fast(model_path):
     import time
+
     start = time.perf_counter()
     GGUFFile(model_path)
     assert time.perf_counter() - start < 5.0  # gguf.GGUFReader takes 10-18 s on this file
 
 
 # ---- bad input -------------------------------------------------------------------------
+
 
 def _header(*parts) -> bytes:
     return b"".join(parts)
@@ -98,7 +104,7 @@ def test_absurd_string_length(tmp_path):
 def test_truncated_header(tmp_path, model_path):
     bad = tmp_path / "head.gguf"
     with open(model_path, "rb") as src:
-        bad.write_bytes(src.read(1_000_000))   # cut inside the vocabulary
+        bad.write_bytes(src.read(1_000_000))  # cut inside the vocabulary
     with pytest.raises(ModelFileError, match="truncated or corrupt GGUF header"):
         open_weights(bad)
 
@@ -119,8 +125,7 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    path = tiny_gguf(tmp_path / "q2k.gguf", types={"blk.0.ffn_up.weight": QType.Q4_1},
-                     cfg=dict(hidden=256, ffn=256))
+    path = tiny_gguf(tmp_path / "q2k.gguf", types={"blk.0.ffn_up.weight": QType.Q4_1}, cfg=dict(hidden=256, ffn=256))
     with pytest.raises(UnsupportedModelError, match="blk.0.ffn_up.weight.*unsupported type Q4_1"):
         open_weights(path)
 
@@ -134,10 +139,20 @@ def test_missing_tensor(tmp_path):
 def test_hf_missing_shard_and_corrupt_header(tmp_path):
     folder = tmp_path / "hf"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 2,
-                                                     "num_hidden_layers": 1, "intermediate_size": 96}))
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
-                                                                                    "b": "model-00002-of-00002.safetensors"}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gemma3_text",
+                "hidden_size": 64,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "intermediate_size": 96,
+            }
+        )
+    )
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     (folder / "model-00001-of-00002.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     with pytest.raises(ModelFileError, match="missing shard model-00002-of-00002.safetensors"):
         open_weights(folder)
@@ -157,7 +172,9 @@ def test_hf_unsupported_model_type(tmp_path):
 def test_cli_reports_one_line_and_exit_2(tmp_path, content):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content + bytes(64))
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "info", "--model", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phoenix_chat.app.cli", "info", "--model", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

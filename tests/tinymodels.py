@@ -5,11 +5,12 @@ few tokens), unsupported types, missing tensors. Random weights, real layout. An
 `truncated_gguf`: a real model cut to its first layers (same tokenizer, real weights), a draft
 that disagrees with its full model often enough to exercise speculative decoding's rejections.
 """
+
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType as QType, GGUFWriter
-from gguf import quants
+from gguf import GGMLQuantizationType as QType
+from gguf import GGUFWriter, quants
 
 TINY = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=96, vocab=300, layers=7, window=4, ctx=64)
 
@@ -90,9 +91,17 @@ def sparse_gguf(path, *, hidden=8192, ffn=32768, layers=48, vocab=262144):
         for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
             shapes[b + n + ".weight"] = (hidden,)
         shapes[b + "attn_q_norm.weight"] = shapes[b + "attn_k_norm.weight"] = (128,)
-        shapes.update({b + "attn_q.weight": (q, hidden), b + "attn_k.weight": (kv, hidden), b + "attn_v.weight": (kv, hidden),
-                       b + "attn_output.weight": (hidden, q), b + "ffn_gate.weight": (ffn, hidden),
-                       b + "ffn_up.weight": (ffn, hidden), b + "ffn_down.weight": (hidden, ffn)})
+        shapes.update(
+            {
+                b + "attn_q.weight": (q, hidden),
+                b + "attn_k.weight": (kv, hidden),
+                b + "attn_v.weight": (kv, hidden),
+                b + "attn_output.weight": (hidden, q),
+                b + "ffn_gate.weight": (ffn, hidden),
+                b + "ffn_up.weight": (ffn, hidden),
+                b + "ffn_down.weight": (hidden, ffn),
+            }
+        )
     total = 0
     for name, shape in shapes.items():
         dtype = np.float32 if len(shape) == 1 else np.float16
@@ -125,10 +134,10 @@ def truncated_gguf(src, dst, layers: int):
             w.add_key_value(field.name, layers, GGUFValueType.UINT32)
             continue
         kind = field.types[0]
-        w.add_key_value(field.name, field.contents(), kind,
-                        sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
-    kept = [t for t in reader.tensors
-            if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
+        w.add_key_value(
+            field.name, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None
+        )
+    kept = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
     for t in kept:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     w.write_header_to_file()

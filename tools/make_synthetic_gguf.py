@@ -7,6 +7,7 @@ Real 4B/27B weights cannot be downloaded here; their shapes are all a bandwidth 
 
     python -m tools.make_synthetic_gguf --shape 27b --type q4_0 -o /tmp/g27.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGUFWriter, RopeScalingType
+from gguf import GGMLQuantizationType as QType
 
 # layers, hidden, heads, kv heads, head_dim, intermediate, vocab, window, rope scaling, query_pre_attn_scalar
 SHAPES = {
@@ -45,24 +47,27 @@ def tensors(shape: str, wtype: QType, etype: QType):
     out = [("token_embd.weight", (vocab, H), etype), ("output_norm.weight", (H,), QType.F32)]
     for i in range(L):
         b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", (H,), QType.F32),
-                (b + "attn_q.weight", (nh * hd, H), wtype),
-                (b + "attn_k.weight", (nkv * hd, H), wtype),
-                (b + "attn_v.weight", (nkv * hd, H), wtype),
-                (b + "attn_q_norm.weight", (hd,), QType.F32),
-                (b + "attn_k_norm.weight", (hd,), QType.F32),
-                (b + "attn_output.weight", (H, nh * hd), wtype),
-                (b + "post_attention_norm.weight", (H,), QType.F32),
-                (b + "ffn_norm.weight", (H,), QType.F32),
-                (b + "ffn_gate.weight", (inter, H), wtype),
-                (b + "ffn_up.weight", (inter, H), wtype),
-                (b + "ffn_down.weight", (H, inter), wtype),
-                (b + "post_ffw_norm.weight", (H,), QType.F32)]
+        out += [
+            (b + "attn_norm.weight", (H,), QType.F32),
+            (b + "attn_q.weight", (nh * hd, H), wtype),
+            (b + "attn_k.weight", (nkv * hd, H), wtype),
+            (b + "attn_v.weight", (nkv * hd, H), wtype),
+            (b + "attn_q_norm.weight", (hd,), QType.F32),
+            (b + "attn_k_norm.weight", (hd,), QType.F32),
+            (b + "attn_output.weight", (H, nh * hd), wtype),
+            (b + "post_attention_norm.weight", (H,), QType.F32),
+            (b + "ffn_norm.weight", (H,), QType.F32),
+            (b + "ffn_gate.weight", (inter, H), wtype),
+            (b + "ffn_up.weight", (inter, H), wtype),
+            (b + "ffn_down.weight", (H, inter), wtype),
+            (b + "post_ffw_norm.weight", (H,), QType.F32),
+        ]
     return out
 
 
-def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", seed: int = 0,
-          context_length: int = 32768) -> Path:
+def write(
+    path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", seed: int = 0, context_length: int = 32768
+) -> Path:
     L, H, nh, nkv, hd, inter, vocab, window, rope_scale, qpas = SHAPES[shape]
     wt, et = TYPES[wtype], TYPES[etype]
     rng = np.random.default_rng(seed)
@@ -85,7 +90,7 @@ def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", s
     if rope_scale != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scale)
-    w.add_tokenizer_model("none")     # ids only: llama.cpp loads it without a vocabulary (bench side by side)
+    w.add_tokenizer_model("none")  # ids only: llama.cpp loads it without a vocabulary (bench side by side)
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
     plan = tensors(shape, wt, et)
@@ -100,7 +105,7 @@ def write(path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", s
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shp, t in plan:
+    for _name, shp, t in plan:
         if t == QType.F32:
             data = (1.0 + 0.1 * rng.standard_normal(shp)).astype(np.float32)
         else:

@@ -8,6 +8,7 @@ Disagreements are recorded as they are, never adjusted.
 
     .venv-tools/bin/python -m tools.make_tokenizer_goldens
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,11 +38,15 @@ CORPUS: list[tuple[str, str]] = [
     ("digits", "0 1 2 3 4 5 6 7 8 9 10 11 100 1000"),
     ("long_number", "3141592653589793238462643383279502884197169399375105820974944"),
     ("numbers_mixed", "Pay $1,234.56 by 2024-03-15 or 1e-9 or -0.000001 or 0x1F."),
-    ("emoji_simple", "I love pizza \U0001F355 and cats \U0001F408!"),
-    ("emoji_zwj_family", "\U0001F468\u200D\U0001F469\u200D\U0001F467\u200D\U0001F466 family"),
-    ("emoji_skin_tone", "\U0001F44D\U0001F3FD thumbs"),
-    ("emoji_flags", "\U0001F1EB\U0001F1F7 \U0001F1EF\U0001F1F5 \U0001F1FA\U0001F1F8 \U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F"),
-    ("emoji_keycap_vs16", "1\uFE0F\u20E3 \u2764\uFE0F \u263A"),
+    ("emoji_simple", "I love pizza \U0001f355 and cats \U0001f408!"),
+    ("emoji_zwj_family", "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466 family"),
+    ("emoji_skin_tone", "\U0001f44d\U0001f3fd thumbs"),
+    (
+        "emoji_flags",
+        "\U0001f1eb\U0001f1f7 \U0001f1ef\U0001f1f5 \U0001f1fa\U0001f1f8 "
+        "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",
+    ),
+    ("emoji_keycap_vs16", "1\ufe0f\u20e3 \u2764\ufe0f \u263a"),
     ("cjk_chinese", "我们今天去公园散步，天气很好。"),
     ("cjk_japanese", "東京タワーは赤と白の塔です。ひらがなとカタカナ。"),
     ("cjk_korean", "안녕하세요, 만나서 반갑습니다."),
@@ -53,9 +58,9 @@ CORPUS: list[tuple[str, str]] = [
     ("combining_marks", "e\u0301 a\u0308 n\u0303 (decomposed)"),
     ("greek_cyrillic", "Αλφα Βήτα — Привет, мир!"),
     ("code_python", "def f(x):\n    return [i ** 2 for i in range(x) if i % 2 == 0]\n"),
-    ("code_c", "int main(void) {\n\tprintf(\"%d\\n\", 42);\n\treturn 0;\n}\n"),
-    ("code_json", "{\"key\": [1, 2.5, null, true], \"nested\": {\"a\": \"b\"}}"),
-    ("code_html", "<div class=\"x\"><p>Hello &amp; goodbye</p></div>"),
+    ("code_c", 'int main(void) {\n\tprintf("%d\\n", 42);\n\treturn 0;\n}\n'),
+    ("code_json", '{"key": [1, 2.5, null, true], "nested": {"a": "b"}}'),
+    ("code_html", '<div class="x"><p>Hello &amp; goodbye</p></div>'),
     ("url", "https://example.com/path/to/page?query=1&lang=en#section-2"),
     ("email_path", "mail me at someone@example.org or see /usr/local/bin/python3.11"),
     ("special_start_turn", "<start_of_turn>user\nHello there<end_of_turn>\n<start_of_turn>model\n"),
@@ -66,9 +71,9 @@ CORPUS: list[tuple[str, str]] = [
     ("special_adjacent", "<end_of_turn><end_of_turn>\n<start_of_turn>"),
     ("special_image_tokens", "<start_of_image><end_of_image>"),
     ("private_use", "\ue000\uf8ff private use"),
-    ("unassigned_and_noncharacters", "\U000E0001 \U0010FFFD \ufffe"),
+    ("unassigned_and_noncharacters", "\U000e0001 \U0010fffd \ufffe"),
     ("replacement_char", "\ufffd bad byte marker"),
-    ("cjk_ext_b_rare", "\U00020000\U0002A6D6\U0002B820 rare"),
+    ("cjk_ext_b_rare", "\U00020000\U0002a6d6\U0002b820 rare"),
     ("control_chars", "a\x00b\x01c\x07d\x1be\x7ff"),
     ("zero_width", "zero\u200bwidth\u200cnon\u200djoiner\ufeffbom"),
     ("math_symbols", "∀x∈ℝ: x² ≥ 0, ∑ᵢ aᵢ = ∫f(t)dt ≈ π"),
@@ -128,10 +133,12 @@ def main() -> int:
         if hf != lsp:
             disagreements.append({"name": name, "what": "transformers_add_special_tokens != llama_cpp_special_true"})
         if hf_split != lns:
-            disagreements.append({"name": name,
-                                  "what": "transformers_split_special_tokens != llama_cpp_special_false"})
-        print(f"{name:28s} llama(sp)={len(lsp):3d} llama(nosp)={len(lns):3d} hf={len(hf):3d} "
-              f"{'agree' if hf == lsp else 'DIFFER'} split:{'agree' if hf_split == lns else 'DIFFER'}", flush=True)
+            disagreements.append({"name": name, "what": "transformers_split_special_tokens != llama_cpp_special_false"})
+        print(
+            f"{name:28s} llama(sp)={len(lsp):3d} llama(nosp)={len(lns):3d} hf={len(hf):3d} "
+            f"{'agree' if hf == lsp else 'DIFFER'} split:{'agree' if hf_split == lns else 'DIFFER'}",
+            flush=True,
+        )
 
     data = {
         "generated_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -140,16 +147,15 @@ def main() -> int:
         "versions": {"llama_cpp_python": llama_cpp.__version__, "transformers": transformers.__version__},
         "method": {
             "llama_cpp_special_true": "Llama(vocab_only=True).tokenize(text.encode('utf-8'), add_bos=True, "
-                                      "special=True): special-token strings in the text are parsed",
+            "special=True): special-token strings in the text are parsed",
             "llama_cpp_special_false": "same with special=False: special-token strings are plain text",
             "transformers_add_special_tokens": "AutoTokenizer.from_pretrained(dir, gguf_file=name)(text, "
-                                               "add_special_tokens=True)['input_ids'] (%s converted from the "
-                                               "GGUF vocabulary)" % type(tok).__name__,
+            f"add_special_tokens=True)['input_ids'] ({type(tok).__name__} converted from the "
+            "GGUF vocabulary)",
             "transformers_split_special_tokens": "same with split_special_tokens=True: special-token strings "
-                                                 "are plain text (the counterpart of llama.cpp special=False); "
-                                                 "the leading <bos> is still added",
-            "llama_cpp_detok_*": "Llama.detokenize(ids without the leading bos).decode('utf-8', "
-                                 "errors='replace')",
+            "are plain text (the counterpart of llama.cpp special=False); "
+            "the leading <bos> is still added",
+            "llama_cpp_detok_*": "Llama.detokenize(ids without the leading bos).decode('utf-8', errors='replace')",
             "transformers_decode_skip_bos": "tokenizer.decode(ids without the leading bos)",
         },
         "n_entries": len(entries),

@@ -13,6 +13,7 @@ tests/vulkan/test_shaders_fresh.py checks it by source hash, so CI needs no comp
 A system glslc that already understands the extension (Ubuntu 24.04+, Debian 13+, the Vulkan
 SDK) is used instead when found; PHOENIX_GLSLC_COOPMAT names one explicitly.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ def understands_coopmat(glslc: str) -> bool:
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "probe.comp"
         src.write_text(PROBE)
-        r = subprocess.run([glslc, "--target-env=vulkan1.3", str(src), "-o", str(Path(d) / "p.spv")],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [glslc, "--target-env=vulkan1.3", str(src), "-o", str(Path(d) / "p.spv")], capture_output=True, text=True
+        )
         return r.returncode == 0
 
 
@@ -54,9 +56,18 @@ def fetch() -> Path:
     debs.mkdir(parents=True, exist_ok=True)
     sources = TOOLCHAIN / "sources.list"
     sources.write_text(f"deb http://deb.debian.org/debian {SUITE} main\n")
-    apt = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
-           "-o", f"Dir::State::Lists={lists}", "-o", "APT::Architecture=amd64",
-           "-o", "Debug::NoLocking=1"]
+    apt = [
+        "-o",
+        f"Dir::Etc::SourceList={sources}",
+        "-o",
+        "Dir::Etc::SourceParts=/dev/null",
+        "-o",
+        f"Dir::State::Lists={lists}",
+        "-o",
+        "APT::Architecture=amd64",
+        "-o",
+        "Debug::NoLocking=1",
+    ]
     subprocess.run(["apt-get", *apt, "update"], check=True, capture_output=True)
     subprocess.run(["apt-get", *apt, "download", *PACKAGES], check=True, capture_output=True, cwd=debs)
     for deb in sorted(debs.glob("*.deb")):

@@ -8,11 +8,12 @@ ImageMagick's `import -window root` once N tokens have streamed in (falls back t
 QWidget.grab when `import` is missing). It also prints the start-up figures that
 docs/PERFORMANCE.md reports: time to an interactive window, model load, first-token latency.
 """
+
 from __future__ import annotations
 
 import time
 
-T0 = time.perf_counter()        # before the Qt imports: start-up is measured from here
+T0 = time.perf_counter()  # before the Qt imports: start-up is measured from here
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
@@ -33,8 +34,11 @@ PROMPT = "Here is a short poem about a phoenix rising from the ashes:"
 def start_xvfb(size: str = "1400x900x24") -> tuple[subprocess.Popen, str]:
     for n in range(90, 120):
         if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
-            proc = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", size, "-nolisten", "tcp"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                ["Xvfb", f":{n}", "-screen", "0", size, "-nolisten", "tcp"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             for _ in range(100):
                 if Path(f"/tmp/.X11-unix/X{n}").exists():
                     return proc, f":{n}"
@@ -50,8 +54,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=30, help="capture after this many streamed deltas")
     ap.add_argument("--theme", default="light", choices=("light", "dark"))
     ap.add_argument("--json", help="also write the timings here")
-    ap.add_argument("--home", help="use this PHOENIX_CHAT_HOME (kept) instead of a throw-away one; "
-                                   "a second run then measures a warm start (engine caches built)")
+    ap.add_argument(
+        "--home",
+        help="use this PHOENIX_CHAT_HOME (kept) instead of a throw-away one; "
+        "a second run then measures a warm start (engine caches built)",
+    )
     args = ap.parse_args()
 
     xvfb, display = start_xvfb()
@@ -69,14 +76,15 @@ def main() -> int:
 
 
 def run(args, home: Path) -> int:
-    from app.qt_compat import guard_singleton_refcounts
+    from phoenix_chat.app.qt_compat import guard_singleton_refcounts
+
     guard_singleton_refcounts()
     import qasync
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.controllers.app_controller import AppController
-    from app.settings import SettingsModel
+    from phoenix_chat.app.controllers.app_controller import AppController
+    from phoenix_chat.app.settings import SettingsModel
 
     settings = SettingsModel(home)
     settings.set("theme", args.theme)
@@ -95,6 +103,7 @@ def run(args, home: Path) -> int:
 
     def interactive():
         times["window_interactive_s"] = time.perf_counter() - T0
+
     QTimer.singleShot(0, interactive)
 
     def on_model(info):
@@ -123,7 +132,7 @@ def run(args, home: Path) -> int:
         if state["deltas"] == 1:
             times["first_token_latency_s"] = time.perf_counter() - state["sent_at"]
         if state["deltas"] == args.tokens:
-            QTimer.singleShot(150, capture)      # let the view render the last delta
+            QTimer.singleShot(150, capture)  # let the view render the last delta
 
     def capture():
         out = Path(args.out)

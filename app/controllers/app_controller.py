@@ -3,27 +3,29 @@
 Kept small on purpose: chat logic is in ChatController, model/devices in ModelController,
 gauges in GaugesController.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.controllers.chat_controller import ChatController
-from app.controllers.gauges_controller import GaugesController
-from app.controllers.model_controller import ModelController
-from app.controllers.wiring import choice_sets
-from app.gauges.amdgpu import DEFAULT_ROOT
-from app.gauges.sampler import GaugeSampler
-from app.settings import SettingsModel
-from app.store import Store, StoreThread
-from app.views.main_window import MainWindow
-from app.views.theme import app_icon, apply_theme
-from app.worker.client import WorkerClient
+from phoenix_chat.app.controllers.chat_controller import ChatController
+from phoenix_chat.app.controllers.gauges_controller import GaugesController
+from phoenix_chat.app.controllers.model_controller import ModelController
+from phoenix_chat.app.controllers.wiring import choice_sets
+from phoenix_chat.app.gauges.amdgpu import DEFAULT_ROOT
+from phoenix_chat.app.gauges.sampler import GaugeSampler
+from phoenix_chat.app.settings import SettingsModel
+from phoenix_chat.app.store import Store, StoreThread
+from phoenix_chat.app.views.main_window import MainWindow
+from phoenix_chat.app.views.theme import app_icon, apply_theme
+from phoenix_chat.app.worker.client import WorkerClient
 
 
 class AppController(QObject):
-    def __init__(self, home=None, *, model_path: str | None = None, sysfs_root: str = DEFAULT_ROOT,
-                 autoload: bool = True):
+    def __init__(
+        self, home=None, *, model_path: str | None = None, sysfs_root: str = DEFAULT_ROOT, autoload: bool = True
+    ):
         super().__init__()
         self.settings = SettingsModel(home)
         if model_path is not None:

@@ -5,6 +5,7 @@ the worker only sends text. A streaming answer lives in the database from its fi
 token (complete=0) and is re-saved every SAVE_INTERVAL_MS while it grows, so a crash loses
 at most that much text.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,14 +15,14 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from app.controllers.model_controller import ModelController
-from app.controllers.wiring import connect, connect_actions
-from app.settings import SettingsModel
-from app.store import Message, StoreThread
-from app.views.chat_view import ShownMessage
-from app.views.main_window import MainWindow
-from app.worker.client import WorkerClient
-from app.worker.protocol import GenerationStats
+from phoenix_chat.app.controllers.model_controller import ModelController
+from phoenix_chat.app.controllers.wiring import connect, connect_actions
+from phoenix_chat.app.settings import SettingsModel
+from phoenix_chat.app.store import Message, StoreThread
+from phoenix_chat.app.views.chat_view import ShownMessage
+from phoenix_chat.app.views.main_window import MainWindow
+from phoenix_chat.app.worker.client import WorkerClient
+from phoenix_chat.app.worker.protocol import GenerationStats
 
 SAVE_INTERVAL_MS = 500
 TITLE_CHARS = 48
@@ -29,16 +30,22 @@ FINISH_NOTES = {
     "cancelled": "Stopped.",
     "length": "Stopped at the answer length limit (Chat settings → Max answer tokens).",
     "context": "Stopped: the conversation filled the model's context window. Start a new chat "
-               "or raise Devices → Context length.",
+    "or raise Devices → Context length.",
 }
 
 
 class ChatController(QObject):
-    answer_finished = Signal(int, str)     # assistant message id, finish reason
+    answer_finished = Signal(int, str)  # assistant message id, finish reason
     conversation_changed = Signal(int)
 
-    def __init__(self, window: MainWindow, worker: WorkerClient, store: StoreThread,
-                 settings: SettingsModel, models: ModelController):
+    def __init__(
+        self,
+        window: MainWindow,
+        worker: WorkerClient,
+        store: StoreThread,
+        settings: SettingsModel,
+        models: ModelController,
+    ):
         super().__init__(window)
         self.window, self.view, self.list_view = window, window.chat, window.conversations
         self.worker, self.store, self.settings, self.models = worker, store, settings, models
@@ -57,18 +64,37 @@ class ChatController(QObject):
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
 
-        connect(self.view, send_requested=self.send, stop_requested=self.stop,
-                regenerate_requested=self.regenerate, edit_requested=self.begin_edit,
-                edit_cancelled=self.cancel_edit, settings_requested=self._edit_chat_settings)
-        connect(self.list_view, selected=self.open_conversation, new_requested=self.new_conversation,
-                rename_requested=self._ask_rename, delete_requested=self._ask_delete,
-                search_changed=self._on_search)
-        connect_actions(window, new_chat_action=self.new_conversation,
-                        export_markdown_action=lambda: self._ask_export("markdown"),
-                        export_json_action=lambda: self._ask_export("json"))
-        connect(worker, tokens_changed=self._on_tokens, stats_changed=self._on_stats,
-                generation_finished=self._on_finished, error_raised=self._on_error,
-                worker_died=self._on_worker_died)
+        connect(
+            self.view,
+            send_requested=self.send,
+            stop_requested=self.stop,
+            regenerate_requested=self.regenerate,
+            edit_requested=self.begin_edit,
+            edit_cancelled=self.cancel_edit,
+            settings_requested=self._edit_chat_settings,
+        )
+        connect(
+            self.list_view,
+            selected=self.open_conversation,
+            new_requested=self.new_conversation,
+            rename_requested=self._ask_rename,
+            delete_requested=self._ask_delete,
+            search_changed=self._on_search,
+        )
+        connect_actions(
+            window,
+            new_chat_action=self.new_conversation,
+            export_markdown_action=lambda: self._ask_export("markdown"),
+            export_json_action=lambda: self._ask_export("json"),
+        )
+        connect(
+            worker,
+            tokens_changed=self._on_tokens,
+            stats_changed=self._on_stats,
+            generation_finished=self._on_finished,
+            error_raised=self._on_error,
+            worker_died=self._on_worker_died,
+        )
 
         last = settings.values.last_conversation_id
         convs = self.store.list_conversations()
@@ -136,13 +162,15 @@ class ChatController(QObject):
         conv = self.store.conversation(conversation_id)
         if conv is None:
             return
-        answer = QMessageBox.question(self.window, "Delete conversation",
-                                      f"Delete “{conv.title}” and all its messages?")
+        answer = QMessageBox.question(
+            self.window, "Delete conversation", f"Delete “{conv.title}” and all its messages?"
+        )
         if answer == QMessageBox.Yes:
             self.delete_conversation(conversation_id)
 
     def _edit_chat_settings(self) -> None:
-        from app.views.dialogs import ChatSettingsDialog
+        from phoenix_chat.app.views.dialogs import ChatSettingsDialog
+
         conv = self.store.conversation(self.conversation_id)
         sampling = {**self.settings.values.sampling_defaults(), **conv.sampling}
         dialog = ChatSettingsDialog(conv.system_prompt, sampling, self.window)
@@ -151,8 +179,7 @@ class ChatController(QObject):
             self.set_chat_settings(prompt, sampling)
 
     def set_chat_settings(self, system_prompt: str, sampling: dict) -> None:
-        self.store.update_conversation_settings(self.conversation_id,
-                        system_prompt=system_prompt, sampling=sampling)
+        self.store.update_conversation_settings(self.conversation_id, system_prompt=system_prompt, sampling=sampling)
         self._show_messages()
 
     # -- export ---------------------------------------------------------------------------
@@ -164,8 +191,12 @@ class ChatController(QObject):
         conv = self.store.conversation(self.conversation_id)
         suffix = ".md" if fmt == "markdown" else ".json"
         name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "conversation"
-        path, _ = QFileDialog.getSaveFileName(self.window, "Export conversation", str(Path.home() / (name + suffix)),
-                                              "Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self.window,
+            "Export conversation",
+            str(Path.home() / (name + suffix)),
+            "Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)",
+        )
         if path:
             self.export_current(fmt, path)
             self.window.statusBar().showMessage(f"Exported to {path}", 5000)
@@ -188,7 +219,7 @@ class ChatController(QObject):
             conv = self.store.conversation(self.conversation_id)
             if conv is not None and conv.title == "New chat":
                 title = " ".join(text.split())
-                title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1] + "…"
+                title = title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1] + "…"
                 self.store.rename_conversation(self.conversation_id, title)
         self.messages = self.store.messages(self.conversation_id)
         self.refresh_list()
@@ -280,8 +311,10 @@ class ChatController(QObject):
         self._show_stats(stats)
 
     def _on_worker_died(self, reason: str) -> None:
-        message = (f"The engine stopped: {reason}. Your conversation is safe; "
-                   "the engine restarts when you send the next message.")
+        message = (
+            f"The engine stopped: {reason}. Your conversation is safe; "
+            "the engine restarts when you send the next message."
+        )
         self.view.show_notice(html.escape(message), "error")
         self.window.statusBar().showMessage(message, 10000)
         if self.gen_id is not None:
@@ -324,8 +357,15 @@ class ChatController(QObject):
         if conv is not None and conv.system_prompt.strip():
             shown.append(ShownMessage(None, "system", conv.system_prompt))
         for m in self.messages:
-            shown.append(ShownMessage(m.id, m.role, m.content, m.complete or m.role != "assistant",
-                                      m.stats.get("note", "") if m.role == "assistant" else ""))
+            shown.append(
+                ShownMessage(
+                    m.id,
+                    m.role,
+                    m.content,
+                    m.complete or m.role != "assistant",
+                    m.stats.get("note", "") if m.role == "assistant" else "",
+                )
+            )
         if pending:
             shown.append(ShownMessage(None, "assistant", "", False))
         self.view.set_messages(shown)

@@ -3,6 +3,7 @@
 A sysfs read can stall when the GPU hangs; the sample then simply arrives late (or the
 next tick is skipped), and the window stays responsive.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +11,12 @@ import concurrent.futures
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.gauges.sampler import GaugeSampler, Snapshot
-from app.views.gauges_view import DevicePanel
-from app.worker.client import WorkerClient
-from app.worker.protocol import GenerationStats
+from phoenix_chat.app.gauges.sampler import GaugeSampler, Snapshot
+from phoenix_chat.app.views.gauges_view import DevicePanel
+from phoenix_chat.app.worker.client import WorkerClient
+from phoenix_chat.app.worker.protocol import GenerationStats
 
-REFRESH_MS = 333          # 3 Hz
+REFRESH_MS = 333  # 3 Hz
 
 
 def _gib(n: int) -> str:
@@ -23,7 +24,7 @@ def _gib(n: int) -> str:
 
 
 class GaugesController(QObject):
-    updated = Signal(object)          # the Snapshot just shown (tests wait on it)
+    updated = Signal(object)  # the Snapshot just shown (tests wait on it)
 
     def __init__(self, panel: DevicePanel, worker: WorkerClient, sampler: GaugeSampler):
         super().__init__(panel)
@@ -34,8 +35,9 @@ class GaugesController(QObject):
         self._timer.timeout.connect(self._tick)
         worker.stats_changed.connect(self._on_stats)
         worker.generation_finished.connect(lambda _id, _r, stats, _t: self._on_stats(_id, stats))
-        worker.devices_changed.connect(lambda _d, npu: sampler.report_npu(bool(npu.get("present")),
-                                                                          npu.get("reason", "")))
+        worker.devices_changed.connect(
+            lambda _d, npu: sampler.report_npu(bool(npu.get("present")), npu.get("reason", ""))
+        )
         worker.model_changed.connect(self._on_model)
         self.backend: str | None = None
         worker.worker_died.connect(lambda *_: sampler.report_engine(None))
@@ -55,7 +57,7 @@ class GaugesController(QObject):
 
     def _tick(self) -> None:
         if self._pending is not None and not self._pending.done():
-            return      # the previous sample is still out (a stalled sysfs read): skip
+            return  # the previous sample is still out (a stalled sysfs read): skip
         loop = asyncio.get_event_loop()
         self._pending = loop.run_in_executor(self._pool, self.sampler.sample)
         self._pending.add_done_callback(self._on_sample)
@@ -75,8 +77,9 @@ class GaugesController(QObject):
         p = self.panel
         if snap.gpu_busy is None and self.backend == "vulkan":
             # A GPU is in use but nothing measures it: say so rather than "not present".
-            p.gpu.set_value(None, "not reported",
-                            detail="No amdgpu sysfs files, and this Vulkan backend does not report busy time")
+            p.gpu.set_value(
+                None, "not reported", detail="No amdgpu sysfs files, and this Vulkan backend does not report busy time"
+            )
         elif snap.gpu_busy is None:
             p.gpu.set_value(None, detail="No amdgpu sysfs, and the engine is not running on a GPU")
         else:
@@ -99,7 +102,8 @@ class GaugesController(QObject):
             used, total = snap.ram
             p.ram.set_value(used / total, f"{_gib(used)} / {_gib(total)}")
         gpu_src = {"amdgpu": "amdgpu sysfs", "engine": "engine GPU timers"}.get(snap.gpu_source, "none")
-        p.source_label.setText(f"Sources — GPU: {gpu_src} · NPU: "
-                               f"{'runtime timing' if snap.npu_present else 'absent'} · CPU/RAM: psutil")
+        p.source_label.setText(
+            f"Sources — GPU: {gpu_src} · NPU: {'runtime timing' if snap.npu_present else 'absent'} · CPU/RAM: psutil"
+        )
         self.last = snap
         self.updated.emit(snap)

@@ -5,6 +5,7 @@ shapes the model changes (file, quantization, backend, NPU, context length), sho
 progress with a Cancel button, and reloads after the worker died when the next request
 needs a model (`ensure_loaded`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,21 +15,23 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from app.controllers.wiring import choice_sets, connect, connect_actions
-from app.settings import SettingsModel
-from app.views.main_window import APP_TITLE, MainWindow
-from app.worker.client import WorkerClient
+from phoenix_chat.app.controllers.wiring import choice_sets, connect, connect_actions
+from phoenix_chat.app.settings import SettingsModel
+from phoenix_chat.app.views.main_window import APP_TITLE, MainWindow
+from phoenix_chat.app.worker.client import WorkerClient
 
 RELOAD_KEYS = ("model_path", "quant", "backend", "npu", "context_length")
-BASE_MODEL_NOTICE = ("<b>This is a base model, not a chat model.</b> It was not instruction-tuned, so it "
-                     "continues your text rather than answering it, and often repeats the prompt. "
-                     "That is how the model is, not a fault. Open an instruction-tuned Gemma 3 "
-                     "(a “-it” file) from the File menu for real answers.")
+BASE_MODEL_NOTICE = (
+    "<b>This is a base model, not a chat model.</b> It was not instruction-tuned, so it "
+    "continues your text rather than answering it, and often repeats the prompt. "
+    "That is how the model is, not a fault. Open an instruction-tuned Gemma 3 "
+    "(a “-it” file) from the File menu for real answers."
+)
 
 
 class ModelController(QObject):
-    model_ready = Signal(dict)          # info from the worker
-    model_unavailable = Signal(str)     # why (load failed or cancelled)
+    model_ready = Signal(dict)  # info from the worker
+    model_unavailable = Signal(str)  # why (load failed or cancelled)
 
     def __init__(self, window: MainWindow, worker: WorkerClient, settings: SettingsModel):
         super().__init__(window)
@@ -40,14 +43,23 @@ class ModelController(QObject):
         self.devices: list[dict] = []
         self.npu: dict = {"present": False, "reason": "not detected yet"}
 
-        connect(worker, loading_changed=self._on_progress, model_changed=self._on_model,
-                load_failed=self._on_load_failed, devices_changed=self._on_devices,
-                worker_died=self._on_worker_died)
+        connect(
+            worker,
+            loading_changed=self._on_progress,
+            model_changed=self._on_model,
+            load_failed=self._on_load_failed,
+            devices_changed=self._on_devices,
+            worker_died=self._on_worker_died,
+        )
         window.load_cancel.clicked.connect(self.cancel_load)
-        connect_actions(window, reload_action=lambda: self.request_load(),
-                        model_info_action=self._show_info, open_file_action=self._open_file,
-                        open_folder_action=self._open_folder,
-                        embedded_action=lambda: self.settings.set("model_path", None))
+        connect_actions(
+            window,
+            reload_action=lambda: self.request_load(),
+            model_info_action=self._show_info,
+            open_file_action=self._open_file,
+            open_folder_action=self._open_folder,
+            embedded_action=lambda: self.settings.set("model_path", None),
+        )
         choice_sets(window.quant_group, settings, "quant")
         choice_sets(window.npu_group, settings, "npu")
         choice_sets(window.context_group, settings, "context_length", lambda n: n or None)
@@ -69,9 +81,13 @@ class ModelController(QObject):
         backend, device = _split_backend(s.backend)
         self._load_future = asyncio.get_event_loop().create_future()
         self.load_id = self.worker.request_load(
-            path=s.model_path, backend=backend, device=device,
+            path=s.model_path,
+            backend=backend,
+            device=device,
             quant=None if s.quant == "file" else s.quant,
-            context_length=s.context_length, npu=s.npu if s.npu != "off" else None)
+            context_length=s.context_length,
+            npu=s.npu if s.npu != "off" else None,
+        )
         self.window.show_loading(0.0, "Starting engine")
         self._set_model_label(loading=True)
         return self._load_future
@@ -183,8 +199,9 @@ class ModelController(QObject):
             self.settings.set("model_path", path)
 
     def _open_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open a GGUF model", str(Path.home()),
-                                              "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self.window, "Open a GGUF model", str(Path.home()), "GGUF models (*.gguf);;All files (*)"
+        )
         if path:
             self.open_model(path)
 

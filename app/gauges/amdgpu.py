@@ -4,6 +4,7 @@ For each `card*/device` under the DRM root: `gpu_busy_percent` (an integer 0–1
 `mem_info_vram_used` / `mem_info_vram_total` and `mem_info_gtt_used` / `mem_info_gtt_total`
 (bytes). The root is a parameter so tests can point it at a fake tree.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,7 @@ DEFAULT_ROOT = "/sys/class/drm"
 @dataclass
 class AmdGpuReading:
     card: str
-    busy: float | None            # 0..1
+    busy: float | None  # 0..1
     vram_used: int | None
     vram_total: int | None
     gtt_used: int | None
@@ -31,8 +32,9 @@ class AmdGpuSysfs:
     def _find(self) -> Path | None:
         """The first card whose device folder has amdgpu's busy or memory files."""
         try:
-            cards = sorted((p for p in self.root.glob("card*") if re.fullmatch(r"card\d+", p.name)),
-                           key=lambda p: int(p.name[4:]))
+            cards = sorted(
+                (p for p in self.root.glob("card*") if re.fullmatch(r"card\d+", p.name)), key=lambda p: int(p.name[4:])
+            )
         except OSError:
             return None
         for card in cards:

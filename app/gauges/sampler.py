@@ -4,6 +4,7 @@ Sources, in order of preference for the GPU: amdgpu sysfs, then the engine's own
 fraction (Vulkan timestamp queries, reported by the worker). NPU busy comes from the NPU
 runtime's kernel timing via the worker. CPU and RAM from psutil. Anything absent is None.
 """
+
 from __future__ import annotations
 
 import threading
@@ -12,16 +13,16 @@ from dataclasses import dataclass
 
 import psutil
 
-from app.gauges.amdgpu import DEFAULT_ROOT, AmdGpuSysfs
-from app.worker.protocol import GenerationStats
+from phoenix_chat.app.gauges.amdgpu import DEFAULT_ROOT, AmdGpuSysfs
+from phoenix_chat.app.worker.protocol import GenerationStats
 
-ENGINE_STALE_S = 1.5     # engine figures older than this mean the engine is idle
+ENGINE_STALE_S = 1.5  # engine figures older than this mean the engine is idle
 
 
 @dataclass
 class Snapshot:
     gpu_busy: float | None = None
-    gpu_source: str = ""                 # "amdgpu" | "engine" | ""
+    gpu_source: str = ""  # "amdgpu" | "engine" | ""
     vram: tuple[int, int] | None = None  # used, total (bytes)
     gtt: tuple[int, int] | None = None
     npu_busy: float | None = None
@@ -41,7 +42,7 @@ class GaugeSampler:
         self._engine_at = 0.0
         self._npu_present = False
         self._npu_reason = "not detected yet"
-        psutil.cpu_percent(None)     # first call primes the counter
+        psutil.cpu_percent(None)  # first call primes the counter
 
     def report_engine(self, stats: GenerationStats | None) -> None:
         """The worker's latest figures; None: no engine figures (no model, or the worker died)."""

@@ -5,6 +5,7 @@ user asked for (`send_requested`, `stop_requested`, `regenerate_requested`,
 `edit_requested`, `settings_requested`). Re-rendering while streaming is coalesced to
 ~15 Hz so a fast model cannot flood the GUI thread.
 """
+
 from __future__ import annotations
 
 import html
@@ -12,10 +13,20 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
-from app.views.markdown_render import render_message
+from phoenix_chat.app.views.markdown_render import render_message
 
 RENDER_INTERVAL_MS = 66
 
@@ -26,7 +37,7 @@ class ShownMessage:
     role: str
     content: str
     complete: bool = True
-    note: str = ""          # e.g. "stopped", "error: …"
+    note: str = ""  # e.g. "stopped", "error: …"
 
 
 class MessageInput(QPlainTextEdit):
@@ -49,7 +60,7 @@ class ChatView(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
     regenerate_requested = Signal()
-    edit_requested = Signal(int)          # message id
+    edit_requested = Signal(int)  # message id
     edit_cancelled = Signal()
     settings_requested = Signal()
 
@@ -60,8 +71,8 @@ class ChatView(QWidget):
         self._html_cache: dict[tuple, tuple[str, list[str]]] = {}
         self._codes: list[str] = []
         self._full_render = True
-        self._live_start: int | None = None      # where the last message starts in the document
-        self._prefix_codes = 0                    # code blocks before the last message
+        self._live_start: int | None = None  # where the last message starts in the document
+        self._prefix_codes = 0  # code blocks before the last message
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
 
@@ -83,8 +94,9 @@ class ChatView(QWidget):
         self.transcript.setPlaceholderText("")
 
         self.edit_banner = QLabel(objectName="editBanner", wordWrap=True)
-        self.edit_banner.setText("Editing an earlier message: sending replaces it and everything after it. "
-                                 "Esc cancels.")
+        self.edit_banner.setText(
+            "Editing an earlier message: sending replaces it and everything after it. Esc cancels."
+        )
         self.edit_banner.hide()
 
         self.input = MessageInput(objectName="messageInput")
@@ -202,7 +214,7 @@ class ChatView(QWidget):
             cursor.setPosition(self._live_start)
             cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
             cursor.removeSelectedText()
-            del self._codes[self._prefix_codes:]
+            del self._codes[self._prefix_codes :]
             self._insert_last()
         bar.setValue(bar.maximum() if at_bottom else old)
 
@@ -211,8 +223,9 @@ class ChatView(QWidget):
         self._codes = []
         if not self._messages:
             self._live_start = None
-            self.transcript.setHtml('<p style="color:gray" align="center"><br><br>Start a conversation: '
-                                    'type below and press Enter.</p>')
+            self.transcript.setHtml(
+                '<p style="color:gray" align="center"><br><br>Start a conversation: type below and press Enter.</p>'
+            )
             return
         self.transcript.setHtml("".join(self._message_html(m, i) for i, m in enumerate(self._messages[:-1])))
         self._prefix_codes = len(self._codes)
@@ -228,8 +241,11 @@ class ChatView(QWidget):
         key = (m.role, m.content, self.theme, len(self._codes))
         cached = self._html_cache.get(key)
         if cached is None:
-            body, codes = render_message(m.content, self.theme, len(self._codes)) if m.content else \
-                ("<p>…</p>" if not m.complete else "", [])
+            body, codes = (
+                render_message(m.content, self.theme, len(self._codes))
+                if m.content
+                else ("<p>…</p>" if not m.complete else "", [])
+            )
             cached = (body, codes)
             if m.complete:
                 self._html_cache[key] = cached
@@ -252,8 +268,10 @@ class ChatView(QWidget):
             note = f'<p style="color:#b45309; font-size:small"><i>{html.escape(m.note)}</i></p>'
         elif not m.complete and m.role == "assistant":
             note = '<p style="color:gray; font-size:small"><i>writing…</i></p>'
-        return (f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom:6px">'
-                f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}</td></tr></table>')
+        return (
+            f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom:6px">'
+            f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}</td></tr></table>'
+        )
 
     def _on_anchor(self, url: QUrl) -> None:
         scheme, _, rest = url.toString().partition(":")

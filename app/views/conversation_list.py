@@ -1,13 +1,13 @@
 """The conversation list: search box, list, New / Rename / Delete. Layout only."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget
 
 
 class ConversationListView(QWidget):
-    selected = Signal(int)               # conversation id
+    selected = Signal(int)  # conversation id
     new_requested = Signal()
     rename_requested = Signal(int)
     delete_requested = Signal(int)
@@ -15,8 +15,9 @@ class ConversationListView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.search = QLineEdit(objectName="conversationSearch", placeholderText="Search conversations",
-                                clearButtonEnabled=True)
+        self.search = QLineEdit(
+            objectName="conversationSearch", placeholderText="Search conversations", clearButtonEnabled=True
+        )
         self.search.textChanged.connect(self.search_changed)
         self.list = QListWidget(objectName="conversationList")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)

@@ -1,8 +1,16 @@
 """Small dialogs: per-conversation chat settings. Layout only."""
+
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QPlainTextEdit,
-                               QSpinBox, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+)
 
 
 class ChatSettingsDialog(QDialog):
@@ -15,8 +23,10 @@ class ChatSettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
         self.system_prompt = QPlainTextEdit(system_prompt, objectName="systemPrompt")
-        self.system_prompt.setPlaceholderText("Optional instructions given to the model before the chat "
-                                              "(Gemma has no system role: this text is put before your first message).")
+        self.system_prompt.setPlaceholderText(
+            "Optional instructions given to the model before the chat "
+            "(Gemma has no system role: this text is put before your first message)."
+        )
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
         self.temperature.setValue(float(sampling["temperature"]))
         self.temperature.setToolTip("0 = always the most likely token (greedy)")
@@ -47,7 +57,10 @@ class ChatSettingsDialog(QDialog):
 
     def values(self) -> tuple[str, dict]:
         return self.system_prompt.toPlainText(), {
-            "temperature": self.temperature.value(), "top_k": self.top_k.value(),
-            "top_p": self.top_p.value(), "min_p": self.min_p.value(),
-            "repetition_penalty": self.repetition_penalty.value(), "max_tokens": self.max_tokens.value(),
+            "temperature": self.temperature.value(),
+            "top_k": self.top_k.value(),
+            "top_p": self.top_p.value(),
+            "min_p": self.min_p.value(),
+            "repetition_penalty": self.repetition_penalty.value(),
+            "max_tokens": self.max_tokens.value(),
         }

@@ -2,6 +2,7 @@
 
 A gauge whose source is absent says "not present" (grey, no bar) — never a made-up 0%.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -17,7 +18,7 @@ def _palette(widget: QWidget) -> dict:
     dark = widget.palette().window().color().lightness() < 128
     return {
         "track": QColor("#3a3d42" if dark else "#e5e7eb"),
-        "fill": QColor("#f97316"),            # phoenix orange
+        "fill": QColor("#f97316"),  # phoenix orange
         "text": widget.palette().windowText().color(),
         "muted": QColor("#8b8f96"),
     }
@@ -103,8 +104,7 @@ class Sparkline(QWidget):
             top = max(max(self.values), 1.0)
             step = rect.width() / (self.values.maxlen - 1)
             x0 = rect.right() - step * (len(self.values) - 1)
-            pts = [QPointF(x0 + i * step, rect.bottom() - rect.height() * v / top)
-                   for i, v in enumerate(self.values)]
+            pts = [QPointF(x0 + i * step, rect.bottom() - rect.height() * v / top) for i, v in enumerate(self.values)]
             area = QPainterPath(QPointF(pts[0].x(), rect.bottom()))
             for pt in pts:
                 area.lineTo(pt)
@@ -154,5 +154,4 @@ class DevicePanel(QWidget):
         layout.addStretch(1)
 
     def gauges(self) -> dict[str, Gauge]:
-        return {"gpu": self.gpu, "vram": self.vram, "gtt": self.gtt, "npu": self.npu,
-                "cpu": self.cpu, "ram": self.ram}
+        return {"gpu": self.gpu, "vram": self.vram, "gtt": self.gtt, "npu": self.npu, "cpu": self.cpu, "ram": self.ram}

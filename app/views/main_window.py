@@ -3,16 +3,17 @@
 Every menu action is an attribute so controllers (and tests) can reach it; the window
 itself never talks to the worker or the store.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter
 
-from app.settings import CONTEXT_CHOICES, QUANT_CHOICES
-from app.views.chat_view import ChatView
-from app.views.conversation_list import ConversationListView
-from app.views.gauges_view import DevicePanel
+from phoenix_chat.app.settings import CONTEXT_CHOICES, QUANT_CHOICES
+from phoenix_chat.app.views.chat_view import ChatView
+from phoenix_chat.app.views.conversation_list import ConversationListView
+from phoenix_chat.app.views.gauges_view import DevicePanel
 
 APP_TITLE = "Phoenix Chat"
 QUANT_LABELS = {"file": "As in file", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "F16": "F16"}
@@ -186,4 +187,3 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:  # noqa: N802
         self.closing.emit()
         super().closeEvent(event)
-

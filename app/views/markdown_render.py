@@ -5,6 +5,7 @@ blocks are cut out first and highlighted with pygments (inline styles, which Qt'
 subset understands), each with a "Copy" link `copy:<n>`. An unterminated fence — the
 usual state of an answer that is still streaming — is rendered as code up to the end.
 """
+
 from __future__ import annotations
 
 import html
@@ -33,7 +34,7 @@ def split_fences(text: str) -> list[tuple[str, str, str | None]]:
         if m is None:
             parts.append(("text", text[pos:], None))
             break
-        parts.append(("text", text[pos:m.start()], None))
+        parts.append(("text", text[pos : m.start()], None))
         fence = m.group("fence")
         close = re.compile(r"^ {0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*$", re.M)
         body_start = m.end() + 1
@@ -41,7 +42,7 @@ def split_fences(text: str) -> list[tuple[str, str, str | None]]:
         if c is None:
             parts.append(("code", text[body_start:], m.group("lang") or None))
             break
-        parts.append(("code", text[body_start:c.start()].rstrip("\n"), m.group("lang") or None))
+        parts.append(("code", text[body_start : c.start()].rstrip("\n"), m.group("lang") or None))
         pos = c.end() + 1
     return [p for p in parts if p[0] == "code" or p[1].strip()]
 

@@ -7,6 +7,7 @@ the GUI thread. A reader thread blocks on the pipe and hands each message to the
 When the pipe breaks the worker is gone: `worker_died` is emitted and the next command
 starts a fresh process (the caller reloads the model).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,23 +16,24 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from app.qt_compat import guard_singleton_refcounts
-from app.worker import protocol as P
-from app.worker.process import worker_main
+from phoenix_chat.app.qt_compat import guard_singleton_refcounts
+from phoenix_chat.app.worker import protocol as P
+from phoenix_chat.app.worker.process import worker_main
 
-guard_singleton_refcounts()   # see app/qt_compat.py
+guard_singleton_refcounts()  # see app/qt_compat.py
+
 
 class WorkerClient(QObject):
-    worker_ready = Signal(int)                    # pid
-    devices_changed = Signal(list, dict)          # devices, npu status
-    loading_changed = Signal(str, float, str)     # load id, fraction, message
-    model_changed = Signal(str, dict)             # load id, model info
-    load_failed = Signal(str, str, bool)          # load id, message, cancelled
-    tokens_changed = Signal(str, str)             # generation id, text delta
-    stats_changed = Signal(str, object)           # generation id, GenerationStats
+    worker_ready = Signal(int)  # pid
+    devices_changed = Signal(list, dict)  # devices, npu status
+    loading_changed = Signal(str, float, str)  # load id, fraction, message
+    model_changed = Signal(str, dict)  # load id, model info
+    load_failed = Signal(str, str, bool)  # load id, message, cancelled
+    tokens_changed = Signal(str, str)  # generation id, text delta
+    stats_changed = Signal(str, object)  # generation id, GenerationStats
     generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
-    error_raised = Signal(str, str)               # request id, message
-    worker_died = Signal(str)                     # what we know about why
+    error_raised = Signal(str, str)  # request id, message
+    worker_died = Signal(str)  # what we know about why
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -40,7 +42,7 @@ class WorkerClient(QObject):
         self._queue: asyncio.Queue | None = None
         self._pump_task: asyncio.Task | None = None
         self._reader: threading.Thread | None = None
-        self._generation = 0          # bumps on every (re)start so stale readers are ignored
+        self._generation = 0  # bumps on every (re)start so stale readers are ignored
         self.model_info: dict | None = None
         self._shutting_down = False
 
@@ -57,16 +59,17 @@ class WorkerClient(QObject):
         loop = asyncio.get_event_loop()
         if self._queue is None:
             self._queue = asyncio.Queue()
-            self._pump_task = loop.create_task(self._pump())   # reference kept: see STYLE 14
+            self._pump_task = loop.create_task(self._pump())  # reference kept: see STYLE 14
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=worker_main, args=(child_conn,), name="phoenix-engine", daemon=True)
         self.process.start()
-        child_conn.close()      # so the parent sees EOF when the child dies
+        child_conn.close()  # so the parent sees EOF when the child dies
         self._conn = parent_conn
         self._generation += 1
-        self._reader = threading.Thread(target=self._read, args=(parent_conn, self._generation, loop),
-                                        name="worker-pipe-reader", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(parent_conn, self._generation, loop), name="worker-pipe-reader", daemon=True
+        )
         self._reader.start()
 
     def stop(self, timeout: float = 3.0) -> None:
@@ -112,8 +115,16 @@ class WorkerClient(QObject):
     def request_load(self, *, path, backend, device, quant, context_length, npu) -> str:
         load_id = P.new_id("load")
         self.model_info = None
-        self.send(P.LOAD_REQUESTED, id=load_id, path=path, backend=backend, device=device,
-                  quant=quant, context_length=context_length, npu=npu)
+        self.send(
+            P.LOAD_REQUESTED,
+            id=load_id,
+            path=path,
+            backend=backend,
+            device=device,
+            quant=quant,
+            context_length=context_length,
+            npu=npu,
+        )
         return load_id
 
     def cancel_load(self, load_id: str) -> None:
@@ -146,7 +157,7 @@ class WorkerClient(QObject):
             try:
                 loop.call_soon_threadsafe(self._enqueue, msg)
             except RuntimeError:
-                return      # loop closed: the app is exiting
+                return  # loop closed: the app is exiting
             if msg["type"] == P.WORKER_DIED:
                 return
 
@@ -162,12 +173,13 @@ class WorkerClient(QObject):
                 self._dispatch(msg)
             except Exception:  # noqa: BLE001 — a slot raised; keep the channel alive
                 import traceback
+
                 traceback.print_exc()
 
     def _dispatch(self, msg: dict) -> None:
         kind = msg["type"]
         if msg.get("_generation") != self._generation:
-            return      # from a process we already replaced
+            return  # from a process we already replaced
         if kind == P.WORKER_READY:
             self.worker_ready.emit(msg["pid"])
         elif kind == P.DEVICES_CHANGED:
@@ -184,8 +196,9 @@ class WorkerClient(QObject):
         elif kind == P.STATS_CHANGED:
             self.stats_changed.emit(msg["id"], P.GenerationStats.from_dict(msg["stats"]))
         elif kind == P.GENERATION_FINISHED:
-            self.generation_finished.emit(msg["id"], msg["finish_reason"],
-                                          P.GenerationStats.from_dict(msg["stats"]), msg["text"])
+            self.generation_finished.emit(
+                msg["id"], msg["finish_reason"], P.GenerationStats.from_dict(msg["stats"]), msg["text"]
+            )
         elif kind == P.ERROR_RAISED:
             self.error_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.WORKER_DIED:
@@ -204,6 +217,7 @@ def _death_reason(code) -> str:
         return "the engine process stopped responding"
     if code < 0:
         import signal
+
         try:
             name = signal.Signals(-code).name
         except ValueError:

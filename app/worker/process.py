@@ -4,6 +4,7 @@ A GPU hang or a crash in native code kills this process, not the window. The mai
 runs one command at a time (load, generate); a reader thread receives commands and turns
 the two cancel commands into flags at once, so Stop works while a generation is running.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,16 +14,17 @@ import threading
 import time
 import traceback
 
-from app.worker import protocol as P
+from phoenix_chat.app.worker import protocol as P
 
-STATS_INTERVAL_S = 0.25       # stats to the GUI at 4 Hz
-DELTA_INTERVAL_S = 0.03       # coalesce token deltas to ~30 messages/s
+STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
+DELTA_INTERVAL_S = 0.03  # coalesce token deltas to ~30 messages/s
 PROGRESS_INTERVAL_S = 0.05
 
 
 def worker_main(conn) -> None:
     """Entry point of the worker process (multiprocessing 'spawn' target)."""
     import signal
+
     # Ctrl+C in the terminal reaches the whole process group; the GUI decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     Worker(conn).run()
@@ -44,7 +46,7 @@ class Worker:
         try:
             self.conn.send({"type": type_, **fields})
         except (BrokenPipeError, OSError):
-            os._exit(0)   # the GUI is gone
+            os._exit(0)  # the GUI is gone
 
     def _reader(self) -> None:
         while True:
@@ -85,8 +87,8 @@ class Worker:
 
     def _engine(self):
         if self.engine is None:
-            self.engine = importlib.import_module("engine")
-            importlib.import_module("engine.generate")
+            self.engine = importlib.import_module("phoenix_chat.engine")
+            importlib.import_module("phoenix_chat.engine.generate")
         return self.engine
 
     # -- commands -------------------------------------------------------------------------
@@ -111,17 +113,23 @@ class Worker:
 
         try:
             engine = self._engine()
-            from engine.errors import CancelledError, PhoenixError
+            from phoenix_chat.engine.errors import CancelledError, PhoenixError
         except Exception as exc:  # noqa: BLE001 — reported to the user, worker stays up
             self.send(P.LOAD_FAILED, id=load_id, message=f"engine unavailable: {exc}", cancelled=False)
             return
         self._close_model()
         backend = msg.get("backend") or "auto"
         if msg.get("npu") == "prefill":
-            backend = "npu-hybrid"      # prompt prefill on the NPU, decode on the GPU
-        kwargs = dict(path=msg.get("path"), backend=backend,
-                      context_length=msg.get("context_length"), quant=msg.get("quant"),
-                      device=msg.get("device"), progress=progress, cancel=cancel)
+            backend = "npu-hybrid"  # prompt prefill on the NPU, decode on the GPU
+        kwargs = dict(
+            path=msg.get("path"),
+            backend=backend,
+            context_length=msg.get("context_length"),
+            quant=msg.get("quant"),
+            device=msg.get("device"),
+            progress=progress,
+            cancel=cancel,
+        )
         try:
             self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Opening model")
             model = engine.load(**kwargs)
@@ -148,15 +156,18 @@ class Worker:
         gen_id = msg["id"]
         if self.model is None:
             self.send(P.ERROR_RAISED, id=gen_id, message="no model is loaded")
-            self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error",
-                      stats=P.GenerationStats().to_dict(), text="")
+            self.send(
+                P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats=P.GenerationStats().to_dict(), text=""
+            )
             return
-        from engine.errors import PhoenixError
-        from engine.sampling import SamplingParams
+        from phoenix_chat.engine.errors import PhoenixError
+        from phoenix_chat.engine.sampling import SamplingParams
+
         stream_generate = importlib.import_module(f"{self.engine.__name__}.generate").stream_generate
 
-        params = SamplingParams(**{k: v for k, v in (msg.get("params") or {}).items()
-                                   if k in P.SAMPLING_FIELDS and v is not None})
+        params = SamplingParams(
+            **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
+        )
         text: list[str] = []
         pending: list[str] = []
         last_delta = last_stats = 0.0
@@ -164,8 +175,9 @@ class Worker:
         reason = None
         gen = None
         try:
-            gen = stream_generate(self.model, msg["messages"], params=params,
-                                  max_tokens=int(msg.get("max_tokens") or 256))
+            gen = stream_generate(
+                self.model, msg["messages"], params=params, max_tokens=int(msg.get("max_tokens") or 256)
+            )
             for record in gen:
                 if record.text:
                     pending.append(record.text)
@@ -195,14 +207,15 @@ class Worker:
             self.send(P.ERROR_RAISED, id=gen_id, message=f"{type(exc).__name__}: {exc}")
         finally:
             if gen is not None:
-                gen.close()   # cancels the engine's loop between tokens
+                gen.close()  # cancels the engine's loop between tokens
             with self.lock:
                 self.cancelled.discard(gen_id)
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
         stats = self._stats(record).idle() if record is not None else P.GenerationStats()
-        self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats.to_dict(),
-                  text="".join(text))
+        self.send(
+            P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats.to_dict(), text="".join(text)
+        )
 
     # -- helpers --------------------------------------------------------------------------
     def _stats(self, r) -> P.GenerationStats:
@@ -210,10 +223,16 @@ class Worker:
         backend = self.model.backend
         live = backend.live_stats()
         return P.GenerationStats(
-            prompt_tokens=r.prompt_tokens, generation_tokens=r.generation_tokens,
-            prompt_tps=r.prompt_tps, generation_tps=r.generation_tps, ttft_s=r.ttft_s,
+            prompt_tokens=r.prompt_tokens,
+            generation_tokens=r.generation_tokens,
+            prompt_tps=r.prompt_tps,
+            generation_tps=r.generation_tps,
+            ttft_s=r.ttft_s,
             context_limit=backend.context_length,
-            gpu_busy=live.gpu_busy, npu_busy=live.npu_busy, kv_cache_bytes=live.kv_cache_bytes)
+            gpu_busy=live.gpu_busy,
+            npu_busy=live.npu_busy,
+            kv_cache_bytes=live.kv_cache_bytes,
+        )
 
     def _close_model(self) -> None:
         if self.model is not None:
@@ -232,7 +251,8 @@ def describe_model(model, request: dict) -> dict:
 
 
 def _probe_devices() -> list:
-    from engine.devices import list_devices as engine_list_devices
+    from phoenix_chat.engine.devices import list_devices as engine_list_devices
+
     return engine_list_devices()
 
 
@@ -271,6 +291,9 @@ def npu_status(entries=None) -> dict:
         return {"present": False, "reason": f"device probe failed: {exc}", "name": None}
     for d in entries:
         if _field(d, "kind") == "npu":
-            return {"present": bool(_field(d, "available", False)), "reason": str(_field(d, "status", "") or ""),
-                    "name": _field(d, "name")}
+            return {
+                "present": bool(_field(d, "available", False)),
+                "reason": str(_field(d, "status", "") or ""),
+                "name": _field(d, "name"),
+            }
     return {"present": False, "reason": "no NPU support in this engine", "name": None}

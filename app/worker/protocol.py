@@ -5,34 +5,34 @@ record crosses as a dict too (`GenerationStats.to_dict` / `from_dict`).
 Commands go GUI → worker and are named `*_requested`; events come back named `*_changed`,
 `*_finished`, `*_failed` or `*_raised`. Requests that get an answer carry an "id" string.
 """
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, replace
 
 # GUI → worker
-LOAD_REQUESTED = "load_requested"            # id, path, backend, device, quant, context_length, npu
+LOAD_REQUESTED = "load_requested"  # id, path, backend, device, quant, context_length, npu
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
-GENERATE_REQUESTED = "generate_requested"    # id, messages, params, max_tokens
-CANCEL_REQUESTED = "cancel_requested"        # id
+GENERATE_REQUESTED = "generate_requested"  # id, messages, params, max_tokens
+CANCEL_REQUESTED = "cancel_requested"  # id
 DEVICES_REQUESTED = "devices_requested"
 SHUTDOWN_REQUESTED = "shutdown_requested"
 
 # worker → GUI
-WORKER_READY = "worker_ready"                # pid
-DEVICES_CHANGED = "devices_changed"          # devices: [{id, name, kind}], npu: {present, reason}
-LOADING_CHANGED = "loading_changed"          # id, fraction, message
-MODEL_CHANGED = "model_changed"              # id, info
-LOAD_FAILED = "load_failed"                  # id, message, cancelled
-TOKENS_CHANGED = "tokens_changed"            # id, text (a delta; several tokens may be coalesced)
-STATS_CHANGED = "stats_changed"              # id, stats: GenerationStats (throttled to ~4 Hz)
+WORKER_READY = "worker_ready"  # pid
+DEVICES_CHANGED = "devices_changed"  # devices: [{id, name, kind}], npu: {present, reason}
+LOADING_CHANGED = "loading_changed"  # id, fraction, message
+MODEL_CHANGED = "model_changed"  # id, info
+LOAD_FAILED = "load_failed"  # id, message, cancelled
+TOKENS_CHANGED = "tokens_changed"  # id, text (a delta; several tokens may be coalesced)
+STATS_CHANGED = "stats_changed"  # id, stats: GenerationStats (throttled to ~4 Hz)
 GENERATION_FINISHED = "generation_finished"  # id, finish_reason, stats: GenerationStats, text
-ERROR_RAISED = "error_raised"                # id, message
-WORKER_DIED = "worker_died"                  # made up by the GUI side when the pipe breaks
+ERROR_RAISED = "error_raised"  # id, message
+WORKER_DIED = "worker_died"  # made up by the GUI side when the pipe breaks
 
 # Sampling fields the worker accepts from the GUI (engine.sampling.SamplingParams).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
-
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,14 @@ class GenerationStats:
     """A generation's figures, worker → GUI: the status bar (tok/s, TTFT, context), the
     gauges (the backend's `LiveStats`) and the saved answer read this one record.
     None: not measured (a busy share on a backend without that device or timer)."""
+
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     ttft_s: float | None = None
-    context_limit: int | None = None        # the loaded model's context length
-    gpu_busy: float | None = None           # share of the last second the GPU worked for the engine
+    context_limit: int | None = None  # the loaded model's context length
+    gpu_busy: float | None = None  # share of the last second the GPU worked for the engine
     npu_busy: float | None = None
     kv_cache_bytes: int = 0
 
@@ -55,12 +56,13 @@ class GenerationStats:
 
     @classmethod
     def from_dict(cls, data: dict) -> GenerationStats:
-        return cls(**data)      # strict: a field one side lacks is an error, not a silent None
+        return cls(**data)  # strict: a field one side lacks is an error, not a silent None
 
     def idle(self) -> GenerationStats:
         """The same figures with the busy gauges at 0 where they are measured (generation over)."""
-        return replace(self, gpu_busy=None if self.gpu_busy is None else 0.0,
-                       npu_busy=None if self.npu_busy is None else 0.0)
+        return replace(
+            self, gpu_busy=None if self.gpu_busy is None else 0.0, npu_busy=None if self.npu_busy is None else 0.0
+        )
 
 
 _ids = itertools.count(1)

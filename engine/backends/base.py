@@ -4,6 +4,7 @@ A backend owns the weights on its device and the KV cache. The generation loop o
 `forward` (prefill a chunk or decode one token, returning logits) and, where the backend can
 keep the whole token step on the device, `decode_tokens` (sampling on the device, ids back).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -12,20 +13,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import ModelConfig
-from engine.sampling import SamplingParams
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.sampling import SamplingParams
 
-PREFILL_CHUNK = 256     # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
+PREFILL_CHUNK = 256  # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
 
 
-def forward_in_chunks(forward, ids: list[int], start_pos: int, all_logits: bool,
-                      chunk: int = PREFILL_CHUNK) -> np.ndarray:
+def forward_in_chunks(
+    forward, ids: list[int], start_pos: int, all_logits: bool, chunk: int = PREFILL_CHUNK
+) -> np.ndarray:
     """`forward(ids, pos, all_logits=...)` over `ids` a chunk at a time, positions start_pos..:
     the logits of every position with all_logits, else of the last one. (Between chunks is where
     a cancel check will go, so that Stop interrupts a long prefill.)"""
     outs = []
     for i in range(0, len(ids), chunk):
-        out = forward(ids[i:i + chunk], start_pos + i, all_logits=all_logits)
+        out = forward(ids[i : i + chunk], start_pos + i, all_logits=all_logits)
         if all_logits or i + chunk >= len(ids):
             outs.append(out)
     return np.concatenate(outs) if all_logits else outs[-1]
@@ -35,9 +37,10 @@ def forward_in_chunks(forward, ids: list[int], start_pos: int, all_logits: bool,
 class LiveStats:
     """What the gauges show while an engine works: the same record from every backend, so the
     worker never guesses among key names. None: this backend cannot measure it."""
+
     device: str
-    gpu_busy: float | None = None       # share of the last second a GPU worked for this engine
-    npu_busy: float | None = None       # likewise for the NPU
+    gpu_busy: float | None = None  # share of the last second a GPU worked for this engine
+    npu_busy: float | None = None  # likewise for the NPU
     kv_cache_bytes: int = 0
 
 
@@ -57,8 +60,9 @@ class Backend(ABC):
         Positions ≥ start_pos + n are forgotten, so rolling back is just a smaller start_pos.
         """
 
-    def decode_tokens(self, first_token: int, start_pos: int, params: SamplingParams,
-                      max_tokens: int) -> Iterator[int] | None:
+    def decode_tokens(
+        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
+    ) -> Iterator[int] | None:
         """Device-resident decode: feed `first_token` at `start_pos`, sample on the device, yield ids.
 
         Returns None when this backend cannot do it for these params (the caller then samples
@@ -75,5 +79,5 @@ class Backend(ABC):
         diagnostics, JSON-serialisable; gauges read `live_stats()` instead."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: only backends holding device resources release them)
         pass

@@ -1,14 +1,15 @@
 """The numpy backend: the f32 reference forward pass behind the Backend contract."""
+
 from __future__ import annotations
 
 import numpy as np
 import psutil
 
-from engine.backends.base import Backend, LiveStats, forward_in_chunks
-from engine.errors import OutOfMemoryError
-from engine.models.gemma3 import Gemma3Model
-from engine.models.kv_plan import layer_slots
-from engine.weights.base import WeightSource
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
+from phoenix_chat.engine.errors import OutOfMemoryError
+from phoenix_chat.engine.models.gemma3 import Gemma3Model
+from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.weights.base import WeightSource
 
 
 def f32_footprint(weights: WeightSource, context_length: int) -> int:
@@ -30,9 +31,11 @@ class CpuBackend(Backend):
         if need > have * 0.9:
             raise OutOfMemoryError(
                 f"the CPU backend needs {need / 2**30:.1f} GiB for f32 weights and cache, "
-                f"{have / 2**30:.1f} GiB is available: use --backend vulkan or a shorter --ctx")
-        self.model = Gemma3Model(weights, context_length, progress=progress, cancel=cancel,
-                                 forward_tokens=PREFILL_CHUNK)
+                f"{have / 2**30:.1f} GiB is available: use --backend vulkan or a shorter --ctx"
+            )
+        self.model = Gemma3Model(
+            weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
+        )
 
     def forward(self, token_ids, start_pos, *, all_logits=False):
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)

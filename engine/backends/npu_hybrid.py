@@ -3,8 +3,9 @@
 Prefill (a chunk of ≥ `min_tokens` tokens) runs a prefill copy of the model whose `linear()` hook
 sends the projections of the chosen layers to the NPU int8 GEMM (npu/gemm.py); attention, norms,
 RoPE, the embedding and the output head stay on the host. Decode (one token) runs on the decoder
-backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both sides keep their own KV cache and the hand-off between them
-is an explicit, timed copy of the rows written since the last hand-off:
+backend: the Vulkan GPU when `engine.load` finds a hardware one, else the CPU reference. Both
+sides keep their own KV cache and the hand-off between them is an explicit, timed copy of the
+rows written since the last hand-off:
 
   prefill → decode: after every prefill, the K/V rows of the prompt chunk;
   decode → prefill: before a prefill, the rows decode wrote since (multi-turn chats).
@@ -22,6 +23,7 @@ that stopped it), and a failed NPU run during a prefill becomes DeviceRunError; 
 silently. Tests pass `xrt=tests.npu.emulator.EmulatedXrt()` (its `emulated = True` lets it load
 the emulator's stand-in kernels).
 """
+
 from __future__ import annotations
 
 import time
@@ -29,22 +31,30 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backends.base import Backend, LiveStats, forward_in_chunks
-from engine.backends.cpu import CpuBackend
-from engine.errors import DeviceRunError, DeviceUnavailableError
-from engine.models.gemma3 import Gemma3Model, KVCache
-from engine.paths import data_dir
-from engine.weights.base import WeightSource
-from npu.errors import NpuError, NpuRunError
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
+from phoenix_chat.engine.backends.cpu import CpuBackend
+from phoenix_chat.engine.errors import DeviceRunError, DeviceUnavailableError
+from phoenix_chat.engine.models.gemma3 import Gemma3Model, KVCache
+from phoenix_chat.engine.paths import data_dir
+from phoenix_chat.engine.weights.base import WeightSource
+from phoenix_chat.npu.errors import NpuError, NpuRunError
 
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def npu_kernel_dirs() -> list[Path]:
     """Where the engine looks for built NPU kernels: $PHOENIX_NPU_KERNELS, the user's data folder
     (`npu-kernels` under engine.paths.data_dir()), then npu/kernels/build."""
-    from npu.runtime import kernel_search_dirs
+    from phoenix_chat.npu.runtime import kernel_search_dirs
+
     return kernel_search_dirs(user_dir=data_dir() / "npu-kernels")
 
 
@@ -68,9 +78,21 @@ class NpuPrefillModel(Gemma3Model):
 class NpuHybridBackend(Backend):
     name = "npu-hybrid"
 
-    def __init__(self, weights: WeightSource, context_length: int, progress=None, cancel=None, *,
-                 xrt=None, kernel_dirs=None, npu_layers=None, projections=PROJECTIONS,
-                 min_tokens: int = 2, decoder: Backend | None = None, dtype: str = "i8"):
+    def __init__(
+        self,
+        weights: WeightSource,
+        context_length: int,
+        progress=None,
+        cancel=None,
+        *,
+        xrt=None,
+        kernel_dirs=None,
+        npu_layers=None,
+        projections=PROJECTIONS,
+        min_tokens: int = 2,
+        decoder: Backend | None = None,
+        dtype: str = "i8",
+    ):
         """npu_layers: layer indices whose projections prefill on the NPU (default: all).
         projections: which of each layer's projections (default: all seven).
         dtype: "i8" (W8A8, the default) or "bf16" GEMM kernels.
@@ -78,12 +100,12 @@ class NpuHybridBackend(Backend):
         decoder: the backend that decodes (default: a new CpuBackend, whose f32 weights the prefill
         side shares); it needs export_kv/import_kv or a reference `.model` (module docstring).
         """
-        from npu.detect import npu_status
-        from npu.gemm import NpuGemm
-        from npu.runtime import NpuDevice, find_kernels
+        from phoenix_chat.npu.detect import npu_status
+        from phoenix_chat.npu.gemm import NpuGemm
+        from phoenix_chat.npu.runtime import NpuDevice, find_kernels
 
         super().__init__(weights.config, context_length)
-        emulated = getattr(xrt, "emulated", False) is True     # a test double says so itself
+        emulated = getattr(xrt, "emulated", False) is True  # a test double says so itself
         dirs = list(kernel_dirs) if kernel_dirs is not None else npu_kernel_dirs()
         if xrt is None:
             status = npu_status(kernel_dirs=dirs)
@@ -91,26 +113,29 @@ class NpuHybridBackend(Backend):
                 raise DeviceUnavailableError(f"NPU prefill is unavailable: {status.reason}")
         found, problems = find_kernels(dirs, allow_emulator=emulated)
         if not found:
-            raise DeviceUnavailableError("NPU prefill is unavailable: no built NPU kernels"
-                                         + (f" ({'; '.join(problems)})" if problems else ""))
+            raise DeviceUnavailableError(
+                "NPU prefill is unavailable: no built NPU kernels" + (f" ({'; '.join(problems)})" if problems else "")
+            )
         self.decoder = decoder or CpuBackend(weights, context_length, progress=progress, cancel=cancel)
-        self.device_name = (f"{getattr(self.decoder, 'device_name', type(self.decoder).__name__)} decode + "
-                            + ("emulated NPU prefill (tests only)" if emulated else "AMD XDNA NPU prefill (Phoenix, npu1)"))
+        self.device_name = f"{getattr(self.decoder, 'device_name', type(self.decoder).__name__)} decode + " + (
+            "emulated NPU prefill (tests only)" if emulated else "AMD XDNA NPU prefill (Phoenix, npu1)"
+        )
         base = getattr(self.decoder, "model", None)
         if not (hasattr(self.decoder, "export_kv") and hasattr(self.decoder, "import_kv")):
             if not isinstance(base, Gemma3Model):
-                raise ValueError(f"decoder {type(self.decoder).__name__} offers no KV hand-off "
-                                 "(export_kv/import_kv, or a reference model's cache)")
-        if not isinstance(base, Gemma3Model):      # the prefill side needs f32 weights of its own
-            base = Gemma3Model(weights, context_length, progress=progress, cancel=cancel,
-                               forward_tokens=PREFILL_CHUNK)
+                raise ValueError(
+                    f"decoder {type(self.decoder).__name__} offers no KV hand-off "
+                    "(export_kv/import_kv, or a reference model's cache)"
+                )
+        if not isinstance(base, Gemma3Model):  # the prefill side needs f32 weights of its own
+            base = Gemma3Model(weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK)
         cfg = self.config
         layers = range(cfg.num_layers) if npu_layers is None else sorted(set(npu_layers))
         on_npu = {f"layers.{i}.{p}" for i in layers for p in projections}
 
         t = time.perf_counter()
         try:
-            self.npu = NpuDevice(xrt=xrt)           # xrt None: the real pyxrt, imported here
+            self.npu = NpuDevice(xrt=xrt)  # xrt None: the real pyxrt, imported here
             self.gemm = NpuGemm(self.npu, found, dtype)
             for i, name in enumerate(sorted(on_npu)):
                 self.gemm.add_weight(name, base.w[name])
@@ -121,7 +146,7 @@ class NpuHybridBackend(Backend):
         self.upload_s = time.perf_counter() - t
         self.prefill_model = NpuPrefillModel(base, self.gemm, on_npu, min_tokens)
         self.min_tokens = min_tokens
-        self._prefill_valid = 0         # prefill cache agrees with the decoder below this position
+        self._prefill_valid = 0  # prefill cache agrees with the decoder below this position
         self.handoff = {"to_decoder_rows": 0, "to_prefill_rows": 0, "bytes": 0, "seconds": 0.0, "count": 0}
         self.timing = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
 
@@ -137,8 +162,13 @@ class NpuHybridBackend(Backend):
             return logits
         model = self.prefill_model
         if self._prefill_valid < start_pos:
-            self._handoff(self._decoder_rows, lambda rows: _write_rows(model.cache, rows),
-                          self._prefill_valid, start_pos, "to_prefill_rows")
+            self._handoff(
+                self._decoder_rows,
+                lambda rows: _write_rows(model.cache, rows),
+                self._prefill_valid,
+                start_pos,
+                "to_prefill_rows",
+            )
         t = time.perf_counter()
         try:
             logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
@@ -147,8 +177,9 @@ class NpuHybridBackend(Backend):
         self.timing["prefill_s"] += time.perf_counter() - t
         self.timing["prefill_tokens"] += len(ids)
         end = start_pos + len(ids)
-        self._handoff(lambda lo, hi: _cache_rows(model.cache, lo, hi), self._decoder_import,
-                      start_pos, end, "to_decoder_rows")
+        self._handoff(
+            lambda lo, hi: _cache_rows(model.cache, lo, hi), self._decoder_import, start_pos, end, "to_decoder_rows"
+        )
         self._prefill_valid = end
         return logits
 
@@ -184,19 +215,30 @@ class NpuHybridBackend(Backend):
     # ------------------------------------------------------------ gauges
     def live_stats(self) -> LiveStats:
         dec = self.decoder.live_stats()
-        return LiveStats(device=self.device_name, gpu_busy=dec.gpu_busy,
-                         npu_busy=self.npu.busy_fraction(1.0),
-                         kv_cache_bytes=self.prefill_model.cache.nbytes() + dec.kv_cache_bytes)
+        return LiveStats(
+            device=self.device_name,
+            gpu_busy=dec.gpu_busy,
+            npu_busy=self.npu.busy_fraction(1.0),
+            kv_cache_bytes=self.prefill_model.cache.nbytes() + dec.kv_cache_bytes,
+        )
 
     def stats(self):
         g, d = self.gemm.stats, self.npu.stats
         return {
             "npu_busy_fraction": self.npu.busy_fraction(1.0),
-            "npu_runs": d["runs"], "npu_busy_s": d["busy_s"], "npu_sync_s": d["sync_s"],
-            "npu_bytes_to_device": d["bytes_to_device"], "npu_bytes_from_device": d["bytes_from_device"],
-            "npu_matmuls": g["matmuls"], "npu_macs": g["macs"], "npu_padded_macs": g["padded_macs"],
-            "npu_host_s": g["host_s"], "npu_weight_bytes": g["weight_bytes"], "npu_upload_s": self.upload_s,
-            "handoff": dict(self.handoff), **self.timing,
+            "npu_runs": d["runs"],
+            "npu_busy_s": d["busy_s"],
+            "npu_sync_s": d["sync_s"],
+            "npu_bytes_to_device": d["bytes_to_device"],
+            "npu_bytes_from_device": d["bytes_from_device"],
+            "npu_matmuls": g["matmuls"],
+            "npu_macs": g["macs"],
+            "npu_padded_macs": g["padded_macs"],
+            "npu_host_s": g["host_s"],
+            "npu_weight_bytes": g["weight_bytes"],
+            "npu_upload_s": self.upload_s,
+            "handoff": dict(self.handoff),
+            **self.timing,
             "kv_cache_bytes": self.prefill_model.cache.nbytes(),
             "decoder": self.decoder.stats(),
         }

@@ -4,6 +4,7 @@ This is the reference every other backend is checked against, so it favours bein
 right over being fast: f32 everywhere, the Hugging Face formulation step by step.
 Linear layers go through `linear()`, the one hook a hybrid plan (NPU prefill) overrides.
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,9 +14,9 @@ from typing import TypeAlias, cast
 import numpy as np
 import numpy.typing as npt
 
-from engine.config import ModelConfig
-from engine.models.kv_plan import layer_slots
-from engine.weights.base import WeightSource
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.weights.base import WeightSource
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -31,7 +32,9 @@ def rms_norm(x: F32, multiplier: F32, eps: float) -> F32:
 
 
 def gelu_tanh(x: F32) -> F32:
-    return cast(F32, np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x))))
+    return cast(
+        F32, np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+    )
 
 
 def rope_tables(positions: npt.NDArray[np.integer], head_dim: int, base: float, scale: float) -> tuple[F32, F32]:
@@ -83,16 +86,23 @@ class Gemma3Model:
     """Weights as dense f32 arrays plus the forward pass over a chunk of tokens.
     forward_tokens: the most tokens the caller passes to one forward (sizes the KV rings)."""
 
-    def __init__(self, weights: WeightSource, context_length: int,
-                 progress: Callable[[float, str], None] | None = None, cancel: threading.Event | None = None,
-                 *, forward_tokens: int) -> None:
+    def __init__(
+        self,
+        weights: WeightSource,
+        context_length: int,
+        progress: Callable[[float, str], None] | None = None,
+        cancel: threading.Event | None = None,
+        *,
+        forward_tokens: int,
+    ) -> None:
         self.config = cfg = weights.config
         self.context_length = context_length
         names = [n for n in weights.tensors if n != "embed_tokens"]
         self.w: dict[str, F32] = {}
         for i, name in enumerate(names):
             if cancel is not None and cancel.is_set():
-                from engine.errors import CancelledError
+                from phoenix_chat.engine.errors import CancelledError
+
                 raise CancelledError("loading cancelled")
             self.w[name] = weights.dequantize(name)
             if progress:
@@ -104,7 +114,10 @@ class Gemma3Model:
         self.embed_scale = np.float32(cfg.embed_scale)
         self.cache = KVCache(cfg, context_length, forward_tokens)
         self.rope: dict[str, tuple[F32, F32]] = {}
-        for kind, base, scale in (("local", cfg.rope_local_theta, 1.0), ("global", cfg.rope_theta, cfg.rope_scaling_factor)):
+        for kind, base, scale in (
+            ("local", cfg.rope_local_theta, 1.0),
+            ("global", cfg.rope_theta, cfg.rope_scaling_factor),
+        ):
             self.rope[kind] = rope_tables(np.arange(context_length), cfg.head_dim, base, scale)
 
     def linear(self, x: F32, name: str) -> F32:
@@ -129,7 +142,9 @@ class Gemma3Model:
         x = x + rms_norm(attn, self.w[p + "post_attention_layernorm"], cfg.rms_norm_eps)
         h = rms_norm(x, self.w[p + "pre_feedforward_layernorm"], cfg.rms_norm_eps)
         mlp = gelu_tanh(self.linear(h, p + "mlp.gate_proj")) * self.linear(h, p + "mlp.up_proj")
-        return x + rms_norm(self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps)
+        return x + rms_norm(
+            self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps
+        )
 
     def _attention(self, layer: int, h: F32, positions: npt.NDArray[np.int64]) -> F32:
         cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(positions)
@@ -156,13 +171,13 @@ class Gemma3Model:
         key_pos = np.concatenate([held[keep][order], positions])
         keys = np.concatenate([cache.k[layer][keep][order], k])
         values = np.concatenate([cache.v[layer][keep][order], v])
-        cache.write(layer, positions[-len(held):], k[-len(held):], v[-len(held):])
+        cache.write(layer, positions[-len(held) :], k[-len(held) :], v[-len(held) :])
 
         mask = key_pos[None, :] <= positions[:, None]
         if window is not None:
             mask &= key_pos[None, :] > positions[:, None] - window
         group = cfg.num_heads // cfg.num_kv_heads
-        keys = np.repeat(keys, group, axis=1)        # [keys, heads, d]
+        keys = np.repeat(keys, group, axis=1)  # [keys, heads, d]
         values = np.repeat(values, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, keys) * np.float32(cfg.attn_scale)
         scores = np.where(mask[None], scores, np.float32(-np.inf))

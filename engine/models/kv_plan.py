@@ -6,9 +6,10 @@ K/V before attending (Vulkan) still has the window behind the chunk's first quer
 speculative verify pass (draft + 1 positions, at most one chunk) can be rolled back without
 losing a key the next pass still needs (engine/speculative.py).
 """
+
 from __future__ import annotations
 
-from engine.config import ModelConfig
+from phoenix_chat.engine.config import ModelConfig
 
 
 def ring_slots(config: ModelConfig, context_length: int, forward_tokens: int) -> int:

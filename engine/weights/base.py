@@ -7,6 +7,7 @@ Shapes are in numpy order: (rows=out_features, cols=in_features) for matrices.
 Norm weights are always handed out as the *multiplier*: Gemma scales by (1 + w); GGUF files
 already store 1 + w, Hugging Face files store w, and the loaders hide that difference.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,17 +19,17 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
 if TYPE_CHECKING:
-    from engine.config import ModelConfig
-    from engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.config import ModelConfig
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    name: str                 # canonical name
-    qtype: QType              # storage type in the file (F32, F16, BF16, Q8_0, Q4_K, ...)
-    shape: tuple[int, ...]    # numpy order, logical (dequantized) shape
-    nbytes: int               # bytes in the file
-    source_name: str = ""     # the name inside the file, for error messages
+    name: str  # canonical name
+    qtype: QType  # storage type in the file (F32, F16, BF16, Q8_0, Q4_K, ...)
+    shape: tuple[int, ...]  # numpy order, logical (dequantized) shape
+    nbytes: int  # bytes in the file
+    source_name: str = ""  # the name inside the file, for error messages
 
     @property
     def is_norm(self) -> bool:

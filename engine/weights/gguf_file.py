@@ -6,6 +6,7 @@ second, memory-maps the tensor data without copying, and checks every size again
 before it allocates anything, so a truncated or corrupt file gives a one-line error instead of
 a multi-GB allocation. Dequantization is left to the `gguf` package (the reference).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -17,17 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
-from engine.config import ModelConfig
-from engine.errors import ModelFileError, UnsupportedModelError
-from engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 MAX_TENSORS = 1_000_000
@@ -35,14 +37,37 @@ MAX_KV = 100_000
 MAX_DIMS = 4
 
 # Types this engine can run; anything else is refused at open time with the tensor named.
-SUPPORTED_TYPES = frozenset({QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q5_0,
-                             QType.Q4_K, QType.Q5_K, QType.Q6_K})
+SUPPORTED_TYPES = frozenset(
+    {QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q5_0, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+)
 
 # GGUF value type ids → (struct format, size)
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
-          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
+_NUMPY = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 _STRING, _ARRAY = 8, 9
 
 # GGUF tensor names → canonical (Hugging Face) names, per block and global.
@@ -77,7 +102,7 @@ def canonical_name(gguf_name: str) -> str | None:
 @dataclass(frozen=True)
 class _RawTensor:
     name: str
-    dims: tuple[int, ...]   # GGUF order: ne0 (contiguous) first
+    dims: tuple[int, ...]  # GGUF order: ne0 (contiguous) first
     qtype: int
     offset: int
 
@@ -90,8 +115,10 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise ModelFileError(self.path, f"truncated or corrupt GGUF header ({what} needs {n} bytes at offset "
-                                            f"{self.pos}, file has {self.size})")
+            raise ModelFileError(
+                self.path,
+                f"truncated or corrupt GGUF header ({what} needs {n} bytes at offset {self.pos}, file has {self.size})",
+            )
 
     def scalar(self, vtype: int, what: str) -> Any:
         fmt, size = _SCALARS[vtype]
@@ -111,7 +138,7 @@ class _Cursor:
     def string(self, what: str) -> str:
         n = self.u64(what)
         self.need(n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
@@ -125,8 +152,9 @@ class _Cursor:
             if item_type in _NUMPY:
                 size = _SCALARS[item_type][1]
                 self.need(count * size, what)
-                arr: npt.NDArray[np.generic] = np.frombuffer(self.buf, dtype=_NUMPY[item_type], count=count,
-                                                             offset=self.pos).copy()
+                arr: npt.NDArray[np.generic] = np.frombuffer(
+                    self.buf, dtype=_NUMPY[item_type], count=count, offset=self.pos
+                ).copy()
                 self.pos += count * size
                 return arr
             if item_type == _STRING:
@@ -150,7 +178,7 @@ class _Cursor:
             if pos + n > self.size:
                 self.pos = pos
                 self.need(n, what)
-            out.append(bytes(buf[pos:pos + n]).decode("utf-8", errors="replace"))
+            out.append(bytes(buf[pos : pos + n]).decode("utf-8", errors="replace"))
             pos += n
         self.pos = pos
         return out
@@ -197,7 +225,7 @@ class GGUFFile(WeightSource):
         n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
         if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
             raise ModelFileError(self.path, f"corrupt GGUF header: absurd counts ({n_tensors} tensors, {n_kv} keys)")
-        meta: dict[str, Any] = {}    # values: int, float, bool, str, numpy array, list
+        meta: dict[str, Any] = {}  # values: int, float, bool, str, numpy array, list
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             meta[key] = cur.value(cur.u32(key), key)
@@ -215,8 +243,9 @@ class GGUFFile(WeightSource):
         data_start = (cur.pos + align - 1) // align * align
         return meta, raw, data_start
 
-    def _build_table(self, raw_tensors: list[_RawTensor],
-                     data_start: int) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    def _build_table(
+        self, raw_tensors: list[_RawTensor], data_start: int
+    ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
         tensors: dict[str, TensorInfo] = {}
         offsets: dict[str, int] = {}
         for t in raw_tensors:
@@ -228,17 +257,24 @@ class GGUFFile(WeightSource):
             if name is None:
                 continue
             if qtype not in SUPPORTED_TYPES:
-                raise UnsupportedModelError(self.path, f"tensor {t.name!r} has unsupported type {qtype.name} "
-                                                       f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})")
+                raise UnsupportedModelError(
+                    self.path,
+                    f"tensor {t.name!r} has unsupported type {qtype.name} "
+                    f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})",
+                )
             block, type_size = GGML_QUANT_SIZES[qtype]
             if t.dims[0] % block:
-                raise ModelFileError(self.path, f"corrupt tensor {t.name!r}: row of {t.dims[0]} not a multiple of {block}")
+                raise ModelFileError(
+                    self.path, f"corrupt tensor {t.name!r}: row of {t.dims[0]} not a multiple of {block}"
+                )
             n_elements = int(np.prod(t.dims, dtype=np.uint64))
             nbytes = n_elements // block * type_size
             start = data_start + t.offset
             if start + nbytes > self.file_size:
-                raise ModelFileError(self.path, f"truncated file: tensor {t.name!r} ends at byte {start + nbytes}, "
-                                                f"file has {self.file_size} bytes")
+                raise ModelFileError(
+                    self.path,
+                    f"truncated file: tensor {t.name!r} ends at byte {start + nbytes}, file has {self.file_size} bytes",
+                )
             tensors[name] = TensorInfo(name, qtype, tuple(reversed(t.dims)), nbytes, t.name)
             offsets[name] = start
         return tensors, offsets
@@ -246,11 +282,14 @@ class GGUFFile(WeightSource):
     def _check_required(self) -> None:
         cfg = self.config
         required = ["embed_tokens", "norm"] + [
-            f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in _BLOCK_NAMES.values()]
+            f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in _BLOCK_NAMES.values()
+        ]
         missing = [n for n in required if n not in self.tensors]
         if missing:
-            raise ModelFileError(self.path, f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}: "
-                                            f"file incomplete or not a Gemma 3 model")
+            raise ModelFileError(
+                self.path,
+                f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}: file incomplete or not a Gemma 3 model",
+            )
 
     # ---- WeightSource -------------------------------------------------------------
 
@@ -272,7 +311,8 @@ class GGUFFile(WeightSource):
         return np.asarray(out, dtype=np.float32).reshape(len(rows), info.shape[-1])
 
     def tokenizer(self) -> Tokenizer:
-        from engine.tokenizer import Tokenizer, gguf_cache_key
+        from phoenix_chat.engine.tokenizer import Tokenizer, gguf_cache_key
+
         return Tokenizer.from_gguf_metadata(self.metadata, gguf_cache_key(self.path))
 
     def close(self) -> None:

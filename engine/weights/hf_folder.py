@@ -5,6 +5,7 @@ a JSON table), so BF16 tensors — which numpy cannot name — come out as raw b
 The multimodal 4B/12B/27B checkpoints keep the text model under `language_model.`; the vision
 tower and projector are skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,12 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
-from engine.config import ModelConfig
-from engine.errors import ModelFileError, UnsupportedModelError
-from engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 if TYPE_CHECKING:
-    from engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 _DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
@@ -38,7 +39,7 @@ def canonical_name(hf_name: str) -> str | None:
     name = hf_name.removesuffix(".weight")
     for prefix in _TEXT_PREFIXES:
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     return name
 
@@ -85,7 +86,7 @@ class HFFolder(WeightSource):
         if header_len > min(MAX_HEADER, size - 8):
             raise ModelFileError(shard, f"corrupt safetensors header (claims {header_len} bytes)")
         try:
-            header = json.loads(bytes(mm[8:8 + header_len]))
+            header = json.loads(bytes(mm[8 : 8 + header_len]))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelFileError(shard, f"corrupt safetensors header ({exc})") from None
         self._maps.append(mm)
@@ -98,7 +99,9 @@ class HFFolder(WeightSource):
                 continue
             dtype = entry.get("dtype")
             if dtype not in _DTYPES:
-                raise UnsupportedModelError(shard, f"tensor {hf_name!r} has unsupported dtype {dtype} (F32, F16, BF16 are read)")
+                raise UnsupportedModelError(
+                    shard, f"tensor {hf_name!r} has unsupported dtype {dtype} (F32, F16, BF16 are read)"
+                )
             qtype, itemsize = _DTYPES[dtype]
             shape = tuple(int(d) for d in entry["shape"])
             start, end = (int(x) for x in entry["data_offsets"])
@@ -106,15 +109,29 @@ class HFFolder(WeightSource):
             if end - start != nbytes:
                 raise ModelFileError(shard, f"corrupt tensor {hf_name!r}: {end - start} bytes for shape {shape}")
             if base + end > size:
-                raise ModelFileError(shard, f"truncated file: tensor {hf_name!r} ends at byte {base + end}, file has {size}")
+                raise ModelFileError(
+                    shard, f"truncated file: tensor {hf_name!r} ends at byte {base + end}, file has {size}"
+                )
             self.tensors[name] = TensorInfo(name, qtype, shape, nbytes, hf_name)
             self._where[name] = (mm, base + start)
 
     def _check_required(self) -> None:
         cfg = self.config
-        blocks = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                  "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_feedforward_layernorm"]
+        blocks = [
+            "input_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "self_attn.q_norm",
+            "self_attn.k_norm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+            "post_feedforward_layernorm",
+        ]
         required = ["embed_tokens", "norm"] + [f"layers.{i}.{b}" for i in range(cfg.num_layers) for b in blocks]
         missing = [n for n in required if n not in self.tensors]
         if missing:
@@ -136,7 +153,8 @@ class HFFolder(WeightSource):
         return _to_f32(self.raw(name)[np.asarray(rows)], info.qtype).reshape(len(rows), info.shape[-1])
 
     def tokenizer(self) -> Tokenizer:
-        from engine.tokenizer import Tokenizer
+        from phoenix_chat.engine.tokenizer import Tokenizer
+
         return Tokenizer.from_hf_folder(self.path)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ mlir-aie 1.x with the `aie.iron` API (Xilinx/mlir-aie releases), llvm-aie/Peano 
 period (Xilinx/llvm-aie nightly wheels), XRT ≥ 2.19 with the amdxdna plugin to run the result.
 Nothing here has been run yet: no toolchain exists on the development machines (docs/NPU.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,17 +28,33 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from npu.kernels import BUILD_DIR
-from npu.kernels.gemm_design import object_name
-from npu.kernels.spec import DEFAULT_SPECS, GemmSpec
+from phoenix_chat.npu.kernels import BUILD_DIR
+from phoenix_chat.npu.kernels.gemm_design import object_name
+from phoenix_chat.npu.kernels.spec import DEFAULT_SPECS, GemmSpec
 
 HERE = Path(__file__).resolve().parent
-WRITTEN_FOR = {"mlir-aie": "1.x (aie.iron API, 2025)", "llvm-aie": "Peano nightly of the same period",
-               "xrt": ">= 2.19 with the amdxdna (XDNA) plugin", "target": "npu1 (NPU1Col4)"}
-AIECC_FLAGS = ["--no-xchesscc", "--no-xbridge", "--aie-generate-xclbin", "--aie-generate-npu-insts",
-               "--no-compile-host"]
-PEANO_FLAGS = ["-O2", "-std=c++20", "--target=aie2-none-unknown-elf", "-DNDEBUG",
-               "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined"]
+WRITTEN_FOR = {
+    "mlir-aie": "1.x (aie.iron API, 2025)",
+    "llvm-aie": "Peano nightly of the same period",
+    "xrt": ">= 2.19 with the amdxdna (XDNA) plugin",
+    "target": "npu1 (NPU1Col4)",
+}
+AIECC_FLAGS = [
+    "--no-xchesscc",
+    "--no-xbridge",
+    "--aie-generate-xclbin",
+    "--aie-generate-npu-insts",
+    "--no-compile-host",
+]
+PEANO_FLAGS = [
+    "-O2",
+    "-std=c++20",
+    "--target=aie2-none-unknown-elf",
+    "-DNDEBUG",
+    "-Wno-parentheses",
+    "-Wno-attributes",
+    "-Wno-macro-redefined",
+]
 
 
 class ToolchainMissing(RuntimeError):
@@ -49,10 +66,13 @@ def find_toolchain() -> dict:
     missing = []
     aiecc = shutil.which("aiecc.py")
     if not aiecc:
-        missing.append("aiecc.py is not on PATH (install the mlir-aie wheel from github.com/Xilinx/mlir-aie "
-                       "releases and activate its environment)")
+        missing.append(
+            "aiecc.py is not on PATH (install the mlir-aie wheel from github.com/Xilinx/mlir-aie "
+            "releases and activate its environment)"
+        )
     try:
         import aie  # noqa: F401
+
         aie_dir = Path(aie.__file__).resolve().parent
     except ImportError:
         aie_dir = None
@@ -60,15 +80,27 @@ def find_toolchain() -> dict:
     peano = os.environ.get("PEANO_INSTALL_DIR", "")
     clang = Path(peano) / "bin" / "clang++" if peano else None
     if not clang or not clang.exists():
-        missing.append("Peano (llvm-aie) not found: set PEANO_INSTALL_DIR to the llvm-aie install "
-                       "(pip install llvm-aie from github.com/Xilinx/llvm-aie releases)")
+        missing.append(
+            "Peano (llvm-aie) not found: set PEANO_INSTALL_DIR to the llvm-aie install "
+            "(pip install llvm-aie from github.com/Xilinx/llvm-aie releases)"
+        )
     if missing:
         raise ToolchainMissing("cannot build NPU kernels: " + "; ".join(missing))
     assert aie_dir is not None  # else `missing` says so
-    include = _first_existing([aie_dir / "include", aie_dir.parent / "include",
-                               Path(os.environ.get("MLIR_AIE_INSTALL_DIR", "/nonexistent")) / "include"])
-    return {"aiecc": aiecc, "clang": str(clang), "peano_dir": peano, "include": str(include) if include else None,
-            "versions": _versions(str(clang))}
+    include = _first_existing(
+        [
+            aie_dir / "include",
+            aie_dir.parent / "include",
+            Path(os.environ.get("MLIR_AIE_INSTALL_DIR", "/nonexistent")) / "include",
+        ]
+    )
+    return {
+        "aiecc": aiecc,
+        "clang": str(clang),
+        "peano_dir": peano,
+        "include": str(include) if include else None,
+        "versions": _versions(str(clang)),
+    }
 
 
 def _first_existing(paths):
@@ -83,8 +115,9 @@ def _versions(clang: str) -> dict:
         except metadata.PackageNotFoundError:
             pass
     try:
-        out["peano_clang"] = subprocess.run([clang, "--version"], capture_output=True, text=True,
-                                            check=False).stdout.splitlines()[0]
+        out["peano_clang"] = subprocess.run(
+            [clang, "--version"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()[0]
     except (OSError, IndexError):
         pass
     return out
@@ -95,11 +128,20 @@ def commands(spec: GemmSpec, out: Path, tc: dict) -> list[tuple[list[str], Path]
     mlir = out / f"{spec.name}.mlir"
     obj = object_name(spec)
     include = ["-I", tc["include"]] if tc.get("include") else []
-    compile_kernel = [tc["clang"], *PEANO_FLAGS, *include, f"-DTILE_M={spec.m}", f"-DTILE_K={spec.k}",
-                      f"-DTILE_N={spec.n}", "-c", str(HERE / "gemm_aie.cc"), "-o", obj]
-    emit = [sys.executable, "-m", "npu.kernels.gemm_design", "--spec", spec.name]
-    aiecc = [tc["aiecc"], *AIECC_FLAGS, f"--xclbin-name={spec.name}.xclbin",
-             f"--npu-insts-name={spec.name}.insts.bin"]
+    compile_kernel = [
+        tc["clang"],
+        *PEANO_FLAGS,
+        *include,
+        f"-DTILE_M={spec.m}",
+        f"-DTILE_K={spec.k}",
+        f"-DTILE_N={spec.n}",
+        "-c",
+        str(HERE / "gemm_aie.cc"),
+        "-o",
+        obj,
+    ]
+    emit = [sys.executable, "-m", "phoenix_chat.npu.kernels.gemm_design", "--spec", spec.name]
+    aiecc = [tc["aiecc"], *AIECC_FLAGS, f"--xclbin-name={spec.name}.xclbin", f"--npu-insts-name={spec.name}.insts.bin"]
     if tc.get("peano_dir"):
         aiecc += ["--peano", tc["peano_dir"]]
     aiecc.append(mlir.name)
@@ -115,9 +157,17 @@ def build(spec: GemmSpec, out: Path, tc: dict) -> Path:
         subprocess.run(emit[:-2], cwd=cwd2, check=True, stdout=f)
     subprocess.run(aiecc, cwd=cwd3, check=True)
     xclbin, insts = out / f"{spec.name}.xclbin", out / f"{spec.name}.insts.bin"
-    manifest = {**spec.to_json(), "kind": "phoenix-npu-gemm", "xclbin": xclbin.name, "insts": insts.name,
-                "kernel_name": "MLIR_AIE", "xclbin_sha256": _sha256(xclbin), "insts_sha256": _sha256(insts),
-                "toolchain": tc["versions"], "written_for": WRITTEN_FOR}
+    manifest = {
+        **spec.to_json(),
+        "kind": "phoenix-npu-gemm",
+        "xclbin": xclbin.name,
+        "insts": insts.name,
+        "kernel_name": "MLIR_AIE",
+        "xclbin_sha256": _sha256(xclbin),
+        "insts_sha256": _sha256(insts),
+        "toolchain": tc["versions"],
+        "written_for": WRITTEN_FOR,
+    }
     path = out / f"{spec.name}.json"
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return path
@@ -135,8 +185,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     specs = [s for s in DEFAULT_SPECS if not args.only or s.name in args.only]
     if args.dry_run:
-        tc = {"aiecc": "aiecc.py", "clang": "$PEANO_INSTALL_DIR/bin/clang++", "peano_dir": "$PEANO_INSTALL_DIR",
-              "include": "$MLIR_AIE_INSTALL_DIR/include", "versions": {}}
+        tc = {
+            "aiecc": "aiecc.py",
+            "clang": "$PEANO_INSTALL_DIR/bin/clang++",
+            "peano_dir": "$PEANO_INSTALL_DIR",
+            "include": "$MLIR_AIE_INSTALL_DIR/include",
+            "versions": {},
+        }
         for spec in specs:
             for argv_, cwd in commands(spec, args.out, tc):
                 print(f"(cd {cwd} && {' '.join(argv_)})")

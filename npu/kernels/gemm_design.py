@@ -19,6 +19,7 @@ Data flow for one call, C[M, N] = A[M, K] @ B[K, N], with M = 4m and N = 4·n·t
 Because the host already packed A, B and C into the layouts of npu/kernels/spec.py, every
 transfer is one contiguous run and no DMA needs a strided or transposing access pattern.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS, GemmSpec
+from phoenix_chat.npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS, GemmSpec
 
-FIFO_DEPTH = 2           # double buffering in L1 and L2 (GemmSpec.l1_bytes assumes it)
-ROW_BYTES = 1024         # innermost DMA dimension: 256 32-bit words, under a BD's 1023-word limit
+FIFO_DEPTH = 2  # double buffering in L1 and L2 (GemmSpec.l1_bytes assumes it)
+ROW_BYTES = 1024  # innermost DMA dimension: 256 32-bit words, under a BD's 1023-word limit
 MAX_DIM = 1023
 
 
@@ -48,11 +49,12 @@ def linear_tap_shape(length: int, itemsize: int, repeat: int = 1):
     rows = length // inner
     if length % inner or rows > MAX_DIM or repeat > 64:
         raise ValueError(f"a run of {length} elements x{repeat} does not fit one buffer descriptor")
-    return [repeat, 1, rows, inner], [0, 0, inner, 1]          # stride 0 outermost: a repeat
+    return [repeat, 1, rows, inner], [0, 0, inner, 1]  # stride 0 outermost: a repeat
 
 
 def _linear(total: int, offset: int, length: int, itemsize: int, repeat: int = 1):
     from aie.helpers.taplib import TensorAccessPattern
+
     sizes, strides = linear_tap_shape(length, itemsize, repeat)
     return TensorAccessPattern((1, total), offset, sizes, strides)
 
@@ -71,6 +73,7 @@ def build_module(spec: GemmSpec):
 
     if spec.dtype_in == "bf16":
         from ml_dtypes import bfloat16
+
         t_in = bfloat16
     else:
         t_in = np.int8
@@ -96,10 +99,18 @@ def build_module(spec: GemmSpec):
     b_in = [ObjectFifo(b_ty, name=f"B{j}_shim", default_depth=FIFO_DEPTH) for j in range(CORE_COLS)]
     b_col = [b_in[j].cons().forward(obj_type=b_ty, name=f"B{j}_col", placement=Tile(j, 1)) for j in range(CORE_COLS)]
     c_out = [ObjectFifo(c_col_ty, name=f"C{j}_shim", default_depth=FIFO_DEPTH) for j in range(CORE_COLS)]
-    c_tiles = [c_out[j].prod().join([i * m * n for i in range(CORE_ROWS)], obj_types=[c_ty] * CORE_ROWS,
-                                    names=[f"C{j}_{i}" for i in range(CORE_ROWS)], depths=[FIFO_DEPTH] * CORE_ROWS,
-                                    placement=Tile(j, 1))
-               for j in range(CORE_COLS)]
+    c_tiles = [
+        c_out[j]
+        .prod()
+        .join(
+            [i * m * n for i in range(CORE_ROWS)],
+            obj_types=[c_ty] * CORE_ROWS,
+            names=[f"C{j}_{i}" for i in range(CORE_ROWS)],
+            depths=[FIFO_DEPTH] * CORE_ROWS,
+            placement=Tile(j, 1),
+        )
+        for j in range(CORE_COLS)
+    ]
 
     def core(a, b, c, zero_fn, matmul_fn):
         for _ in range_(tn) if tn > 1 else range(1):
@@ -112,23 +123,41 @@ def build_module(spec: GemmSpec):
                 b.release(1)
             c.release(1)
 
-    workers = [Worker(core, [a_row[i].cons(), b_col[j].cons(), c_tiles[j][i].prod(), zero, matmul],
-                      placement=Tile(j, 2 + i))
-               for i in range(CORE_ROWS) for j in range(CORE_COLS)]
+    workers = [
+        Worker(core, [a_row[i].cons(), b_col[j].cons(), c_tiles[j][i].prod(), zero, matmul], placement=Tile(j, 2 + i))
+        for i in range(CORE_ROWS)
+        for j in range(CORE_COLS)
+    ]
 
     rt = Runtime()
     with rt.sequence(A_ty, B_ty, C_ty) as (A, B, C):
         rt.start(*workers)
         tg = rt.task_group()
-        for i in range(CORE_ROWS):       # A packed [M/m][K/k][tile]: row block i is one run, sent tn times
-            rt.fill(a_in[i].prod(), A, tap=_linear(M * K, i * m * K, m * K, isz_in, repeat=tn), task_group=tg,
-                    placement=Tile(i, 0))
-        for j in range(CORE_COLS):       # B packed [N/n][K/k][tile]: blocks j*tn.. are one run
-            rt.fill(b_in[j].prod(), B, tap=_linear(K * N, j * tn * K * n, tn * K * n, isz_in), task_group=tg,
-                    placement=Tile(j, 0))
-        for j in range(CORE_COLS):       # C packed [N/n][M/m][tile]: column j's blocks are one run
-            rt.drain(c_out[j].cons(), C, tap=_linear(M * N, j * tn * M * n, tn * M * n, isz_out), wait=True,
-                     task_group=tg, placement=Tile(j, 0))
+        for i in range(CORE_ROWS):  # A packed [M/m][K/k][tile]: row block i is one run, sent tn times
+            rt.fill(
+                a_in[i].prod(),
+                A,
+                tap=_linear(M * K, i * m * K, m * K, isz_in, repeat=tn),
+                task_group=tg,
+                placement=Tile(i, 0),
+            )
+        for j in range(CORE_COLS):  # B packed [N/n][K/k][tile]: blocks j*tn.. are one run
+            rt.fill(
+                b_in[j].prod(),
+                B,
+                tap=_linear(K * N, j * tn * K * n, tn * K * n, isz_in),
+                task_group=tg,
+                placement=Tile(j, 0),
+            )
+        for j in range(CORE_COLS):  # C packed [N/n][M/m][tile]: column j's blocks are one run
+            rt.drain(
+                c_out[j].cons(),
+                C,
+                tap=_linear(M * N, j * tn * M * n, tn * M * n, isz_out),
+                wait=True,
+                task_group=tg,
+                placement=Tile(j, 0),
+            )
         rt.finish_task_group(tg)
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 

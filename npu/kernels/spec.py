@@ -16,6 +16,7 @@ sub-blocks; the shim and memory-tile DMAs then need no strided access patterns:
   B  [N/n][K/k][k/s][n/t][s][t]    core column j reads blocks j*tn.. (one run), K tiles in order
   C  [N/n][M/m][m/r][n/t][r][t]    column j's memory tile joins its four rows' tiles, block by block
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ import numpy as np
 MAC_SHAPES = {"i8": (4, 8, 8), "bf16": (4, 8, 4)}
 ITEMSIZE = {"i8": 1, "bf16": 2, "i32": 4, "f32": 4}
 NUMPY_DTYPE = {"i8": np.int8, "bf16": np.uint16, "i32": np.int32, "f32": np.float32}
-CORE_ROWS = CORE_COLS = 4          # npu1_4col: 4 columns × 4 compute rows
-L1_BYTES = 64 * 1024               # data memory of one AIE-ML compute tile
+CORE_ROWS = CORE_COLS = 4  # npu1_4col: 4 columns × 4 compute rows
+L1_BYTES = 64 * 1024  # data memory of one AIE-ML compute tile
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class GemmSpec:
     """One compiled GEMM: its call shape (M, K, N), per-core tile (m, k, n) and types."""
 
     name: str
-    dtype_in: str        # "i8" | "bf16" (bf16 held as uint16 bit patterns on the host)
-    dtype_out: str       # "i32" | "f32"
+    dtype_in: str  # "i8" | "bf16" (bf16 held as uint16 bit patterns on the host)
+    dtype_out: str  # "i32" | "f32"
     M: int
     K: int
     N: int
@@ -61,7 +62,7 @@ class GemmSpec:
             problems.append(f"K={self.K} must be a multiple of k={self.k}")
         if self.m % r or self.k % s or self.n % t:
             problems.append(f"tile {self.m}x{self.k}x{self.n} must be a multiple of the MAC shape {r}x{s}x{t}")
-        if self.l1_bytes() > L1_BYTES - 8 * 1024:   # leave room for the stack and the program's data
+        if self.l1_bytes() > L1_BYTES - 8 * 1024:  # leave room for the stack and the program's data
             problems.append(f"double-buffered L1 tiles need {self.l1_bytes()} bytes, more than a core has")
         if problems:
             raise ValueError(f"{self.name}: " + "; ".join(problems))
@@ -109,7 +110,8 @@ class GemmSpec:
         (M, K), (m, k), (r, s, _) = a.shape, (self.m, self.k), self.mac
         self._check(a, (self.M, self.K), "A")
         return np.ascontiguousarray(
-            a.reshape(M // m, m // r, r, K // k, k // s, s).transpose(0, 3, 1, 4, 2, 5)).reshape(-1)
+            a.reshape(M // m, m // r, r, K // k, k // s, s).transpose(0, 3, 1, 4, 2, 5)
+        ).reshape(-1)
 
     def unpack_a(self, flat: np.ndarray) -> np.ndarray:
         M, K, m, k, (r, s, _) = self.M, self.K, self.m, self.k, self.mac
@@ -120,7 +122,8 @@ class GemmSpec:
         K, N, k, n, (_, s, t) = self.K, self.N, self.k, self.n, self.mac
         self._check(b, (K, N), "B")
         return np.ascontiguousarray(
-            b.reshape(K // k, k // s, s, N // n, n // t, t).transpose(3, 0, 1, 4, 2, 5)).reshape(-1)
+            b.reshape(K // k, k // s, s, N // n, n // t, t).transpose(3, 0, 1, 4, 2, 5)
+        ).reshape(-1)
 
     def unpack_b(self, flat: np.ndarray) -> np.ndarray:
         K, N, k, n, (_, s, t) = self.K, self.N, self.k, self.n, self.mac
@@ -130,7 +133,8 @@ class GemmSpec:
         M, N, m, n, (r, _, t) = self.M, self.N, self.m, self.n, self.mac
         self._check(c, (M, N), "C")
         return np.ascontiguousarray(
-            c.reshape(M // m, m // r, r, N // n, n // t, t).transpose(3, 0, 1, 4, 2, 5)).reshape(-1)
+            c.reshape(M // m, m // r, r, N // n, n // t, t).transpose(3, 0, 1, 4, 2, 5)
+        ).reshape(-1)
 
     def unpack_c(self, flat: np.ndarray) -> np.ndarray:
         """The kernel's flat output → C [M, N]."""
@@ -147,7 +151,7 @@ class GemmSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "GemmSpec":
+    def from_json(cls, data: dict) -> GemmSpec:
         fields = {f: data[f] for f in cls.__dataclass_fields__}
         return cls(**fields)
 

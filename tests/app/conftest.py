@@ -3,6 +3,7 @@
 The app tests run the real worker process on the real embedded model, with short answers
 (a few tokens) so they stay quick on a small CPU.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,13 +13,13 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from app.qt_compat import guard_singleton_refcounts  # noqa: E402
+from phoenix_chat.app.qt_compat import guard_singleton_refcounts  # noqa: E402
 
-guard_singleton_refcounts()   # PySide6 6.12 on Python 3.11: see app/qt_compat.py
+guard_singleton_refcounts()  # PySide6 6.12 on Python 3.11: see app/qt_compat.py
 
 qasync = pytest.importorskip("qasync")
 
-LOAD_TIMEOUT_MS = 240_000      # the embedded model on the numpy CPU backend of a busy 2-core box
+LOAD_TIMEOUT_MS = 240_000  # the embedded model on the numpy CPU backend of a busy 2-core box
 ANSWER_TIMEOUT_MS = 240_000
 
 
@@ -40,7 +41,8 @@ def home(tmp_path, monkeypatch):
 
 def preset(home, **values):
     """Write settings before the app starts (e.g. a short max_tokens, greedy sampling)."""
-    from app.settings import SettingsModel
+    from phoenix_chat.app.settings import SettingsModel
+
     model = SettingsModel(home)
     for k, v in values.items():
         model.set(k, v)
@@ -49,7 +51,8 @@ def preset(home, **values):
 @pytest.fixture
 def make_app(qtbot, qloop, home):
     """Build AppControllers on `home`; all are shut down (worker stopped) at the end."""
-    from app.controllers.app_controller import AppController
+    from phoenix_chat.app.controllers.app_controller import AppController
+
     made = []
 
     def make(**kwargs):

@@ -3,6 +3,7 @@
 Answers are kept to a few tokens (greedy) so each test is a model load plus a few steps.
 Everything waits on signals or conditions; nothing sleeps.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -10,7 +11,7 @@ import sqlite3
 import pytest
 from PySide6.QtCore import Qt
 
-from app.store import db_path
+from phoenix_chat.app.store import db_path
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
@@ -25,7 +26,7 @@ def finish(qtbot, app, action):
     """Run `action` (which starts an answer) and wait for the answer to finish."""
     with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         action()
-    return blocker.args            # (assistant message id, finish reason)
+    return blocker.args  # (assistant message id, finish reason)
 
 
 def test_send_streams_tokens_into_the_view_and_saves_the_answer(qtbot, make_app, home):

@@ -1,18 +1,19 @@
 """Device gauges: the amdgpu sysfs reader on a fake tree (real file formats), and "not present"."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.gauges.amdgpu import AmdGpuSysfs
-from app.gauges.sampler import GaugeSampler
-from app.views.gauges_view import NOT_PRESENT
-from app.worker.protocol import GenerationStats
+from phoenix_chat.app.gauges.amdgpu import AmdGpuSysfs
+from phoenix_chat.app.gauges.sampler import GaugeSampler
+from phoenix_chat.app.views.gauges_view import NOT_PRESENT
+from phoenix_chat.app.worker.protocol import GenerationStats
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
 
 
 def make_amdgpu_tree(root, busy=37, vram=(512 * 2**20, 4 * 2**30), gtt=(1536 * 2**20, 12 * 2**30)):
     """What amdgpu exposes: one decimal integer and a newline per file (bytes for memory)."""
-    (root / "card0-eDP-1").mkdir(parents=True)          # a connector entry, not a card
+    (root / "card0-eDP-1").mkdir(parents=True)  # a connector entry, not a card
     dev = root / "card0" / "device"
     dev.mkdir(parents=True)
     (root / "renderD128").mkdir()
@@ -33,7 +34,7 @@ def test_sysfs_reader_parses_amdgpu_files(tmp_path):
     assert r.busy == 0.37
     assert (r.vram_used, r.vram_total) == (512 * 2**20, 4 * 2**30)
     assert (r.gtt_used, r.gtt_total) == (1536 * 2**20, 12 * 2**30)
-    (dev / "gpu_busy_percent").write_text("88\n")        # values are re-read every sample
+    (dev / "gpu_busy_percent").write_text("88\n")  # values are re-read every sample
     assert reader.read().busy == 0.88
 
 
@@ -95,7 +96,7 @@ def test_npu_busy_from_the_engine_and_idle_once_the_generation_is_over(tmp_path)
     assert (sampler.sample().gpu_busy, sampler.sample().npu_busy) == (0.5, 0.25)
     sampler.report_engine(working.idle())
     assert (sampler.sample().gpu_busy, sampler.sample().npu_busy) == (0.0, 0.0)
-    assert GenerationStats.from_dict(working.to_dict()) == working       # what crosses the pipe
+    assert GenerationStats.from_dict(working.to_dict()) == working  # what crosses the pipe
 
 
 @pytest.mark.gui
@@ -115,4 +116,5 @@ def test_a_real_generations_stats_record_reaches_the_gauges(qtbot, make_app, hom
     assert panel.tps_value.text() == f"{final.generation_tps:.1f}"
     assert app.window.tps_label.text() == f"{final.generation_tps:.1f} tok/s"
     assert app.window.context_label.text() == (
-        f"context {final.prompt_tokens + final.generation_tokens:,}/{final.context_limit:,}")
+        f"context {final.prompt_tokens + final.generation_tokens:,}/{final.context_limit:,}"
+    )

@@ -1,7 +1,8 @@
 """`display_available()`: what the CLI asks before opening the window."""
+
 from __future__ import annotations
 
-from app import gui
+from phoenix_chat.app import gui
 
 
 def test_no_display_means_terminal(monkeypatch):

@@ -1,12 +1,13 @@
 """The typed settings model: defaults, validation, persistence, notifications."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from app.settings import Settings, SettingsModel
-from engine.sampling import SamplingParams
+from phoenix_chat.app.settings import Settings, SettingsModel
+from phoenix_chat.engine.sampling import SamplingParams
 
 
 def test_defaults_persist_and_notify(home):
@@ -15,7 +16,7 @@ def test_defaults_persist_and_notify(home):
     seen = []
     model.subscribe(lambda name, value: seen.append((name, value)))
     model.set("quant", "Q8_0")
-    model.set("quant", "Q8_0")               # no change, no notification
+    model.set("quant", "Q8_0")  # no change, no notification
     model.set("context_length", 2048)
     model.add_recent_model("/models/a.gguf")
     model.add_recent_model("/models/b.gguf")
@@ -46,13 +47,18 @@ def test_sampling_defaults_are_the_engines_and_stated_nowhere_else(qtbot):
     engine = SamplingParams()
     defaults = Settings().sampling_defaults()
     assert {k: v for k, v in defaults.items() if k != "max_tokens"} == {
-        k: getattr(engine, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
+        k: getattr(engine, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    }
     # The CLI states none: a flag left out is the engine's default, a flag given overrides it.
-    from app.cli import _sampling, build_parser
+    from phoenix_chat.app.cli import _sampling, build_parser
+
     assert _sampling(build_parser().parse_args(["run", "hi"])) == engine
-    assert _sampling(build_parser().parse_args(["chat", "--top-k", "5", "--seed", "3"])) == engine.with_(top_k=5, seed=3)
+    assert _sampling(build_parser().parse_args(["chat", "--top-k", "5", "--seed", "3"])) == engine.with_(
+        top_k=5, seed=3
+    )
     # The chat settings dialog shows what it is given (no fallbacks of its own).
-    from app.views.dialogs import ChatSettingsDialog
+    from phoenix_chat.app.views.dialogs import ChatSettingsDialog
+
     dialog = ChatSettingsDialog("terse", defaults)
     qtbot.addWidget(dialog)
     assert dialog.values() == ("terse", defaults)

@@ -1,4 +1,5 @@
 """The SQLite history: schema, edits, export, and crash safety (WAL, partial answers)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Store, db_path, export_all
+from phoenix_chat.app.store import Store, db_path, export_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,10 +36,13 @@ def test_conversations_messages_edit_search_delete(home):
     assert [m.position for m in s.messages(a.id)] == [0, 1, 2, 3]
     assert [c.id for c in s.list_conversations("100%")] == [a.id]
     assert [c.id for c in s.list_conversations("second")] == [b.id]
-    assert s.list_conversations("x%y") == []           # LIKE wildcards are escaped
+    assert s.list_conversations("x%y") == []  # LIKE wildcards are escaped
     s.edit_message(u2.id, "changed")
     assert [(m.role, m.content) for m in s.messages(a.id)] == [
-        ("user", "hello there"), ("assistant", "hi"), ("user", "changed")]
+        ("user", "hello there"),
+        ("assistant", "hi"),
+        ("user", "changed"),
+    ]
     s.truncate_after(u1.id, inclusive=True)
     assert s.messages(a.id) == []
     s.rename_conversation(b.id, "Renamed")
@@ -61,7 +65,8 @@ def test_export_all_json_and_markdown(home):
     assert [conv["title"] for conv in data["conversations"]] == ["Greeting", "Other"]
     assert data["conversations"][0]["messages"] == [
         {"role": "user", "content": "Hi", "complete": True},
-        {"role": "assistant", "content": "Hello! ```code```", "complete": True}]
+        {"role": "assistant", "content": "Hello! ```code```", "complete": True},
+    ]
     md = export_all("markdown", home=home)
     assert "# Greeting" in md and "## User\n\nHi" in md and "## Assistant\n\nHello!" in md
     assert "# Other" in md and "Second one" in md
@@ -70,7 +75,7 @@ def test_export_all_json_and_markdown(home):
 def test_killed_writer_leaves_a_readable_file_with_the_partial_answer(home, tmp_path):
     """SIGKILL a process in the middle of saving a growing answer: the file stays intact."""
     script = textwrap.dedent(f"""
-        from app.store import Store
+        from phoenix_chat.app.store import Store
         s = Store(home={str(home)!r})
         c = s.create_conversation("crash")
         s.add_message(c.id, "user", "tell me a long story")
@@ -90,8 +95,7 @@ def test_killed_writer_leaves_a_readable_file_with_the_partial_answer(home, tmp_
     proc.wait()
     db = sqlite3.connect(db_path(home))
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    content, complete = db.execute(
-        "SELECT content, complete FROM messages WHERE role = 'assistant'").fetchone()
+    content, complete = db.execute("SELECT content, complete FROM messages WHERE role = 'assistant'").fetchone()
     assert complete == 0
     assert content.startswith("word1 word2 ") and "word200 " in content
 
@@ -100,17 +104,19 @@ def test_store_thread_runs_the_stores_own_methods_on_its_thread(home, monkeypatc
     import inspect
     import threading
 
-    import app.store as store_module
-    from app.store import StoreThread
+    import phoenix_chat.app.store as store_module
+    from phoenix_chat.app.store import StoreThread
+
     threads = []
     escape = store_module._escape_like
-    monkeypatch.setattr(store_module, "_escape_like",
-                        lambda text: threads.append(threading.current_thread().name) or escape(text))
+    monkeypatch.setattr(
+        store_module, "_escape_like", lambda text: threads.append(threading.current_thread().name) or escape(text)
+    )
     t = StoreThread(Store(home=home))
     try:
         conv = t.create_conversation("Typed", sampling={"top_k": 3})
         msg = t.add_message(conv.id, "assistant", "", complete=False)
-        saved = t.update_message(msg.id, "partial answer", complete=False)     # queued, not waited for
+        saved = t.update_message(msg.id, "partial answer", complete=False)  # queued, not waited for
         assert saved.result(timeout=10) is None
         assert [(m.content, m.complete) for m in t.messages(conv.id)] == [("partial answer", False)]
         assert [c.id for c in t.list_conversations("partial")] == [conv.id]

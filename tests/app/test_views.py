@@ -1,22 +1,26 @@
 """View details that need no model: Markdown + highlighted code with a copy link, themes,
 conversation list operations, the base-model notice, chat settings."""
+
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 
-from app.views.chat_view import ShownMessage
-from app.views.markdown_render import render_message, split_fences
-
+from phoenix_chat.app.views.chat_view import ShownMessage
+from phoenix_chat.app.views.markdown_render import render_message, split_fences
 
 pytestmark = pytest.mark.gui
 
+
 def test_fences_split_including_an_unfinished_one():
     parts = split_fences("Intro\n```python\nprint('hi')\n```\nmiddle\n```js\nlet x")
-    assert parts == [("text", "Intro\n", None), ("code", "print('hi')", "python"),
-                     ("text", "middle\n", None), ("code", "let x", "js")]
+    assert parts == [
+        ("text", "Intro\n", None),
+        ("code", "print('hi')", "python"),
+        ("text", "middle\n", None),
+        ("code", "let x", "js"),
+    ]
 
 
 def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
@@ -25,15 +29,19 @@ def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
     body, codes = render_message("Use **this**:\n```python\ndef f():\n    return 1\n```\n")
     assert codes == ["def f():\n    return 1"]
     assert 'href="copy:0"' in body
-    code_html = body[body.index("<pre"):]
-    assert '<span style="color' in code_html          # pygments colours, inline for Qt
-    view.set_messages([ShownMessage(1, "user", "code please"),
-                       ShownMessage(2, "assistant", "Use **this**:\n```python\ndef f():\n    return 1\n```\n")])
+    code_html = body[body.index("<pre") :]
+    assert '<span style="color' in code_html  # pygments colours, inline for Qt
+    view.set_messages(
+        [
+            ShownMessage(1, "user", "code please"),
+            ShownMessage(2, "assistant", "Use **this**:\n```python\ndef f():\n    return 1\n```\n"),
+        ]
+    )
     text = view.transcript_text()
     assert "def f():" in text and "Copy" in text and "**" not in text
     view._on_anchor(QUrl("copy:0"))
     assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
-    view._on_anchor(QUrl("copymsg:1"))          # the whole answer, as Markdown
+    view._on_anchor(QUrl("copymsg:1"))  # the whole answer, as Markdown
     assert QGuiApplication.clipboard().text().startswith("Use **this**:")
 
 
@@ -67,8 +75,15 @@ def test_conversations_new_rename_search_delete(qtbot, qloop, make_app, home):
 
 def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
     app = make_app(autoload=False)
-    info = {"name": "Gemma 3 270m", "path": None, "is_instruction_tuned": False, "quant": "file",
-            "backend": "cpu", "device": "CPU", "context_length": 4096}
+    info = {
+        "name": "Gemma 3 270m",
+        "path": None,
+        "is_instruction_tuned": False,
+        "quant": "file",
+        "backend": "cpu",
+        "device": "CPU",
+        "context_length": 4096,
+    }
     app.models.load_id = "load-x"
     app.models._on_model("load-x", info)
     assert app.window.chat.notice.isVisible() and "base model" in app.window.chat.notice.text()
@@ -81,6 +96,7 @@ def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
 
 def test_export_current_conversation(qtbot, qloop, make_app, home, tmp_path):
     import json
+
     app = make_app(autoload=False)
     conv = app.chat.conversation_id
     app.store.add_message(conv, "user", "Hi there")

@@ -1,5 +1,6 @@
 """The worker process boundary: menu choices reach it and persist, loading can be cancelled,
 and a killed worker loses nothing but the answer in flight (real worker, real model)."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -7,7 +8,7 @@ import sqlite3
 import pytest
 from PySide6.QtCore import Qt
 
-from app.store import db_path
+from phoenix_chat.app.store import db_path
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
@@ -63,8 +64,12 @@ def test_killing_the_worker_mid_answer_keeps_history_and_recovers(qtbot, make_ap
         app.chat.send("Tell me a long story about a phoenix.")
     # The growing answer reaches the database while it streams (saved every 0.5 s).
     db = sqlite3.connect(db_path(home))
-    qtbot.waitUntil(lambda: (db.execute("SELECT content, complete FROM messages WHERE role='assistant'")
-                             .fetchone() or ("", 1))[0] != "", timeout=ANSWER_TIMEOUT_MS)
+    qtbot.waitUntil(
+        lambda: (
+            (db.execute("SELECT content, complete FROM messages WHERE role='assistant'").fetchone() or ("", 1))[0] != ""
+        ),
+        timeout=ANSWER_TIMEOUT_MS,
+    )
     assert db.execute("SELECT complete FROM messages WHERE role='assistant'").fetchone()[0] == 0
 
     with qtbot.waitSignal(app.worker.worker_died, timeout=10_000):
@@ -93,7 +98,8 @@ def test_killing_the_worker_mid_answer_keeps_history_and_recovers(qtbot, make_ap
 
 
 def test_devices_menu_lists_the_workers_devices_and_greys_out_an_absent_npu(qtbot, make_app):
-    from engine.devices import list_devices
+    from phoenix_chat.engine.devices import list_devices
+
     app = make_app(autoload=False)
     qtbot.waitUntil(lambda: bool(app.models.devices), timeout=120_000)
     labels = [a.text() for a in app.window.backend_actions.values()]
@@ -113,10 +119,10 @@ def test_devices_menu_lists_the_workers_devices_and_greys_out_an_absent_npu(qtbo
 def test_a_message_sent_while_loading_waits_for_the_model_even_across_a_reload(qtbot, make_app, home):
     preset(home, max_tokens=2, temperature=0.0)
     app = make_app()
-    app.chat.send("Hello")                        # the model is still loading: the answer waits
+    app.chat.send("Hello")  # the model is still loading: the answer waits
     assert app.window.chat.stop_button.isEnabled()
     with qtbot.waitSignal(app.chat.answer_finished, timeout=2 * LOAD_TIMEOUT_MS) as done:
-        app.window.context_actions[2048].trigger()    # a reload replaces the load in flight
+        app.window.context_actions[2048].trigger()  # a reload replaces the load in flight
     assert done.args[1] in ("length", "stop")
     assert app.models.info["context_length"] == 2048
     assert app.window.context_label.text().endswith("/2,048")

@@ -1,11 +1,12 @@
 """The worker channel on its own, on the real engine and the embedded model (CPU backend):
 progress, ordering, cancel, errors, a dead worker replaced."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.worker.client import WorkerClient
-from app.worker.protocol import GenerationStats
+from phoenix_chat.app.worker.client import WorkerClient
+from phoenix_chat.app.worker.protocol import GenerationStats
 
 pytestmark = pytest.mark.gui
 
@@ -34,7 +35,8 @@ def test_load_reports_progress_then_the_model(qtbot, worker):
     assert info["context_length"] == 2048
     assert info["is_instruction_tuned"] is False and worker.model_info == info
     # LoadedModel.describe() as the engine gives it, plus the quantization asked for
-    from engine.weights import embedded_model_path
+    from phoenix_chat.engine.weights import embedded_model_path
+
     assert info["path"] == str(embedded_model_path()) and info["quant"] == "file" and info["load_s"] > 0
     assert info["backend"] == "cpu" and info["parameters"] > 0 and info["tensor_types"]
 
@@ -44,8 +46,9 @@ def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
     deltas = []
     worker.tokens_changed.connect(lambda _id, t: deltas.append(t))
     with qtbot.waitSignal(worker.generation_finished, timeout=300_000) as done:
-        gen_id = worker.request_generation([{"role": "user", "content": "Write one sentence about the ocean."}],
-                                           {"temperature": 0.0}, 12)
+        gen_id = worker.request_generation(
+            [{"role": "user", "content": "Write one sentence about the ocean."}], {"temperature": 0.0}, 12
+        )
     fid, reason, stats, text = done.args
     assert fid == gen_id and reason == "length"
     assert "".join(deltas) == text and text.startswith("Write one sentence about the ocean.")  # greedy, see goldens

@@ -1,11 +1,12 @@
 """Fixtures for the NPU tests: emulator stand-in kernels in a temporary folder."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
 
-from npu.runtime import NpuDevice, find_kernels
+from phoenix_chat.npu.runtime import NpuDevice, find_kernels
 from tests.npu.emulator import EmulatedXrt
 
 

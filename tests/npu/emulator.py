@@ -20,6 +20,7 @@ stream itself: the layout comes from the kernel manifest, not from decoding the 
 
 This is never offered as a device to users: nothing outside tests constructs it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.kernels.spec import GemmSpec
-from npu.quant import bf16_bits_to_f32
+from phoenix_chat.npu.kernels.spec import GemmSpec
+from phoenix_chat.npu.quant import bf16_bits_to_f32
 
 
 class EmulatorError(RuntimeError):
@@ -66,7 +67,7 @@ class EmulatedXrt:
 
     xclBOSyncDirection = _SyncDirection
     ert_cmd_state = _CmdState
-    emulated = True            # not a real NPU: the backend accepts emulator_only kernels for it
+    emulated = True  # not a real NPU: the backend accepts emulator_only kernels for it
 
     def __init__(self, n_devices: int = 1, fail_runs: bool = False):
         self.log: list[tuple] = []
@@ -151,12 +152,12 @@ class EmulatedXrt:
                 raw = np.asarray(data).view(np.uint8).reshape(-1)
                 if offset + raw.size > self.size_:
                     raise EmulatorError(f"bo {self.id}: write of {raw.size} bytes at {offset} overflows {self.size_}")
-                self.host[offset:offset + raw.size] = raw
+                self.host[offset : offset + raw.size] = raw
                 emu.log.append(("write", self.id, raw.size, offset))
 
             def read(self, size: int, offset: int):
                 emu.log.append(("read", self.id, size, offset))
-                return self.host[offset:offset + size].view(np.int8).copy()
+                return self.host[offset : offset + size].view(np.int8).copy()
 
             def map(self):
                 return self.host
@@ -182,18 +183,23 @@ class EmulatedXrt:
         insts = krn.ctx.xclbin.insts
         if instr_bo.flags != BO_FLAGS["cacheable"] or instr_bo.group != _group_value(1):
             raise EmulatorError("the instruction BO must be cacheable on group_id(1)")
-        if n_words != insts.size or instr_bo.size_ < insts.nbytes \
-                or not np.array_equal(instr_bo.dev[:insts.nbytes].view(np.uint32), insts):
-            raise EmulatorError("the device copy of the instruction BO does not hold the kernel's instruction stream"
-                                " (not written, not synced to the device, or the wrong word count)")
+        if (
+            n_words != insts.size
+            or instr_bo.size_ < insts.nbytes
+            or not np.array_equal(instr_bo.dev[: insts.nbytes].view(np.uint32), insts)
+        ):
+            raise EmulatorError(
+                "the device copy of the instruction BO does not hold the kernel's instruction stream"
+                " (not written, not synced to the device, or the wrong word count)"
+            )
         for arg, buf, need in ((3, a, spec.a_bytes), (4, b, spec.b_bytes), (5, c, spec.c_bytes)):
             if buf.flags != BO_FLAGS["host_only"] or buf.group != _group_value(arg):
                 raise EmulatorError(f"data BO for group {arg} must be host_only on group_id({arg})")
             if buf.size_ < need:
                 raise EmulatorError(f"BO for group {arg} holds {buf.size_} bytes, the kernel moves {need}")
         self.runs += 1
-        A = spec.unpack_a(a.dev[:spec.a_bytes].view(spec.in_dtype))
-        B = spec.unpack_b(b.dev[:spec.b_bytes].view(spec.in_dtype))
+        A = spec.unpack_a(a.dev[: spec.a_bytes].view(spec.in_dtype))
+        B = spec.unpack_b(b.dev[: spec.b_bytes].view(spec.in_dtype))
         C = np.zeros((spec.M, spec.N), spec.out_dtype)
         # Padding rows of A / columns of B are zero and give exact zeros: skip them to save time.
         rows, cols = np.flatnonzero(A.any(axis=1)), np.flatnonzero(B.any(axis=0))
@@ -201,12 +207,12 @@ class EmulatedXrt:
         if spec.dtype_in == "i8":
             # Every partial sum is an integer of magnitude ≤ 128*128*K: exact in f32 while that is
             # ≤ 2**24 (K ≤ 1024), in f64 (≤ 2**53) beyond, whatever order BLAS adds in.
-            ftype = np.float32 if 128 * 128 * spec.K <= 2 ** 24 else np.float64
+            ftype = np.float32 if 128 * 128 * spec.K <= 2**24 else np.float64
             exact = A.astype(ftype) @ B.astype(ftype)
-            C[np.ix_(rows, cols)] = exact.astype(np.int64).astype(np.int32)   # 32-bit accumulators wrap
+            C[np.ix_(rows, cols)] = exact.astype(np.int64).astype(np.int32)  # 32-bit accumulators wrap
         else:
             C[np.ix_(rows, cols)] = bf16_bits_to_f32(A) @ bf16_bits_to_f32(B)
-        c.dev[:spec.c_bytes] = spec.pack_c(C).view(np.uint8)
+        c.dev[: spec.c_bytes] = spec.pack_c(C).view(np.uint8)
 
 
 class _XKernel:
@@ -252,9 +258,15 @@ def write_test_kernel(folder, spec: GemmSpec) -> Path:
     xclbin.write_bytes(b"xclbin2\0" + b"PHOENIX EMULATOR STAND-IN: no hardware design inside\n")
     words = np.array([0x06030100, spec.M, spec.K, spec.N, spec.m, spec.k, spec.n] + list(range(32)), dtype="<u4")
     insts.write_bytes(words.tobytes())
-    manifest = {**spec.to_json(), "kind": "phoenix-npu-gemm", "xclbin": xclbin.name, "insts": insts.name,
-                "kernel_name": "MLIR_AIE", "emulator_only": True,
-                "xclbin_sha256": hashlib.sha256(xclbin.read_bytes()).hexdigest(),
-                "insts_sha256": hashlib.sha256(insts.read_bytes()).hexdigest()}
+    manifest = {
+        **spec.to_json(),
+        "kind": "phoenix-npu-gemm",
+        "xclbin": xclbin.name,
+        "insts": insts.name,
+        "kernel_name": "MLIR_AIE",
+        "emulator_only": True,
+        "xclbin_sha256": hashlib.sha256(xclbin.read_bytes()).hexdigest(),
+        "insts_sha256": hashlib.sha256(insts.read_bytes()).hexdigest(),
+    }
     (folder / f"{spec.name}.json").write_text(json.dumps(manifest, indent=2))
     return folder

@@ -1,4 +1,5 @@
 """npu_status() on fake sysfs/dev trees: one precise status string per missing piece."""
+
 from __future__ import annotations
 
 import os
@@ -6,8 +7,8 @@ import types
 
 import pytest
 
-from npu.detect import npu_status
-from npu.kernels.spec import DEFAULT_SPECS
+from phoenix_chat.npu.detect import npu_status
+from phoenix_chat.npu.kernels.spec import DEFAULT_SPECS
 from tests.npu.emulator import write_test_kernel
 
 ADDR = "0000:c4:00.1"
@@ -39,9 +40,15 @@ def machine(tmp_path, *, device="0x1502", module=True, bound="amdxdna", firmware
     kernels = tmp_path / "kernels"
     for spec in DEFAULT_SPECS:
         write_test_kernel(kernels, spec)
-    return dict(sys_root=sys_, dev_root=dev, firmware_roots=(fw,), kernel_dirs=[kernels],
-                allow_emulator_kernels=True, import_xrt=lambda: types.SimpleNamespace(__file__="pyxrt.so"),
-                kernel_release="6.14.0-test")
+    return dict(
+        sys_root=sys_,
+        dev_root=dev,
+        firmware_roots=(fw,),
+        kernel_dirs=[kernels],
+        allow_emulator_kernels=True,
+        import_xrt=lambda: types.SimpleNamespace(__file__="pyxrt.so"),
+        kernel_release="6.14.0-test",
+    )
 
 
 def test_everything_present_is_available(tmp_path):
@@ -64,15 +71,18 @@ def test_no_npu(tmp_path):
 def test_xdna2_is_named_but_not_used(tmp_path):
     status = npu_status(**machine(tmp_path, device="0x17f0"))
     assert not status.available
-    assert status.reason.startswith("found an XDNA2 (Strix Point / Strix Halo / Krackan Point) NPU (1022:17f0) at "
-                                    f"{ADDR}")
+    assert status.reason.startswith(
+        f"found an XDNA2 (Strix Point / Strix Halo / Krackan Point) NPU (1022:17f0) at {ADDR}"
+    )
 
 
 def test_driver_not_loaded(tmp_path):
     status = npu_status(**machine(tmp_path, module=False, bound=None, node=False))
     assert not status.available
-    assert status.reason == ("the amdxdna kernel driver is not loaded (Linux 6.14.0-test; it is part of Linux 6.14 "
-                             "and later, or build it from github.com/amd/xdna-driver): try `sudo modprobe amdxdna`")
+    assert status.reason == (
+        "the amdxdna kernel driver is not loaded (Linux 6.14.0-test; it is part of Linux 6.14 "
+        "and later, or build it from github.com/amd/xdna-driver): try `sudo modprobe amdxdna`"
+    )
     names = [name for name, ok, _ in status.details["checks"] if not ok]
     assert names == ["driver", "device node"]
 
@@ -109,9 +119,11 @@ def test_device_node_not_permitted(tmp_path):
 def test_pyxrt_missing(tmp_path):
     def no_pyxrt():
         raise ImportError("No module named 'pyxrt'")
+
     status = npu_status(**{**machine(tmp_path), "import_xrt": no_pyxrt})
-    assert status.reason.startswith("pyxrt is not importable (No module named 'pyxrt'): install XRT built with the "
-                                    "XDNA plugin")
+    assert status.reason.startswith(
+        "pyxrt is not importable (No module named 'pyxrt'): install XRT built with the XDNA plugin"
+    )
 
 
 def test_kernels_missing(tmp_path):
@@ -132,10 +144,11 @@ def test_probe_reports_open_failure(tmp_path):
     def broken():
         def device(index):
             raise RuntimeError("No devices found")
+
         return types.SimpleNamespace(__file__="pyxrt.so", device=device)
+
     status = npu_status(**{**machine(tmp_path), "import_xrt": broken}, probe=True)
-    assert status.reason == ("pyxrt could not open the NPU (No devices found): is this XRT built with the "
-                             "XDNA plugin?")
+    assert status.reason == ("pyxrt could not open the NPU (No devices found): is this XRT built with the XDNA plugin?")
 
 
 def test_this_machine_reports_a_reason():

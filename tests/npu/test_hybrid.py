@@ -1,4 +1,5 @@
 """The "prefill on NPU" plan on the embedded Gemma 3 270M, with the emulated NPU."""
+
 from __future__ import annotations
 
 import re
@@ -6,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from engine.errors import DeviceUnavailableError
+from phoenix_chat.engine.errors import DeviceUnavailableError
 from tests.npu.emulator import EmulatedXrt
 
 N_PROMPT = 64
@@ -19,18 +20,20 @@ def _log_softmax(x):
 
 @pytest.fixture(scope="module")
 def setup(gguf, npu_test_kernels):
-    from engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+
     weights, kernels = gguf, npu_test_kernels
     cpu = CpuBackend(weights, 256)
     text = (__import__("pathlib").Path(__file__).parents[1] / "goldens" / "ppl_text.txt").read_text()
-    ids = weights.tokenizer().encode(text)[:N_PROMPT + 1]
-    reference = cpu.forward(ids[:N_PROMPT], 0, all_logits=True)     # before the hybrid shares `cpu`
+    ids = weights.tokenizer().encode(text)[: N_PROMPT + 1]
+    reference = cpu.forward(ids[:N_PROMPT], 0, all_logits=True)  # before the hybrid shares `cpu`
     return weights, kernels, cpu, ids, reference
 
 
 @pytest.fixture(scope="module")
 def hybrid(setup):
-    from engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+
     weights, kernels, cpu, _, _ = setup
     return NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=cpu)
 
@@ -41,7 +44,7 @@ def test_int8_prefill_logits_within_tolerance_of_the_cpu_reference(setup, hybrid
     assert logits.shape == reference.shape
     rel = np.linalg.norm(logits - reference) / np.linalg.norm(reference)
     top1 = (logits.argmax(-1) == reference.argmax(-1)).mean()
-    targets = np.array(ids[1:N_PROMPT + 1])
+    targets = np.array(ids[1 : N_PROMPT + 1])
     nll_ref = -_log_softmax(reference)[np.arange(N_PROMPT), targets].mean()
     nll_npu = -_log_softmax(logits)[np.arange(N_PROMPT), targets].mean()
     # W8A8 (per-channel weights, per-token activations) on all 126 projections: measured on this
@@ -50,7 +53,7 @@ def test_int8_prefill_logits_within_tolerance_of_the_cpu_reference(setup, hybrid
     assert top1 > 0.78, top1
     assert abs(nll_npu - nll_ref) < 0.08, (nll_ref, nll_npu)
     st = hybrid.stats()
-    assert st["npu_matmuls"] == 7 * hybrid.config.num_layers      # every projection, once per chunk
+    assert st["npu_matmuls"] == 7 * hybrid.config.num_layers  # every projection, once per chunk
     assert st["npu_runs"] > 0 and st["npu_bytes_to_device"] > 0 and st["npu_bytes_from_device"] > 0
     assert st["handoff"]["to_decoder_rows"] == N_PROMPT * hybrid.config.num_layers
     assert st["handoff"]["bytes"] == N_PROMPT * hybrid.config.num_layers * hybrid.config.kv_dim * 4 * 2
@@ -58,7 +61,7 @@ def test_int8_prefill_logits_within_tolerance_of_the_cpu_reference(setup, hybrid
 
 def test_decode_runs_on_the_cpu_with_the_handed_off_cache(setup, hybrid):
     _, _, cpu, ids, _ = setup
-    prompt = ids[:N_PROMPT // 2]
+    prompt = ids[: N_PROMPT // 2]
     hybrid.forward(prompt, 0)
     model = hybrid.prefill_model
     for layer in (0, 5):
@@ -72,28 +75,37 @@ def test_decode_runs_on_the_cpu_with_the_handed_off_cache(setup, hybrid):
     runs = hybrid.stats()["npu_runs"]
     token = int(ids[len(prompt)])
     decoded = hybrid.forward([token], len(prompt))
-    assert model.npu_calls == calls and hybrid.stats()["npu_runs"] == runs     # decode never touches the NPU
-    assert np.array_equal(decoded, cpu.forward([token], len(prompt)))          # it is the CPU backend's step
+    assert model.npu_calls == calls and hybrid.stats()["npu_runs"] == runs  # decode never touches the NPU
+    assert np.array_equal(decoded, cpu.forward([token], len(prompt)))  # it is the CPU backend's step
     # the next prompt chunk (a second chat turn) first takes the decoded row back
     before = hybrid.stats()["handoff"]["to_prefill_rows"]
-    hybrid.forward(ids[len(prompt) + 1:len(prompt) + 9], len(prompt) + 1)
+    hybrid.forward(ids[len(prompt) + 1 : len(prompt) + 9], len(prompt) + 1)
     assert hybrid.stats()["handoff"]["to_prefill_rows"] - before == hybrid.config.num_layers
     assert model.cache.positions[0][len(prompt)] == len(prompt)
 
 
 def test_only_the_chosen_layers_go_to_the_npu(setup):
-    from engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+
     weights, kernels, cpu, ids, _ = setup
-    hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=cpu,
-                              npu_layers=[0, 17], projections=("mlp.down_proj",))
+    hybrid = NpuHybridBackend(
+        weights,
+        256,
+        xrt=EmulatedXrt(),
+        kernel_dirs=[kernels],
+        decoder=cpu,
+        npu_layers=[0, 17],
+        projections=("mlp.down_proj",),
+    )
     assert sorted(hybrid.gemm.weights) == ["layers.0.mlp.down_proj", "layers.17.mlp.down_proj"]
     hybrid.forward(ids[:8], 0)
     assert hybrid.prefill_model.npu_calls == 2
 
 
 def test_unavailable_npu_is_an_error_with_the_reason(setup):
-    from engine.backends.npu_hybrid import NpuHybridBackend
-    from npu.detect import npu_status
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.npu.detect import npu_status
+
     weights, _, cpu, _, _ = setup
     status = npu_status()
     if status.available:
@@ -104,7 +116,8 @@ def test_unavailable_npu_is_an_error_with_the_reason(setup):
 
 
 def test_emulated_backend_needs_kernels(setup, tmp_path):
-    from engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+
     weights, _, cpu, _, _ = setup
     with pytest.raises(DeviceUnavailableError, match="no built NPU kernels"):
         NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[tmp_path], decoder=cpu)
@@ -112,16 +125,24 @@ def test_emulated_backend_needs_kernels(setup, tmp_path):
 
 def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsys):
     import engine.loader
-    from app.cli import main
-    from engine.backends.npu_hybrid import NpuHybridBackend
-    from engine.errors import DeviceRunError
+    from phoenix_chat.app.cli import main
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.errors import DeviceRunError
+
     weights, kernels, cpu, ids, _ = setup
-    hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(fail_runs=True), kernel_dirs=[kernels], decoder=cpu,
-                              npu_layers=[0], projections=("mlp.down_proj",))
+    hybrid = NpuHybridBackend(
+        weights,
+        256,
+        xrt=EmulatedXrt(fail_runs=True),
+        kernel_dirs=[kernels],
+        decoder=cpu,
+        npu_layers=[0],
+        projections=("mlp.down_proj",),
+    )
     message = r"NPU prefill failed: NPU kernel gemm_i8_\S+ ended in state ERT_CMD_STATE_ERROR, not COMPLETED"
     with pytest.raises(DeviceRunError, match=f"^{message}$"):
         hybrid.forward(ids[:8], 0)
-    assert hybrid.stats()["handoff"]["count"] == 0            # nothing half-done reached the decoder
+    assert hybrid.stats()["handoff"]["count"] == 0  # nothing half-done reached the decoder
     # `phoenix-chat run` on it: the CLI's PhoenixError path, one line on stderr, exit status 2
     monkeypatch.setattr(engine.loader, "_make_backend", lambda *a: (hybrid, "NPU prefill (emulated, failing)"))
     assert main(["run", "Hello", "--backend", "npu-hybrid", "--max-tokens", "4"]) == 2
@@ -130,8 +151,9 @@ def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsy
 
 
 def test_load_with_npu_hybrid_reports_why_not(tmp_path, monkeypatch):
-    import engine
-    from npu.detect import npu_status
+    from phoenix_chat import engine
+    from phoenix_chat.npu.detect import npu_status
+
     if npu_status().available:
         pytest.skip("this machine has a usable NPU")
     with pytest.raises(DeviceUnavailableError, match="^NPU prefill is unavailable: "):
@@ -151,12 +173,14 @@ class _ProtocolDecoder:
         return None
 
     def export_kv(self, lo, hi):
-        from engine.backends.npu_hybrid import _cache_rows
+        from phoenix_chat.engine.backends.npu_hybrid import _cache_rows
+
         self.exported.append((lo, hi))
         return _cache_rows(self.cpu.model.cache, lo, hi)
 
     def import_kv(self, rows):
-        from engine.backends.npu_hybrid import _write_rows
+        from phoenix_chat.engine.backends.npu_hybrid import _write_rows
+
         self.imported.append(sum(len(p) for _, p, _, _ in rows))
         _write_rows(self.cpu.model.cache, rows)
 
@@ -165,11 +189,19 @@ class _ProtocolDecoder:
 
 
 def test_kv_handoff_protocol_for_other_decoders(setup):
-    from engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+
     weights, kernels, cpu, ids, _ = setup
     dec = _ProtocolDecoder(cpu)
-    hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=dec,
-                              npu_layers=[3], projections=("self_attn.q_proj",))
+    hybrid = NpuHybridBackend(
+        weights,
+        256,
+        xrt=EmulatedXrt(),
+        kernel_dirs=[kernels],
+        decoder=dec,
+        npu_layers=[3],
+        projections=("self_attn.q_proj",),
+    )
     hybrid.forward(ids[:10], 0)
     assert dec.imported == [10 * hybrid.config.num_layers]
     hybrid.forward([ids[10]], 10)
@@ -180,10 +212,11 @@ def test_kv_handoff_protocol_for_other_decoders(setup):
 
 
 def test_bf16_prefill_is_close_to_the_reference(setup):
-    from engine.backends.npu_hybrid import NpuHybridBackend
+    from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
+
     weights, kernels, cpu, ids, reference = setup
     hybrid = NpuHybridBackend(weights, 256, xrt=EmulatedXrt(), kernel_dirs=[kernels], decoder=cpu, dtype="bf16")
     logits = hybrid.forward(ids[:N_PROMPT], 0, all_logits=True)
     rel = np.linalg.norm(logits - reference) / np.linalg.norm(reference)
-    assert rel < 0.02, rel          # measured 0.0045 on 256 tokens (docs/NPU.md)
+    assert rel < 0.02, rel  # measured 0.0045 on 256 tokens (docs/NPU.md)
     assert all(pw.spec.dtype_in == "bf16" for pw in hybrid.gemm.weights.values())

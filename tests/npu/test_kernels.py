@@ -3,6 +3,7 @@
 The design is run against a recording stand-in of the `aie.iron` API: this checks the plan
 (which core gets which tiles, which bytes each shim transfer moves), not that aiecc accepts it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -11,9 +12,9 @@ import types
 import numpy as np
 import pytest
 
-from npu.kernels import build
-from npu.kernels.gemm_design import build_module, kernel_symbols, object_name
-from npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS
+from phoenix_chat.npu.kernels import build
+from phoenix_chat.npu.kernels.gemm_design import build_module, kernel_symbols, object_name
+from phoenix_chat.npu.kernels.spec import CORE_COLS, CORE_ROWS, DEFAULT_SPECS
 
 
 class Rec:
@@ -75,6 +76,7 @@ def fake_iron(monkeypatch):
 
                 def __exit__(self_inner, *exc):
                     return False
+
             return Ctx()
 
         def start(self, *workers):
@@ -104,11 +106,13 @@ def fake_iron(monkeypatch):
             self.dims, self.offset, self.sizes, self.strides = dims, offset, sizes, strides
 
     mods = {
-        "aie": types.ModuleType("aie"), "aie.iron": types.ModuleType("aie.iron"),
+        "aie": types.ModuleType("aie"),
+        "aie.iron": types.ModuleType("aie.iron"),
         "aie.iron.controlflow": types.ModuleType("aie.iron.controlflow"),
         "aie.iron.device": types.ModuleType("aie.iron.device"),
         "aie.iron.placers": types.ModuleType("aie.iron.placers"),
-        "aie.helpers": types.ModuleType("aie.helpers"), "aie.helpers.taplib": types.ModuleType("aie.helpers.taplib"),
+        "aie.helpers": types.ModuleType("aie.helpers"),
+        "aie.helpers.taplib": types.ModuleType("aie.helpers.taplib"),
         "ml_dtypes": types.ModuleType("ml_dtypes"),
     }
     it = mods["aie.iron"]
@@ -142,13 +146,15 @@ def test_design_moves_exactly_the_packed_blocks_each_core_needs(fake_iron, spec)
 
     # every transfer is a short-rowed contiguous run (A's repeated once per output block of a core);
     # together they cover each buffer exactly once
-    for taps, total, repeat in (([f for f in rec.fills if f[1] == "A"], spec.M * spec.K, spec.tn),
-                                ([f for f in rec.fills if f[1] == "B"], spec.K * spec.N, 1),
-                                (rec.drains, spec.M * spec.N, 1)):
+    for taps, total, repeat in (
+        ([f for f in rec.fills if f[1] == "A"], spec.M * spec.K, spec.tn),
+        ([f for f in rec.fills if f[1] == "B"], spec.K * spec.N, 1),
+        (rec.drains, spec.M * spec.N, 1),
+    ):
         runs = []
         for t in taps:
             e = _elements(t[2])
-            one = e[:e.size // repeat]
+            one = e[: e.size // repeat]
             assert np.array_equal(e, np.tile(one, repeat)) and t[2].sizes[0] == repeat
             assert np.array_equal(one, np.arange(one[0], one[0] + one.size))
             assert t[2].sizes[2] <= 1023 and t[3].row == 0
@@ -159,13 +165,13 @@ def test_design_moves_exactly_the_packed_blocks_each_core_needs(fake_iron, spec)
     a_fill = {f[0]: f for f in rec.fills if f[1] == "A"}
     b_fill = {f[0]: f for f in rec.fills if f[1] == "B"}
     c_drain = {d[0]: d for d in rec.drains}
-    for fn, args, tile in rec.workers:
+    for _fn, args, tile in rec.workers:
         i, j = tile.row - 2, tile.col
         a_src, b_src, c_part = args[0].fifo.source, args[1].fifo.source, args[2].fifo
-        assert a_fill[a_src][2].offset == i * spec.m * spec.K            # A packed row block i
+        assert a_fill[a_src][2].offset == i * spec.m * spec.K  # A packed row block i
         assert b_fill[b_src][2].offset == j * spec.tn * spec.K * spec.n  # B packed blocks j*tn..
         assert c_drain[c_part.joined_into][2].offset == j * spec.tn * spec.M * spec.n
-        assert c_part.offset == i * spec.m * spec.n                      # row i's tile within column j
+        assert c_part.offset == i * spec.m * spec.n  # row i's tile within column j
         assert c_part.placement.col == j and c_part.placement.row == 1
 
 
@@ -176,8 +182,14 @@ def test_build_commands_use_the_documented_flags(tmp_path):
     assert kernel[:4] == ["clang++", "-O2", "-std=c++20", "--target=aie2-none-unknown-elf"]
     assert "-DTILE_K=64" in kernel and kernel[-1] == object_name(spec)
     assert emit[-2:] == [">", str(tmp_path / f"{spec.name}.mlir")]
-    assert aiecc[:6] == ["aiecc.py", "--no-xchesscc", "--no-xbridge", "--aie-generate-xclbin",
-                         "--aie-generate-npu-insts", "--no-compile-host"]
+    assert aiecc[:6] == [
+        "aiecc.py",
+        "--no-xchesscc",
+        "--no-xbridge",
+        "--aie-generate-xclbin",
+        "--aie-generate-npu-insts",
+        "--no-compile-host",
+    ]
     assert f"--xclbin-name={spec.name}.xclbin" in aiecc and f"--npu-insts-name={spec.name}.insts.bin" in aiecc
     assert aiecc[-1] == f"{spec.name}.mlir" and cwd == tmp_path
 

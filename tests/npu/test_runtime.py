@@ -1,4 +1,5 @@
 """The pyxrt call sequence of the runtime, checked against the emulated API, and artifact lookup."""
+
 from __future__ import annotations
 
 import json
@@ -6,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from npu.errors import NpuRunError
-from npu.kernels import BUILD_DIR
-from npu.kernels.spec import DEFAULT_SPECS
-from npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
+from phoenix_chat.npu.errors import NpuRunError
+from phoenix_chat.npu.kernels import BUILD_DIR
+from phoenix_chat.npu.kernels.spec import DEFAULT_SPECS
+from phoenix_chat.npu.runtime import NpuDevice, find_kernels, kernel_search_dirs
 from tests.npu.emulator import EmulatedXrt, EmulatorError, write_test_kernel
 
 I8 = DEFAULT_SPECS[0]
@@ -32,19 +33,24 @@ def test_exact_call_sequence_for_one_run(artifacts, emu, device):
     assert emu.log == [
         ("device", 0),
         ("xclbin", f"{I8.name}.xclbin"),
-        ("register_xclbin", f"{I8.name}.xclbin"),          # never load_xclbin on the NPU
+        ("register_xclbin", f"{I8.name}.xclbin"),  # never load_xclbin on the NPU
         ("hw_context", uuid),
         ("kernel", "MLIR_AIE"),
         ("group_id", 1),
-        ("bo", 1, 4 * n_words, "cacheable", 0x101),        # instruction stream
+        ("bo", 1, 4 * n_words, "cacheable", 0x101),  # instruction stream
         ("write", 1, 4 * n_words, 0),
         ("sync", 1, "to_device"),
-        ("group_id", 3), ("bo", 2, I8.M * I8.K, "host_only", 0x103),        # A int8
-        ("group_id", 4), ("bo", 3, I8.K * I8.N, "host_only", 0x104),        # B int8
-        ("group_id", 5), ("bo", 4, I8.M * I8.N * 4, "host_only", 0x105),    # C int32
-        ("write", 2, I8.a_bytes, 0), ("sync", 2, "to_device"),
-        ("write", 3, I8.b_bytes, 0), ("sync", 3, "to_device"),
-        ("run", 3, 1, n_words, 2, 3, 4),                   # opcode 3, instr bo, words, a, b, c
+        ("group_id", 3),
+        ("bo", 2, I8.M * I8.K, "host_only", 0x103),  # A int8
+        ("group_id", 4),
+        ("bo", 3, I8.K * I8.N, "host_only", 0x104),  # B int8
+        ("group_id", 5),
+        ("bo", 4, I8.M * I8.N * 4, "host_only", 0x105),  # C int32
+        ("write", 2, I8.a_bytes, 0),
+        ("sync", 2, "to_device"),
+        ("write", 3, I8.b_bytes, 0),
+        ("sync", 3, "to_device"),
+        ("run", 3, 1, n_words, 2, 3, 4),  # opcode 3, instr bo, words, a, b, c
         ("wait", "ERT_CMD_STATE_COMPLETED"),
         ("sync", 4, "from_device"),
         ("read", 4, I8.c_bytes, 0),
@@ -58,12 +64,12 @@ def test_the_emulator_computes_from_device_memory(artifacts, device):
     kernel = device.load(artifacts[I8.name])
     a, b, c = kernel.buffer(0, I8.a_bytes), kernel.buffer(1, I8.b_bytes), kernel.buffer(2, I8.c_bytes)
     a.write(np.ones(I8.a_bytes, np.int8))
-    b.bo.write(np.ones(I8.b_bytes, np.int8).view(np.uint8), 0)     # written but never synced
+    b.bo.write(np.ones(I8.b_bytes, np.int8).view(np.uint8), 0)  # written but never synced
     kernel.run(a, b, c)
-    assert not c.read(np.int32).any()                                # the device saw zeros
+    assert not c.read(np.int32).any()  # the device saw zeros
     kernel.run(a, b, c)
-    c.bo.write(np.full(I8.c_bytes, 7, np.uint8), 0)                  # host copy now differs
-    assert c.read(np.int32).sum() == 0                               # sync from device wins
+    c.bo.write(np.full(I8.c_bytes, 7, np.uint8), 0)  # host copy now differs
+    assert c.read(np.int32).sum() == 0  # sync from device wins
 
 
 def test_unsynced_instruction_stream_is_rejected(artifacts, emu, device):
@@ -79,7 +85,7 @@ def test_wrong_buffer_contract_is_rejected(artifacts, device):
     kernel = device.load(artifacts[I8.name])
     a, b, c = kernel.buffer(0, I8.a_bytes), kernel.buffer(1, I8.b_bytes), kernel.buffer(2, I8.c_bytes)
     with pytest.raises(EmulatorError, match="group_id\\(3\\)"):
-        kernel.run(b, a, c)                                  # A and B swapped
+        kernel.run(b, a, c)  # A and B swapped
     small = kernel.buffer(2, I8.c_bytes // 2)
     with pytest.raises(EmulatorError, match="holds"):
         kernel.run(a, b, small)
@@ -158,10 +164,11 @@ def test_search_order_and_first_folder_wins(tmp_path, monkeypatch):
 
 
 def test_the_engine_passes_the_users_kernel_folder(monkeypatch):
-    from engine.backends.npu_hybrid import npu_kernel_dirs
-    from engine.paths import data_dir
+    from phoenix_chat.engine.backends.npu_hybrid import npu_kernel_dirs
+    from phoenix_chat.engine.paths import data_dir
+
     monkeypatch.delenv("PHOENIX_NPU_KERNELS", raising=False)
-    assert kernel_search_dirs() == [BUILD_DIR]                 # npu/ knows no per-user folder
+    assert kernel_search_dirs() == [BUILD_DIR]  # npu/ knows no per-user folder
     assert npu_kernel_dirs() == [data_dir() / "npu-kernels", BUILD_DIR]
 
 
@@ -172,4 +179,5 @@ def test_hex_text_instruction_streams(tmp_path):
     txt = tmp_path / "insts.txt"
     txt.write_text("\n".join(f"{w:08x}" for w in words) + "\n")
     from dataclasses import replace
+
     assert np.array_equal(replace(found[I8.name], insts=txt).read_insts(), words)

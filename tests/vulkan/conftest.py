@@ -2,16 +2,18 @@
 
 They skip only when there is no Vulkan loader or no device at all, and say so.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from engine.errors import DeviceUnavailableError
+from phoenix_chat.engine.errors import DeviceUnavailableError
 
 
 @pytest.fixture(scope="session")
 def vk_device():
-    from engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.device import Device
+
     try:
         dev = Device.open(allow_software=True)
     except DeviceUnavailableError as exc:
@@ -24,6 +26,7 @@ def vk_device():
 def tiny_path(tmp_path_factory):
     """A tiny synthetic Gemma 3 GGUF (tools/make_synthetic_gguf.py) for the bench and CLI tests."""
     from tools.make_synthetic_gguf import write
+
     return write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
 
 

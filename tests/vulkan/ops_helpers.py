@@ -1,9 +1,10 @@
 """Helpers shared by the tests/vulkan/test_ops_*.py kernel tests (numpy refs, buffers, a runner)."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.vulkan.ops_common import pack_step, unpack_step
+from phoenix_chat.engine.backends.vulkan.ops_common import pack_step, unpack_step
 
 
 def nmse(got, want) -> float:

@@ -2,14 +2,15 @@
 
 Slow on lavapipe (a CPU pretending to be a GPU, seconds per token): positions are few.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.profiling import profile_step
-from engine.errors import OutOfMemoryError
-from engine.sampling import SamplingParams
+from phoenix_chat.engine.backends.vulkan.profiling import profile_step
+from phoenix_chat.engine.errors import OutOfMemoryError
+from phoenix_chat.engine.sampling import SamplingParams
 
 TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
 CTX = 96
@@ -18,7 +19,8 @@ N_GREEDY = 16
 
 @pytest.fixture(scope="module")
 def weights():
-    from engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
     w = open_weights(embedded_model_path())
     yield w
     w.close()
@@ -26,8 +28,9 @@ def weights():
 
 @pytest.fixture(scope="module")
 def backends(weights, vk_device):
-    from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
     vk = VulkanBackend(weights, CTX, device=vk_device)
     cpu = CpuBackend(weights, CTX)
     yield cpu, vk
@@ -57,7 +60,8 @@ def test_tuning_cycles_through_layers_of_the_same_types(backends, weights):
     """The load-time timing runs each candidate over several layers' matrices in turn (so they
     are read from memory, not a GPU's L2): only layers whose matrices match layer 0's types,
     which in the embedded Q4_K_M file skips the layers whose down-proj is Q4_K, not Q6_K."""
-    from engine.backends.vulkan.autotune import TUNE_LAYERS, tuning_layers
+    from phoenix_chat.engine.backends.vulkan.autotune import TUNE_LAYERS, tuning_layers
+
     _cpu, vk = backends
     types = [weights.tensors[f"layers.{i}.mlp.down_proj"].qtype for i in range(vk.config.num_layers)]
     want = [i for i, t in enumerate(types) if t == types[0]][:TUNE_LAYERS]
@@ -101,7 +105,8 @@ def test_sampled_decode_is_seeded(backends, text_ids):
 
 
 def test_memory_budget_names_the_numbers(weights, vk_device, monkeypatch):
-    from engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
     monkeypatch.setattr(vk_device.caps, "heaps", [(64 << 20, True)])
     with pytest.raises(OutOfMemoryError, match=r"needs [\d.]+ GiB .*weights [\d.]+.*KV cache"):
         VulkanBackend(weights, CTX, device=vk_device)
@@ -111,10 +116,11 @@ def test_memory_budget_names_the_numbers(weights, vk_device, monkeypatch):
 def tiny(tmp_path_factory, vk_device):
     """A 6-layer synthetic Gemma 3 (random Q4_0 weights): fast, and has a global layer and a
     32-token sliding window, so 48 positions exercise the ring buffer and the window."""
-    from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-    from engine.weights import open_weights
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.weights import open_weights
     from tools.make_synthetic_gguf import write
+
     path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=1)
     w = open_weights(path)
     # autotune on: lavapipe times its one candidate per shape, the code path GPUs take
@@ -134,8 +140,9 @@ def test_tiny_model_past_the_window_matches_cpu(tiny):
     assert agree >= 0.99
     # decode one token at a time past the window, and roll back: same logits as the CPU
     for pos in (48, 49):
-        np.testing.assert_allclose(vk.forward([ids[pos - 48]], pos), cpu.forward([ids[pos - 48]], pos),
-                                   atol=2e-2 * np.abs(ref).max())
+        np.testing.assert_allclose(
+            vk.forward([ids[pos - 48]], pos), cpu.forward([ids[pos - 48]], pos), atol=2e-2 * np.abs(ref).max()
+        )
     np.testing.assert_allclose(vk.forward([7], 40), cpu.forward([7], 40), atol=2e-2 * np.abs(ref).max())
 
 
@@ -175,7 +182,8 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
     goes through the int8 lm head."""
     if not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     cpu, vk = tiny
     vk8 = VulkanBackend(vk.weights_source, 64, VulkanOptions(int_dot=True, autotune=True), device=vk_device)
     keys = ("qkv", "o", "geglu", "down", "lm")
@@ -189,8 +197,11 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
         vk8.tuning.matvec = {k: (0.0, False, None) for k in keys}
         vk8.drop_recordings()
         f32_dispatches = profile_step(vk8)["dispatches"]
-        for name, modes in (("regs", dict.fromkeys(keys, "regs")), ("q8_1", dict.fromkeys(keys, True)),
-                            ("mixed", mixed)):
+        for name, modes in (
+            ("regs", dict.fromkeys(keys, "regs")),
+            ("q8_1", dict.fromkeys(keys, True)),
+            ("mixed", mixed),
+        ):
             vk8.tuning.matvec = {k: (0.0, m, None) for k, m in modes.items()}
             vk8.drop_recordings()
             ids = [5, 17, 300, 4000, 12, 99]
@@ -198,7 +209,7 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
             got = np.stack([vk8.forward([t], i) for i, t in enumerate(ids)])
             assert np.mean(ref.argmax(-1) == got.argmax(-1)) >= 0.99, name
             assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max(), name
-            last = vk8.forward(ids, 0)          # prefill: the lm head reads the last row of h
+            last = vk8.forward(ids, 0)  # prefill: the lm head reads the last row of h
             assert last.argmax() == ref[-1].argmax(), name
             assert np.abs(last - ref[-1]).max() < 0.1 * np.abs(ref).max(), name
             # a quantize dispatch is left only before down (its input comes from the GEGLU matvec;
@@ -213,7 +224,8 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
 def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
     """--quant re-quantizes every matrix on load; Q8_0/F16 of Q4_0 weights are nearly lossless,
     Q4_0 of them is the same grid again."""
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     cpu, vk = tiny
     vq = VulkanBackend(vk.weights_source, 64, VulkanOptions(quant=quant), device=vk_device)
     try:
@@ -244,5 +256,4 @@ def test_tiny_model_greedy_decode_several_steps_per_submit(tiny):
     got = [first] + list(vk.decode_tokens(first, len(prompt), SamplingParams(temperature=0.0), 10))
     assert got == want
     near_end = list(vk.decode_tokens(first, 60, SamplingParams(temperature=0.0), 10))
-    assert len(near_end) == 3          # positions 61..63 of a 64-token context
-
+    assert len(near_end) == 3  # positions 61..63 of a 64-token context

@@ -1,13 +1,15 @@
 """The benchmark's own numbers are measured, consistent and complete (a tiny synthetic Gemma 3 on
 whatever Vulkan device exists, lavapipe in CI; the figures in docs/PERFORMANCE.md come from the
 same function on an H100)."""
+
 from __future__ import annotations
 
 import pytest
 
 
 def test_bench_vulkan_reports_roofline_python_share_and_profile(tiny_path, vk_device):
-    from engine.bench import run_bench
+    from phoenix_chat.engine.bench import run_bench
+
     r = run_bench(tiny_path, "vulkan", prompt_tokens=24, gen_tokens=6)
     assert r.gen_tokens == 6 and r.prefill_tok_s > 0 and r.decode_tok_s > 0
     assert r.copy_gb_s > 0
@@ -15,17 +17,19 @@ def test_bench_vulkan_reports_roofline_python_share_and_profile(tiny_path, vk_de
     assert r.decode_pct_of_copy == pytest.approx(100 * r.decode_gb_s / r.copy_gb_s)
     assert 0 < r.python_pct_of_token < 100
     assert r.decode_profile_us["dispatches"] > 0 and r.decode_profile_us["total"] > 0
-    assert isinstance(r.matvec_tuning, dict)        # empty where the device skips autotuning (lavapipe)
+    assert isinstance(r.matvec_tuning, dict)  # empty where the device skips autotuning (lavapipe)
     assert "decode_pct_of_copy" in r.table()
 
 
 def test_bench_cpu_has_no_device_figures(tiny_path):
-    from engine.bench import run_bench
+    from phoenix_chat.engine.bench import run_bench
+
     r = run_bench(tiny_path, "cpu", prompt_tokens=12, gen_tokens=3)
     assert r.decode_tok_s > 0 and r.copy_gb_s is None and r.decode_pct_of_copy is None
     # peak resident memory in bytes-based GiB: never below what the process holds now (a KiB/byte
     # mix-up would put it 1024x below), and not absurd
     import psutil
+
     assert psutil.Process().memory_info().rss <= r.peak_host_gib * 2**30 < 64 * 2**30
 
 
@@ -36,11 +40,12 @@ def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
     import json
 
     from bench import dispatch_cost
+
     out = tmp_path / "cost.json"
     assert dispatch_cost.main(["--software", "--scale", "0.001", "--handoff", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     keys = [k for k in got if k.startswith("handoff_")]
-    assert len(keys) == 4 * 2 * 4          # matrix sizes x producer lengths x modes
+    assert len(keys) == 4 * 2 * 4  # matrix sizes x producer lengths x modes
     assert all(got[k] > 0 for k in keys)
     assert got["tiny_dispatch_barrier_us"] > 0 and got["copy_gb_s"] > 0
 
@@ -54,14 +59,25 @@ def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
     import json
 
     from bench import persistent_chain
+
     out = tmp_path / "persistent.json"
-    assert persistent_chain.main(["--software", "--scale", "0.001", "--groups", "1", "--pre", "4",
-                                  "--layers", "2", "--json", str(out)]) == 0
+    assert (
+        persistent_chain.main(
+            ["--software", "--scale", "0.001", "--groups", "1", "--pre", "4", "--layers", "2", "--json", str(out)]
+        )
+        == 0
+    )
     got = json.loads(out.read_text())
     assert got["persistent_g1_pre4_matches_chain"] is True
     assert got["persistent_g1_pre4_valid"] is True and got["fused_g1_pre4_valid"] is True
-    for k in ("chain", "streams", "chain_norm_in_stream", "chain_norm_in_stream_g1", "persistent_g1_pre4",
-              "fused_g1_pre4"):
+    for k in (
+        "chain",
+        "streams",
+        "chain_norm_in_stream",
+        "chain_norm_in_stream_g1",
+        "persistent_g1_pre4",
+        "fused_g1_pre4",
+    ):
         assert got[f"{k}_us_per_layer"] > 0 and got[f"{k}_pct_of_copy"] > 0
 
 
@@ -71,9 +87,9 @@ def test_verify_cost_times_multi_token_passes_against_a_decode_token(vk_device, 
     import json
 
     from bench import verify_cost
+
     out = tmp_path / "verify.json"
-    assert verify_cost.main(["--model", str(tiny_path), "--backend", "vulkan", "--k", "1,4",
-                             "--json", str(out)]) == 0
+    assert verify_cost.main(["--model", str(tiny_path), "--backend", "vulkan", "--k", "1,4", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["backend"] == "vulkan" and got["decode_token_ms"] > 0 and got["forward_1_token_ms"] > 0
     for k in (1, 4):
@@ -88,10 +104,30 @@ def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_devi
     import json
     import subprocess
     import sys
+
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--synthetic", "tiny", "--backends", "vulkan,cpu",
-                           "--workdir", str(tmp_path), "--prompt-tokens", "8", "--gen-tokens", "3", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--synthetic",
+            "tiny",
+            "--backends",
+            "vulkan,cpu",
+            "--workdir",
+            str(tmp_path),
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     runs = json.loads(out.read_text())
     assert [r["backend"] for r in runs[:2]] == ["vulkan", "cpu"] and all(r["decode_tok_s"] > 0 for r in runs[:2])

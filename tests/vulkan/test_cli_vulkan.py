@@ -1,6 +1,7 @@
 """The command line's device choices, end to end in subprocesses, on whatever Vulkan device exists
 (lavapipe in CI): `auto` passes over a software renderer and says why, `--device N` picks a
 device or fails cleanly, and `bench` prints its measurements as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,37 @@ def test_device_index_out_of_range_exits_2_with_the_reason(vk_device):
 
 
 def test_device_index_picks_that_device(vk_device, tiny_path):
-    proc = cli("bench", "--model", str(tiny_path), "--backend", "vulkan", "--device", str(vk_device.caps.index),
-               "--prompt-tokens", "8", "--gen-tokens", "2", "--json")
+    proc = cli(
+        "bench",
+        "--model",
+        str(tiny_path),
+        "--backend",
+        "vulkan",
+        "--device",
+        str(vk_device.caps.index),
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "2",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["device"] == vk_device.name
 
 
 def test_bench_command_prints_measured_json(vk_device, tiny_path):
-    proc = cli("bench", "--model", str(tiny_path), "--backend", "vulkan", "--prompt-tokens", "16",
-               "--gen-tokens", "4", "--json")
+    proc = cli(
+        "bench",
+        "--model",
+        str(tiny_path),
+        "--backend",
+        "vulkan",
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "4",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["backend"] == "vulkan" and r["prompt_tokens"] == 16 and r["gen_tokens"] == 4

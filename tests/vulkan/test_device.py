@@ -1,12 +1,13 @@
 """Device layer: probing, buffers, ranges, pipelines from the table, recording and timestamps."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.memory import row_ranges
-from engine.backends.vulkan.pipelines import MAX_PUSH_BYTES, VARIANTS, PushLayout
-from engine.errors import DeviceUnavailableError
+from phoenix_chat.engine.backends.vulkan.memory import row_ranges
+from phoenix_chat.engine.backends.vulkan.pipelines import MAX_PUSH_BYTES, VARIANTS, PushLayout
+from phoenix_chat.engine.errors import DeviceUnavailableError
 
 
 def test_capabilities(vk_device):
@@ -20,7 +21,8 @@ def test_capabilities(vk_device):
 
 
 def test_software_device_needs_opt_in(vk_device):
-    from engine.backends.vulkan.device import Device, list_devices
+    from phoenix_chat.engine.backends.vulkan.device import Device, list_devices
+
     devices = list_devices()
     if all(d.is_software for d in devices):
         with pytest.raises(DeviceUnavailableError, match="no Vulkan device"):
@@ -29,7 +31,9 @@ def test_software_device_needs_opt_in(vk_device):
 
 def test_missing_loader_is_a_clean_error(monkeypatch):
     import builtins
-    from engine.backends.vulkan import device as device_mod
+
+    from phoenix_chat.engine.backends.vulkan import device as device_mod
+
     real_import = builtins.__import__
 
     def fake_import(name, *a, **kw):
@@ -57,7 +61,7 @@ def test_staging_upload_in_pieces_reports_progress(vk_device, monkeypatch):
     seen = []
     data = np.random.default_rng(0).integers(0, 255, 300_000, dtype=np.uint8)
     b = vk_device.buffer(data.nbytes)
-    if b.mapped is not None:      # UMA: written in place; force the staging path
+    if b.mapped is not None:  # UMA: written in place; force the staging path
         b.mapped = None
     vk_device.upload(b, data, progress=lambda done, total: seen.append((done, total)))
     out = vk_device.download(b, np.uint8, data.shape)
@@ -69,7 +73,7 @@ def test_staging_upload_in_pieces_reports_progress(vk_device, monkeypatch):
 
 
 def test_row_ranges_respect_limit_and_alignment():
-    pieces = row_ranges(262144, 680, 1 << 27, 64)      # the 270M's Q8_0 embedding, lavapipe's limit
+    pieces = row_ranges(262144, 680, 1 << 27, 64)  # the 270M's Q8_0 embedding, lavapipe's limit
     assert sum(n for _, n in pieces) == 262144
     for start, n in pieces:
         assert n * 680 <= 1 << 27 and (start * 680) % 64 == 0
@@ -89,7 +93,8 @@ def test_push_layouts_fit_and_pack():
 
 def test_dispatch_replay_and_timestamps(vk_device):
     """A recorded command list replays; quantize_q8_1 doubles as a tiny real kernel."""
-    from engine.backends.vulkan.matvec import record_quantize
+    from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
+
     dev = vk_device
     x = np.linspace(-3, 3, 64, dtype=np.float32)
     xb, qb = dev.buffer(x.nbytes), dev.buffer(2 * 40)
@@ -116,19 +121,20 @@ def test_refused_cooperative_matrices_fall_back_loudly(caplog):
     device still opens, without them, and says so (log + the prefill GEMM path)."""
     import logging
 
-    from engine.backends.vulkan import device as d
-    from engine.backends.vulkan import ops_gemm
+    from phoenix_chat.engine.backends.vulkan import device as d
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+
     try:
         vk = d._vk()
         pds = d._physical_devices(vk)
-    except DeviceUnavailableError as exc:     # no loader / device here
+    except DeviceUnavailableError as exc:  # no loader / device here
         pytest.skip(str(exc))
     if not pds:
         pytest.skip("no Vulkan device")
     caps = d._probe(vk, pds[0], 0)
     if caps.cooperative_matrix:
         pytest.skip(f"{caps.name} really has cooperative matrices")
-    caps.cooperative_matrix = True          # claim what this driver will refuse
+    caps.cooperative_matrix = True  # claim what this driver will refuse
     with caplog.at_level(logging.WARNING):
         dev = d.Device(vk, pds[0], caps)
     try:

@@ -4,13 +4,15 @@ Quantized data is real: `gguf.quants.quantize` where gguf-py can quantize the ty
 blocks with sane scales for the K-quants (gguf-py only dequantizes those); the reference is
 always `gguf.quants.dequantize` of the exact bytes the kernel reads.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as Q
 
-from engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
+from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
 
 F32_NMSE = 1e-9
 INT8_NMSE = 2e-4
@@ -25,9 +27,10 @@ def make_weights(qtype: Q, rows: int, cols: int, seed: int = 0):
         block, size = GGML_QUANT_SIZES[qtype]
         nblocks = rows * cols // block
         raw = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
-        for off in K_SCALE_OFFSETS[qtype]:      # finite, modest f16 super-block scales
-            raw[:, off:off + 2] = (rng.uniform(0.002, 0.02, nblocks).astype(np.float16)
-                                   .view(np.uint8).reshape(nblocks, 2))
+        for off in K_SCALE_OFFSETS[qtype]:  # finite, modest f16 super-block scales
+            raw[:, off : off + 2] = (
+                rng.uniform(0.002, 0.02, nblocks).astype(np.float16).view(np.uint8).reshape(nblocks, 2)
+            )
         raw = raw.reshape(rows, -1)
     else:
         w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -37,16 +40,17 @@ def make_weights(qtype: Q, rows: int, cols: int, seed: int = 0):
 
 
 def nmse(y, ref) -> float:
-    return float(np.sum((y - ref) ** 2) / max(np.sum(ref ** 2), 1e-30))
+    return float(np.sum((y - ref) ** 2) / max(np.sum(ref**2), 1e-30))
 
 
 # every kernel shape: rows shared by a workgroup, rows owned by a subgroup (GPUs), whole rows
 # per invocation (CPU Vulkan)
 COOPERATIVE = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0}
 THREAD_ROWS = {"WG": 8, "ROWS": 2, "THREAD_ROWS": 1}
-SUBGROUP_ROWS = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}   # rows per subgroup
-SPECS = pytest.mark.parametrize("spec", [COOPERATIVE, THREAD_ROWS, SUBGROUP_ROWS],
-                                ids=["coop", "thread_rows", "subgroup_rows"])
+SUBGROUP_ROWS = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}  # rows per subgroup
+SPECS = pytest.mark.parametrize(
+    "spec", [COOPERATIVE, THREAD_ROWS, SUBGROUP_ROWS], ids=["coop", "thread_rows", "subgroup_rows"]
+)
 
 
 def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None, spec=None):
@@ -122,7 +126,7 @@ def test_fused_qkv_and_residual_add(vk_device, spec):
     assert nmse(y, res + parts[0][1] @ x.astype(np.float64)) < F32_NMSE
 
 
-MIXED_QKV = [(Q.Q5_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K), (Q.Q5_K, Q.Q6_K)]   # pipelines.MIXED_QKV_TYPES
+MIXED_QKV = [(Q.Q5_0, Q.Q8_0), (Q.Q4_K, Q.Q6_K), (Q.Q5_K, Q.Q6_K)]  # pipelines.MIXED_QKV_TYPES
 
 
 @SPECS
@@ -148,13 +152,15 @@ def test_fused_qkv_with_v_of_another_type(vk_device, types, int_dot, spec):
 
 
 def test_fused_matvec_refuses_type_mixes_without_a_kernel(vk_device):
-    from engine.backends.vulkan.matvec import fusable
+    from phoenix_chat.engine.backends.vulkan.matvec import fusable
+
     cols = 256
-    q4, q6, q8 = (WeightMatrix.upload(vk_device, make_weights(t, 32, cols)[0], t, (32, cols))
-                  for t in (Q.Q4_0, Q.Q6_K, Q.Q8_0))
-    assert not fusable([q4, q4, q6])          # no (Q4_0, Q6_K) kernel
-    assert not fusable([q6, q4, q4])          # only v may differ
-    assert not fusable([q4, q8])              # gate/up pairs share one type
+    q4, q6, q8 = (
+        WeightMatrix.upload(vk_device, make_weights(t, 32, cols)[0], t, (32, cols)) for t in (Q.Q4_0, Q.Q6_K, Q.Q8_0)
+    )
+    assert not fusable([q4, q4, q6])  # no (Q4_0, Q6_K) kernel
+    assert not fusable([q6, q4, q4])  # only v may differ
+    assert not fusable([q4, q8])  # gate/up pairs share one type
     b = vk_device.buffer(4096)
     cl = vk_device.commands()
     with pytest.raises(ValueError, match="share column count and type"):
@@ -174,7 +180,7 @@ def test_geglu_gate_up(vk_device, int_dot, spec):
     mats = [WeightMatrix.upload(vk_device, gr, Q.Q8_0, g.shape), WeightMatrix.upload(vk_device, ur, Q.Q8_0, u.shape)]
     x = np.random.default_rng(9).standard_normal(cols).astype(np.float32) * 0.3
     gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
-    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx**3))) * ux
     y = run(vk_device, mats, x, epilogue="geglu", int_dot=int_dot, n_out=rows, spec=spec)
     assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
 
@@ -182,14 +188,18 @@ def test_geglu_gate_up(vk_device, int_dot, spec):
 # workgroup shapes whose row groups make whole q8_1 blocks (32 rows): 32 = 2 x 16 per subgroup,
 # 4 x 8 per workgroup, 8 x 4 per invocation; and shapes where several workgroups share a block
 # (8 rows: 4 per block, 2 rows: 16 per block), which count in the block's arrival counter
-OUT_Q8_SPECS = pytest.mark.parametrize("spec", [
-    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 16},
-    {"WG": 64, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 8},
-    {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1},
-    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
-    {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0},
-    {"WG": 8, "ROWS": 1, "THREAD_ROWS": 1}],
-    ids=["subgroup_rows", "subgroup_rows_wide", "thread_rows", "shared_8", "coop_shared_2", "thread_rows_shared_8"])
+OUT_Q8_SPECS = pytest.mark.parametrize(
+    "spec",
+    [
+        {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 16},
+        {"WG": 64, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 8},
+        {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1},
+        {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0},
+        {"WG": 8, "ROWS": 1, "THREAD_ROWS": 1},
+    ],
+    ids=["subgroup_rows", "subgroup_rows_wide", "thread_rows", "shared_8", "coop_shared_2", "thread_rows_shared_8"],
+)
 
 
 @OUT_Q8_SPECS
@@ -200,11 +210,16 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
     if int_dot and not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
     dev = vk_device
-    rows, cols = 224, 640            # 7 blocks of rows: not a multiple of 2 or 4 row groups of 32
+    rows, cols = 224, 640  # 7 blocks of rows: not a multiple of 2 or 4 row groups of 32
     (gr, g), (ur, u) = make_weights(Q.Q4_0, rows, cols, 17), make_weights(Q.Q4_0, rows, cols, 18)
     mats = [WeightMatrix.upload(dev, gr, Q.Q4_0, g.shape), WeightMatrix.upload(dev, ur, Q.Q4_0, u.shape)]
     x = np.random.default_rng(19).standard_normal(cols).astype(np.float32) * 0.3
-    xb, yb, yq, ref_q = dev.buffer(x.nbytes), dev.buffer(rows * 4), dev.buffer(q8_1_bytes(rows)), dev.buffer(q8_1_bytes(rows))
+    xb, yb, yq, ref_q = (
+        dev.buffer(x.nbytes),
+        dev.buffer(rows * 4),
+        dev.buffer(q8_1_bytes(rows)),
+        dev.buffer(q8_1_bytes(rows)),
+    )
     dev.upload(xb, x)
     cl = dev.commands()
     src = xb
@@ -214,9 +229,10 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
         cl.barrier()
     arrival = dev.buffer(4 * rows // 32)
     dev.upload(arrival, np.zeros(rows // 32, np.uint32))
-    for _ in range(2):        # twice: the counters must be back at 0 after the first
-        record_matvec(cl, dev, mats, src, yb, epilogue="geglu_q8_1", int_dot=int_dot, spec=spec, y_q8_1=yq,
-                      arrival=arrival)
+    for _ in range(2):  # twice: the counters must be back at 0 after the first
+        record_matvec(
+            cl, dev, mats, src, yb, epilogue="geglu_q8_1", int_dot=int_dot, spec=spec, y_q8_1=yq, arrival=arrival
+        )
         cl.barrier()
     record_quantize(cl, dev, yb, ref_q, rows)
     cl.submit()
@@ -225,7 +241,7 @@ def test_geglu_writes_q8_1_bit_identical(vk_device, int_dot, spec):
     got, want = dev.download(yq, np.uint32, (rows // 32 * 10,)), dev.download(ref_q, np.uint32, (rows // 32 * 10,))
     cl.destroy()
     gx, ux = g @ x.astype(np.float64), u @ x.astype(np.float64)
-    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx**3))) * ux
     assert nmse(y, ref) < (INT8_NMSE * 4 if int_dot else F32_NMSE)
     assert np.count_nonzero(want) > want.size // 2, "the reference blocks are not empty"
     np.testing.assert_array_equal(got, want)
@@ -239,8 +255,16 @@ def test_geglu_q8_1_refuses_row_groups_that_split_blocks(vk_device):
     cl = vk_device.commands()
     buf = vk_device.buffer(1024)
     with pytest.raises(ValueError, match="whole q8_1 blocks"):
-        record_matvec(cl, vk_device, mats, buf, buf, epilogue="geglu_q8_1", y_q8_1=buf,
-                      spec={"WG": 32, "ROWS": 3, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4})
+        record_matvec(
+            cl,
+            vk_device,
+            mats,
+            buf,
+            buf,
+            epilogue="geglu_q8_1",
+            y_q8_1=buf,
+            spec={"WG": 32, "ROWS": 3, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        )
     cl.destroy()
 
 
@@ -256,7 +280,7 @@ def test_matrix_bound_in_row_ranges(vk_device, monkeypatch):
 
 
 def test_many_rows_use_2d_dispatch(vk_device):
-    rows, cols = 140_000, 32       # > 2 * 65535 rows: needs the second grid dimension
+    rows, cols = 140_000, 32  # > 2 * 65535 rows: needs the second grid dimension
     raw, ref = make_weights(Q.Q8_0, rows, cols, seed=13)
     m = WeightMatrix.upload(vk_device, raw, Q.Q8_0, (rows, cols))
     x = np.random.default_rng(14).standard_normal(cols).astype(np.float32)
@@ -276,8 +300,7 @@ def test_several_tokens_in_one_dispatch(vk_device, spec):
     dev.upload(xb, x)
     dev.upload(rb, res)
     cl = dev.commands()
-    record_matvec(cl, dev, [m], xb, yb, epilogue="add", res=rb, tokens=n, x_stride=cols, y_stride=rows,
-                  spec=spec)
+    record_matvec(cl, dev, [m], xb, yb, epilogue="add", res=rb, tokens=n, x_stride=cols, y_stride=rows, spec=spec)
     cl.submit()
     y = dev.download(yb, np.float32, (n, rows)).astype(np.float64)
     assert nmse(y, res + x.astype(np.float64) @ ref.T) < F32_NMSE
@@ -292,7 +315,7 @@ def test_several_vectors_in_one_pass_over_the_weights(vk_device, qtype):
     (rq, fq), (rk, fk), (rv, fv) = (make_weights(qtype, r, cols, seed=41 + i) for i, r in enumerate((70, 34, 34)))
     mats = [WeightMatrix.upload(dev, raw, qtype, raw_ref.shape) for raw, raw_ref in ((rq, fq), (rk, fk), (rv, fv))]
     ref_all = np.concatenate([fq, fk, fv])
-    for n in ((2, 5, 8) if qtype == Q.Q4_0 else (5,)):       # each count is a pipeline to compile
+    for n in (2, 5, 8) if qtype == Q.Q4_0 else (5,):  # each count is a pipeline to compile
         x = rng.standard_normal((n, cols)).astype(np.float32)
         xb, yb = dev.buffer(x.nbytes), dev.buffer((n * 140 + 3) * 4)
         dev.upload(xb, x)
@@ -301,9 +324,9 @@ def test_several_vectors_in_one_pass_over_the_weights(vk_device, qtype):
         record_matvec(cl, dev, mats, xb, yb, y_off=3, x_stride=cols, y_stride=140, columns=n)
         cl.submit()
         out = dev.download(yb, np.float32)
-        y = out[3:3 + n * 140].reshape(n, 140).astype(np.float64)
-        assert nmse(y[:, :138], x.astype(np.float64) @ ref_all.T) < F32_NMSE, n     # 138 rows, stride 140
-        assert not out[:3].any() and not y[:, 138:].any()                           # nothing outside them
+        y = out[3 : 3 + n * 140].reshape(n, 140).astype(np.float64)
+        assert nmse(y[:, :138], x.astype(np.float64) @ ref_all.T) < F32_NMSE, n  # 138 rows, stride 140
+        assert not out[:3].any() and not y[:, 138:].any()  # nothing outside them
     gate, up = (make_weights(qtype, 96, cols, seed=50 + i) for i in range(2))
     gu = [WeightMatrix.upload(dev, raw, qtype, (96, cols)) for raw, _ in (gate, up)]
     x = rng.standard_normal((3, cols)).astype(np.float32)
@@ -313,7 +336,7 @@ def test_several_vectors_in_one_pass_over_the_weights(vk_device, qtype):
     record_matvec(cl, dev, gu, xb, yb, epilogue="geglu", x_stride=cols, y_stride=96, columns=3)
     cl.submit()
     g, u = x.astype(np.float64) @ gate[1].T, x.astype(np.float64) @ up[1].T
-    want = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3))) * u
+    want = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u
     assert nmse(dev.download(yb, np.float32, (3, 96)).astype(np.float64), want) < F32_NMSE
     with pytest.raises(ValueError, match="columns"):
         record_matvec(cl, dev, gu, xb, yb, epilogue="geglu", int_dot=True, columns=3)
@@ -333,7 +356,7 @@ def test_matvec_int8_quantized_in_registers(vk_device, qtype, spec):
     assert nmse(run(vk_device, mats[:1], x, int_dot="regs", spec=spec), gx) < INT8_NMSE
     res = np.random.default_rng(23).standard_normal(rows).astype(np.float32)
     assert nmse(run(vk_device, mats[:1], x, int_dot="regs", epilogue="add", res=res, spec=spec), res + gx) < INT8_NMSE
-    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx ** 3))) * ux
+    ref = 0.5 * gx * (1 + np.tanh(np.sqrt(2 / np.pi) * (gx + 0.044715 * gx**3))) * ux
     y = run(vk_device, mats, x, epilogue="geglu", int_dot="regs", n_out=rows, spec=spec)
     assert nmse(y, ref) < INT8_NMSE * 4
 
@@ -348,12 +371,13 @@ def test_norm_tail_epilogue(vk_device, spec, int_dot):
     """Decode o-proj/down + norm_add in one dispatch: every workgroup writes its rows of y, the
     last to arrive runs residual += rmsnorm(y) * w_post; h = rmsnorm(residual) * w_next (+ q8_1
     of h). Replayed 3 times: the tail must run every time (the arrival counter is back at 0)."""
-    from engine.backends.vulkan.matvec import NormTail
-    from engine.backends.vulkan.ops_norm import norm_add
+    from phoenix_chat.engine.backends.vulkan.matvec import NormTail
+    from phoenix_chat.engine.backends.vulkan.ops_norm import norm_add
+
     dev = vk_device
     if int_dot and not dev.caps.int_dot:
         pytest.skip(f"{dev.name} has no shaderIntegerDotProduct")
-    rows, cols, eps = 200, 1024, 1e-6      # several workgroups in every shape
+    rows, cols, eps = 200, 1024, 1e-6  # several workgroups in every shape
     raw, ref = make_weights(Q.Q8_0, rows, cols, seed=30)
     m = WeightMatrix.upload(dev, raw, Q.Q8_0, (rows, cols))
     rng = np.random.default_rng(31)
@@ -376,8 +400,17 @@ def test_norm_tail_epilogue(vk_device, spec, int_dot):
         xin = dev.buffer(q8_1_bytes(cols))
         record_quantize(cl, dev, xb, xin, cols)
         cl.barrier()
-    record_matvec(cl, dev, [m], xin, yb, epilogue="norm", int_dot=int_dot, spec=spec,
-                  tail=NormTail(wpb, rb, wnb, hb, arrival, eps, q=hqb))
+    record_matvec(
+        cl,
+        dev,
+        [m],
+        xin,
+        yb,
+        epilogue="norm",
+        int_dot=int_dot,
+        spec=spec,
+        tail=NormTail(wpb, rb, wnb, hb, arrival, eps, q=hqb),
+    )
     cl.end()
     y_ref = ref @ x.astype(np.float64)
     res = res0.astype(np.float64)
@@ -411,7 +444,8 @@ def test_norm_tail_epilogue(vk_device, spec, int_dot):
 
 def test_norm_tail_refuses_what_one_dispatch_cannot_finish(vk_device, monkeypatch):
     """A matrix bound in several row ranges needs several dispatches: no single last workgroup."""
-    from engine.backends.vulkan.matvec import NormTail
+    from phoenix_chat.engine.backends.vulkan.matvec import NormTail
+
     dev = vk_device
     raw, _ref = make_weights(Q.Q8_0, 300, 640, seed=32)
     monkeypatch.setattr(dev.caps, "max_storage_buffer_range", 64 * 680)
@@ -424,16 +458,19 @@ def test_norm_tail_refuses_what_one_dispatch_cannot_finish(vk_device, monkeypatc
     cl.destroy()
 
 
-@pytest.mark.parametrize("spec", [THREAD_ROWS, SUBGROUP_ROWS, COOPERATIVE], ids=["thread_rows", "subgroup_rows", "coop"])
+@pytest.mark.parametrize(
+    "spec", [THREAD_ROWS, SUBGROUP_ROWS, COOPERATIVE], ids=["thread_rows", "subgroup_rows", "coop"]
+)
 @pytest.mark.parametrize("int_dot", [False, True], ids=["f32", "int8"])
 @pytest.mark.parametrize("qk_type", [Q.Q8_0, Q.Q5_0], ids=["q8_0", "q5_0-vq8_0"])
 def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk_type):
     """The decode QKV matvec whose last workgroup per head runs QK-norm + RoPE + the KV-cache
     write gives what the plain fused matvec followed by rope_kv gives: q rotated in place, k and v
     in their cache slots (ring position pos % slots), and leaves its arrival counters at 0."""
-    from engine.backends.vulkan.matvec import RopeTail
-    from engine.backends.vulkan.ops_rope import rope_kv
+    from phoenix_chat.engine.backends.vulkan.matvec import RopeTail
+    from phoenix_chat.engine.backends.vulkan.ops_rope import rope_kv
     from tests.vulkan.ops_helpers import Bufs
+
     dev = vk_device
     if int_dot and not dev.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
@@ -443,7 +480,10 @@ def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk
     mats = [WeightMatrix.upload(dev, raw, t, ref.shape) for t, (raw, ref) in zip(types, parts)]
     rng = np.random.default_rng(24)
     x = rng.standard_normal(cols).astype(np.float32)
-    qw, kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32), (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    qw, kw = (
+        (1 + 0.1 * rng.standard_normal(D)).astype(np.float32),
+        (1 + 0.1 * rng.standard_normal(D)).astype(np.float32),
+    )
     n = (H + 2 * KV) * D
     with Bufs(dev) as b:
         step, bx, bqw, bkw = b.step(pos=pos, n_tokens=1), b.of(x), b.of(qw), b.of(kw)
@@ -460,23 +500,56 @@ def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk
             arrival = b.zeros(4 * (H + 2 * KV))
             cl = dev.commands()
             if fused:
-                tail = RopeTail(step, bqw, bkw, kc, vc, arrival, head_dim=D, n_heads=H, n_kv_heads=KV,
-                                cache_slots=slots, theta=10000.0, scale_factor=1.0, eps=1e-6)
+                tail = RopeTail(
+                    step,
+                    bqw,
+                    bkw,
+                    kc,
+                    vc,
+                    arrival,
+                    head_dim=D,
+                    n_heads=H,
+                    n_kv_heads=KV,
+                    cache_slots=slots,
+                    theta=10000.0,
+                    scale_factor=1.0,
+                    eps=1e-6,
+                )
                 record_matvec(cl, dev, mats, src, qkv, epilogue="rope", rope=tail, int_dot=int_dot, spec=spec)
             else:
                 record_matvec(cl, dev, mats, src, qkv, int_dot=int_dot, spec=spec)
                 cl.barrier()
-                rope_kv(cl, dev, step, qkv, qkv, qkv, bqw, bkw, kc, vc, head_dim=D, n_heads=H, n_kv_heads=KV,
-                        cache_slots=slots, theta=10000.0, eps=1e-6, q_stride=n, kv_stride=n, q_offset=0,
-                        k_offset=H * D, v_offset=(H + KV) * D)
+                rope_kv(
+                    cl,
+                    dev,
+                    step,
+                    qkv,
+                    qkv,
+                    qkv,
+                    bqw,
+                    bkw,
+                    kc,
+                    vc,
+                    head_dim=D,
+                    n_heads=H,
+                    n_kv_heads=KV,
+                    cache_slots=slots,
+                    theta=10000.0,
+                    eps=1e-6,
+                    q_stride=n,
+                    kv_stride=n,
+                    q_offset=0,
+                    k_offset=H * D,
+                    v_offset=(H + KV) * D,
+                )
             cl.submit()
             cl.destroy()
             out.append((b.read(qkv)[: H * D], b.read(kc, np.float16), b.read(vc, np.float16)))
             if fused:
                 assert not b.read(arrival, np.uint32).any()
     (q0, k0, v0), (q1, k1, v1) = out
-    assert np.abs(k0).max() > 0.1 and np.abs(v0).max() > 0.1          # the slot was written
-    np.testing.assert_allclose(q1, q0, rtol=1e-5, atol=1e-5)        # the norm's sum order may differ
+    assert np.abs(k0).max() > 0.1 and np.abs(v0).max() > 0.1  # the slot was written
+    np.testing.assert_allclose(q1, q0, rtol=1e-5, atol=1e-5)  # the norm's sum order may differ
     np.testing.assert_allclose(k1.astype(np.float32), k0.astype(np.float32), rtol=2e-3, atol=1e-3)
     np.testing.assert_array_equal(v1, v0)
     for m in mats:

@@ -2,6 +2,7 @@
 teacher-forced top-1 agreement, greedy continuations on the golden prompts, perplexity, and the
 perplexity cost of re-quantizing on load. Runs on lavapipe in CI (slow, so texts are short).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.profiling import profile_step
-from engine.generate import generate_step
-from engine.perplexity import perplexity_of_ids
-from engine.sampling import SamplingParams
+from phoenix_chat.engine.backends.vulkan.profiling import profile_step
+from phoenix_chat.engine.generate import generate_step
+from phoenix_chat.engine.perplexity import perplexity_of_ids
+from phoenix_chat.engine.sampling import SamplingParams
 
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 CTX = 1024
@@ -22,7 +23,8 @@ PPL_WINDOWS = 2
 
 @pytest.fixture(scope="module")
 def weights():
-    from engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
     return open_weights(embedded_model_path())
 
 
@@ -37,7 +39,8 @@ def vulkan(weights, vk_device):
     fast int8 dot product decode with int8 activations by default; that path is checked by
     test_int8_activation_decode_agrees_with_cpu: on an H100 it flipped a near-tie — CPU top-2
     margin 0.014 logits — at the 11th greedy token of one prompt, as llama.cpp's q8_1 path can.)"""
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=False), device=vk_device)
     yield backend
     backend.close()
@@ -45,7 +48,8 @@ def vulkan(weights, vk_device):
 
 @pytest.fixture(scope="module")
 def cpu(weights):
-    from engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+
     return CpuBackend(weights, CTX)
 
 
@@ -76,6 +80,7 @@ def test_greedy_16_tokens_identical_to_cpu_and_transformers(vulkan, cpu, golden,
     class _M:  # generate_step needs only `.backend`
         def __init__(self, backend):
             self.backend = backend
+
     ids = golden[f"{name}_prompt_ids"].tolist()
     greedy = SamplingParams(temperature=0)
     on_gpu = list(generate_step(_M(vulkan), ids, greedy, 16))
@@ -85,9 +90,11 @@ def test_greedy_16_tokens_identical_to_cpu_and_transformers(vulkan, cpu, golden,
 
 def _kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     """KL(p || q) in nats per position: llama.cpp's measure of what a quantization costs."""
+
     def log_softmax(x):
         x = x.astype(np.float64) - x.max(-1, keepdims=True)
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
     lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     return (np.exp(lp) * (lp - lq)).sum(-1)
 
@@ -102,7 +109,8 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     < 0.25 logits — a confident choice never flips."""
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no integer dot product")
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     ids = golden["ppl_ids"][:40].tolist()
     ref = cpu.forward(ids, 0, all_logits=True)
     backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=True), device=vk_device)
@@ -119,9 +127,11 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     diff = float(np.abs(got - ref).max())
     record_property("int8_decode_top1_agreement", 1 - len(flips) / len(ref))
     record_property("int8_decode_mean_kld", float(kld.mean()))
-    print(f"int8 decode: KL divergence mean {kld.mean():.5f} max {kld.max():.5f} nats, "
-          f"{len(flips)} of {len(ref)} top-1 differ (reference margins "
-          f"{margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}")
+    print(
+        f"int8 decode: KL divergence mean {kld.mean():.5f} max {kld.max():.5f} nats, "
+        f"{len(flips)} of {len(ref)} top-1 differ (reference margins "
+        f"{margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}"
+    )
     assert kld.mean() < 0.005
     assert kld.max() < 0.02
     assert (margins[flips] < 0.25).all()
@@ -146,6 +156,7 @@ class _Requantized:
     def dequantize(self, name):
         from gguf import GGMLQuantizationType as Q
         from gguf import quants
+
         data = self.w.dequantize(name)
         if self.w.tensors[name].is_norm:
             return data
@@ -159,8 +170,9 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant,
     re-quantized weights, and the cost against the file's own types is reported (docs/PERFORMANCE.md)."""
     from gguf import GGMLQuantizationType as Q
 
-    from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     ids = golden["ppl_ids"].tolist()
     backend = VulkanBackend(weights, CTX, VulkanOptions(quant=quant), device=vk_device)
     try:
@@ -171,8 +183,10 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant,
     reference = windowed_ppl(CpuBackend(_Requantized(weights, qtype), CTX), ids)
     base = cpu_ppl
     record_property(f"ppl_{quant}", ppl)
-    print(f"perplexity re-quantized to {quant}: {ppl:.4f} (CPU on the same weights {reference:.4f}, "
-          f"file types {base:.4f}, cost {100 * (ppl / base - 1):+.1f}%)")
+    print(
+        f"perplexity re-quantized to {quant}: {ppl:.4f} (CPU on the same weights {reference:.4f}, "
+        f"file types {base:.4f}, cost {100 * (ppl / base - 1):+.1f}%)"
+    )
     assert abs(ppl / reference - 1) < 0.01
 
 
@@ -185,8 +199,9 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
         pytest.skip(f"{vk_device.name} has no integer dot product")
     from gguf import GGMLQuantizationType as Q
 
-    from engine.backends.cpu import CpuBackend
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     ids = np.load(GOLDENS / "transformers_270m.npz")["ppl_ids"][:24].tolist()
     ref = CpuBackend(_Requantized(weights, Q.Q8_0), CTX).forward(ids, 0, all_logits=True)[8:]
     # untuned, the fusion is taken wherever it applies (a tuned GPU keeps it only where it is faster)
@@ -203,8 +218,10 @@ def test_int8_decode_with_geglu_writing_down_input(weights, vk_device, record_pr
     margins = top2[:, 1] - top2[:, 0]
     diff = float(np.abs(got - ref).max())
     record_property("int8_geglu_q8_1_max_abs_logit_diff", diff)
-    print(f"int8 decode (GEGLU writes q8_1): {len(flips)} of {len(ref)} top-1 differ "
-          f"(margins {margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}")
+    print(
+        f"int8 decode (GEGLU writes q8_1): {len(flips)} of {len(ref)} top-1 differ "
+        f"(margins {margins[flips].round(3).tolist()}), max abs logit diff {diff:.4f}"
+    )
     assert (margins[flips] < 0.1).all()
     assert diff < 1.0
 
@@ -216,13 +233,14 @@ def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, cpu, golden,
     activations against the CPU reference, logits within 0.05 and so top-1 identical wherever
     the reference's top-2 margin exceeds twice the largest difference (on lavapipe: at every
     position; an H100's summation order moves logits by ~0.01 and met a 0.02 near-tie)."""
-    from engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
     ids = golden["ppl_ids"][:24].tolist()
     ref = cpu.forward(ids, 0, all_logits=True)[8:]
     backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=False, autotune=False), device=vk_device)
     try:
         types = {tuple(m.qtype.name for m in L.qkv) for L in backend.layers}
-        assert ("Q5_0", "Q5_0", "Q8_0") in types, types          # a mixed QKV is among them
+        assert ("Q5_0", "Q5_0", "Q8_0") in types, types  # a mixed QKV is among them
         assert backend.stats()["qkv_rope"] is not None
         labels = profile_step(backend)
         assert "qkv+rope_kv" in labels and "rope_kv" not in labels, sorted(labels)
@@ -235,7 +253,9 @@ def test_f32_decode_with_rope_in_the_qkv_matvec(weights, vk_device, cpu, golden,
     flips = np.nonzero(got.argmax(-1) != ref.argmax(-1))[0]
     top2 = np.sort(ref, -1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
-    print(f"f32 decode, rope in the QKV matvec: max abs logit diff {diff:.4f}, "
-          f"{len(flips)} top-1 differ (margins {margins[flips].round(3).tolist()})")
+    print(
+        f"f32 decode, rope in the QKV matvec: max abs logit diff {diff:.4f}, "
+        f"{len(flips)} top-1 differ (margins {margins[flips].round(3).tolist()})"
+    )
     assert diff < 0.05
     assert (margins[flips] <= 2 * diff).all()

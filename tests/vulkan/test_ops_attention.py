@@ -1,13 +1,14 @@
 """Decode attention (split-K, the last workgroup of a kv head reduces) against numpy: GQA,
 sliding window over a ring cache, f16 K/V, one recording replayed at several positions (the
 arrival counters must be back at 0 after every run)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.ops_attention import attention_decode, counter_words, partial_floats
-from engine.backends.vulkan.ops_common import pack_step
+from phoenix_chat.engine.backends.vulkan.ops_attention import attention_decode, counter_words, partial_floats
+from phoenix_chat.engine.backends.vulkan.ops_common import pack_step
 from tests.vulkan.ops_helpers import Bufs, nmse
 
 
@@ -29,16 +30,16 @@ def attend_ref(q, kc, vc, pos, window, slots, scale):
 
 
 CASES = [  # D, H, KV, window, slots, n_splits, positions replayed
-    (256, 4, 1, 512, 512, 4, [0, 5, 5]),             # 270M/1B local layer, first tokens
-    (256, 4, 1, 512, 530, 8, [1500, 1501]),          # ring: window < positions, slot wraps
-    (128, 8, 4, 0, 1100, 16, [1031]),                # global layer, GQA 2
-    (128, 32, 16, 1024, 1040, 8, [2047]),            # 27B shape, local
-    (256, 8, 1, 0, 300, 3, [299]),                   # G = 8, splits not dividing the length
-    (256, 8, 4, 0, 200, 1, [130, 3]),                # one split
-    (128, 3, 3, 0, 4200, 256, [4100, 0, 17]),        # G = 1, most splits; more splits than positions
-    (64, 6, 2, 40, 64, 37, [63, 100, 101]),          # head_dim 64, G = 3, odd splits, ring of 64
-    (256, 4, 1, 0, 1200, 128, [1190, 1]),            # 270M global layer with the backend's split count
-    (128, 4, 2, 0, 700, 2, [650, 40]),               # splits longer than a workgroup's block (3 blocks)
+    (256, 4, 1, 512, 512, 4, [0, 5, 5]),  # 270M/1B local layer, first tokens
+    (256, 4, 1, 512, 530, 8, [1500, 1501]),  # ring: window < positions, slot wraps
+    (128, 8, 4, 0, 1100, 16, [1031]),  # global layer, GQA 2
+    (128, 32, 16, 1024, 1040, 8, [2047]),  # 27B shape, local
+    (256, 8, 1, 0, 300, 3, [299]),  # G = 8, splits not dividing the length
+    (256, 8, 4, 0, 200, 1, [130, 3]),  # one split
+    (128, 3, 3, 0, 4200, 256, [4100, 0, 17]),  # G = 1, most splits; more splits than positions
+    (64, 6, 2, 40, 64, 37, [63, 100, 101]),  # head_dim 64, G = 3, odd splits, ring of 64
+    (256, 4, 1, 0, 1200, 128, [1190, 1]),  # 270M global layer with the backend's split count
+    (128, 4, 2, 0, 700, 2, [650, 40]),  # splits longer than a workgroup's block (3 blocks)
 ]
 
 
@@ -57,10 +58,26 @@ def test_attention_decode(vk_device, D, H, KV, window, slots, n_splits, position
         counters = b.zeros(4 * counter_words(KV))
         out = b.zeros(4 * H * D)
         cl = dev.commands()
-        attention_decode(cl, dev, step, bq, bk, bv, part, counters, out, head_dim=D, n_heads=H, n_kv_heads=KV,
-                         cache_slots=slots, window=window, scale=scale, n_splits=n_splits)
+        attention_decode(
+            cl,
+            dev,
+            step,
+            bq,
+            bk,
+            bv,
+            part,
+            counters,
+            out,
+            head_dim=D,
+            n_heads=H,
+            n_kv_heads=KV,
+            cache_slots=slots,
+            window=window,
+            scale=scale,
+            n_splits=n_splits,
+        )
         cl.end()
-        for pos in positions:      # one recording, replayed: the position comes from the step buffer
+        for pos in positions:  # one recording, replayed: the position comes from the step buffer
             step.write(np.frombuffer(pack_step(pos=pos), np.uint8))
             dev.upload(out, np.full(H * D, np.nan, np.float32).view(np.uint8))
             cl.submit(wait=True)
@@ -68,9 +85,10 @@ def test_attention_decode(vk_device, D, H, KV, window, slots, n_splits, position
             want = attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, window, slots, scale)
             assert nmse(got, want) < 1e-9, pos
             assert not b.read(counters, np.uint32).any(), "the last workgroup resets its counter"
-            if window and pos >= window:   # the window matters: attending to everything differs
-                assert nmse(got, attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, 0,
-                                            slots, scale)) > 1e-6
+            if window and pos >= window:  # the window matters: attending to everything differs
+                assert (
+                    nmse(got, attend_ref(q, kc.astype(np.float32), vc.astype(np.float32), pos, 0, slots, scale)) > 1e-6
+                )
         cl.destroy()
 
 
@@ -94,8 +112,24 @@ def test_attention_decode_one_recording_many_layers(vk_device):
             vc = rng.standard_normal((KV, slots, D)).astype(np.float16)
             out = b.zeros(4 * H * D)
             layers.append((kc, vc, out))
-            attention_decode(cl, dev, step, bq, b.of(kc), b.of(vc), part, counters, out, head_dim=D, n_heads=H,
-                             n_kv_heads=KV, cache_slots=slots, window=0, scale=scale, n_splits=n_splits)
+            attention_decode(
+                cl,
+                dev,
+                step,
+                bq,
+                b.of(kc),
+                b.of(vc),
+                part,
+                counters,
+                out,
+                head_dim=D,
+                n_heads=H,
+                n_kv_heads=KV,
+                cache_slots=slots,
+                window=0,
+                scale=scale,
+                n_splits=n_splits,
+            )
             cl.barrier()
         cl.end()
         for pos in (200, 31, 255):
@@ -112,12 +146,13 @@ def test_attention_decode_one_recording_many_layers(vk_device):
 def test_attention_decode_writes_q8_1_bit_identical(vk_device, D, H, KV, window, slots, n_splits, positions):
     """The _q8_1 variant (q=): the same f32 output as the plain one, plus q8_1 blocks equal bit for
     bit to quantize_q8_1 of that output, rewritten on every replay; an all-zero block has d = 0."""
-    from engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+    from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+
     dev = vk_device
     rng = np.random.default_rng(D * 5 + H + slots)
     kc = (rng.standard_normal((KV, slots, D)) * 2).astype(np.float16)
     vc = (rng.standard_normal((KV, slots, D)) * 3).astype(np.float16)
-    vc[0, :, :32] = 0.0        # the first block of every query head of kv head 0 is all zero
+    vc[0, :, :32] = 0.0  # the first block of every query head of kv head 0 is all zero
     q = (rng.standard_normal((H, D)) * 2).astype(np.float32)
     scale = 1.0 / np.sqrt(168.0 if D == 128 else 256.0)
     nq = q8_1_bytes(H * D) // 4
@@ -128,8 +163,9 @@ def test_attention_decode_writes_q8_1_bit_identical(vk_device, D, H, KV, window,
         counters = b.zeros(4 * counter_words(KV))
         out0, out1 = b.zeros(4 * H * D), b.zeros(4 * H * D)
         oq, ref_q = b.zeros(4 * nq), b.zeros(4 * nq)
-        kw = dict(head_dim=D, n_heads=H, n_kv_heads=KV, cache_slots=slots, window=window, scale=scale,
-                  n_splits=n_splits)
+        kw = dict(
+            head_dim=D, n_heads=H, n_kv_heads=KV, cache_slots=slots, window=window, scale=scale, n_splits=n_splits
+        )
         cl = dev.commands()
         attention_decode(cl, dev, step, bq, bk, bv, part, counters, out0, **kw)
         cl.barrier()
@@ -149,7 +185,7 @@ def test_attention_decode_writes_q8_1_bit_identical(vk_device, D, H, KV, window,
             blocks = b.read(oq, np.uint32, (H * D // 32, 10))
             np.testing.assert_array_equal(blocks, b.read(ref_q, np.uint32, (H * D // 32, 10)))
             zero = np.zeros(H * D // 32, bool)
-            zero[np.arange(H // KV) * (D // 32)] = True      # block 0 of kv head 0's query heads
+            zero[np.arange(H // KV) * (D // 32)] = True  # block 0 of kv head 0's query heads
             assert np.all(blocks[zero] == 0) and np.all(blocks[~zero, 8] != 0), pos
             assert not b.read(counters, np.uint32).any()
         cl.destroy()

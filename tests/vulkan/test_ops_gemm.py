@@ -4,14 +4,15 @@ every kernel: the f32 shared-memory GEMM and the CPU devices' register-tiled one
 (either runs on any device), the cooperative-matrix one (f16 operands, so a looser threshold)
 where the device has VK_KHR_cooperative_matrix (not lavapipe: those cases skip there and run on
 a real GPU)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
-from engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, kernel
+from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
+from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 
 # byte offsets of the f16 scale fields inside one block (set to sane values in random blocks)
@@ -29,7 +30,7 @@ def random_weight(wtype, rows, cols, rng):
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         for off in _F16_FIELDS[wtype]:
             d = (rng.uniform(0.002, 0.02, (rows, cols // block))).astype(np.float16)
-            raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+            raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
         raw = raw.reshape(rows, -1)
     raw = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
     deq = quants.dequantize(raw, qt).reshape(rows, cols).astype(np.float64)
@@ -37,7 +38,7 @@ def random_weight(wtype, rows, cols, rng):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -80,11 +81,27 @@ def test_gemm_geglu_strides(vk_device, wtype, kern):
     m, n, k = 19, 96, 256
     rg, wg = random_weight(wtype, n, k, rng)
     ru, wu = random_weight(wtype, n, k, rng)
-    x = rng.standard_normal((m, k + 8)).astype(np.float32)   # x rows padded: x_stride = k + 8
+    x = rng.standard_normal((m, k + 8)).astype(np.float32)  # x rows padded: x_stride = k + 8
     with Bufs(dev) as b:
         bx, bg, bu, by = b.of(x), b.of(rg), b.of(ru), b.zeros(4 * m * (n + 3))
-        run(dev, lambda cl: gemm(cl, dev, bx, bg, by, wtype=wtype, m=m, n=n, k=k, x_stride=k + 8,
-                                 y_stride=n + 3, w_up=bu, kernel_name=kern))
+        run(
+            dev,
+            lambda cl: gemm(
+                cl,
+                dev,
+                bx,
+                bg,
+                by,
+                wtype=wtype,
+                m=m,
+                n=n,
+                k=k,
+                x_stride=k + 8,
+                y_stride=n + 3,
+                w_up=bu,
+                kernel_name=kern,
+            ),
+        )
         got = b.read(by, np.float32, (m, n + 3))
     xs = x[:, :k].astype(np.float64)
     assert nmse(got[:, :n], gelu_tanh(xs @ wg.T) * (xs @ wu.T)) < bound
@@ -104,8 +121,10 @@ def test_gemm_row_ranges(vk_device, kern):
         t = Tensor.upload(dev, raw, raw.shape[1])
         b.all.append(t.buffer)
         align = max(dev.caps.min_storage_offset_alignment, 4)
-        t.ranges = [RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
-                    for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)]
+        t.ranges = [
+            RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
+            for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)
+        ]
         assert len(t.ranges) >= 3
         bx, by = b.of(x), b.zeros(4 * m * n)
         run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k, kernel_name=kern))

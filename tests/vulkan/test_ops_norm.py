@@ -1,10 +1,11 @@
 """RMSNorm kernels against numpy (f32, Gemma's (1 + w) multiplier handed over as w)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.ops_norm import norm, norm_add
+from phoenix_chat.engine.backends.vulkan.ops_norm import norm, norm_add
 
 
 def rmsnorm(x, w, eps):
@@ -27,7 +28,7 @@ def _buf(dev, arr):
 def test_norm(vk_device, rows, n):
     dev = vk_device
     rng = np.random.default_rng(rows * 1000 + n)
-    x = (rng.standard_normal((rows, n)) * 50).astype(np.float32)   # large: f16 would overflow x^2
+    x = (rng.standard_normal((rows, n)) * 50).astype(np.float32)  # large: f16 would overflow x^2
     w = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     bx, bw, bo = _buf(dev, x), _buf(dev, w), dev.buffer(x.nbytes)
     cl = dev.commands()
@@ -49,7 +50,7 @@ def test_norm_add(vk_device, rows, n, wg):
     dev = vk_device
     rng = np.random.default_rng(7 + rows + n)
     x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
-    res = (rng.standard_normal((rows, n)) * 300).astype(np.float32)   # residual streams grow large
+    res = (rng.standard_normal((rows, n)) * 300).astype(np.float32)  # residual streams grow large
     w1 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     w2 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     bx, bw1, br, bw2 = _buf(dev, x), _buf(dev, w1), _buf(dev, res), _buf(dev, w2)
@@ -65,7 +66,8 @@ def test_norm_add(vk_device, rows, n, wg):
 
 def _quantize_rows(dev, out_buf, rows, n):
     """q8_1 of each row of out_buf by quantize_q8_1.comp (the reference the fused variant must equal)."""
-    from engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+    from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+
     nb = -(-n // 32)
     got = []
     for r in range(rows):
@@ -86,12 +88,13 @@ def _quantize_rows(dev, out_buf, rows, n):
 def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg):
     """The *_q8_1 variants: the same f32 output, plus q8_1 blocks equal bit for bit to running
     quantize_q8_1 on that output (odd n: the last block of each row zero-padded)."""
-    from engine.backends.vulkan.matvec import q8_1_bytes
+    from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
+
     dev = vk_device
     rng = np.random.default_rng(11 * rows + n + add)
     x = (rng.standard_normal((rows, n)) * 20).astype(np.float32)
     res = (rng.standard_normal((rows, n)) * 300).astype(np.float32)
-    x[0, : min(n, 40)] = res[0, : min(n, 40)] = 0.0      # an all-zero output block: d = 0, q = 0
+    x[0, : min(n, 40)] = res[0, : min(n, 40)] = 0.0  # an all-zero output block: d = 0, q = 0
     w1 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     w2 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     outs = []
@@ -117,7 +120,7 @@ def test_norm_writes_q8_1_bit_identical(vk_device, add, rows, n, wg):
     np.testing.assert_array_equal(r1, r0)
     np.testing.assert_array_equal(q1, q0)
     blocks = q1.reshape(rows, -1, 10)
-    assert np.all(blocks[0, 0, 8] == 0) and np.any(blocks[..., 8] != 0)   # the zero block, and real scales
+    assert np.all(blocks[0, 0, 8] == 0) and np.any(blocks[..., 8] != 0)  # the zero block, and real scales
 
 
 @pytest.mark.parametrize("n", [640, 2560, 5376, 1000, 333, 7])
@@ -126,15 +129,16 @@ def test_norm_add_split(vk_device, n, wg):
     """Decode's norm_add over many workgroups (the second norm's sum of squares from the
     expansion of (res + a)^2): the numpy norm_add on residual out and h, the residual in left
     as it was, and q8_1 blocks bit-identical to quantize_q8_1 of its own h."""
-    from engine.backends.vulkan.matvec import q8_1_bytes
-    from engine.backends.vulkan.ops_norm import norm_add_split
+    from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
+    from phoenix_chat.engine.backends.vulkan.ops_norm import norm_add_split
+
     dev = vk_device
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     res = (rng.standard_normal(n) * 300).astype(np.float32)
     zero = n > 64
     if zero:
-        x[:40] = res[:40] = 0.0           # an all-zero h block: d = 0, q = 0
+        x[:40] = res[:40] = 0.0  # an all-zero h block: d = 0, q = 0
     w1 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     w2 = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
     bx, bw1, br, bw2 = _buf(dev, x), _buf(dev, w1), _buf(dev, res), _buf(dev, w2)

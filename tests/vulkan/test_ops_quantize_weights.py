@@ -2,6 +2,7 @@
 every target type from every source kind, with the values where rounding is decided (ties at
 .5, equal |max| of both signs, zero blocks, f16 subnormals and overflow), and tensors split
 into several pieces whose destinations start at unaligned offsets."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +10,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from engine.backends.vulkan import ops_quantize_weights
-from engine.backends.vulkan.ops_quantize_weights import quantize_tensor
-from engine.backends.vulkan.pipelines import VARIANTS
-from shaders import SPV_DIR
+from phoenix_chat.engine.backends.vulkan import ops_quantize_weights
+from phoenix_chat.engine.backends.vulkan.ops_quantize_weights import quantize_tensor
+from phoenix_chat.engine.backends.vulkan.pipelines import VARIANTS
+from phoenix_chat.shaders import SPV_DIR
 
 
 def awkward_values(rows: int, cols: int, seed: int) -> np.ndarray:
@@ -20,19 +21,19 @@ def awkward_values(rows: int, cols: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w *= (10.0 ** rng.uniform(-6, 5, (rows, 1))).astype(np.float32)
-    w[0, :32] = 0.0                                        # zero block
+    w[0, :32] = 0.0  # zero block
     w[0, 32:64] = 0.0
-    w[0, 32] = -0.0                                        # ... whose first value is -0.0
-    ties = np.arange(-16, 16, dtype=np.float32) + 0.5      # Q8_0 with amax 127: v / d = v exactly
+    w[0, 32] = -0.0  # ... whose first value is -0.0
+    ties = np.arange(-16, 16, dtype=np.float32) + 0.5  # Q8_0 with amax 127: v / d = v exactly
     ties[0] = -127.0
     w[1, :32] = ties
-    w[1, 32:64] = 3.0                                      # Q4_0: equal |max| of both signs, first wins
+    w[1, 32:64] = 3.0  # Q4_0: equal |max| of both signs, first wins
     w[1, 40] = -3.0
     w[1, 33] = -3.0
     if cols >= 128:
-        w[2, 64:96] = np.linspace(-8.5, 8.5, 32, dtype=np.float32)   # Q4_0 steps at x.5
-        w[2, 96:128] = np.float32(2.0 ** -20) * np.arange(32)        # f16 subnormals
-    w[3, :4] = [70000.0, -70000.0, 65520.0, 65519.0]                 # f16 overflow / last rounding
+        w[2, 64:96] = np.linspace(-8.5, 8.5, 32, dtype=np.float32)  # Q4_0 steps at x.5
+        w[2, 96:128] = np.float32(2.0**-20) * np.arange(32)  # f16 subnormals
+    w[3, :4] = [70000.0, -70000.0, 65520.0, 65519.0]  # f16 overflow / last rounding
     return w
 
 
@@ -41,9 +42,9 @@ def source_bytes(w: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray]:
     if kind == Q.F32:
         return w, w
     if kind == Q.F16:
-        h = np.clip(w, -6e4, 6e4).astype(np.float16)      # a real f16 file holds no infinities
+        h = np.clip(w, -6e4, 6e4).astype(np.float16)  # a real f16 file holds no infinities
         return h, h.astype(np.float32)
-    b = (w.view(np.uint32) >> 16).astype(np.uint16)        # bf16 by truncation: any bf16 will do
+    b = (w.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: any bf16 will do
     return b, (b.astype(np.uint32) << 16).view(np.float32)
 
 
@@ -55,7 +56,7 @@ def test_device_quantization_is_gguf_byte_for_byte(vk_device, monkeypatch, targe
     src, values = source_bytes(w, kind)
     if kind == Q.F16 and target == Q.F16:
         pytest.skip("the file's own type is uploaded as it is")
-    if piece_rows:    # several dispatches; Q8_0 rows of 102 B put most pieces at unaligned offsets
+    if piece_rows:  # several dispatches; Q8_0 rows of 102 B put most pieces at unaligned offsets
         bytes_per_row = cols * (4 if kind == Q.F32 else 2)
         monkeypatch.setattr(ops_quantize_weights, "PIECE_BYTES", piece_rows * bytes_per_row)
     with np.errstate(over="ignore"):

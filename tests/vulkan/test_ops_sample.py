@@ -2,29 +2,43 @@
 deterministic, matches the reference distribution (chi-square) and never yields excluded ids;
 repetition penalty; the step position advances; one recording replays (the arrival counter is
 back at 0 after every run)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan.ops_common import pack_step
-from engine.backends.vulkan.ops_sample import KC, sample, scratch_bytes
+from phoenix_chat.engine.backends.vulkan.ops_sample import KC, sample, scratch_bytes
 from tests.vulkan.ops_helpers import Bufs, run
 
 
-def _run_sample(dev, logits, *, greedy, pos=0, n_tokens=1, n_draws=1, advance=True, penalty=False,
-                tokens=None, **step):
+def _run_sample(dev, logits, *, greedy, pos=0, n_tokens=1, n_draws=1, advance=True, penalty=False, tokens=None, **step):
     vocab = logits.size
     tokens = np.zeros(pos + n_tokens + n_draws + 8, np.uint32) if tokens is None else tokens
     with Bufs(dev) as b:
         bl, cand, tok = b.of(logits.astype(np.float32)), b.zeros(scratch_bytes(vocab)), b.of(tokens)
         counter = b.zeros(4)
         st = b.step(pos=pos, n_tokens=n_tokens, **step)
-        run(dev, lambda cl: sample(cl, dev, st, bl, cand, counter, tok, vocab=vocab, greedy=greedy,
-                                   penalty=penalty, n_draws=n_draws, advance=advance))
+        run(
+            dev,
+            lambda cl: sample(
+                cl,
+                dev,
+                st,
+                bl,
+                cand,
+                counter,
+                tok,
+                vocab=vocab,
+                greedy=greedy,
+                penalty=penalty,
+                n_draws=n_draws,
+                advance=advance,
+            ),
+        )
         assert b.read(counter, np.uint32)[0] == 0, "the last block resets the arrival counter"
         out = b.read(tok, np.uint32)
-        return out[pos + n_tokens: pos + n_tokens + n_draws], b.read_step(st), b.read(bl, np.float32)
+        return out[pos + n_tokens : pos + n_tokens + n_draws], b.read_step(st), b.read(bl, np.float32)
 
 
 @pytest.mark.parametrize("vocab", [262144, 262208, 1025, 1000, 5])
@@ -33,8 +47,8 @@ def test_greedy_is_argmax(vk_device, vocab):
     logits = (rng.standard_normal(vocab) * 5).astype(np.float32)
     if vocab > 100:
         top = logits.max() + 1
-        logits[[vocab // 3, vocab - 1, 77]] = top           # ties: the lowest id wins
-        logits[[5, vocab // 2]] = np.nan                     # NaN never wins
+        logits[[vocab // 3, vocab - 1, 77]] = top  # ties: the lowest id wins
+        logits[[5, vocab // 2]] = np.nan  # NaN never wins
     got, st, _ = _run_sample(vk_device, logits, greedy=True, pos=3, n_tokens=4)
     want = int(np.nanargmax(logits))
     assert got[0] == want
@@ -64,12 +78,15 @@ def _peaked_logits(vocab, rng):
     return logits
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
-    (1.0, 8, 1.0, 0.0),      # top-k alone
-    (0.7, 0, 0.8, 0.0),      # top-p over the KC best
-    (1.3, 10, 0.95, 0.1),    # all three
-    (1.0, 64, 1.0, 0.0),     # the full candidate set, blocks contribute many candidates
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,min_p",
+    [
+        (1.0, 8, 1.0, 0.0),  # top-k alone
+        (0.7, 0, 0.8, 0.0),  # top-p over the KC best
+        (1.3, 10, 0.95, 0.1),  # all three
+        (1.0, 64, 1.0, 0.0),  # the full candidate set, blocks contribute many candidates
+    ],
+)
 def test_sampling_distribution(vk_device, temperature, top_k, top_p, min_p):
     rng = np.random.default_rng(11)
     vocab = 20000
@@ -81,7 +98,7 @@ def test_sampling_distribution(vk_device, temperature, top_k, top_p, min_p):
     assert set(draws.tolist()) <= set(ids.tolist()), "an excluded id was sampled"
     counts = np.array([(draws == i).sum() for i in ids])
     expected = probs * n
-    big = expected >= 5                                   # chi-square over well-populated bins
+    big = expected >= 5  # chi-square over well-populated bins
     rest_obs, rest_exp = counts[~big].sum(), expected[~big].sum()
     obs = np.append(counts[big], rest_obs) if rest_exp > 0 else counts[big]
     exp = np.append(expected[big], rest_exp) if rest_exp > 0 else expected[big]
@@ -99,8 +116,7 @@ def test_seeded_sampling_is_deterministic(vk_device):
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
     # the draw depends on the position of the sampled token (step.pos + n_tokens)
-    d, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=200, seed=42, temperature=1.0, top_k=20,
-                          pos=1)
+    d, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=200, seed=42, temperature=1.0, top_k=20, pos=1)
     assert not np.array_equal(a, d)
 
 
@@ -117,17 +133,19 @@ def test_repetition_penalty(vk_device):
     logits = np.zeros(vocab, np.float32)
     logits[[10, 20, 30, 40]] = [5.0, 4.9, -1.0, 4.0]
     tokens = np.zeros(32, np.uint32)
-    tokens[:6] = [10, 30, 10, 7, 7, 99]                  # window of 4 before q = 6: 10, 7, 7, 99
-    got, _, after = _run_sample(vk_device, logits, greedy=True, pos=5, n_tokens=1, penalty=True,
-                                tokens=tokens, rep_penalty=1.5, rep_window=4)
+    tokens[:6] = [10, 30, 10, 7, 7, 99]  # window of 4 before q = 6: 10, 7, 7, 99
+    got, _, after = _run_sample(
+        vk_device, logits, greedy=True, pos=5, n_tokens=1, penalty=True, tokens=tokens, rep_penalty=1.5, rep_window=4
+    )
     want = logits.copy()
-    want[10] /= 1.5                                       # once, though it appears twice
+    want[10] /= 1.5  # once, though it appears twice
     want[7] *= 1.5
     want[99] *= 1.5
     assert np.allclose(after, want)
     assert got[0] == 20
-    _, _, same = _run_sample(vk_device, logits, greedy=True, pos=5, penalty=True, tokens=tokens,
-                             rep_penalty=1.0, rep_window=4)
+    _, _, same = _run_sample(
+        vk_device, logits, greedy=True, pos=5, penalty=True, tokens=tokens, rep_penalty=1.0, rep_window=4
+    )
     assert np.array_equal(same, logits)
 
 
@@ -136,8 +154,7 @@ def test_flat_logits_take_the_lowest_ids(vk_device, vocab, top_k):
     """All logits equal: more than CAP candidates tie (the bisection fallback); the top-k are the
     lowest ids, drawn uniformly."""
     logits = np.full(vocab, 1.5, np.float32)
-    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=2000, seed=3, temperature=1.0,
-                              top_k=top_k)
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=2000, seed=3, temperature=1.0, top_k=top_k)
     assert set(draws.tolist()) <= set(range(top_k))
     counts = np.bincount(draws, minlength=top_k)
     exp = 2000 / top_k
@@ -148,7 +165,7 @@ def test_flat_logits_take_the_lowest_ids(vk_device, vocab, top_k):
 def test_ties_at_the_threshold_fallback(vk_device):
     """Few distinct values (fast path with ties): exactly the K best by (value, lowest id)."""
     rng = np.random.default_rng(4)
-    logits = rng.integers(0, 4, 30000).astype(np.float32)   # ~7500 ids share the top value
+    logits = rng.integers(0, 4, 30000).astype(np.float32)  # ~7500 ids share the top value
     logits[[17, 29000]] = 10.0
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=500, seed=8, temperature=100.0, top_k=6)
     want = [17, 29000] + [int(i) for i in np.nonzero(logits == 3.0)[0][:4]]
@@ -160,7 +177,7 @@ def test_ties_at_the_threshold_fast_path(vk_device):
     rng = np.random.default_rng(5)
     logits = rng.standard_normal(30000).astype(np.float32)
     logits[[17, 500, 2000, 29000]] = 10.0
-    logits[[90, 3, 7]] = 9.0                                  # K = 5: only id 3 of these
+    logits[[90, 3, 7]] = 9.0  # K = 5: only id 3 of these
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=500, seed=8, temperature=100.0, top_k=5)
     assert set(draws.tolist()) == {17, 500, 2000, 29000, 3}
 
@@ -192,7 +209,7 @@ def test_one_recording_replays(vk_device, greedy):
     vocab, runs = 70000, 5
     rng = np.random.default_rng(21)
     logits = _peaked_logits(vocab, rng)
-    logits[[60001, 9]] = logits.max() + 1                     # greedy tie: 9 wins
+    logits[[60001, 9]] = logits.max() + 1  # greedy tie: 9 wins
     with Bufs(dev) as b:
         bl, cand, counter = b.of(logits), b.zeros(scratch_bytes(vocab)), b.zeros(4)
         tok = b.of(np.zeros(32, np.uint32))
@@ -204,11 +221,13 @@ def test_one_recording_replays(vk_device, greedy):
             cl.submit(wait=True)
             assert b.read(counter, np.uint32)[0] == 0
         cl.destroy()
-        got = b.read(tok, np.uint32)[3:3 + runs]
+        got = b.read(tok, np.uint32)[3 : 3 + runs]
         assert b.read_step(st)["pos"] == 2 + runs
     if greedy:
         assert got.tolist() == [9] * runs
-    else:   # the same draws as separate recordings at those positions
-        want = [_run_sample(dev, logits, greedy=False, pos=2 + i, seed=7, temperature=0.8, top_k=30)[0][0]
-                for i in range(runs)]
+    else:  # the same draws as separate recordings at those positions
+        want = [
+            _run_sample(dev, logits, greedy=False, pos=2 + i, seed=7, temperature=0.8, top_k=30)[0][0]
+            for i in range(runs)
+        ]
         assert got.tolist() == want

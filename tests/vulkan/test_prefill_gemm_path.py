@@ -3,18 +3,20 @@ gives the same model output as the f32 tiled kernel and the CPU reference.
 
 On lavapipe (no VK_KHR_cooperative_matrix) the comparison skips; it runs on GPUs that have it
 (checked on an NVIDIA H100, docs/PERFORMANCE.md)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.backends.vulkan import ops_gemm
+from phoenix_chat.engine.backends.vulkan import ops_gemm
 
 
 @pytest.fixture(scope="module")
 def tiny_weights(tmp_path_factory):
-    from engine.weights import open_weights
+    from phoenix_chat.engine.weights import open_weights
     from tools.make_synthetic_gguf import write
+
     path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3)
     w = open_weights(path)
     yield w
@@ -22,7 +24,8 @@ def tiny_weights(tmp_path_factory):
 
 
 def _logits(weights, dev, ids):
-    from engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
     be = VulkanBackend(weights, 64, device=dev)
     try:
         return be.forward(ids, 0, all_logits=True), be.forward(ids, 0), be.stats()["prefill_gemm"]
@@ -42,7 +45,8 @@ def test_path_is_reported(tiny_weights, vk_device, monkeypatch):
 def test_coopmat_prefill_matches_f32_and_cpu(tiny_weights, vk_device, monkeypatch):
     if not ops_gemm.coopmat_ok(vk_device):
         pytest.skip(f"{vk_device.name} has no VK_KHR_cooperative_matrix f16 16x16x16")
-    from engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+
     ids = np.random.default_rng(2).integers(3, 4096, 60).tolist()
     cm_all, cm_last, _ = _logits(tiny_weights, vk_device, ids)
     monkeypatch.setenv("PHOENIX_VULKAN_COOPMAT", "0")

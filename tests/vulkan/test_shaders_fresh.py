@@ -1,4 +1,5 @@
 """The committed SPIR-V matches its sources: `make shaders` was run after the last shader edit."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,8 @@ def test_every_variant_has_a_fresh_spv():
 def test_probes_are_not_product_kernels():
     """The product table (what the wheel's shaders/spv holds) has no bench probe."""
     from bench.shaders import VARIANTS as PROBES
-    from engine.backends.vulkan.pipelines import VARIANTS
+    from phoenix_chat.engine.backends.vulkan.pipelines import VARIANTS
+
     assert not set(PROBES) & set(VARIANTS)
     assert all(v.spv_path.parent == REPO / "bench" / "shaders" / "spv" for v in PROBES.values())
 
@@ -27,7 +29,8 @@ def test_step_struct_is_generated_from_the_host_layout():
     """shaders/include/step.glsl's `struct Step` is the text `ops_common.STEP` generates (the
     host packs the same layout), so the two cannot drift apart."""
     assert not tool.stale_generated(), "run `make shaders`: step.glsl differs from ops_common.STEP"
-    from engine.backends.vulkan.ops_common import STEP
+    from phoenix_chat.engine.backends.vulkan.ops_common import STEP
+
     assert STEP.struct_glsl() in (REPO / "shaders" / "include" / "step.glsl").read_text()
 
 

@@ -6,14 +6,17 @@ facade (backend.py).
 
 Importing this package never touches the Vulkan loader; `Device.open()` does.
 """
+
 from __future__ import annotations
 
 
 def __getattr__(name):
     if name in ("VulkanBackend", "VulkanOptions"):
-        from engine.backends.vulkan import backend
+        from phoenix_chat.engine.backends.vulkan import backend
+
         return getattr(backend, name)
     if name in ("Device", "list_devices", "Capabilities"):
-        from engine.backends.vulkan import device
+        from phoenix_chat.engine.backends.vulkan import device
+
         return getattr(device, name)
     raise AttributeError(name)

@@ -8,26 +8,37 @@ timing the candidates on the model's own matrices. Untuned devices (CPU Vulkan) 
 defaults and take each fusion wherever it applies. The graph (gemma3_graph.py) reads the record;
 these functions record candidates through the graph's public methods.
 """
+
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.backends.vulkan import ops_norm, timing
-from engine.backends.vulkan.matvec import (MAX_COLUMNS, REGS_SPEC, NormTail, default_spec, fusable, out_q8_1_ok,
-                                           record_quantize, regs_ok, rope_tail_ok)
-from engine.backends.vulkan.ops_common import write_step
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES
+from phoenix_chat.engine.backends.vulkan import ops_norm, timing
+from phoenix_chat.engine.backends.vulkan.matvec import (
+    MAX_COLUMNS,
+    REGS_SPEC,
+    NormTail,
+    default_spec,
+    fusable,
+    out_q8_1_ok,
+    record_quantize,
+    regs_ok,
+    rope_tail_ok,
+)
+from phoenix_chat.engine.backends.vulkan.ops_common import write_step
+from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
 
-TUNE_LAYERS = 8           # layers the load-time timing cycles through (`tuning_layers`)
+TUNE_LAYERS = 8  # layers the load-time timing cycles through (`tuning_layers`)
 
 
 @dataclass
 class Tuning:
     """The load-time choices. Empty timings: that choice was not timed (untuned device)."""
-    matvec: dict = field(default_factory=dict)        # key -> (us, int_dot, spec) of the fastest candidate
-    norm_tail: dict = field(default_factory=dict)     # key -> run the following norm_add in the matvec's last workgroup
+
+    matvec: dict = field(default_factory=dict)  # key -> (us, int_dot, spec) of the fastest candidate
+    norm_tail: dict = field(default_factory=dict)  # key -> run the following norm_add in the matvec's last workgroup
     # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
     # matvec (no quantize dispatch between them), or None
     geglu_q8_1: tuple | None = None
@@ -42,14 +53,21 @@ class Tuning:
 
     def stats(self) -> dict:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
-        out = {"matvec_tuning": {k: {"us": round(v[0], 1), "int8": v[1], **v[2],
-                                     **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {})}
-                                 for k, v in self.matvec.items()}}
+        out = {
+            "matvec_tuning": {
+                k: {
+                    "us": round(v[0], 1),
+                    "int8": v[1],
+                    **v[2],
+                    **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {}),
+                }
+                for k, v in self.matvec.items()
+            }
+        }
         out["qkv_rope"] = None if self.qkv_rope is None else {"int8": self.qkv_rope[0], **self.qkv_rope[1]}
         if self.qkv_rope_timing:
             out["qkv_rope_timing"] = self.qkv_rope_timing
-        out["geglu_q8_1"] = (None if self.geglu_q8_1 is None else
-                             {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]})
+        out["geglu_q8_1"] = None if self.geglu_q8_1 is None else {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]}
         if self.geglu_q8_1_timing:
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
@@ -73,8 +91,7 @@ def tuning_layers(graph, pick) -> list[int]:
     a 27B QKV at 2.6 TB/s that way against 1.8 from memory, and ranked shapes differently)."""
     layers = graph.weights.layers
     sig = [(m.qtype, m.rows, m.cols) for m in pick(layers[0])]
-    return [i for i, L in enumerate(layers)
-            if [(m.qtype, m.rows, m.cols) for m in pick(L)] == sig][:TUNE_LAYERS]
+    return [i for i, L in enumerate(layers) if [(m.qtype, m.rows, m.cols) for m in pick(L)] == sig][:TUNE_LAYERS]
 
 
 def matvec_cases(graph) -> dict:
@@ -84,10 +101,13 @@ def matvec_cases(graph) -> dict:
     picks = {"o": lambda L: [L.o], "geglu": lambda L: [L.gate, L.up], "down": lambda L: [L.down]}
     if fusable(layers[0].qkv):
         picks["qkv"] = lambda L: L.qkv
-    shapes = {"o": (b.attn, b.o, cfg.q_dim, H, None), "geglu": (b.h, b.mlp, H, I, "geglu"),
-              "down": (b.mlp, b.o, I, H, None), "qkv": (b.h, b.qkv, H, graph.qkv_dim, None)}
-    cases = {k: ([pick(layers[i]) for i in tuning_layers(graph, pick)], *shapes[k])
-             for k, pick in picks.items()}
+    shapes = {
+        "o": (b.attn, b.o, cfg.q_dim, H, None),
+        "geglu": (b.h, b.mlp, H, I, "geglu"),
+        "down": (b.mlp, b.o, I, H, None),
+        "qkv": (b.h, b.qkv, H, graph.qkv_dim, None),
+    }
+    cases = {k: ([pick(layers[i]) for i in tuning_layers(graph, pick)], *shapes[k]) for k, pick in picks.items()}
     lm_head = graph.weights.lm_head
     if len(lm_head.tensor.ranges) == 1:
         cases["lm"] = ([[lm_head]], b.h, b.logits, H, V, None)
@@ -99,11 +119,13 @@ def autotune_matvecs(graph) -> None:
     and workgroup shape on this device, by timing candidates on the real weights (~1 s)."""
     dev, cfg, b, tuning = graph.dev, graph.config, graph.buffers, graph.tuning
     sg = max(8, min(64, dev.caps.subgroup_size))
-    specs = [{"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
-             {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
-             {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
-             {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
-             {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2}]
+    specs = [
+        {"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+        {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+        {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2},
+    ]
     if dev.caps.is_software:
         specs = [{"WG": dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
     cases = matvec_cases(graph)
@@ -120,8 +142,10 @@ def autotune_matvecs(graph) -> None:
     # barrier fewer, but one workgroup of the matvec's shape does the whole norm): timed both
     # ways, the tail with each workgroup shape, the plain matvec plus a norm_add dispatch.
     L0 = graph.weights.layers[0]
-    tails = {"o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
-             "down": ("post_feedforward_layernorm", "input_layernorm")}
+    tails = {
+        "o": ("post_attention_layernorm", "pre_feedforward_layernorm"),
+        "down": ("post_feedforward_layernorm", "input_layernorm"),
+    }
     # every candidate of every matrix recorded first, then timed in one go (timing.time_many)
     candidates: dict = {}
     for key, (rotation, x, y, xc, yc, epi) in cases.items():
@@ -136,19 +160,54 @@ def autotune_matvecs(graph) -> None:
             paths.append(True)
             if all(regs_ok(m) for m in mats):
                 paths.append("regs")
-        for use_tail in ([True, False] if tail is not None else [False]):
+        for use_tail in [True, False] if tail is not None else [False]:
             for int_dot in paths:
-                for si, spec in enumerate(specs if int_dot != "regs" or not dev.caps.is_software
-                                          else [REGS_SPEC]):
-                    def record(cl, layers=itertools.cycle(rotation), x=x, y=y, xc=xc, yc=yc, epi=epi, xq=xq,
-                               tail=tail, int_dot=int_dot, spec=spec, use_tail=use_tail):
+                for si, spec in enumerate(specs if int_dot != "regs" or not dev.caps.is_software else [REGS_SPEC]):
+
+                    def record(
+                        cl,
+                        layers=itertools.cycle(rotation),
+                        x=x,
+                        y=y,
+                        xc=xc,
+                        yc=yc,
+                        epi=epi,
+                        xq=xq,
+                        tail=tail,
+                        int_dot=int_dot,
+                        spec=spec,
+                        use_tail=use_tail,
+                    ):
                         # each repeat on the next tuning layer's matrices (tuning_layers)
-                        graph.mv(cl, next(layers), x, y, T=1, x_cols=xc, y_cols=yc, epilogue=epi,
-                                 force=(int_dot, spec), xq=xq, tail=tail if use_tail else None)
+                        graph.mv(
+                            cl,
+                            next(layers),
+                            x,
+                            y,
+                            T=1,
+                            x_cols=xc,
+                            y_cols=yc,
+                            epilogue=epi,
+                            force=(int_dot, spec),
+                            xq=xq,
+                            tail=tail if use_tail else None,
+                        )
                         if tail is not None and not use_tail:
                             cl.barrier()
-                            ops_norm.norm_add_split(cl, dev, y, tail.w_post, b.x, tail.w_next, b.h,
-                                                    b.x_alt, n=yc, eps=cfg.rms_norm_eps, q=b.hq)
+                            ops_norm.norm_add_split(
+                                cl,
+                                dev,
+                                y,
+                                tail.w_post,
+                                b.x,
+                                tail.w_next,
+                                b.h,
+                                b.x_alt,
+                                n=yc,
+                                eps=cfg.rms_norm_eps,
+                                q=b.hq,
+                            )
+
                     candidates[(key, use_tail, str(int_dot), si)] = (record, (int_dot, spec))
     times = timing.time_many(dev, {k: rec for k, (rec, _) in candidates.items()}, reps=reps)
     for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
@@ -200,16 +259,40 @@ def choose_geglu_q8_1(graph):
 
     def separate(cl, order=itertools.cycle(rotation)):
         L = layers[next(order)]
-        graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu",
-                 force=(int_dot, tuned_spec), xq=b.hq)
+        graph.mv(
+            cl,
+            [L.gate, L.up],
+            b.h,
+            b.mlp,
+            T=1,
+            x_cols=H,
+            y_cols=I,
+            epilogue="geglu",
+            force=(int_dot, tuned_spec),
+            xq=b.hq,
+        )
         cl.barrier()
         record_quantize(cl, dev, b.mlp, b.xq, I)
+
     records = {"separate": separate}
     for i, spec in enumerate(specs):
+
         def fused(cl, spec=spec, order=itertools.cycle(rotation)):
             L = layers[next(order)]
-            graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=1, x_cols=H, y_cols=I, epilogue="geglu_q8_1",
-                     force=(int_dot, spec), xq=b.hq, y_q8_1=b.mlpq)
+            graph.mv(
+                cl,
+                [L.gate, L.up],
+                b.h,
+                b.mlp,
+                T=1,
+                x_cols=H,
+                y_cols=I,
+                epilogue="geglu_q8_1",
+                force=(int_dot, spec),
+                xq=b.hq,
+                y_q8_1=b.mlpq,
+            )
+
         records[i] = fused
     times = timing.time_many(dev, records, reps=10)
     sep_us = times.pop("separate")
@@ -238,8 +321,11 @@ def choose_qkv_rope(graph):
     hq = b.hq if int_dot is True else None
     sg = max(8, min(64, dev.caps.subgroup_size))
     fused_specs = []
-    for cand in ([spec] if int_dot == "regs" else
-                 [spec, default_spec(dev), {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}]):
+    for cand in (
+        [spec]
+        if int_dot == "regs"
+        else [spec, default_spec(dev), {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}]
+    ):
         if rope_tail_ok(cand, cfg.head_dim) and cand not in fused_specs:
             fused_specs.append(cand)
     if not fused_specs:
@@ -249,17 +335,28 @@ def choose_qkv_rope(graph):
 
     def separate(cl, order=itertools.cycle(rotation)):
         i = next(order)
-        graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim,
-                 force=(int_dot, spec), xq=hq)
+        graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim, force=(int_dot, spec), xq=hq)
         cl.barrier()
         graph.rope_kv(cl, i, 1)
 
     records = {"separate": separate}
     for k, fs in enumerate(fused_specs):
+
         def fused(cl, fs=fs, order=itertools.cycle(rotation)):
             i = next(order)
-            graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim,
-                     force=(int_dot, fs), xq=hq, rope=graph.rope_tail(i))
+            graph.mv(
+                cl,
+                layers[i].qkv,
+                b.h,
+                b.qkv,
+                T=1,
+                x_cols=H,
+                y_cols=graph.qkv_dim,
+                force=(int_dot, fs),
+                xq=hq,
+                rope=graph.rope_tail(i),
+            )
+
         records[k] = fused
     write_step(b.step, pos=min(graph.context_length - 1, 512), n_tokens=1)
     times = timing.time_many(dev, records, reps=10)
@@ -285,7 +382,7 @@ def choose_few_token_path(backend, counts=range(2, MAX_COLUMNS + 1), repeats: in
             backend.drop_recordings()
             for T in todo:
                 ids = [backend.config.bos_token_id] * T
-                backend.forward(ids, 0, all_logits=True)      # records it, builds the pipelines
+                backend.forward(ids, 0, all_logits=True)  # records it, builds the pipelines
                 times = []
                 for _ in range(repeats):
                     t = time.perf_counter()

@@ -12,6 +12,7 @@ the position itself, so a decode token costs the host one submit, one fence wait
 and keep three submissions queued, so the GPU never waits for the host. What the backend
 measures about itself (busy gauge, host time, per-op profile, stats) is in profiling.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,28 +21,35 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
-from engine.backends.base import Backend, LiveStats
-from engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling
-from engine.backends.vulkan.autotune import Tuning
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.gemma3_graph import Gemma3Graph
-from engine.backends.vulkan.matvec import MAX_COLUMNS
-from engine.backends.vulkan.ops_common import write_step
-from engine.backends.vulkan.options import VulkanOptions
-from engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, plan_memory
-from engine.backends.vulkan.resident import allocate_buffers, upload_weights
-from engine.sampling import SamplingParams
-from engine.weights.base import WeightSource
+from phoenix_chat.engine.backends.base import Backend, LiveStats
+from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling
+from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
+from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
+from phoenix_chat.engine.backends.vulkan.ops_common import write_step
+from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
+from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, plan_memory
+from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
+from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.weights.base import WeightSource
 
 MAX_RECORDINGS = 8
-IN_FLIGHT = 3             # decode steps queued ahead: hides submit-to-start latency on the GPU
+IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
 
 
 class VulkanBackend(Backend):
     name = "vulkan"
 
-    def __init__(self, weights: WeightSource, context_length: int, options: VulkanOptions = VulkanOptions(), *,
-                 progress=None, device: Device | None = None):
+    def __init__(
+        self,
+        weights: WeightSource,
+        context_length: int,
+        options: VulkanOptions = VulkanOptions(),
+        *,
+        progress=None,
+        device: Device | None = None,
+    ):
         """device: an open Device to share (tests, several backends on one GPU); else one is
         opened from options and closed with the backend."""
         super().__init__(weights.config, context_length)
@@ -53,15 +61,15 @@ class VulkanBackend(Backend):
         self.device_name = dev.name
         caps = dev.caps
         # int8 activations only where the dot instruction is real hardware (unless forced)
-        self.int_dot = bool(caps.int_dot and (caps.int_dot_accelerated if options.int_dot is None
-                                              else options.int_dot))
+        self.int_dot = bool(caps.int_dot and (caps.int_dot_accelerated if options.int_dot is None else options.int_dot))
         # forwards of 2..MAX_COLUMNS tokens (speculative verify, short prompts) through matvecs
         # that read each weight once for all of them, or through the GEMMs, which dequantize a
         # whole weight tile for a handful of rows (H100, 27B shape: a 2-token GEMM pass cost 14
         # decode tokens, the matvecs 4; on the 270M shape the GEMMs win at some counts). None:
         # timed both ways at load on GPUs; CPU devices keep their register-tiled GEMM.
-        self.tuning = Tuning(few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec
-                             else frozenset())
+        self.tuning = Tuning(
+            few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset()
+        )
         self._recordings: OrderedDict = OrderedDict()
         self._decode_lists: dict = {}
         try:
@@ -73,12 +81,21 @@ class VulkanBackend(Backend):
             raise
         self.budget = self.plan.budget
         self.layers = self.device_weights.layers
-        self.graph = Gemma3Graph(self.config, dev, self.device_weights, self.buffers, context_length=context_length,
-                                 n_splits=self.plan.n_splits, int_dot=self.int_dot, tuning=self.tuning)
+        self.graph = Gemma3Graph(
+            self.config,
+            dev,
+            self.device_weights,
+            self.buffers,
+            context_length=context_length,
+            n_splits=self.plan.n_splits,
+            int_dot=self.int_dot,
+            tuning=self.tuning,
+        )
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
-        autotune.tune(self.graph, time_matvecs=options.autotune if options.autotune is not None
-                      else not caps.is_software)
+        autotune.tune(
+            self.graph, time_matvecs=options.autotune if options.autotune is not None else not caps.is_software
+        )
         if options.few_token_matvec is None and not caps.is_software:
             self.tuning.few_token_matvec = autotune.choose_few_token_path(self)
 
@@ -95,12 +112,12 @@ class VulkanBackend(Backend):
         chunk = LOGITS_CHUNK if all_logits else PREFILL_CHUNK
         outs = []
         for s in range(0, n, chunk):
-            part = ids[s:s + chunk]
+            part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n
             mode = "all" if all_logits else ("last" if last else "none")
             cl = self._recording(m, mode)
-            self.buffers.tokens_view[start_pos + s:start_pos + s + m] = part
+            self.buffers.tokens_view[start_pos + s : start_pos + s + m] = part
             write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
             cl.submit(wait=True)
             self.busy.account(cl)
@@ -112,7 +129,7 @@ class VulkanBackend(Backend):
 
     def decode_tokens(self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int):
         if not params.greedy and (params.top_k <= 0 or params.top_k > ops_sample.KC):
-            return None      # the GPU sampler keeps at most KC candidates: sample on the CPU instead
+            return None  # the GPU sampler keeps at most KC candidates: sample on the CPU instead
         return self._decode(int(first_token), int(start_pos), params, int(max_tokens))
 
     @property
@@ -129,14 +146,23 @@ class VulkanBackend(Backend):
         penalty = params.repetition_penalty != 1.0
         K = self.steps_per_submit
         if start_pos + -(-limit // K) * K >= self.context_length:
-            K = 1                         # the GPU must not step past the context
+            K = 1  # the GPU must not step past the context
         lists = self._decode_lists_for(params.greedy, penalty, K)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         tokens = self.buffers.tokens_view
         tokens[start_pos] = first_token
-        write_step(self.buffers.step, pos=start_pos, n_tokens=1, seed=seed, top_k=max(0, params.top_k),
-                   temperature=params.temperature, top_p=params.top_p, min_p=params.min_p,
-                   rep_penalty=params.repetition_penalty, rep_window=params.repetition_window)
+        write_step(
+            self.buffers.step,
+            pos=start_pos,
+            n_tokens=1,
+            seed=seed,
+            top_k=max(0, params.top_k),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            rep_penalty=params.repetition_penalty,
+            rep_window=params.repetition_window,
+        )
         inflight = deque()
         submitted = 0
         n_sub = -(-limit // K)
@@ -154,7 +180,7 @@ class VulkanBackend(Backend):
                 cl.wait()
                 t2 = time.perf_counter()
                 self.busy.account(cl)
-                ids = [int(t) for t in tokens[pos:pos + K]]
+                ids = [int(t) for t in tokens[pos : pos + K]]
                 self.host_time.add((t1 - t0) + (time.perf_counter() - t2), K)
                 for tid in ids:
                     if done == limit:
@@ -183,8 +209,9 @@ class VulkanBackend(Backend):
         key = (greedy, penalty, steps)
         if key not in self._decode_lists:
             # identical recordings: the GPU runs the queued ones while the host reads ids
-            self._decode_lists[key] = [self.graph.record(1, "sample", greedy, penalty, steps=steps)
-                                       for _ in range(IN_FLIGHT)]
+            self._decode_lists[key] = [
+                self.graph.record(1, "sample", greedy, penalty, steps=steps) for _ in range(IN_FLIGHT)
+            ]
         return self._decode_lists[key]
 
     def drop_recordings(self) -> None:
@@ -213,8 +240,7 @@ class VulkanBackend(Backend):
         return self.busy.fraction(window_s)
 
     def live_stats(self) -> LiveStats:
-        return LiveStats(device=self.dev.name, gpu_busy=self.busy.fraction(),
-                         kv_cache_bytes=self.budget["kv_cache"])
+        return LiveStats(device=self.dev.name, gpu_busy=self.busy.fraction(), kv_cache_bytes=self.budget["kv_cache"])
 
     def stats(self) -> dict:
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time

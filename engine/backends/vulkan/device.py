@@ -3,7 +3,7 @@
 How to use it (the ops modules and the backend follow exactly this):
 
 Open a device
-    from engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.device import Device
     dev = Device.open(index=None, allow_software=False)   # hardware GPU preferred
     dev.caps            # Capabilities: subgroup_size, int_dot, fp16, storage8/16, shared_memory,
                         # max_storage_buffer_range, heaps, uma, timestamp_period, ...
@@ -50,6 +50,7 @@ Per-step values that change between replays (position, sampling parameters, RNG 
 go into push constants (they are frozen at record time): kernels read them from the step
 buffer, `shaders/include/step.glsl`, which the host writes through a mapped pointer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.errors import DeviceUnavailableError
+from phoenix_chat.engine.errors import DeviceUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def _vk():
     """The `vulkan` module, or DeviceUnavailableError when no loader is installed."""
     try:
         import vulkan as vk
-    except OSError as exc:   # cffi raises OSError when libvulkan.so.1 is missing
+    except OSError as exc:  # cffi raises OSError when libvulkan.so.1 is missing
         raise DeviceUnavailableError(f"no Vulkan device: the Vulkan loader is not installed ({exc})") from None
     except ImportError as exc:
         raise DeviceUnavailableError(f"no Vulkan device: the `vulkan` Python package is missing ({exc})") from None
@@ -80,35 +81,36 @@ _DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "c
 @dataclass
 class Capabilities:
     """What one physical device offers the kernels; probed once, read everywhere."""
+
     index: int
     name: str
-    device_type: str                 # integrated / discrete / virtual / cpu / other
+    device_type: str  # integrated / discrete / virtual / cpu / other
     vendor_id: int
     api_version: tuple[int, int, int]
     driver: str
     subgroup_size: int
     subgroup_arithmetic: bool
-    fp16: bool                       # shaderFloat16
-    int8: bool                       # shaderInt8
+    fp16: bool  # shaderFloat16
+    int8: bool  # shaderInt8
     int16: bool
     int64: bool
-    storage8: bool                   # storageBuffer8BitAccess
-    storage16: bool                  # storageBuffer16BitAccess
-    int_dot: bool                    # shaderIntegerDotProduct (the instruction exists)
-    int_dot_accelerated: bool        # packed 4x8 signed dot is hardware-accelerated
-    cooperative_matrix: bool         # VK_KHR_cooperative_matrix with 16x16x16 f16 x f16 -> f32 per subgroup
-    shared_memory: int               # maxComputeSharedMemorySize
+    storage8: bool  # storageBuffer8BitAccess
+    storage16: bool  # storageBuffer16BitAccess
+    int_dot: bool  # shaderIntegerDotProduct (the instruction exists)
+    int_dot_accelerated: bool  # packed 4x8 signed dot is hardware-accelerated
+    cooperative_matrix: bool  # VK_KHR_cooperative_matrix with 16x16x16 f16 x f16 -> f32 per subgroup
+    shared_memory: int  # maxComputeSharedMemorySize
     max_storage_buffer_range: int
     max_push_constants: int
     max_workgroup_invocations: int
     max_workgroup_count: tuple[int, int, int]
-    max_allocation: int              # maxMemoryAllocationSize
+    max_allocation: int  # maxMemoryAllocationSize
     min_storage_offset_alignment: int
     non_coherent_atom: int
-    timestamp_period: float          # ns per tick
-    timestamp_bits: int              # 0: queue has no timestamps
-    heaps: list[tuple[int, bool]] = field(default_factory=list)   # (size, device_local)
-    uma: bool = False                # device-local memory is also host-visible (iGPU / CPU)
+    timestamp_period: float  # ns per tick
+    timestamp_bits: int  # 0: queue has no timestamps
+    heaps: list[tuple[int, bool]] = field(default_factory=list)  # (size, device_local)
+    uma: bool = False  # device-local memory is also host-visible (iGPU / CPU)
     extensions: frozenset[str] = frozenset()
 
     @property
@@ -131,15 +133,19 @@ class Capabilities:
 
 # ---- instance and probing -----------------------------------------------------------
 
-_INSTANCE = None   # one per process: creating instances is slow (~50 ms) and they are cheap to keep
+_INSTANCE = None  # one per process: creating instances is slow (~50 ms) and they are cheap to keep
 
 
 def _instance(vk):
     global _INSTANCE
     if _INSTANCE is None:
-        app = vk.VkApplicationInfo(pApplicationName="phoenix-chat", applicationVersion=1,
-                                   pEngineName="phoenix", engineVersion=1,
-                                   apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
+        app = vk.VkApplicationInfo(
+            pApplicationName="phoenix-chat",
+            applicationVersion=1,
+            pEngineName="phoenix",
+            engineVersion=1,
+            apiVersion=vk.VK_MAKE_VERSION(1, 3, 0),
+        )
         try:
             _INSTANCE = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
         except vk.VkError as exc:
@@ -193,7 +199,8 @@ def _probe(vk, pd, index: int) -> Capabilities:
     # window (resizable BAR) is not UMA: its reads from the host are slow
     uma = int(props.deviceType) in (1, 4) and any(
         (mem.memoryTypes[i].propertyFlags & want) == want and heaps[mem.memoryTypes[i].heapIndex][0] >= big_local
-        for i in range(mem.memoryTypeCount))
+        for i in range(mem.memoryTypeCount)
+    )
 
     fams = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
     ts_bits = max((q.timestampValidBits for q in fams if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
@@ -216,9 +223,15 @@ def _probe(vk, pd, index: int) -> Capabilities:
         storage16=bool(f11.storageBuffer16BitAccess),
         int_dot=int_dot,
         int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
-        cooperative_matrix=bool(cm is not None and cm.cooperativeMatrix and f12.vulkanMemoryModel
-                                and f12.shaderFloat16 and f11.storageBuffer16BitAccess
-                                and api >= vk.VK_MAKE_VERSION(1, 3, 0) and _coopmat_f16_16x16(vk, pd)),
+        cooperative_matrix=bool(
+            cm is not None
+            and cm.cooperativeMatrix
+            and f12.vulkanMemoryModel
+            and f12.shaderFloat16
+            and f11.storageBuffer16BitAccess
+            and api >= vk.VK_MAKE_VERSION(1, 3, 0)
+            and _coopmat_f16_16x16(vk, pd)
+        ),
         shared_memory=int(lim.maxComputeSharedMemorySize),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_push_constants=int(lim.maxPushConstantsSize),
@@ -241,12 +254,20 @@ def _coopmat_f16_16x16(vk, pd) -> bool:
     try:
         get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
         props = get(pd)
-    except Exception:        # the loader or driver lacks the entry point: treat as absent
+    except Exception:  # the loader or driver lacks the entry point: treat as absent
         return False
     f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
-    return any(p.MSize == 16 and p.NSize == 16 and p.KSize == 16 and p.AType == f16 and p.BType == f16
-               and p.CType == f32 and p.ResultType == f32 and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
-               for p in props)
+    return any(
+        p.MSize == 16
+        and p.NSize == 16
+        and p.KSize == 16
+        and p.AType == f16
+        and p.BType == f16
+        and p.CType == f32
+        and p.ResultType == f32
+        and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
+        for p in props
+    )
 
 
 def _cstr(vk, v) -> str:
@@ -287,6 +308,7 @@ def _choose(caps: list[Capabilities], index, allow_software: bool) -> Capabiliti
 
 # ---- the device ---------------------------------------------------------------------
 
+
 class Device:
     """One logical device with one compute queue; owns the pipeline cache and a staging buffer."""
 
@@ -307,38 +329,54 @@ class Device:
             self.device = self._create(vk, physical, caps, coopmat=caps.cooperative_matrix)
         except vk.VkError as exc:
             if not caps.cooperative_matrix:
-                raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
-                                             f"({type(exc).__name__})") from None
+                raise DeviceUnavailableError(
+                    f"no Vulkan device: vkCreateDevice failed on {caps.name} ({type(exc).__name__})"
+                ) from None
             # the driver advertised cooperative matrices but refused them: run without (the
             # prefill GEMM then takes the f32 kernel; stats()["prefill_gemm"] and the log say so)
-            log.warning("%s: vkCreateDevice with cooperative matrices failed (%s); prefill GEMM falls "
-                        "back to the f32 %s kernel", caps.name, type(exc).__name__,
-                        "register-tiled" if caps.is_software else "tiled")
+            log.warning(
+                "%s: vkCreateDevice with cooperative matrices failed (%s); prefill GEMM falls "
+                "back to the f32 %s kernel",
+                caps.name,
+                type(exc).__name__,
+                "register-tiled" if caps.is_software else "tiled",
+            )
             caps.cooperative_matrix = False
             try:
                 self.device = self._create(vk, physical, caps, coopmat=False)
             except vk.VkError as exc2:
-                raise DeviceUnavailableError(f"no Vulkan device: vkCreateDevice failed on {caps.name} "
-                                             f"({type(exc2).__name__})") from None
+                raise DeviceUnavailableError(
+                    f"no Vulkan device: vkCreateDevice failed on {caps.name} ({type(exc2).__name__})"
+                ) from None
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
-        self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
-            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
+        self.command_pool = vk.vkCreateCommandPool(
+            self.device,
+            vk.VkCommandPoolCreateInfo(
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family
+            ),
+            None,
+        )
         self._mem_props = vk.vkGetPhysicalDeviceMemoryProperties(physical)
         self._pipelines = None
         self._staging = None
-        self._buffers = []          # weak bookkeeping for close(): everything we allocated
+        self._buffers = []  # weak bookkeeping for close(): everything we allocated
         self._closed = False
         self.allocated_bytes = 0
 
     def _create(self, vk, physical, caps: Capabilities, *, coopmat: bool):
         """vkCreateDevice with the features the kernels use (coopmat: + VK_KHR_cooperative_matrix
         and the Vulkan memory model its SPIR-V declares)."""
-        f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=caps.storage16,
-                                                  uniformAndStorageBuffer16BitAccess=caps.storage16)
-        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11, shaderFloat16=caps.fp16, shaderInt8=caps.int8,
-                                                  storageBuffer8BitAccess=caps.storage8,
-                                                  uniformAndStorageBuffer8BitAccess=caps.storage8,
-                                                  vulkanMemoryModel=coopmat)
+        f11 = vk.VkPhysicalDeviceVulkan11Features(
+            storageBuffer16BitAccess=caps.storage16, uniformAndStorageBuffer16BitAccess=caps.storage16
+        )
+        f12 = vk.VkPhysicalDeviceVulkan12Features(
+            pNext=f11,
+            shaderFloat16=caps.fp16,
+            shaderInt8=caps.int8,
+            storageBuffer8BitAccess=caps.storage8,
+            uniformAndStorageBuffer8BitAccess=caps.storage8,
+            vulkanMemoryModel=coopmat,
+        )
         chain = f12
         if caps.api_version >= (1, 3, 0):
             chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
@@ -348,15 +386,22 @@ class Device:
             extensions.append("VK_KHR_cooperative_matrix")
         feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
-        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
-                                           pQueuePriorities=[1.0])
-        return vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
-            pNext=f2, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
-            enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions or None), None)
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
+        return vk.vkCreateDevice(
+            physical,
+            vk.VkDeviceCreateInfo(
+                pNext=f2,
+                queueCreateInfoCount=1,
+                pQueueCreateInfos=[qinfo],
+                enabledExtensionCount=len(extensions),
+                ppEnabledExtensionNames=extensions or None,
+            ),
+            None,
+        )
 
     # -- construction --
     @classmethod
-    def open(cls, index: int | None = None, *, allow_software: bool = False) -> "Device":
+    def open(cls, index: int | None = None, *, allow_software: bool = False) -> Device:
         """Open device `index` (or the best hardware GPU). PHOENIX_VULKAN_DEVICE overrides index."""
         vk = _vk()
         pds = _physical_devices(vk)
@@ -387,21 +432,24 @@ class Device:
         return best
 
     def buffer(self, nbytes: int, *, host: bool = False, name: str = ""):
-        from engine.backends.vulkan.memory import Buffer
+        from phoenix_chat.engine.backends.vulkan.memory import Buffer
+
         return Buffer(self, nbytes, host=host, name=name)
 
-    def tensor(self, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "",
-               progress=None):
+    def tensor(self, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "", progress=None):
         """Upload a weight (raw bytes, row-major) and split it into bindable row ranges."""
-        from engine.backends.vulkan.memory import Tensor
+        from phoenix_chat.engine.backends.vulkan.memory import Tensor
+
         return Tensor.upload(self, data, row_bytes, rows=rows, name=name, progress=progress)
 
     def upload(self, buf, array, offset: int = 0, progress=None) -> None:
-        from engine.backends.vulkan.memory import upload
+        from phoenix_chat.engine.backends.vulkan.memory import upload
+
         upload(self, buf, array, offset, progress)
 
     def download(self, buf, dtype=np.float32, shape=None, offset: int = 0) -> np.ndarray:
-        from engine.backends.vulkan.memory import download
+        from phoenix_chat.engine.backends.vulkan.memory import download
+
         return download(self, buf, dtype, shape, offset)
 
     def staging(self):
@@ -412,7 +460,8 @@ class Device:
     # -- pipelines --
     def _pipeline_cache(self):
         if self._pipelines is None:
-            from engine.backends.vulkan.pipelines import PipelineCache
+            from phoenix_chat.engine.backends.vulkan.pipelines import PipelineCache
+
             self._pipelines = PipelineCache(self)
         return self._pipelines
 
@@ -425,7 +474,8 @@ class Device:
 
     # -- commands --
     def commands(self, *, timestamps: int = 0, name: str = ""):
-        from engine.backends.vulkan.recorder import CommandList
+        from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
         return CommandList(self, timestamps=timestamps, name=name)
 
     def submit(self, cl, wait: bool = True) -> None:

@@ -18,35 +18,54 @@ its output's q8_1 blocks into `attnq` for an int8 o matvec, and the GEGLU its ou
 `mlpq` for an int8 down matvec (`geglu_q8_1`, where timing says it pays). Prefill (T > 1) runs GEMMs and
 separate norm_add dispatches. Which path each matvec takes is the `Tuning` record's (autotune.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
-from engine.backends.vulkan.autotune import Tuning
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import (REGS_SPEC, NormTail, RopeTail, WeightMatrix, fusable, record_matvec,
-                                           record_quantize)
-from engine.backends.vulkan.pipelines import INT_DOT_TYPES
-from engine.backends.vulkan.profiling import mark
-from engine.backends.vulkan.resident import Buffers, DeviceWeights, Layer
-from engine.config import ModelConfig
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
+from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.matvec import (
+    REGS_SPEC,
+    NormTail,
+    RopeTail,
+    WeightMatrix,
+    fusable,
+    record_matvec,
+    record_quantize,
+)
+from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
+from phoenix_chat.engine.backends.vulkan.profiling import mark
+from phoenix_chat.engine.backends.vulkan.resident import Buffers, DeviceWeights, Layer
+from phoenix_chat.engine.config import ModelConfig
 
 
 class Gemma3Graph:
     """Records Gemma 3 forwards over the resident weights and buffers, as `tuning` says."""
 
-    def __init__(self, config: ModelConfig, dev: Device, weights: DeviceWeights, buffers: Buffers, *,
-                 context_length: int, n_splits: int, int_dot: bool, tuning: Tuning):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dev: Device,
+        weights: DeviceWeights,
+        buffers: Buffers,
+        *,
+        context_length: int,
+        n_splits: int,
+        int_dot: bool,
+        tuning: Tuning,
+    ):
         self.config, self.dev, self.weights, self.buffers = config, dev, weights, buffers
         self.context_length = context_length
-        self.n_splits = n_splits          # decode attention's splits of the context
-        self.int_dot = int_dot            # int8 activations allowed at all
+        self.n_splits = n_splits  # decode attention's splits of the context
+        self.int_dot = int_dot  # int8 activations allowed at all
         self.tuning = tuning
         self.qkv_dim = config.q_dim + 2 * config.kv_dim
 
-    def record(self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False,
-               steps: int = 1):
+    def record(
+        self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False, steps: int = 1
+    ):
         """A command list of one forward over T tokens. mode: 'none' (fill the cache only),
         'last' / 'all' (logits), 'sample' (decode step). steps > 1 (decode only): that many
         token steps back to back in one command buffer; each step's sampler advances step.pos,
@@ -64,7 +83,7 @@ class Gemma3Graph:
             if i:
                 mark(cl, "sample")
             self._record_body(cl, T, mode, greedy, penalty)
-        if profile:               # close the last op: the sampler (decode) or the LM head (prefill)
+        if profile:  # close the last op: the sampler (decode) or the LM head (prefill)
             mark(cl, "sample" if mode == "sample" else "lm_head")
         if busy_ts and not profile:
             cl.timestamp(1)
@@ -76,8 +95,18 @@ class Gemma3Graph:
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size
         tuning = self.tuning
-        ops_embed.embed(cl, dev, b.step, b.tokens, w.embed_table, b.x, wtype=w.embed_type.name,
-                        hidden=H, scale=float(np.float32(cfg.embed_scale)), max_tokens=T)
+        ops_embed.embed(
+            cl,
+            dev,
+            b.step,
+            b.tokens,
+            w.embed_table,
+            b.x,
+            wtype=w.embed_type.name,
+            hidden=H,
+            scale=float(np.float32(cfg.embed_scale)),
+            max_tokens=T,
+        )
         mark(cl, "embed")
         # Decode: where the matvec reading h takes the int8 path, the norm writing h also writes
         # its q8_1 blocks (hq), so that matvec needs no quantize dispatch; attention does the
@@ -89,12 +118,16 @@ class Gemma3Graph:
 
         hq = qkv_hq(w.layers[0])
         ops_norm.norm(cl, dev, b.x, w.layers[0].norms["input_layernorm"], b.h, rows=T, n=H, eps=eps, q=hq)
-        open_op = "norm"           # the op the next barrier closes (profile label)
-        res = b.x                  # the buffer holding the residual stream (decode alternates)
+        open_op = "norm"  # the op the next barrier closes (profile label)
+        res = b.x  # the buffer holding the residual stream (decode alternates)
         for i, L in enumerate(w.layers):
             mark(cl, open_op)
-            if dec and tuning.qkv_rope is not None and self.qkv_fused(L) and \
-                    self.path(L.qkv, "qkv")[0] == tuning.qkv_rope[0]:
+            if (
+                dec
+                and tuning.qkv_rope is not None
+                and self.qkv_fused(L)
+                and self.path(L.qkv, "qkv")[0] == tuning.qkv_rope[0]
+            ):
                 self._qkv(cl, L, T, hq=hq, rope=self.rope_tail(i))
                 mark(cl, "qkv+rope_kv")
             else:
@@ -103,43 +136,113 @@ class Gemma3Graph:
                 self.rope_kv(cl, i, T)
                 mark(cl, "rope_kv")
             window = 0 if L.is_global else cfg.sliding_window
-            attnq = self._attn_q8_1(L) if dec else None      # the int8 o matvec's input blocks
+            attnq = self._attn_q8_1(L) if dec else None  # the int8 o matvec's input blocks
             if T == 1:
-                ops_attention.attention_decode(cl, dev, b.step, b.qkv, L.k_cache, L.v_cache, b.partial,
-                                               b.counters, b.attn, head_dim=cfg.head_dim,
-                                               n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
-                                               cache_slots=L.slots, window=window, scale=cfg.attn_scale,
-                                               n_splits=self.n_splits, q_offset=0, q=attnq)
+                ops_attention.attention_decode(
+                    cl,
+                    dev,
+                    b.step,
+                    b.qkv,
+                    L.k_cache,
+                    L.v_cache,
+                    b.partial,
+                    b.counters,
+                    b.attn,
+                    head_dim=cfg.head_dim,
+                    n_heads=cfg.num_heads,
+                    n_kv_heads=cfg.num_kv_heads,
+                    cache_slots=L.slots,
+                    window=window,
+                    scale=cfg.attn_scale,
+                    n_splits=self.n_splits,
+                    q_offset=0,
+                    q=attnq,
+                )
             else:
-                ops_attention.attention_prefill(cl, dev, b.step, b.qkv, L.k_cache, L.v_cache, b.attn,
-                                                head_dim=cfg.head_dim, n_heads=cfg.num_heads,
-                                                n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, window=window,
-                                                scale=cfg.attn_scale, max_tokens=T, q_stride=self.qkv_dim,
-                                                q_offset=0)
+                ops_attention.attention_prefill(
+                    cl,
+                    dev,
+                    b.step,
+                    b.qkv,
+                    L.k_cache,
+                    L.v_cache,
+                    b.attn,
+                    head_dim=cfg.head_dim,
+                    n_heads=cfg.num_heads,
+                    n_kv_heads=cfg.num_kv_heads,
+                    cache_slots=L.slots,
+                    window=window,
+                    scale=cfg.attn_scale,
+                    max_tokens=T,
+                    q_stride=self.qkv_dim,
+                    q_offset=0,
+                )
             mark(cl, "attention")
             # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
-            open_op, res = self._mv_norm_add(cl, L.o, b.attn, T=T, x_cols=cfg.q_dim, key="o", label="o_proj",
-                                             w_post=L.norms["post_attention_layernorm"],
-                                             w_next=L.norms["pre_feedforward_layernorm"], res=res, hq=hq, xq=attnq)
+            open_op, res = self._mv_norm_add(
+                cl,
+                L.o,
+                b.attn,
+                T=T,
+                x_cols=cfg.q_dim,
+                key="o",
+                label="o_proj",
+                w_post=L.norms["post_attention_layernorm"],
+                w_next=L.norms["pre_feedforward_layernorm"],
+                res=res,
+                hq=hq,
+                xq=attnq,
+            )
             mark(cl, open_op)
             mlpq = None
             if dec and tuning.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
-                mlpq = b.mlpq          # the int8 down matvec's input blocks, from the GEGLU itself
-                self.mv(cl, [L.gate, L.up], b.h, b.mlp, T=1, x_cols=H, y_cols=cfg.intermediate_size,
-                        epilogue="geglu_q8_1", force=tuning.geglu_q8_1, xq=hq, y_q8_1=mlpq)
+                mlpq = b.mlpq  # the int8 down matvec's input blocks, from the GEGLU itself
+                self.mv(
+                    cl,
+                    [L.gate, L.up],
+                    b.h,
+                    b.mlp,
+                    T=1,
+                    x_cols=H,
+                    y_cols=cfg.intermediate_size,
+                    epilogue="geglu_q8_1",
+                    force=tuning.geglu_q8_1,
+                    xq=hq,
+                    y_q8_1=mlpq,
+                )
             else:
-                self.mv(cl, [L.gate, L.up], b.h, b.mlp, T=T, x_cols=H, y_cols=cfg.intermediate_size,
-                        epilogue="geglu", key="geglu", xq=hq)
+                self.mv(
+                    cl,
+                    [L.gate, L.up],
+                    b.h,
+                    b.mlp,
+                    T=T,
+                    x_cols=H,
+                    y_cols=cfg.intermediate_size,
+                    epilogue="geglu",
+                    key="geglu",
+                    xq=hq,
+                )
             mark(cl, "gate_up_geglu")
             if i + 1 < len(w.layers):
                 nxt, hq = w.layers[i + 1].norms["input_layernorm"], qkv_hq(w.layers[i + 1])
-            else:      # the lm head reads one row of h (the last token's), through the int8 path or not
-                nxt, hq = w.final_norm, (self._h_q8_1([w.lm_head], "lm") if mode in ("last", "sample")
-                                         else None)
-            open_op, res = self._mv_norm_add(cl, L.down, b.mlp, T=T, x_cols=cfg.intermediate_size, key="down",
-                                             label="down", w_post=L.norms["post_feedforward_layernorm"], w_next=nxt,
-                                             res=res, hq=hq, xq=mlpq)
+            else:  # the lm head reads one row of h (the last token's), through the int8 path or not
+                nxt, hq = w.final_norm, (self._h_q8_1([w.lm_head], "lm") if mode in ("last", "sample") else None)
+            open_op, res = self._mv_norm_add(
+                cl,
+                L.down,
+                b.mlp,
+                T=T,
+                x_cols=cfg.intermediate_size,
+                key="down",
+                label="down",
+                w_post=L.norms["post_feedforward_layernorm"],
+                w_next=nxt,
+                res=res,
+                hq=hq,
+                xq=mlpq,
+            )
         mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
@@ -148,8 +251,9 @@ class Gemma3Graph:
             self.mv(cl, [w.lm_head], b.h, b.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm", xq=hq)
         if mode == "sample":
             mark(cl, "lm_head")
-            ops_sample.sample(cl, dev, b.step, b.logits, b.cand, b.counters, b.tokens, vocab=V,
-                              greedy=greedy, penalty=penalty)
+            ops_sample.sample(
+                cl, dev, b.step, b.logits, b.cand, b.counters, b.tokens, vocab=V, greedy=greedy, penalty=penalty
+            )
 
     # ---- the attention half ----------------------------------------------------------------
 
@@ -159,8 +263,18 @@ class Gemma3Graph:
         q, k, v = L.qkv
         if rope is not None:
             qkv_rope = self.tuning.qkv_rope
-            self.mv(cl, L.qkv, b.h, b.qkv, T=1, x_cols=cfg.hidden_size, y_cols=self.qkv_dim,
-                    force=qkv_rope, xq=hq if qkv_rope[0] is True else None, rope=rope)
+            self.mv(
+                cl,
+                L.qkv,
+                b.h,
+                b.qkv,
+                T=1,
+                x_cols=cfg.hidden_size,
+                y_cols=self.qkv_dim,
+                force=qkv_rope,
+                xq=hq if qkv_rope[0] is True else None,
+                rope=rope,
+            )
             return
         if self.qkv_fused(L):
             self.mv(cl, L.qkv, b.h, b.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv", xq=hq)
@@ -170,8 +284,9 @@ class Gemma3Graph:
             return
         # types no fused kernel covers (MIXED_QKV_TYPES): three dispatches, no barrier between them
         for m, off in ((q, 0), (k, cfg.q_dim), (v, cfg.q_dim + cfg.kv_dim)):
-            record_matvec(cl, self.dev, [m], b.h, b.qkv, y_off=off, tokens=T,
-                          x_stride=cfg.hidden_size, y_stride=self.qkv_dim)
+            record_matvec(
+                cl, self.dev, [m], b.h, b.qkv, y_off=off, tokens=T, x_stride=cfg.hidden_size, y_stride=self.qkv_dim
+            )
 
     def qkv_fused(self, L: Layer) -> bool:
         """The decode QKV is one matvec (key "qkv"): one type (or v alone of another type with a
@@ -181,20 +296,50 @@ class Gemma3Graph:
     def rope_tail(self, i: int) -> RopeTail:
         """Layer i's QK-norm + RoPE + KV write, as the fused decode QKV matvec's epilogue."""
         cfg, L, b = self.config, self.weights.layers[i], self.buffers
-        return RopeTail(b.step, L.norms["self_attn.q_norm"], L.norms["self_attn.k_norm"], L.k_cache, L.v_cache,
-                        b.block_arrival, head_dim=cfg.head_dim, n_heads=cfg.num_heads,
-                        n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots, theta=cfg.rope_base(i),
-                        scale_factor=cfg.rope_scale(i), eps=cfg.rms_norm_eps)
+        return RopeTail(
+            b.step,
+            L.norms["self_attn.q_norm"],
+            L.norms["self_attn.k_norm"],
+            L.k_cache,
+            L.v_cache,
+            b.block_arrival,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            theta=cfg.rope_base(i),
+            scale_factor=cfg.rope_scale(i),
+            eps=cfg.rms_norm_eps,
+        )
 
     def rope_kv(self, cl, i: int, T: int) -> None:
         """QK-norm + RoPE of q in place, k and v into layer i's cache (its own dispatch)."""
         cfg, L, b = self.config, self.weights.layers[i], self.buffers
-        ops_rope.rope_kv(cl, self.dev, b.step, b.qkv, b.qkv, b.qkv, L.norms["self_attn.q_norm"],
-                         L.norms["self_attn.k_norm"], L.k_cache, L.v_cache, head_dim=cfg.head_dim,
-                         n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, cache_slots=L.slots,
-                         theta=cfg.rope_base(i), scale_factor=cfg.rope_scale(i), eps=cfg.rms_norm_eps,
-                         max_tokens=T, q_stride=self.qkv_dim, kv_stride=self.qkv_dim, q_offset=0,
-                         k_offset=cfg.q_dim, v_offset=cfg.q_dim + cfg.kv_dim)
+        ops_rope.rope_kv(
+            cl,
+            self.dev,
+            b.step,
+            b.qkv,
+            b.qkv,
+            b.qkv,
+            L.norms["self_attn.q_norm"],
+            L.norms["self_attn.k_norm"],
+            L.k_cache,
+            L.v_cache,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            theta=cfg.rope_base(i),
+            scale_factor=cfg.rope_scale(i),
+            eps=cfg.rms_norm_eps,
+            max_tokens=T,
+            q_stride=self.qkv_dim,
+            kv_stride=self.qkv_dim,
+            q_offset=0,
+            k_offset=cfg.q_dim,
+            v_offset=cfg.q_dim + cfg.kv_dim,
+        )
 
     def _attn_q8_1(self, L: Layer):
         """`attnq` when L's decode o-proj runs the int8 path on q8_1 input: attention then writes
@@ -208,8 +353,11 @@ class Gemma3Graph:
         blocks (int8 path, not quantized in registers) and gate/up take the path `geglu_q8_1` was
         chosen for (layers may differ in type)."""
         idot = self.path([L.gate, L.up], "geglu")[0]
-        return self.path([L.down], "down")[0] is True and idot == self.tuning.geglu_q8_1[0] and \
-            self.config.intermediate_size % 32 == 0
+        return (
+            self.path([L.down], "down")[0] is True
+            and idot == self.tuning.geglu_q8_1[0]
+            and self.config.intermediate_size % 32 == 0
+        )
 
     # ---- matvecs and the norms after them --------------------------------------------------
 
@@ -229,8 +377,26 @@ class Gemma3Graph:
         A buffer of its own (not the shared `xq`): no later quantize can overwrite it first."""
         return self.buffers.hq if self.path(mats, key)[0] is True else None
 
-    def mv(self, cl, mats, x, y, *, T, x_cols, y_cols, epilogue=None, x_off=0, y_off=0, key=None,
-           force=None, xq=None, tail=None, y_q8_1=None, rope=None):
+    def mv(
+        self,
+        cl,
+        mats,
+        x,
+        y,
+        *,
+        T,
+        x_cols,
+        y_cols,
+        epilogue=None,
+        x_off=0,
+        y_off=0,
+        key=None,
+        force=None,
+        xq=None,
+        tail=None,
+        y_q8_1=None,
+        rope=None,
+    ):
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         force: (int_dot, spec) instead of the tuned path for `key` (autotune's candidates).
@@ -250,51 +416,167 @@ class Gemma3Graph:
         if T in self.tuning.few_token_matvec and x_off == 0:
             assert epilogue in (None, "geglu")
             off = 0
-            for group in ([mats] if epilogue or fusable(mats) else [[m] for m in mats]):
-                record_matvec(cl, self.dev, group, x, y, epilogue=epilogue, x_stride=x_cols, y_stride=y_cols,
-                              y_off=y_off + off, columns=T)
+            for group in [mats] if epilogue or fusable(mats) else [[m] for m in mats]:
+                record_matvec(
+                    cl,
+                    self.dev,
+                    group,
+                    x,
+                    y,
+                    epilogue=epilogue,
+                    x_stride=x_cols,
+                    y_stride=y_cols,
+                    y_off=y_off + off,
+                    columns=T,
+                )
                 off += sum(m.rows for m in group)
             return
         if T > 1 and x_off == 0:
             if y_off:
                 y = (y, y_off * 4, y.size - y_off * 4)
             if epilogue == "geglu":
-                ops_gemm.gemm(cl, self.dev, x, mats[0].tensor, y, wtype=mats[0].qtype.name, m=T, n=mats[0].rows,
-                              k=x_cols, x_stride=x_cols, y_stride=y_cols, w_up=mats[1].tensor)
+                ops_gemm.gemm(
+                    cl,
+                    self.dev,
+                    x,
+                    mats[0].tensor,
+                    y,
+                    wtype=mats[0].qtype.name,
+                    m=T,
+                    n=mats[0].rows,
+                    k=x_cols,
+                    x_stride=x_cols,
+                    y_stride=y_cols,
+                    w_up=mats[1].tensor,
+                )
                 return
             assert epilogue is None
             off = 0
-            for m in mats:       # fused QKV: one GEMM per matrix into its columns of y
-                yb = y if off == 0 else ((y, off * 4, y.size - off * 4) if not isinstance(y, tuple)
-                                         else (y[0], y[1] + off * 4, y[2] - off * 4))
-                ops_gemm.gemm(cl, self.dev, x, m.tensor, yb, wtype=m.qtype.name, m=T, n=m.rows, k=x_cols,
-                              x_stride=x_cols, y_stride=y_cols)
+            for m in mats:  # fused QKV: one GEMM per matrix into its columns of y
+                yb = (
+                    y
+                    if off == 0
+                    else (
+                        (y, off * 4, y.size - off * 4)
+                        if not isinstance(y, tuple)
+                        else (y[0], y[1] + off * 4, y[2] - off * 4)
+                    )
+                )
+                ops_gemm.gemm(
+                    cl,
+                    self.dev,
+                    x,
+                    m.tensor,
+                    yb,
+                    wtype=m.qtype.name,
+                    m=T,
+                    n=m.rows,
+                    k=x_cols,
+                    x_stride=x_cols,
+                    y_stride=y_cols,
+                )
                 off += m.rows
             return
         int_dot, spec = force if force is not None else self.path(mats, key)
         if int_dot == "regs":
             if spec is None or spec.get("THREAD_ROWS"):
-                spec = REGS_SPEC          # the block-pair path lives in the cooperative kernels
-            record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, int_dot="regs", tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope)
+                spec = REGS_SPEC  # the block-pair path lives in the cooperative kernels
+            record_matvec(
+                cl,
+                self.dev,
+                mats,
+                x,
+                y,
+                epilogue=epilogue,
+                int_dot="regs",
+                tokens=T,
+                x_off=x_off,
+                x_stride=x_cols,
+                y_stride=y_cols,
+                y_off=y_off,
+                spec=spec,
+                tail=tail,
+                y_q8_1=y_q8_1,
+                arrival=arrival,
+                rope=rope,
+            )
         elif int_dot and xq is not None:
-            record_matvec(cl, self.dev, mats, xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_off=x_off // 32, x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec,
-                          tail=tail, y_q8_1=y_q8_1, arrival=arrival, rope=rope)
+            record_matvec(
+                cl,
+                self.dev,
+                mats,
+                xq,
+                y,
+                epilogue=epilogue,
+                int_dot=True,
+                tokens=T,
+                x_off=x_off // 32,
+                x_stride=x_cols // 32,
+                y_stride=y_cols,
+                y_off=y_off,
+                spec=spec,
+                tail=tail,
+                y_q8_1=y_q8_1,
+                arrival=arrival,
+                rope=rope,
+            )
         elif int_dot:
             record_quantize(cl, self.dev, x, b.xq, T * x_cols, x_off=x_off)
             mark(cl, "quantize")
-            record_matvec(cl, self.dev, mats, b.xq, y, epilogue=epilogue, int_dot=True, tokens=T,
-                          x_stride=x_cols // 32, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope)
+            record_matvec(
+                cl,
+                self.dev,
+                mats,
+                b.xq,
+                y,
+                epilogue=epilogue,
+                int_dot=True,
+                tokens=T,
+                x_stride=x_cols // 32,
+                y_stride=y_cols,
+                y_off=y_off,
+                spec=spec,
+                tail=tail,
+                y_q8_1=y_q8_1,
+                arrival=arrival,
+                rope=rope,
+            )
         else:
-            record_matvec(cl, self.dev, mats, x, y, epilogue=epilogue, tokens=T, x_off=x_off,
-                          x_stride=x_cols, y_stride=y_cols, y_off=y_off, spec=spec, tail=tail, y_q8_1=y_q8_1,
-                          arrival=arrival, rope=rope)
+            record_matvec(
+                cl,
+                self.dev,
+                mats,
+                x,
+                y,
+                epilogue=epilogue,
+                tokens=T,
+                x_off=x_off,
+                x_stride=x_cols,
+                y_stride=y_cols,
+                y_off=y_off,
+                spec=spec,
+                tail=tail,
+                y_q8_1=y_q8_1,
+                arrival=arrival,
+                rope=rope,
+            )
 
-    def _mv_norm_add(self, cl, m: WeightMatrix, x, *, T: int, x_cols: int, key: str, label: str,
-                     w_post, w_next, res, hq=None, xq=None) -> tuple[str, object]:
+    def _mv_norm_add(
+        self,
+        cl,
+        m: WeightMatrix,
+        x,
+        *,
+        T: int,
+        x_cols: int,
+        key: str,
+        label: str,
+        w_post,
+        w_next,
+        res,
+        hq=None,
+        xq=None,
+    ) -> tuple[str, object]:
         """o = m x, then res += rmsnorm(o) * w_post; h = rmsnorm(res) * w_next (+ q8_1 of h into
         hq). Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm), else
         the matvec, a barrier and the split norm_add, which writes the residual to the other of
@@ -304,15 +586,24 @@ class Gemma3Graph:
         cfg, b = self.config, self.buffers
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.tuning.norm_tail.get(key, True):
-            self.mv(cl, [m], x, b.o, T=1, x_cols=x_cols, y_cols=H, key=key, xq=xq,
-                    tail=NormTail(w_post, res, w_next, b.h, b.mv_arrival, cfg.rms_norm_eps, q=hq))
+            self.mv(
+                cl,
+                [m],
+                x,
+                b.o,
+                T=1,
+                x_cols=x_cols,
+                y_cols=H,
+                key=key,
+                xq=xq,
+                tail=NormTail(w_post, res, w_next, b.h, b.mv_arrival, cfg.rms_norm_eps, q=hq),
+            )
             return label + "+norm_add", res
         self.mv(cl, [m], x, b.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq)
         mark(cl, label)
         if T == 1:
             out = b.x_alt if res is b.x else b.x
-            ops_norm.norm_add_split(cl, self.dev, b.o, w_post, res, w_next, b.h, out, n=H,
-                                    eps=cfg.rms_norm_eps, q=hq)
+            ops_norm.norm_add_split(cl, self.dev, b.o, w_post, res, w_next, b.h, out, n=H, eps=cfg.rms_norm_eps, q=hq)
             return "norm_add", out
         ops_norm.norm_add(cl, self.dev, b.o, w_post, res, w_next, b.h, rows=T, n=H, eps=cfg.rms_norm_eps, q=hq)
         return "norm_add", res

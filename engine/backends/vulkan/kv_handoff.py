@@ -6,6 +6,7 @@ device a layer's cache is f16 `[kv_heads][slots][head_dim]` with position p in s
 Only the touched slots move: one copy per head and contiguous run of slots, so a hand-off
 costs the rows it carries, not the whole cache.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,7 +26,7 @@ def held_positions(backend, layer: int, lo: int, hi: int) -> np.ndarray:
 
 def export_kv(backend, lo: int, hi: int) -> list:
     cfg, dev = backend.config, backend.dev
-    dev.wait_idle()          # decode steps may still be in flight
+    dev.wait_idle()  # decode steps may still be in flight
     rows = []
     for i, L in enumerate(backend.layers):
         pos = held_positions(backend, i, lo, hi)
@@ -52,7 +53,7 @@ def import_kv(backend, rows) -> int:
     for layer, positions, k, v in rows:
         L = backend.layers[layer]
         positions = np.asarray(positions)
-        keep = positions > positions.max() - L.slots          # what the ring can hold
+        keep = positions > positions.max() - L.slots  # what the ring can hold
         positions, k, v = positions[keep], np.asarray(k)[keep], np.asarray(v)[keep]
         order = np.argsort(positions)
         positions, k, v = positions[order], k[order], v[order]

@@ -5,15 +5,17 @@ the kernel). `record_matvec` records y = W x (or fused QKV, GEGLU gate/up, resid
 decode matvec followed by norm_add in the same dispatch: `NormTail`) into a CommandList,
 splitting a matrix bound in several row ranges into one dispatch per range.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QType
 
-from engine.backends.vulkan.memory import Tensor
-from engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
+from phoenix_chat.engine.backends.vulkan.memory import Tensor
+from phoenix_chat.engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 MAX_GROUPS_X = 65535
@@ -62,8 +64,8 @@ def subgroup_rows_spec(dev, rows: int) -> dict:
 # shape of its own applies (the block-pair path lives in the cooperative kernels)
 REGS_SPEC = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
-MAX_COLUMNS = 8            # vectors one multi-column matvec takes (NCOLS in matvec.comp)
-COLUMN_ROWS = 2            # rows per subgroup there: each load of x serves this many rows
+MAX_COLUMNS = 8  # vectors one multi-column matvec takes (NCOLS in matvec.comp)
+COLUMN_ROWS = 2  # rows per subgroup there: each load of x serves this many rows
 
 
 def columns_spec(dev, columns: int) -> dict:
@@ -87,8 +89,9 @@ class WeightMatrix:
     name: str = ""
 
     @classmethod
-    def upload(cls, dev, raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "",
-               progress=None) -> "WeightMatrix":
+    def upload(
+        cls, dev, raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "", progress=None
+    ) -> WeightMatrix:
         qtype = QType(qtype)
         if qtype not in SUPPORTED:
             raise ValueError(f"{name}: weight type {qtype.name} has no matvec kernel")
@@ -107,6 +110,7 @@ class NormTail:
     residual += rmsnorm(y) * w_post;  out = rmsnorm(residual) * w_next;  q <- q8_1 of out (if q).
     `arrival`: a uint32 counter at 0 (the kernel puts it back to 0); dispatches separated by a
     barrier may share it. residual / out / q start at element / block 0."""
+
     w_post: object
     residual: object
     w_next: object
@@ -121,6 +125,7 @@ class RopeTail:
     """QK-norm + RoPE + KV-cache write after the decode fused QKV matvec, per head, by the last
     workgroup to finish the head's rows (epilogue "rope"; the maths of ops_rope.rope_kv).
     `arrival`: n_heads + 2 * n_kv_heads uint32 counters at 0 (the kernel leaves them 0)."""
+
     step: object
     q_norm: object
     k_norm: object
@@ -141,7 +146,7 @@ def rope_tail_ok(spec: dict, head_dim: int) -> bool:
     return head_dim % rows_per_group(spec) == 0
 
 
-OUT_Q8_1_MAX_ROWS = 256    # rows one workgroup holds for the q8_1 step (matvec.comp)
+OUT_Q8_1_MAX_ROWS = 256  # rows one workgroup holds for the q8_1 step (matvec.comp)
 
 
 def out_q8_1_ok(spec: dict, rows: int) -> bool:
@@ -151,7 +156,7 @@ def out_q8_1_ok(spec: dict, rows: int) -> bool:
     return rows % 32 == 0 and (g % 32 == 0 and g <= OUT_Q8_1_MAX_ROWS or 32 % g == 0)
 
 
-def regs_ok(m: "WeightMatrix", x_off: int = 0) -> bool:
+def regs_ok(m: WeightMatrix, x_off: int = 0) -> bool:
     return m.qtype.name in PAIR_TYPES and m.cols % 64 == 0 and x_off % 4 == 0
 
 
@@ -161,21 +166,19 @@ def fusable(mats: list[WeightMatrix]) -> bool:
     if len({m.cols for m in mats}) != 1:
         return False
     types = [m.qtype.name for m in mats]
-    return len(set(types)) == 1 or (len(mats) == 3 and types[0] == types[1] and
-                                    (types[0], types[2]) in MIXED_QKV_TYPES)
+    return len(set(types)) == 1 or (len(mats) == 3 and types[0] == types[1] and (types[0], types[2]) in MIXED_QKV_TYPES)
 
 
 def variant_name(qtype: QType, epilogue: str | None, int_dot, v_qtype: QType | None = None) -> str:
     """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot).
     v_qtype: the third matrix's type where it differs (a mixed QKV)."""
     atype = "f32q" if int_dot == "regs" else ("q8_1" if int_dot else "f32")
-    return matvec_name(qtype.name, atype, f"_{epilogue}" if epilogue else "",
-                       None if v_qtype is None else v_qtype.name)
+    return matvec_name(qtype.name, atype, f"_{epilogue}" if epilogue else "", None if v_qtype is None else v_qtype.name)
 
 
 def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0) -> None:
     """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32)."""
-    wg = 32                        # one invocation per block of 32 values
+    wg = 32  # one invocation per block of 32 values
     p = dev.pipeline("quantize_q8_1", WG=wg)
     cl.dispatch(p, [x, xq], groups_2d(-(-n // (32 * wg))), p.push.pack(n=n, x_off=x_off))
 
@@ -184,11 +187,29 @@ def q8_1_bytes(n: int) -> int:
     return -(-n // 32) * 40
 
 
-def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_off: int = 0,
-                  epilogue: str | None = None, res=None, res_off: int = 0, int_dot: bool = False,
-                  tokens: int = 1, x_stride: int = 0, y_stride: int = 0, spec: dict | None = None,
-                  tail: NormTail | None = None, y_q8_1=None, arrival=None, rope: RopeTail | None = None,
-                  columns: int = 1) -> None:
+def record_matvec(
+    cl,
+    dev,
+    mats: list[WeightMatrix],
+    x,
+    y,
+    *,
+    x_off: int = 0,
+    y_off: int = 0,
+    epilogue: str | None = None,
+    res=None,
+    res_off: int = 0,
+    int_dot: bool = False,
+    tokens: int = 1,
+    x_stride: int = 0,
+    y_stride: int = 0,
+    spec: dict | None = None,
+    tail: NormTail | None = None,
+    y_q8_1=None,
+    arrival=None,
+    rope: RopeTail | None = None,
+    columns: int = 1,
+) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
     epilogue: None | "add" (y = res + Wx) | "geglu" (mats = [gate, up]: y = gelu(gate x) * up x)
@@ -210,24 +231,32 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
         raise ValueError("1 to 3 matrices")
     qtype, cols = mats[0].qtype, mats[0].cols
     if not fusable(mats):
-        raise ValueError("fused matrices must share column count and type (or be a QKV whose v type "
-                         f"has a kernel: {MIXED_QKV_TYPES}), not {[m.qtype.name for m in mats]}")
+        raise ValueError(
+            "fused matrices must share column count and type (or be a QKV whose v type "
+            f"has a kernel: {MIXED_QKV_TYPES}), not {[m.qtype.name for m in mats]}"
+        )
     v_qtype = mats[2].qtype if len(mats) == 3 else None
     if v_qtype not in (None, qtype) and (epilogue not in (None, "rope") or int_dot == "regs"):
-        raise ValueError(f"a mixed-type QKV has the plain and rope epilogues, int8 from q8_1 blocks or f32 x; "
-                         f"not {epilogue!r} with int_dot={int_dot!r}")
+        raise ValueError(
+            f"a mixed-type QKV has the plain and rope epilogues, int8 from q8_1 blocks or f32 x; "
+            f"not {epilogue!r} with int_dot={int_dot!r}"
+        )
     if epilogue in ("geglu", "geglu_q8_1") and (len(mats) != 2 or mats[0].rows != mats[1].rows):
         raise ValueError("geglu takes [gate, up] of equal shape")
     spec = spec or default_spec(dev)
     if columns > 1:
         if not columns <= MAX_COLUMNS or int_dot or epilogue not in (None, "geglu") or tokens != 1:
-            raise ValueError(f"columns: 2..{MAX_COLUMNS} vectors of f32 x, plain or geglu, one token each "
-                             f"(not {columns} with int_dot={int_dot!r}, epilogue {epilogue!r}, tokens {tokens})")
+            raise ValueError(
+                f"columns: 2..{MAX_COLUMNS} vectors of f32 x, plain or geglu, one token each "
+                f"(not {columns} with int_dot={int_dot!r}, epilogue {epilogue!r}, tokens {tokens})"
+            )
         spec = columns_spec(dev, columns)
     if epilogue == "geglu_q8_1":
         if y_q8_1 is None or tokens != 1 or y_off or not out_q8_1_ok(spec, mats[0].rows):
-            raise ValueError("geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups that make "
-                             f"whole q8_1 blocks (rows {mats[0].rows}, {rows_per_group(spec)} per workgroup)")
+            raise ValueError(
+                "geglu_q8_1 takes one token at y_off 0, a y_q8_1 buffer and row groups that make "
+                f"whole q8_1 blocks (rows {mats[0].rows}, {rows_per_group(spec)} per workgroup)"
+            )
         if arrival is None and rows_per_group(spec) < 32:
             raise ValueError("geglu_q8_1 with workgroups sharing a block needs block arrival counters")
         res = y_q8_1
@@ -237,18 +266,50 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     d = dummy(dev)
     resb = res if res is not None else d
     if epilogue == "rope":
-        if (rope is None or len(mats) != 3 or tokens != 1 or y_off or any(len(m.tensor.ranges) > 1 for m in mats)
-                or not rope_tail_ok(spec, rope.head_dim)):
-            raise ValueError("the rope epilogue takes fused [q, k, v] in one binding each, one token at y_off 0, "
-                             f"a RopeTail and workgroups within one head ({rows_per_group(spec)} rows per group, "
-                             f"head_dim {None if rope is None else rope.head_dim})")
+        if (
+            rope is None
+            or len(mats) != 3
+            or tokens != 1
+            or y_off
+            or any(len(m.tensor.ranges) > 1 for m in mats)
+            or not rope_tail_ok(spec, rope.head_dim)
+        ):
+            raise ValueError(
+                "the rope epilogue takes fused [q, k, v] in one binding each, one token at y_off 0, "
+                f"a RopeTail and workgroups within one head ({rows_per_group(spec)} rows per group, "
+                f"head_dim {None if rope is None else rope.head_dim})"
+            )
         r = rope
-        push = p.push.pack(n_cols=cols, rows0=mats[0].rows, rows1=mats[1].rows, rows2=mats[2].rows, x_off=x_off,
-                           y_off=0, res_off=0, x_stride=0, y_stride=0, head_dim=r.head_dim, n_heads=r.n_heads,
-                           n_kv_heads=r.n_kv_heads, cache_slots=r.cache_slots, theta=r.theta,
-                           pos_scale=1.0 / r.scale_factor, eps=r.eps)
-        binds = [x, y, *(m.tensor.ranges[0] for m in mats), d, r.step, r.q_norm, r.k_norm, r.k_cache, r.v_cache,
-                 r.arrival]
+        push = p.push.pack(
+            n_cols=cols,
+            rows0=mats[0].rows,
+            rows1=mats[1].rows,
+            rows2=mats[2].rows,
+            x_off=x_off,
+            y_off=0,
+            res_off=0,
+            x_stride=0,
+            y_stride=0,
+            head_dim=r.head_dim,
+            n_heads=r.n_heads,
+            n_kv_heads=r.n_kv_heads,
+            cache_slots=r.cache_slots,
+            theta=r.theta,
+            pos_scale=1.0 / r.scale_factor,
+            eps=r.eps,
+        )
+        binds = [
+            x,
+            y,
+            *(m.tensor.ranges[0] for m in mats),
+            d,
+            r.step,
+            r.q_norm,
+            r.k_norm,
+            r.k_cache,
+            r.v_cache,
+            r.arrival,
+        ]
         cl.dispatch(p, binds, groups_2d(-(-sum(m.rows for m in mats) // rows_per_group(spec))), push)
         return
     if epilogue == "norm":
@@ -256,17 +317,47 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
         if tail is None or len(mats) != 1 or len(mats[0].tensor.ranges) > 1 or tokens != 1:
             raise ValueError("the norm epilogue takes one matrix in one binding, one token and a NormTail")
         m = mats[0]
-        push = p.push.pack(n_cols=cols, rows0=m.rows, rows1=0, rows2=0, x_off=x_off, y_off=y_off, res_off=0,
-                           x_stride=0, y_stride=0, eps=tail.eps, q8=int(tail.q is not None))
-        binds = [x, y, m.tensor.ranges[0], d, d, tail.residual, tail.w_post, tail.w_next, tail.out,
-                 tail.q if tail.q is not None else d, tail.arrival]
+        push = p.push.pack(
+            n_cols=cols,
+            rows0=m.rows,
+            rows1=0,
+            rows2=0,
+            x_off=x_off,
+            y_off=y_off,
+            res_off=0,
+            x_stride=0,
+            y_stride=0,
+            eps=tail.eps,
+            q8=int(tail.q is not None),
+        )
+        binds = [
+            x,
+            y,
+            m.tensor.ranges[0],
+            d,
+            d,
+            tail.residual,
+            tail.w_post,
+            tail.w_next,
+            tail.out,
+            tail.q if tail.q is not None else d,
+            tail.arrival,
+        ]
         cl.dispatch(p, binds, groups_2d(-(-m.rows // rows_per_group(spec))), push)
         return
     if len(mats) == 1 and len(mats[0].tensor.ranges) > 1:
-        for rr in mats[0].tensor.ranges:      # one dispatch per bound row range
-            push = p.push.pack(n_cols=cols, rows0=rr.rows, rows1=0, rows2=0, x_off=x_off,
-                               y_off=y_off + rr.row_start, res_off=res_off + rr.row_start,
-                               x_stride=x_stride, y_stride=y_stride)
+        for rr in mats[0].tensor.ranges:  # one dispatch per bound row range
+            push = p.push.pack(
+                n_cols=cols,
+                rows0=rr.rows,
+                rows1=0,
+                rows2=0,
+                x_off=x_off,
+                y_off=y_off + rr.row_start,
+                res_off=res_off + rr.row_start,
+                x_stride=x_stride,
+                y_stride=y_stride,
+            )
             gx, gy, _ = groups_2d(-(-rr.rows // rows_per_group(spec)))
             cl.dispatch(p, [x, y, rr, d, d, resb], (gx, gy, tokens), push)
         return
@@ -275,8 +366,17 @@ def record_matvec(cl, dev, mats: list[WeightMatrix], x, y, *, x_off: int = 0, y_
     binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
     rows = [m.rows for m in mats] + [0] * (3 - len(mats))
     total = rows[0] if epilogue in ("geglu", "geglu_q8_1") else sum(rows)
-    push = p.push.pack(n_cols=cols, rows0=rows[0], rows1=rows[1], rows2=rows[2], x_off=x_off,
-                       y_off=y_off, res_off=res_off, x_stride=x_stride, y_stride=y_stride)
+    push = p.push.pack(
+        n_cols=cols,
+        rows0=rows[0],
+        rows1=rows[1],
+        rows2=rows[2],
+        x_off=x_off,
+        y_off=y_off,
+        res_off=res_off,
+        x_stride=x_stride,
+        y_stride=y_stride,
+    )
     gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
     extra = [arrival if arrival is not None else d] if epilogue == "geglu_q8_1" else []
     cl.dispatch(p, [x, y, *binds, resb, *extra], (gx, gy, tokens), push)

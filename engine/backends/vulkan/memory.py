@@ -5,6 +5,7 @@ host-visible, so buffers are mapped and written in place with no staging copy. W
 than `maxStorageBufferRange` (lavapipe: 128 MiB; the 270M embedding table is 178 MB) live in
 one buffer and are *bound* in row ranges, each within the limit and at an aligned offset.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import OutOfMemoryError
+from phoenix_chat.engine.errors import OutOfMemoryError
 
 
 class Buffer:
@@ -23,10 +24,16 @@ class Buffer:
         self.dev = dev
         self.name = name
         self.size = max(int(nbytes), 4)
-        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-        self.handle = vk.vkCreateBuffer(dev.device, vk.VkBufferCreateInfo(
-            size=self.size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        usage = (
+            vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+        )
+        self.handle = vk.vkCreateBuffer(
+            dev.device,
+            vk.VkBufferCreateInfo(size=self.size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE),
+            None,
+        )
         req = vk.vkGetBufferMemoryRequirements(dev.device, self.handle)
         local = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
         visible = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
@@ -37,19 +44,21 @@ class Buffer:
         else:
             mtype = dev.memory_type(local, 0, req.memoryTypeBits)
         try:
-            self.memory = vk.vkAllocateMemory(dev.device, vk.VkMemoryAllocateInfo(
-                allocationSize=req.size, memoryTypeIndex=mtype), None)
+            self.memory = vk.vkAllocateMemory(
+                dev.device, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mtype), None
+            )
         except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory):
             vk.vkDestroyBuffer(dev.device, self.handle, None)
             raise OutOfMemoryError(
                 f"{dev.name}: could not allocate {self.size / 2**20:.1f} MiB for {name or 'a buffer'} "
-                f"({dev.allocated_bytes / 2**20:.0f} MiB already allocated)") from None
+                f"({dev.allocated_bytes / 2**20:.0f} MiB already allocated)"
+            ) from None
         vk.vkBindBufferMemory(dev.device, self.handle, self.memory, 0)
         flags = dev._mem_props.memoryTypes[mtype].propertyFlags
         self.host_visible = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
         self.coherent = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
         self.mapped = None
-        self.address = 0            # integer address of the mapping, for raw memmove in hot paths
+        self.address = 0  # integer address of the mapping, for raw memmove in hot paths
         if self.host_visible:
             raw = vk.vkMapMemory(dev.device, self.memory, 0, req.size, 0)
             self.mapped = np.frombuffer(raw, dtype=np.uint8, count=self.size)
@@ -65,7 +74,7 @@ class Buffer:
             raise ValueError(f"buffer {self.name!r} is not host-visible")
         itemsize = np.dtype(dtype).itemsize
         n = (self.size - offset) // itemsize if count is None else count
-        return self.mapped[offset:offset + n * itemsize].view(dtype)
+        return self.mapped[offset : offset + n * itemsize].view(dtype)
 
     def write(self, array, offset: int = 0) -> None:
         """Write through the mapping when there is one, else through the staging buffer."""
@@ -99,6 +108,7 @@ class Buffer:
 @dataclass(frozen=True)
 class RowRange:
     """Rows [row_start, row_start + rows) of a tensor, bindable as (buffer, offset, size)."""
+
     buffer: Buffer
     offset: int
     size: int
@@ -114,7 +124,7 @@ def row_ranges(rows: int, row_bytes: int, limit: int, align: int) -> list[tuple[
     """Split `rows` rows into (row_start, n) pieces of at most `limit` bytes at `align`ed offsets."""
     if rows * row_bytes <= limit:
         return [(0, rows)]
-    step = align // math.gcd(row_bytes, align)         # rows per aligned offset
+    step = align // math.gcd(row_bytes, align)  # rows per aligned offset
     per = (limit // row_bytes) // step * step
     if per == 0:
         raise ValueError(f"a row of {row_bytes} B cannot be bound within {limit} B")
@@ -132,12 +142,15 @@ class Tensor:
         self.name = name
         self.nbytes = rows * row_bytes
         limit = min(caps.max_storage_buffer_range, 1 << 31)  # keep offsets in 32-bit index math
-        self.ranges = [RowRange(buffer, r * row_bytes, n * row_bytes, r, n)
-                       for r, n in row_ranges(rows, row_bytes, limit, max(caps.min_storage_offset_alignment, 4))]
+        self.ranges = [
+            RowRange(buffer, r * row_bytes, n * row_bytes, r, n)
+            for r, n in row_ranges(rows, row_bytes, limit, max(caps.min_storage_offset_alignment, 4))
+        ]
 
     @classmethod
-    def upload(cls, dev, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "",
-               progress=None) -> "Tensor":
+    def upload(
+        cls, dev, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "", progress=None
+    ) -> Tensor:
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         rows = raw.size // row_bytes if rows is None else rows
         if rows * row_bytes != raw.size:
@@ -152,22 +165,49 @@ class Tensor:
 
 # ---- transfers ------------------------------------------------------------------------
 
+
 def _one_shot(dev, record) -> None:
     """Record `record(cmd)` into the device's transfer command buffer, submit and wait."""
     vk = dev.vk
     if not hasattr(dev, "_xfer_cmd"):
-        dev._xfer_cmd = vk.vkAllocateCommandBuffers(dev.device, vk.VkCommandBufferAllocateInfo(
-            commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        dev._xfer_cmd = vk.vkAllocateCommandBuffers(
+            dev.device,
+            vk.VkCommandBufferAllocateInfo(
+                commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1
+            ),
+        )[0]
         dev._xfer_fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
     cmd = dev._xfer_cmd
     vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-    full = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_MEMORY_WRITE_BIT,
-                              dstAccessMask=vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT)
-    vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-                            0, 1, [full], 0, None, 0, None)
+    full = vk.VkMemoryBarrier(
+        srcAccessMask=vk.VK_ACCESS_MEMORY_WRITE_BIT,
+        dstAccessMask=vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT,
+    )
+    vk.vkCmdPipelineBarrier(
+        cmd,
+        vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+        vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+        0,
+        1,
+        [full],
+        0,
+        None,
+        0,
+        None,
+    )
     record(cmd)
-    vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-                            0, 1, [full], 0, None, 0, None)
+    vk.vkCmdPipelineBarrier(
+        cmd,
+        vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+        vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+        0,
+        1,
+        [full],
+        0,
+        None,
+        0,
+        None,
+    )
     vk.vkEndCommandBuffer(cmd)
     vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], dev._xfer_fence)
     vk.vkWaitForFences(dev.device, 1, [dev._xfer_fence], vk.VK_TRUE, (1 << 64) - 1)
@@ -181,15 +221,22 @@ def upload(dev, buf: Buffer, array, offset: int = 0, progress=None) -> None:
     through the staging buffer in 64 MiB pieces. `progress(done_bytes, total_bytes)` is called
     after each piece.
     """
-    src = np.ascontiguousarray(np.asarray(array) if not isinstance(array, (bytes, bytearray, memoryview))
-                               else np.frombuffer(array, np.uint8)).reshape(-1).view(np.uint8)
+    src = (
+        np.ascontiguousarray(
+            np.asarray(array)
+            if not isinstance(array, (bytes, bytearray, memoryview))
+            else np.frombuffer(array, np.uint8)
+        )
+        .reshape(-1)
+        .view(np.uint8)
+    )
     n = src.size
     if offset + n > buf.size:
         raise ValueError(f"upload of {n} B at {offset} overflows {buf!r}")
     if buf.mapped is not None:
         step = 64 << 20
         for s in range(0, n, step):
-            buf.mapped[offset + s:offset + min(n, s + step)] = src[s:s + step]
+            buf.mapped[offset + s : offset + min(n, s + step)] = src[s : s + step]
             if progress:
                 progress(min(n, s + step), n)
         if progress and n == 0:
@@ -199,7 +246,7 @@ def upload(dev, buf: Buffer, array, offset: int = 0, progress=None) -> None:
     vk = dev.vk
     for s in range(0, n, stage.size):
         m = min(stage.size, n - s)
-        stage.mapped[:m] = src[s:s + m]
+        stage.mapped[:m] = src[s : s + m]
         region = vk.VkBufferCopy(srcOffset=0, dstOffset=offset + s, size=m)
         _one_shot(dev, lambda cmd: vk.vkCmdCopyBuffer(cmd, stage.handle, buf.handle, 1, [region]))
         if progress:
@@ -212,7 +259,7 @@ def download(dev, buf: Buffer, dtype=np.float32, shape=None, offset: int = 0) ->
     count = (buf.size - offset) // itemsize if shape is None else int(np.prod(shape))
     n = count * itemsize
     if buf.mapped is not None:
-        out = buf.mapped[offset:offset + n].copy()
+        out = buf.mapped[offset : offset + n].copy()
     else:
         stage = dev.staging()
         vk = dev.vk
@@ -221,6 +268,6 @@ def download(dev, buf: Buffer, dtype=np.float32, shape=None, offset: int = 0) ->
             m = min(stage.size, n - s)
             region = vk.VkBufferCopy(srcOffset=offset + s, dstOffset=0, size=m)
             _one_shot(dev, lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, stage.handle, 1, [region]))
-            out[s:s + m] = stage.mapped[:m]
+            out[s : s + m] = stage.mapped[:m]
     out = out.view(dtype)
     return out.reshape(shape) if shape is not None else out

@@ -8,6 +8,7 @@ one recording serves every position. With `q`, the combining workgroups also wri
 blocks of the output rows (`attention_decode_f16_f32_q8_1`), bit-identical to
 `matvec.record_quantize` of `out`, so an int8 o-proj matvec needs no quantize dispatch.
 """
+
 from __future__ import annotations
 
 
@@ -29,9 +30,28 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
     return max(1, min(want, -(-max_positions // 16)))
 
 
-def attention_decode(cl, dev, step, query, k_cache, v_cache, partial, counters, out, *, head_dim: int,
-                     n_heads: int, n_kv_heads: int, cache_slots: int, window: int, scale: float,
-                     n_splits: int, q_offset: int = 0, q=None, wg: int = 128) -> None:
+def attention_decode(
+    cl,
+    dev,
+    step,
+    query,
+    k_cache,
+    v_cache,
+    partial,
+    counters,
+    out,
+    *,
+    head_dim: int,
+    n_heads: int,
+    n_kv_heads: int,
+    cache_slots: int,
+    window: int,
+    scale: float,
+    n_splits: int,
+    q_offset: int = 0,
+    q=None,
+    wg: int = 128,
+) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos
     (q_h: row h of `query`, from q_offset). partial: partial_floats(...) * 4 bytes of scratch;
     counters: counter_words(n_kv_heads) uint32s, all 0 (the kernel leaves them 0 again, so a
@@ -47,21 +67,54 @@ def attention_decode(cl, dev, step, query, k_cache, v_cache, partial, counters, 
     if q is not None:
         name, binds = name + "_q8_1", binds + [q]
     p = dev.pipeline(name, WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
-    push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, q_offset=q_offset,
-                       cache_slots=cache_slots, window=window, scale=scale, n_splits=n_splits)
+    push = p.push.pack(
+        head_dim=head_dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        q_offset=q_offset,
+        cache_slots=cache_slots,
+        window=window,
+        scale=scale,
+        n_splits=n_splits,
+    )
     cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, 1), push=push)
 
 
-def attention_prefill(cl, dev, step, q, k_cache, v_cache, out, *, head_dim: int, n_heads: int,
-                      n_kv_heads: int, cache_slots: int, window: int, scale: float, max_tokens: int,
-                      q_stride: int | None = None, q_offset: int = 0, wg: int = 128, bq: int = 8,
-                      bc: int = 32) -> None:
+def attention_prefill(
+    cl,
+    dev,
+    step,
+    q,
+    k_cache,
+    v_cache,
+    out,
+    *,
+    head_dim: int,
+    n_heads: int,
+    n_kv_heads: int,
+    cache_slots: int,
+    window: int,
+    scale: float,
+    max_tokens: int,
+    q_stride: int | None = None,
+    q_offset: int = 0,
+    wg: int = 128,
+    bq: int = 8,
+    bc: int = 32,
+) -> None:
     """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
     (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32."""
     if head_dim > 256 or head_dim % 8 or head_dim % (2 * wg // bq) or bc % 4:
         raise ValueError(f"attention_prefill: head_dim {head_dim} unsupported with WG={wg}, BQ={bq}, BC={bc}")
     p = dev.pipeline("attention_prefill_f16_f32", WG=wg, BQ=bq, BC=bc, HD=head_dim)
-    push = p.push.pack(head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                       q_stride=n_heads * head_dim if q_stride is None else q_stride, q_offset=q_offset,
-                       cache_slots=cache_slots, window=window, scale=scale)
+    push = p.push.pack(
+        head_dim=head_dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        q_stride=n_heads * head_dim if q_stride is None else q_stride,
+        q_offset=q_offset,
+        cache_slots=cache_slots,
+        window=window,
+        scale=scale,
+    )
     cl.dispatch(p, [step, q, k_cache, v_cache, out], groups=(-(-max_tokens // bq), n_heads, 1), push=push)

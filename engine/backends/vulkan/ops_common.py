@@ -1,26 +1,30 @@
 """The step buffer's layout, defined once: `STEP` packs it on the host and generates
 `struct Step` in shaders/include/step.glsl (tools/build_shaders.py writes the file from
 `step_glsl()`; tests/vulkan/test_shaders_fresh.py fails when the two disagree)."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.vulkan.pipelines import PushLayout
+from phoenix_chat.engine.backends.vulkan.pipelines import PushLayout
 
-STEP = PushLayout("Step", [
-    ("pos", "u32", "position of the first token of this submission"),
-    ("n_tokens", "u32", "tokens in this submission (1 for decode)"),
-    ("seed", "u32", "RNG seed; the sampler hashes (seed, pos)"),
-    ("top_k", "u32", "0 = off"),
-    ("temperature", "f32", "<= 0: greedy"),
-    ("top_p", "f32", "1 = off"),
-    ("min_p", "f32", "0 = off"),
-    ("rep_penalty", "f32", "1 = off"),
-    ("rep_window", "u32", "how many earlier tokens the penalty looks at"),
-    ("flags", "u32"),
-    ("pad0", "u32"),
-    ("pad1", "u32"),
-])
+STEP = PushLayout(
+    "Step",
+    [
+        ("pos", "u32", "position of the first token of this submission"),
+        ("n_tokens", "u32", "tokens in this submission (1 for decode)"),
+        ("seed", "u32", "RNG seed; the sampler hashes (seed, pos)"),
+        ("top_k", "u32", "0 = off"),
+        ("temperature", "f32", "<= 0: greedy"),
+        ("top_p", "f32", "1 = off"),
+        ("min_p", "f32", "0 = off"),
+        ("rep_penalty", "f32", "1 = off"),
+        ("rep_window", "u32", "how many earlier tokens the penalty looks at"),
+        ("flags", "u32"),
+        ("pad0", "u32"),
+        ("pad1", "u32"),
+    ],
+)
 STEP_BYTES = STEP.size
 
 _STEP_HEADER = """\
@@ -42,13 +46,33 @@ def step_glsl() -> str:
     return _STEP_HEADER + STEP.struct_glsl() + "\n" + _STEP_FOOTER
 
 
-def pack_step(pos: int = 0, n_tokens: int = 1, seed: int = 0, top_k: int = 0, temperature: float = 0.0,
-              top_p: float = 1.0, min_p: float = 0.0, rep_penalty: float = 1.0, rep_window: int = 0,
-              flags: int = 0) -> bytes:
+def pack_step(
+    pos: int = 0,
+    n_tokens: int = 1,
+    seed: int = 0,
+    top_k: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    rep_penalty: float = 1.0,
+    rep_window: int = 0,
+    flags: int = 0,
+) -> bytes:
     """The bytes of one Step, to write into the mapped step buffer."""
-    return STEP.pack(pos=pos, n_tokens=n_tokens, seed=seed & 0xFFFFFFFF, top_k=top_k, temperature=temperature,
-                     top_p=top_p, min_p=min_p, rep_penalty=rep_penalty, rep_window=rep_window, flags=flags,
-                     pad0=0, pad1=0)
+    return STEP.pack(
+        pos=pos,
+        n_tokens=n_tokens,
+        seed=seed & 0xFFFFFFFF,
+        top_k=top_k,
+        temperature=temperature,
+        top_p=top_p,
+        min_p=min_p,
+        rep_penalty=rep_penalty,
+        rep_window=rep_window,
+        flags=flags,
+        pad0=0,
+        pad1=0,
+    )
 
 
 def write_step(step_buffer, **values) -> None:

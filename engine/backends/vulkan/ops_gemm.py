@@ -7,14 +7,15 @@ lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` s
 device gets; PHOENIX_VULKAN_COOPMAT=0 turns the matrix-core kernel off (for comparisons), and
 the backend reports the choice in stats().
 """
+
 from __future__ import annotations
 
 import os
 
-from engine.backends.vulkan.ops_table import GEMM_TYPES
+from phoenix_chat.engine.backends.vulkan.ops_table import GEMM_TYPES
 
-TILE = 64                    # gemm.comp: 64 tokens x 64 columns
-CM_TILE_M, CM_TILE_N = 64, 128   # gemm_coopmat.comp
+TILE = 64  # gemm.comp: 64 tokens x 64 columns
+CM_TILE_M, CM_TILE_N = 64, 128  # gemm_coopmat.comp
 CM_SUBGROUPS = 8
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
@@ -27,8 +28,12 @@ KERNELS = ("tiled", "coopmat", "lanes")
 
 def coopmat_ok(dev) -> bool:
     c = dev.caps
-    return (c.cooperative_matrix and os.environ.get("PHOENIX_VULKAN_COOPMAT", "1") != "0"
-            and CM_SUBGROUPS * c.subgroup_size <= c.max_workgroup_invocations and c.shared_memory >= 40 << 10)
+    return (
+        c.cooperative_matrix
+        and os.environ.get("PHOENIX_VULKAN_COOPMAT", "1") != "0"
+        and CM_SUBGROUPS * c.subgroup_size <= c.max_workgroup_invocations
+        and c.shared_memory >= 40 << 10
+    )
 
 
 def kernel(dev) -> str:
@@ -39,8 +44,9 @@ def kernel(dev) -> str:
 
 
 def path(dev) -> str:
-    return {"coopmat": "coopmat f16 x f16 -> f32", "lanes": "register-tiled f32 (CPU device)",
-            "tiled": "tiled f32"}[kernel(dev)]
+    return {"coopmat": "coopmat f16 x f16 -> f32", "lanes": "register-tiled f32 (CPU device)", "tiled": "tiled f32"}[
+        kernel(dev)
+    ]
 
 
 def _ranges(w):
@@ -48,8 +54,22 @@ def _ranges(w):
     return [(r.binding, r.row_start, r.rows) for r in w.ranges] if hasattr(w, "ranges") else None
 
 
-def gemm(cl, dev, x, w, y, *, wtype: str, m: int, n: int, k: int, x_stride: int | None = None,
-         y_stride: int | None = None, w_up=None, kernel_name: str | None = None) -> None:
+def gemm(
+    cl,
+    dev,
+    x,
+    w,
+    y,
+    *,
+    wtype: str,
+    m: int,
+    n: int,
+    k: int,
+    x_stride: int | None = None,
+    y_stride: int | None = None,
+    w_up=None,
+    kernel_name: str | None = None,
+) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
 
     `w` / `w_up`: a memory.Tensor (one dispatch per bound row range) or a plain binding of all n rows.

@@ -4,6 +4,7 @@
 `matvec.record_quantize` writes), filled by the same dispatch, for an int8 matvec that reads
 `out` next; None writes only the f32 output.
 """
+
 from __future__ import annotations
 
 
@@ -16,7 +17,7 @@ def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int =
     cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
 
 
-NORM_MAXE = 8      # elements per invocation norm_row.glsl's register path holds
+NORM_MAXE = 8  # elements per invocation norm_row.glsl's register path holds
 
 
 def add_workgroup(dev, n: int) -> int:
@@ -24,8 +25,9 @@ def add_workgroup(dev, n: int) -> int:
     return min(dev.caps.max_workgroup_invocations, max(256, 1 << (-(-n // NORM_MAXE) - 1).bit_length()))
 
 
-def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None,
-             wg: int | None = None) -> None:
+def norm_add(
+    cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None, wg: int | None = None
+) -> None:
     """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch)."""
     wg = add_workgroup(dev, n) if wg is None else wg
     name, binds = "norm_add_f32", [x, w_post, residual, w_next, out]
@@ -35,8 +37,9 @@ def norm_add(cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, ep
     cl.dispatch(p, binds, groups=(rows, 1, 1), push=p.push.pack(n=n, eps=eps))
 
 
-def norm_add_split(cl, dev, x, w_post, res_in, w_next, out, res_out, *, n: int, eps: float, q=None,
-                   wg: int | None = None) -> None:
+def norm_add_split(
+    cl, dev, x, w_post, res_in, w_next, out, res_out, *, n: int, eps: float, q=None, wg: int | None = None
+) -> None:
     """One row (decode): res_out = res_in + rmsnorm(x) * w_post;  out = rmsnorm(res_out) * w_next,
     over ceil(n / wg) workgroups instead of one (norm.comp's NORM_ADD_SPLIT says how). res_in and
     res_out must be different buffers."""

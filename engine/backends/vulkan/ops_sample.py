@@ -8,10 +8,11 @@ Each sampler dispatch reduces blocks of BLOCK logits to candidates; the last blo
 (an arrival counter) does the final pass. Both write tokens[step.pos + step.n_tokens (+ d)] and,
 with advance, set step.pos to that position and step.n_tokens to 1.
 """
+
 from __future__ import annotations
 
 BLOCK = 1024
-KC = 64           # the largest top_k served on the GPU; top_k = 0 means KC
+KC = 64  # the largest top_k served on the GPU; top_k = 0 means KC
 
 
 def scratch_bytes(vocab: int, block: int = BLOCK, kc: int = KC) -> int:
@@ -19,8 +20,24 @@ def scratch_bytes(vocab: int, block: int = BLOCK, kc: int = KC) -> int:
     return -(-vocab // block) * kc * 8
 
 
-def sample(cl, dev, step, logits, cand, counters, tokens, *, vocab: int, greedy: bool, penalty: bool = False,
-           n_draws: int = 1, advance: bool = True, wg: int = 256, block: int = BLOCK, kc: int = KC) -> None:
+def sample(
+    cl,
+    dev,
+    step,
+    logits,
+    cand,
+    counters,
+    tokens,
+    *,
+    vocab: int,
+    greedy: bool,
+    penalty: bool = False,
+    n_draws: int = 1,
+    advance: bool = True,
+    wg: int = 256,
+    block: int = BLOCK,
+    kc: int = KC,
+) -> None:
     """Draw n_draws ids from `logits` into `tokens`. cand: scratch_bytes(vocab) bytes; counters:
     one uint32, 0 (the kernel leaves it 0 again, so a recording replays as is)."""
     n_blocks = -(-vocab // block)

@@ -4,73 +4,106 @@ sampling, prefill GEMM. Merged into the one table in `pipelines.py`.
 Each push layout is defined once here; the `ops_*.py` wrappers pack them by field name.
 Binding lists and dispatch shapes are documented at the top of each shader and in the wrapper.
 """
+
 from __future__ import annotations
 
-from engine.backends.vulkan.ops_norm import NORM_MAXE
-from engine.backends.vulkan.variants import PushLayout, Variant
+from phoenix_chat.engine.backends.vulkan.ops_norm import NORM_MAXE
+from phoenix_chat.engine.backends.vulkan.variants import PushLayout, Variant
 
 EMBED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 GEMM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
-QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "F16")     # targets of --quant, made on the device
+QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "F16")  # targets of --quant, made on the device
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
 NORM_PUSH = PushLayout("norm", [("n", "u32"), ("eps", "f32")])
 # ---- QK-norm + RoPE + KV-cache write (shaders/rope.comp) ----
-ROPE_PUSH = PushLayout("rope", [
-    ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
-    ("q_stride", "u32"),       # floats from one token's q to the next
-    ("kv_stride", "u32"),      # same for k and v
-    ("q_offset", "u32"), ("k_offset", "u32"), ("v_offset", "u32"),   # floats
-    ("cache_slots", "u32"),    # position p goes to slot p % cache_slots
-    ("theta", "f32"),          # RoPE base of this layer
-    ("pos_scale", "f32"),      # 1 / linear scaling factor
-    ("eps", "f32"),
-])
+ROPE_PUSH = PushLayout(
+    "rope",
+    [
+        ("head_dim", "u32"),
+        ("n_heads", "u32"),
+        ("n_kv_heads", "u32"),
+        ("q_stride", "u32"),  # floats from one token's q to the next
+        ("kv_stride", "u32"),  # same for k and v
+        ("q_offset", "u32"),
+        ("k_offset", "u32"),
+        ("v_offset", "u32"),  # floats
+        ("cache_slots", "u32"),  # position p goes to slot p % cache_slots
+        ("theta", "f32"),  # RoPE base of this layer
+        ("pos_scale", "f32"),  # 1 / linear scaling factor
+        ("eps", "f32"),
+    ],
+)
 # ---- attention (shaders/attention.comp, attention_prefill.comp) ----
-ATTN_PUSH = PushLayout("attention", [
-    ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
-    ("q_offset", "u32"),       # floats
-    ("cache_slots", "u32"),
-    ("window", "u32"),         # 0: global layer (no window)
-    ("scale", "f32"),          # 1 / sqrt(query_pre_attn_scalar)
-    ("n_splits", "u32"),
-])
-ATTN_PREFILL_PUSH = PushLayout("attention_prefill", [
-    ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
-    ("q_stride", "u32"),       # floats from one token's q to the next
-    ("q_offset", "u32"),
-    ("cache_slots", "u32"),
-    ("window", "u32"),
-    ("scale", "f32"),
-])
+ATTN_PUSH = PushLayout(
+    "attention",
+    [
+        ("head_dim", "u32"),
+        ("n_heads", "u32"),
+        ("n_kv_heads", "u32"),
+        ("q_offset", "u32"),  # floats
+        ("cache_slots", "u32"),
+        ("window", "u32"),  # 0: global layer (no window)
+        ("scale", "f32"),  # 1 / sqrt(query_pre_attn_scalar)
+        ("n_splits", "u32"),
+    ],
+)
+ATTN_PREFILL_PUSH = PushLayout(
+    "attention_prefill",
+    [
+        ("head_dim", "u32"),
+        ("n_heads", "u32"),
+        ("n_kv_heads", "u32"),
+        ("q_stride", "u32"),  # floats from one token's q to the next
+        ("q_offset", "u32"),
+        ("cache_slots", "u32"),
+        ("window", "u32"),
+        ("scale", "f32"),
+    ],
+)
 # ---- embedding (shaders/embed.comp) ----
-EMBED_PUSH = PushLayout("embed", [
-    ("hidden", "u32"),
-    ("row_start", "u32"), ("rows", "u32"),   # the table rows this binding holds
-    ("row_bytes", "u32"),
-    ("scale", "f32"),
-])
+EMBED_PUSH = PushLayout(
+    "embed",
+    [
+        ("hidden", "u32"),
+        ("row_start", "u32"),
+        ("rows", "u32"),  # the table rows this binding holds
+        ("row_bytes", "u32"),
+        ("scale", "f32"),
+    ],
+)
 # ---- sampling (shaders/sample.comp) ----
-SAMPLE_PUSH = PushLayout("sample", [
-    ("vocab", "u32"), ("n_blocks", "u32"),
-    ("n_draws", "u32"),        # ids written to tokens[pos + n_tokens ...]; 1 when decoding
-    ("advance", "u32"),        # 1: step.pos += step.n_tokens after writing
-])
+SAMPLE_PUSH = PushLayout(
+    "sample",
+    [
+        ("vocab", "u32"),
+        ("n_blocks", "u32"),
+        ("n_draws", "u32"),  # ids written to tokens[pos + n_tokens ...]; 1 when decoding
+        ("advance", "u32"),  # 1: step.pos += step.n_tokens after writing
+    ],
+)
 # ---- prefill GEMM (shaders/gemm.comp, gemm_coopmat.comp, gemm_lanes.comp) ----
-GEMM_PUSH = PushLayout("gemm", [
-    ("m", "u32"),              # tokens (rows of x)
-    ("n", "u32"),              # output columns = weight rows in this binding
-    ("k", "u32"),              # reduction length
-    ("x_stride", "u32"), ("y_stride", "u32"),   # floats between rows
-    ("y_off", "u32"),          # column of y where this binding's rows land
-])
+GEMM_PUSH = PushLayout(
+    "gemm",
+    [
+        ("m", "u32"),  # tokens (rows of x)
+        ("n", "u32"),  # output columns = weight rows in this binding
+        ("k", "u32"),  # reduction length
+        ("x_stride", "u32"),
+        ("y_stride", "u32"),  # floats between rows
+        ("y_off", "u32"),  # column of y where this binding's rows land
+    ],
+)
 # ---- weights re-quantized on load (shaders/quantize_weights.comp) ----
-QUANTIZE_WEIGHTS_PUSH = PushLayout("quantize_weights", [
-    ("n", "u32"),              # source values in this dispatch
-    ("src_kind", "u32"),       # 0 f32, 1 f16, 2 bf16
-    ("dst_off", "u32"),        # 16-bit words into the destination binding
-])
+QUANTIZE_WEIGHTS_PUSH = PushLayout(
+    "quantize_weights",
+    [
+        ("n", "u32"),  # source values in this dispatch
+        ("src_kind", "u32"),  # 0 f32, 1 f16, 2 bf16
+        ("dst_off", "u32"),  # 16-bit words into the destination binding
+    ],
+)
 
 
 def _variants() -> list[Variant]:
@@ -84,44 +117,91 @@ def _variants() -> list[Variant]:
         Variant("norm_add_f32", "norm.comp", 5, NORM_PUSH, {"NORM_ADD": None, **maxe}, norm_spec),
         # + q8_1 blocks of `out` for an int8 matvec: its quantize dispatch folded in
         Variant("norm_f32_q8_1", "norm.comp", 4, NORM_PUSH, {"NORM_Q8_1": None, **maxe}, norm_spec),
-        Variant("norm_add_f32_q8_1", "norm.comp", 6, NORM_PUSH, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe},
-                norm_spec),
+        Variant(
+            "norm_add_f32_q8_1", "norm.comp", 6, NORM_PUSH, {"NORM_ADD": None, "NORM_Q8_1": None, **maxe}, norm_spec
+        ),
         # decode (one row): spread over ceil(n / WG) workgroups, residual in -> residual out
         Variant("norm_add_split_f32", "norm.comp", 6, NORM_PUSH, {"NORM_ADD_SPLIT": None, **maxe}, norm_spec),
-        Variant("norm_add_split_f32_q8_1", "norm.comp", 7, NORM_PUSH,
-                {"NORM_ADD_SPLIT": None, "NORM_Q8_1": None, **maxe}, norm_spec),
+        Variant(
+            "norm_add_split_f32_q8_1",
+            "norm.comp",
+            7,
+            NORM_PUSH,
+            {"NORM_ADD_SPLIT": None, "NORM_Q8_1": None, **maxe},
+            norm_spec,
+        ),
         Variant("rope_f32_f16", "rope.comp", 8, ROPE_PUSH, {}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, ATTN_PUSH, {}, attn_spec),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
         Variant("attention_decode_f16_f32_q8_1", "attention.comp", 8, ATTN_PUSH, {"ATTN_Q8_1": None}, attn_spec),
-        Variant("attention_prefill_f16_f32", "attention_prefill.comp", 5, ATTN_PREFILL_PUSH, {},
-                {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)}),
+        Variant(
+            "attention_prefill_f16_f32",
+            "attention_prefill.comp",
+            5,
+            ATTN_PREFILL_PUSH,
+            {},
+            {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)},
+        ),
     ]
     for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, SAMPLE_PUSH, {define: None}, sample_spec))
     for wt in EMBED_TYPES:
-        v.append(Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None},
-                         {"WG": (0, 256)}))
+        v.append(
+            Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None}, {"WG": (0, 256)})
+        )
     for wt in GEMM_TYPES:
         base = {"WTYPE_" + wt: None}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32", "gemm.comp", 3, GEMM_PUSH, base))
-        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH,
-                         {**base, "GEMM_GEGLU": None}))
+        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_coopmat", "gemm_coopmat.comp", 3, GEMM_PUSH, base, cm,
-                         requires=("cooperative_matrix",)))
-        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_coopmat", "gemm_coopmat.comp", 4, GEMM_PUSH,
-                         {**base, "GEMM_GEGLU": None}, cm, requires=("cooperative_matrix",)))
+        v.append(
+            Variant(
+                f"gemm_{wt.lower()}_f32_f32_coopmat",
+                "gemm_coopmat.comp",
+                3,
+                GEMM_PUSH,
+                base,
+                cm,
+                requires=("cooperative_matrix",),
+            )
+        )
+        v.append(
+            Variant(
+                f"gemm_{wt.lower()}_f32_f32_geglu_coopmat",
+                "gemm_coopmat.comp",
+                4,
+                GEMM_PUSH,
+                {**base, "GEMM_GEGLU": None},
+                cm,
+                requires=("cooperative_matrix",),
+            )
+        )
         # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory
         lanes = {"WG": (0, 8), "RN": (1, 16), "TM": (2, 16)}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_lanes", "gemm_lanes.comp", 3, GEMM_PUSH, base, lanes))
-        v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu_lanes", "gemm_lanes.comp", 4, GEMM_PUSH,
-                         {**base, "GEMM_GEGLU": None}, lanes))
+        v.append(
+            Variant(
+                f"gemm_{wt.lower()}_f32_f32_geglu_lanes",
+                "gemm_lanes.comp",
+                4,
+                GEMM_PUSH,
+                {**base, "GEMM_GEGLU": None},
+                lanes,
+            )
+        )
     for out in QUANTIZE_WEIGHT_TYPES:
-        v.append(Variant(f"quantize_weights_{out.lower()}", "quantize_weights.comp", 2, QUANTIZE_WEIGHTS_PUSH,
-                         {"OUT_" + out: None}, {"WG": (0, 64)}))
+        v.append(
+            Variant(
+                f"quantize_weights_{out.lower()}",
+                "quantize_weights.comp",
+                2,
+                QUANTIZE_WEIGHTS_PUSH,
+                {"OUT_" + out: None},
+                {"WG": (0, 64)},
+            )
+        )
     return v
 
 

@@ -10,14 +10,14 @@ kernel families (norm, rope, attention, embedding, sampling, GEMM) are declared 
 as `VARIANTS: list[Variant]` and merged into the one table below. The table holds product kernels
 only: `bench/` registers its probe kernels on a device with `Device.register_variants`.
 """
+
 from __future__ import annotations
 
 import struct
 
-from engine.backends.vulkan import ops_table
-from engine.backends.vulkan.ops_norm import NORM_MAXE
-from engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant  # noqa: F401  (MAX_PUSH_BYTES re-exported)
-
+from phoenix_chat.engine.backends.vulkan import ops_table
+from phoenix_chat.engine.backends.vulkan.ops_norm import NORM_MAXE
+from phoenix_chat.engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant  # noqa: F401  (MAX_PUSH_BYTES re-exported)
 
 # ---- the matvec family ------------------------------------------------------------------
 #
@@ -34,43 +34,61 @@ from engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant 
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
-INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")   # types with an int8 x int8 dot-product kernel
-PAIR_TYPES = ("Q8_0", "Q4_0")                 # block-pair kernels (n_cols % 64 == 0)
+INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")  # types with an int8 x int8 dot-product kernel
+PAIR_TYPES = ("Q8_0", "Q4_0")  # block-pair kernels (n_cols % 64 == 0)
 # (q/k type, v type) of a fused QKV whose v differs: what llama.cpp's Q4_K_M makes of Gemma 3
 # (rows of 640 / 1152 are no whole K-quant super-blocks: Q5_0 q/k, Q8_0 v; else Q6_K v beside Q4_K)
 MIXED_QKV_TYPES = (("Q5_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K"))
 
-MATVEC_PUSH = PushLayout("matvec", [
-    ("n_cols", "u32"),         # K: length of x
-    ("rows0", "u32"),          # rows taken from W0 (then W1, W2)
-    ("rows1", "u32"),
-    ("rows2", "u32"),
-    ("x_off", "u32"),          # element offset of x (f32 path) / block offset (int8 path)
-    ("y_off", "u32"),          # element offset of y
-    ("res_off", "u32"),        # element offset of the residual
-    ("x_stride", "u32"),       # per token (workgroup z): elements (f32) / blocks (q8_1) of x
-    ("y_stride", "u32"),       # per token: elements of y and of the residual
-])
-MATVEC_NORM_PUSH = PushLayout("matvec_norm", MATVEC_PUSH.fields + [
-    ("eps", "f32"),            # RMSNorm epsilon of the norm tail
-    ("q8", "u32"),             # 1: the tail also writes q8_1 blocks of h (binding 9)
-])
-MATVEC_ROPE_PUSH = PushLayout("matvec_rope", MATVEC_PUSH.fields + [
-    ("head_dim", "u32"), ("n_heads", "u32"), ("n_kv_heads", "u32"),
-    ("cache_slots", "u32"),    # position p goes to slot p % cache_slots
-    ("theta", "f32"),          # RoPE base of this layer
-    ("pos_scale", "f32"),      # 1 / linear scaling factor
-    ("eps", "f32"),            # QK-norm epsilon
-])
+MATVEC_PUSH = PushLayout(
+    "matvec",
+    [
+        ("n_cols", "u32"),  # K: length of x
+        ("rows0", "u32"),  # rows taken from W0 (then W1, W2)
+        ("rows1", "u32"),
+        ("rows2", "u32"),
+        ("x_off", "u32"),  # element offset of x (f32 path) / block offset (int8 path)
+        ("y_off", "u32"),  # element offset of y
+        ("res_off", "u32"),  # element offset of the residual
+        ("x_stride", "u32"),  # per token (workgroup z): elements (f32) / blocks (q8_1) of x
+        ("y_stride", "u32"),  # per token: elements of y and of the residual
+    ],
+)
+MATVEC_NORM_PUSH = PushLayout(
+    "matvec_norm",
+    MATVEC_PUSH.fields
+    + [
+        ("eps", "f32"),  # RMSNorm epsilon of the norm tail
+        ("q8", "u32"),  # 1: the tail also writes q8_1 blocks of h (binding 9)
+    ],
+)
+MATVEC_ROPE_PUSH = PushLayout(
+    "matvec_rope",
+    MATVEC_PUSH.fields
+    + [
+        ("head_dim", "u32"),
+        ("n_heads", "u32"),
+        ("n_kv_heads", "u32"),
+        ("cache_slots", "u32"),  # position p goes to slot p % cache_slots
+        ("theta", "f32"),  # RoPE base of this layer
+        ("pos_scale", "f32"),  # 1 / linear scaling factor
+        ("eps", "f32"),  # QK-norm epsilon
+    ],
+)
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0), "NCOLS": (4, 1)}
 
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
 
 # epilogue suffix -> its defines (the norm tail's row length per invocation comes from ops_norm)
-_EPILOGUES = (("", {}), ("_add", {"EPI_ADD": None}), ("_geglu", {"EPI_GEGLU": None}),
-              ("_geglu_q8_1", {"EPI_GEGLU": None, "OUT_Q8_1": None}),
-              ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}), ("_rope", {"EPI_ROPE": None}))
+_EPILOGUES = (
+    ("", {}),
+    ("_add", {"EPI_ADD": None}),
+    ("_geglu", {"EPI_GEGLU": None}),
+    ("_geglu_q8_1", {"EPI_GEGLU": None, "OUT_Q8_1": None}),
+    ("_norm", {"EPI_NORM": None, "NORM_MAXE": NORM_MAXE}),
+    ("_rope", {"EPI_ROPE": None}),
+)
 
 
 def matvec_name(wtype: str, atype: str, suffix: str = "", v_type: str | None = None) -> str:
@@ -80,7 +98,7 @@ def matvec_name(wtype: str, atype: str, suffix: str = "", v_type: str | None = N
     return f"matvec_{wtype.lower()}{v}_{atype}_f32{suffix}"
 
 
-def _matvec_layout(suffix: str) -> tuple[int, "PushLayout"]:
+def _matvec_layout(suffix: str) -> tuple[int, PushLayout]:
     """(bindings, push layout) of a matvec epilogue."""
     if suffix == "_norm":
         return 11, MATVEC_NORM_PUSH
@@ -95,29 +113,53 @@ def _matvec_variants() -> list[Variant]:
         base = {"WTYPE_" + wt: None}
         for suffix, extra in _EPILOGUES:
             nb, push = _matvec_layout(suffix)
-            out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push, {**base, **extra},
-                               MATVEC_SPEC))
+            out.append(Variant(matvec_name(wt, "f32", suffix), "matvec.comp", nb, push, {**base, **extra}, MATVEC_SPEC))
         if wt in INT_DOT_TYPES:
             for suffix, extra in _EPILOGUES:
                 nb, push = _matvec_layout(suffix)
-                out.append(Variant(matvec_name(wt, "q8_1", suffix), "matvec.comp", nb, push,
-                                   {**base, "INT_DOT": None, **extra}, MATVEC_SPEC,
-                                   requires=("int_dot",)))
-                if wt in PAIR_TYPES:   # f32 x quantized in registers: no quantize dispatch
-                    out.append(Variant(matvec_name(wt, "f32q", suffix), "matvec.comp", nb, push,
-                                       {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra}, MATVEC_SPEC,
-                                       requires=("int_dot",)))
-    for qk, v in MIXED_QKV_TYPES:          # fused QKV with v of its own type: plain and rope epilogues
+                out.append(
+                    Variant(
+                        matvec_name(wt, "q8_1", suffix),
+                        "matvec.comp",
+                        nb,
+                        push,
+                        {**base, "INT_DOT": None, **extra},
+                        MATVEC_SPEC,
+                        requires=("int_dot",),
+                    )
+                )
+                if wt in PAIR_TYPES:  # f32 x quantized in registers: no quantize dispatch
+                    out.append(
+                        Variant(
+                            matvec_name(wt, "f32q", suffix),
+                            "matvec.comp",
+                            nb,
+                            push,
+                            {**base, "INT_DOT": None, "QUANT_IN_REGS": None, **extra},
+                            MATVEC_SPEC,
+                            requires=("int_dot",),
+                        )
+                    )
+    for qk, v in MIXED_QKV_TYPES:  # fused QKV with v of its own type: plain and rope epilogues
         base = {"WTYPE_" + qk: None, "MIXED_V": None, "V_WTYPE_" + v: None}
         for suffix, extra in _EPILOGUES:
             if suffix not in ("", "_rope"):
                 continue
             nb, push = _matvec_layout(suffix)
-            out.append(Variant(matvec_name(qk, "f32", suffix, v), "matvec.comp", nb, push, {**base, **extra},
-                               MATVEC_SPEC))
-            out.append(Variant(matvec_name(qk, "q8_1", suffix, v), "matvec.comp", nb, push,
-                               {**base, "INT_DOT": None, **extra},
-                               MATVEC_SPEC, requires=("int_dot",)))
+            out.append(
+                Variant(matvec_name(qk, "f32", suffix, v), "matvec.comp", nb, push, {**base, **extra}, MATVEC_SPEC)
+            )
+            out.append(
+                Variant(
+                    matvec_name(qk, "q8_1", suffix, v),
+                    "matvec.comp",
+                    nb,
+                    push,
+                    {**base, "INT_DOT": None, **extra},
+                    MATVEC_SPEC,
+                    requires=("int_dot",),
+                )
+            )
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     return out
@@ -138,6 +180,7 @@ VARIANTS: dict[str, Variant] = _all_variants()
 
 # ---- run-time pipelines ---------------------------------------------------------------------
 
+
 class Pipeline:
     """A VkPipeline with its layouts; `push` is the variant's PushLayout."""
 
@@ -156,18 +199,36 @@ class Pipeline:
             code = variant.spv_path.read_bytes()
         except FileNotFoundError:
             raise RuntimeError(f"{variant.spv_path} is missing: run `make shaders`") from None
-        self.module = vk.vkCreateShaderModule(dev.device, vk.VkShaderModuleCreateInfo(
-            codeSize=len(code), pCode=code), None)
-        binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                 descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                 for i in range(variant.bindings)]
-        self.set_layout = vk.vkCreateDescriptorSetLayout(dev.device, vk.VkDescriptorSetLayoutCreateInfo(
-            bindingCount=len(binds), pBindings=binds), None)
-        ranges = ([vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
-                                          size=variant.push.size)] if variant.push.size else [])
-        self.layout = vk.vkCreatePipelineLayout(dev.device, vk.VkPipelineLayoutCreateInfo(
-            setLayoutCount=1, pSetLayouts=[self.set_layout],
-            pushConstantRangeCount=len(ranges), pPushConstantRanges=ranges or None), None)
+        self.module = vk.vkCreateShaderModule(
+            dev.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None
+        )
+        binds = [
+            vk.VkDescriptorSetLayoutBinding(
+                binding=i,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            )
+            for i in range(variant.bindings)
+        ]
+        self.set_layout = vk.vkCreateDescriptorSetLayout(
+            dev.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(binds), pBindings=binds), None
+        )
+        ranges = (
+            [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=variant.push.size)]
+            if variant.push.size
+            else []
+        )
+        self.layout = vk.vkCreatePipelineLayout(
+            dev.device,
+            vk.VkPipelineLayoutCreateInfo(
+                setLayoutCount=1,
+                pSetLayouts=[self.set_layout],
+                pushConstantRangeCount=len(ranges),
+                pPushConstantRanges=ranges or None,
+            ),
+            None,
+        )
         entries, data = [], b""
         for sname, (cid, _default) in sorted(variant.spec.items(), key=lambda kv: kv[1][0]):
             entries.append(vk.VkSpecializationMapEntry(constantID=cid, offset=len(data), size=4))
@@ -175,12 +236,15 @@ class Pipeline:
         spec_info = None
         if entries:
             self._spec_data = vk.ffi.new("char[]", data)
-            spec_info = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
-                                                dataSize=len(data), pData=self._spec_data)
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
-                                                   pName="main", pSpecializationInfo=spec_info)
-        self.handle = vk.vkCreateComputePipelines(dev.device, None, 1, [vk.VkComputePipelineCreateInfo(
-            stage=stage, layout=self.layout)], None)[0]
+            spec_info = vk.VkSpecializationInfo(
+                mapEntryCount=len(entries), pMapEntries=entries, dataSize=len(data), pData=self._spec_data
+            )
+        stage = vk.VkPipelineShaderStageCreateInfo(
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName="main", pSpecializationInfo=spec_info
+        )
+        self.handle = vk.vkCreateComputePipelines(
+            dev.device, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None
+        )[0]
 
     def destroy(self) -> None:
         vk, d = self.dev.vk, self.dev.device

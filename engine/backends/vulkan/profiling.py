@@ -5,6 +5,7 @@ bench/profile.py) and the details `stats()` reports.
 Per-op timing needs no second graph: the graph calls `mark` at every barrier, which also writes
 a timestamp labelled with the op it closes when the command list was recorded for profiling.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backends.vulkan import ops_gemm
-from engine.backends.vulkan.ops_common import write_step
-from engine.backends.vulkan.plan import PREFILL_CHUNK
+from phoenix_chat.engine.backends.vulkan import ops_gemm
+from phoenix_chat.engine.backends.vulkan.ops_common import write_step
+from phoenix_chat.engine.backends.vulkan.plan import PREFILL_CHUNK
 
 
 def mark(cl, label: str) -> None:
@@ -33,7 +34,7 @@ class BusyGauge:
 
     def __init__(self, has_timestamps: bool):
         self.has_timestamps = has_timestamps
-        self._busy: deque = deque()      # (host time at completion, GPU seconds) per command list
+        self._busy: deque = deque()  # (host time at completion, GPU seconds) per command list
 
     def account(self, cl) -> None:
         """After a wait: remember how long the GPU worked on `cl`."""
@@ -55,6 +56,7 @@ class BusyGauge:
 class HostTime:
     """Host seconds the decode loop spent outside fence waits (submitting, reading ids), per
     token: what Python costs a token. The bench resets it after its warm-up."""
+
     seconds: float = 0.0
     tokens: int = 0
 
@@ -80,7 +82,7 @@ def profile_step(backend, tokens: int = 1) -> dict:
     mode = "sample" if tokens == 1 else "last"
     cl = backend.graph.record(tokens, mode, greedy=True, penalty=False, profile=True)
     backend.buffers.tokens_view[:tokens] = backend.config.bos_token_id
-    for _ in range(3):        # the first runs warm clocks and caches
+    for _ in range(3):  # the first runs warm clocks and caches
         write_step(backend.buffers.step, pos=0, n_tokens=tokens)
         cl.submit()
     ts = np.diff(cl.timestamps_ns(len(cl.profile_labels) + 1)) / 1e3

@@ -6,11 +6,12 @@ wrappers (it happens once per model and context); `submit`/`wait` use raw `vk.li
 cdata built at `end()`, so replaying a recorded token step costs microseconds of Python and
 allocates nothing.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.vulkan.memory import Buffer, RowRange
+from phoenix_chat.engine.backends.vulkan.memory import Buffer, RowRange
 
 _SETS_PER_POOL = 512
 _DESCRIPTORS_PER_POOL = 512 * 8
@@ -21,8 +22,12 @@ class CommandList:
         vk = dev.vk
         self.dev = dev
         self.name = name
-        self.cmd = vk.vkAllocateCommandBuffers(dev.device, vk.VkCommandBufferAllocateInfo(
-            commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self.cmd = vk.vkAllocateCommandBuffers(
+            dev.device,
+            vk.VkCommandBufferAllocateInfo(
+                commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1
+            ),
+        )[0]
         self.fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
         self._pools = []
         self._new_pool()
@@ -31,8 +36,9 @@ class CommandList:
         if timestamps:
             if not dev.caps.timestamp_bits:
                 raise RuntimeError(f"{dev.name}: the compute queue has no timestamps")
-            self.query_pool = vk.vkCreateQueryPool(dev.device, vk.VkQueryPoolCreateInfo(
-                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=timestamps), None)
+            self.query_pool = vk.vkCreateQueryPool(
+                dev.device, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=timestamps), None
+            )
         self.dispatches = 0
         self.barriers = 0
         self._last_pipeline = None
@@ -45,10 +51,14 @@ class CommandList:
     # ---- recording ----
     def _new_pool(self):
         vk = self.dev.vk
-        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       descriptorCount=_DESCRIPTORS_PER_POOL)
-        self._pools.append(vk.vkCreateDescriptorPool(self.dev.device, vk.VkDescriptorPoolCreateInfo(
-            maxSets=_SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]), None))
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=_DESCRIPTORS_PER_POOL)
+        self._pools.append(
+            vk.vkCreateDescriptorPool(
+                self.dev.device,
+                vk.VkDescriptorPoolCreateInfo(maxSets=_SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]),
+                None,
+            )
+        )
         self._sets_in_pool = 0
         self._descs_in_pool = 0
 
@@ -57,7 +67,7 @@ class CommandList:
         vk = self.dev.vk
         if self._pending:
             self.wait()
-        if self._ended:   # re-record: drop the old descriptor sets
+        if self._ended:  # re-record: drop the old descriptor sets
             vk.vkResetCommandBuffer(self.cmd, 0)
             for p in self._pools:
                 vk.vkDestroyDescriptorPool(self.dev.device, p, None)
@@ -79,8 +89,12 @@ class CommandList:
             self._new_pool()
         self._sets_in_pool += 1
         self._descs_in_pool += n
-        return vk.vkAllocateDescriptorSets(self.dev.device, vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=self._pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
+        return vk.vkAllocateDescriptorSets(
+            self.dev.device,
+            vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self._pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]
+            ),
+        )[0]
 
     @staticmethod
     def _binding(b) -> tuple[Buffer, int, int]:
@@ -113,22 +127,29 @@ class CommandList:
                     raise ValueError(f"{pipeline.name} binding {i}: offset {off} is not aligned")
                 if size > self.dev.caps.max_storage_buffer_range:
                     raise ValueError(f"{pipeline.name} binding {i}: {size} B exceeds maxStorageBufferRange")
-                infos.append(vk.VkWriteDescriptorSet(
-                    dstSet=dset, dstBinding=i, descriptorCount=1,
-                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=buf.handle, offset=off, range=size)]))
+                infos.append(
+                    vk.VkWriteDescriptorSet(
+                        dstSet=dset,
+                        dstBinding=i,
+                        descriptorCount=1,
+                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                        pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=buf.handle, offset=off, range=size)],
+                    )
+                )
             vk.vkUpdateDescriptorSets(self.dev.device, len(infos), infos, 0, None)
         if self._last_pipeline is not pipeline:
             vk.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
             self._last_pipeline = pipeline
         if dset is not None:
-            vk.vkCmdBindDescriptorSets(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
-                                       0, 1, [dset], 0, None)
+            vk.vkCmdBindDescriptorSets(
+                self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, [dset], 0, None
+            )
         if pipeline.push.size:
             if push is None or len(push) != pipeline.push.size:
                 raise ValueError(f"{pipeline.name} needs {pipeline.push.size} B of push constants")
-            vk.vkCmdPushConstants(self.cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
-                                  self.dev.ffi.from_buffer(push))
+            vk.vkCmdPushConstants(
+                self.cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push), self.dev.ffi.from_buffer(push)
+            )
         vk.vkCmdDispatch(self.cmd, *groups)
         self.dispatches += 1
 
@@ -137,20 +158,29 @@ class CommandList:
         transfer=False: compute shaders only (nothing but dispatches on either side)."""
         vk = self.dev.vk
         xfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT if transfer else 0
-        stages = (vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT if all_commands else
-                  vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | xfer)
+        stages = (
+            vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT if all_commands else vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | xfer
+        )
         mb = vk.VkMemoryBarrier(
-            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | (vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT
+            | (vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
             | (vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT if all_commands else 0),
-            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-            | (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0))
+            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+            | vk.VK_ACCESS_SHADER_WRITE_BIT
+            | (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0),
+        )
         vk.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
         self.barriers += 1
 
     def copy(self, src, dst, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         vk = self.dev.vk
-        vk.vkCmdCopyBuffer(self.cmd, src.handle, dst.handle, 1,
-                           [vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)])
+        vk.vkCmdCopyBuffer(
+            self.cmd,
+            src.handle,
+            dst.handle,
+            1,
+            [vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)],
+        )
 
     def fill(self, buf, value: int = 0, offset: int = 0, nbytes: int | None = None) -> None:
         """Fill with a 32-bit pattern (`nbytes` a multiple of 4)."""
@@ -161,12 +191,13 @@ class CommandList:
         vk = self.dev.vk
         vk.vkCmdWriteTimestamp(self.cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, index)
 
-    def end(self) -> "CommandList":
+    def end(self) -> CommandList:
         vk, ffi = self.dev.vk, self.dev.ffi
         # make the last writes visible to host reads after the fence
         mb = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_MEMORY_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
-        vk.vkCmdPipelineBarrier(self.cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
-                                0, 1, [mb], 0, None, 0, None)
+        vk.vkCmdPipelineBarrier(
+            self.cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [mb], 0, None, 0, None
+        )
         vk.vkEndCommandBuffer(self.cmd)
         self._recording = False
         self._ended = True
@@ -217,8 +248,16 @@ class CommandList:
         vk, ffi = self.dev.vk, self.dev.ffi
         n = self.n_timestamps if count is None else count
         data = ffi.new("uint64_t[]", n)
-        r = self.dev.lib.vkGetQueryPoolResults(self.dev.device, self.query_pool, 0, n, n * 8, data, 8,
-                                               vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        r = self.dev.lib.vkGetQueryPoolResults(
+            self.dev.device,
+            self.query_pool,
+            0,
+            n,
+            n * 8,
+            data,
+            8,
+            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+        )
         if r:
             raise vk.exception_codes[r]
         ticks = np.frombuffer(ffi.buffer(data, n * 8), dtype=np.uint64).astype(np.float64)

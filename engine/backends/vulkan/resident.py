@@ -1,6 +1,7 @@
 """What lives on the device for a loaded model: its weights, uploaded once in their target
 types (`upload_weights`), and the KV caches, activations and scratch every recording binds
 (`allocate_buffers`), sized by the memory plan."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,31 +10,44 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from engine.backends.vulkan import ops_attention, ops_sample
-from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.matvec import SUPPORTED, WeightMatrix, q8_1_bytes
-from engine.backends.vulkan.memory import Buffer, Tensor
-from engine.backends.vulkan.ops_common import STEP_BYTES
-from engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
-from engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, MemoryPlan
-from engine.config import ModelConfig
-from engine.errors import UnsupportedModelError
-from engine.weights.base import WeightSource
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
+from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.matvec import SUPPORTED, WeightMatrix, q8_1_bytes
+from phoenix_chat.engine.backends.vulkan.memory import Buffer, Tensor
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
+from phoenix_chat.engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
+from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, MemoryPlan
+from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import UnsupportedModelError
+from phoenix_chat.engine.weights.base import WeightSource
 
-MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-         "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+MATRICES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+)
 
 
 @dataclass
 class Layer:
-    qkv: list             # [q, k, v] WeightMatrix
+    qkv: list  # [q, k, v] WeightMatrix
     o: WeightMatrix
     gate: WeightMatrix
     up: WeightMatrix
     down: WeightMatrix
-    norms: dict           # name -> Buffer (f32 multipliers)
+    norms: dict  # name -> Buffer (f32 multipliers)
     k_cache: Buffer
     v_cache: Buffer
     slots: int
@@ -44,13 +58,14 @@ class Layer:
 class DeviceWeights:
     embed_table: Tensor
     embed_type: QType
-    lm_head: WeightMatrix     # the embedding's matrix where tied
+    lm_head: WeightMatrix  # the embedding's matrix where tied
     final_norm: Buffer
     layers: list[Layer]
 
 
-def upload_weights(dev: Device, weights: WeightSource, plan: MemoryPlan,
-                   progress: Callable | None = None) -> DeviceWeights:
+def upload_weights(
+    dev: Device, weights: WeightSource, plan: MemoryPlan, progress: Callable | None = None
+) -> DeviceWeights:
     """Every tensor on the device (and each layer's KV cache beside its weights)."""
     cfg = weights.config
     total = len(weights.tensors)
@@ -87,15 +102,26 @@ def upload_weights(dev: Device, weights: WeightSource, plan: MemoryPlan,
             norms[short] = _norm(dev, weights, p + short)
             tick(p + short)
         if mats["mlp.gate_proj"].qtype != mats["mlp.up_proj"].qtype:
-            raise UnsupportedModelError(weights.path, f"layer {i}: gate and up projections differ in type "
-                                        "(the fused GEGLU kernel needs one type): load with --quant")
+            raise UnsupportedModelError(
+                weights.path,
+                f"layer {i}: gate and up projections differ in type "
+                "(the fused GEGLU kernel needs one type): load with --quant",
+            )
         kv_bytes = cfg.num_kv_heads * plan.slots[i] * cfg.head_dim * 2
-        layers.append(Layer(
-            qkv=[mats["self_attn.q_proj"], mats["self_attn.k_proj"], mats["self_attn.v_proj"]],
-            o=mats["self_attn.o_proj"], gate=mats["mlp.gate_proj"], up=mats["mlp.up_proj"],
-            down=mats["mlp.down_proj"], norms=norms,
-            k_cache=dev.buffer(kv_bytes, name=f"k_cache.{i}"), v_cache=dev.buffer(kv_bytes, name=f"v_cache.{i}"),
-            slots=plan.slots[i], is_global=cfg.is_global_layer(i)))
+        layers.append(
+            Layer(
+                qkv=[mats["self_attn.q_proj"], mats["self_attn.k_proj"], mats["self_attn.v_proj"]],
+                o=mats["self_attn.o_proj"],
+                gate=mats["mlp.gate_proj"],
+                up=mats["mlp.up_proj"],
+                down=mats["mlp.down_proj"],
+                norms=norms,
+                k_cache=dev.buffer(kv_bytes, name=f"k_cache.{i}"),
+                v_cache=dev.buffer(kv_bytes, name=f"v_cache.{i}"),
+                slots=plan.slots[i],
+                is_global=cfg.is_global_layer(i),
+            )
+        )
     return DeviceWeights(emb.tensor, emb.qtype, lm_head, final_norm, layers)
 
 
@@ -130,20 +156,21 @@ def _norm(dev: Device, weights: WeightSource, name: str) -> Buffer:
 class Buffers:
     """The per-forward buffers: f32 rows for up to PREFILL_CHUNK tokens, q8_1 blocks for the
     int8 matvecs, the step/token buffers the host writes, and the kernels' arrival counters."""
-    step: Buffer              # one Step (ops_common.STEP), host-mapped
-    tokens: Buffer            # uint id per position, host-mapped
+
+    step: Buffer  # one Step (ops_common.STEP), host-mapped
+    tokens: Buffer  # uint id per position, host-mapped
     tokens_view: np.ndarray
-    x: Buffer                 # the residual stream
-    x_alt: Buffer             # decode's split norm_add reads the residual from one buffer and writes the other
+    x: Buffer  # the residual stream
+    x_alt: Buffer  # decode's split norm_add reads the residual from one buffer and writes the other
     h: Buffer
     o: Buffer
     qkv: Buffer
     attn: Buffer
     mlp: Buffer
-    xq: Buffer                # q8_1 of whatever a quantize dispatch quantized
-    hq: Buffer                # q8_1 of h, from the norms
-    attnq: Buffer             # q8_1 of attn, from decode attention
-    mlpq: Buffer              # q8_1 of mlp, from the GEGLU
+    xq: Buffer  # q8_1 of whatever a quantize dispatch quantized
+    hq: Buffer  # q8_1 of h, from the norms
+    attnq: Buffer  # q8_1 of attn, from decode attention
+    mlpq: Buffer  # q8_1 of mlp, from the GEGLU
     block_arrival: Buffer
     mv_arrival: Buffer
     logits: Buffer
@@ -152,8 +179,9 @@ class Buffers:
     counters: Buffer
 
 
-def allocate_buffers(dev: Device, cfg: ModelConfig, plan: MemoryPlan, context_length: int,
-                     layers: list[Layer]) -> Buffers:
+def allocate_buffers(
+    dev: Device, cfg: ModelConfig, plan: MemoryPlan, context_length: int, layers: list[Layer]
+) -> Buffers:
     """Every buffer a recording binds besides the weights; zeroes the KV caches and counters."""
     T = PREFILL_CHUNK
     f = 4
@@ -173,14 +201,16 @@ def allocate_buffers(dev: Device, cfg: ModelConfig, plan: MemoryPlan, context_le
     mlpq = dev.buffer(q8_1_bytes(cfg.intermediate_size), name="mlpq")
     # arrival counters (left at 0) of the GEGLU's q8_1 blocks (workgroups sharing a block) and
     # of the QKV matvec's heads (rope epilogue); barriers separate the two uses
-    block_arrival = dev.buffer(4 * max(-(-cfg.intermediate_size // 32), cfg.num_heads + 2 * cfg.num_kv_heads),
-                               name="block_arrival")
+    block_arrival = dev.buffer(
+        4 * max(-(-cfg.intermediate_size // 32), cfg.num_heads + 2 * cfg.num_kv_heads), name="block_arrival"
+    )
     # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
     mv_arrival = dev.buffer(16, name="matvec_arrival")
     dev.upload(mv_arrival, np.zeros(4, np.uint32))
     logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
-    partial = dev.buffer(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * f,
-                         name="attn_partial")
+    partial = dev.buffer(
+        ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * f, name="attn_partial"
+    )
     cand = dev.buffer(ops_sample.scratch_bytes(cfg.vocab_size), name="sample_candidates")
     # arrival counters of the one-dispatch attention and sampler, shared: each leaves them 0
     counters = dev.buffer(4 * ops_attention.counter_words(cfg.num_kv_heads), name="arrival_counters")
@@ -189,9 +219,29 @@ def allocate_buffers(dev: Device, cfg: ModelConfig, plan: MemoryPlan, context_le
     for L in layers:
         cl.fill(L.k_cache, 0)
         cl.fill(L.v_cache, 0)
-    cl.fill(counters, 0)              # once: the kernels return them to 0
+    cl.fill(counters, 0)  # once: the kernels return them to 0
     cl.fill(block_arrival, 0)
     cl.submit()
     cl.destroy()
-    return Buffers(step, tokens, tokens.view(np.uint32), x, x_alt, h, o, qkv, attn, mlp, xq, hq, attnq, mlpq,
-                   block_arrival, mv_arrival, logits, partial, cand, counters)
+    return Buffers(
+        step,
+        tokens,
+        tokens.view(np.uint32),
+        x,
+        x_alt,
+        h,
+        o,
+        qkv,
+        attn,
+        mlp,
+        xq,
+        hq,
+        attnq,
+        mlpq,
+        block_arrival,
+        mv_arrival,
+        logits,
+        partial,
+        cand,
+        counters,
+    )

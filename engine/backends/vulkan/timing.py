@@ -7,14 +7,15 @@ autotuner's choices noise. So `time_many` records every candidate first, keeps t
 replaying them back to back (WARM_S first, BUSY_S before each timed run), and only then reads
 the timestamps. CPU Vulkan has no clocks to raise: one untimed run, then the timed one.
 """
+
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-WARM_S = 0.3      # replay before the first candidate (hardware devices)
-BUSY_S = 0.02     # replay of each candidate before its timed run
+WARM_S = 0.3  # replay before the first candidate (hardware devices)
+BUSY_S = 0.02  # replay of each candidate before its timed run
 
 
 def _record(dev, record, reps: int):

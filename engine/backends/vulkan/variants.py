@@ -6,15 +6,16 @@ Push constants are defined with `PushLayout` only: `PushLayout.glsl()` generates
 that the build passes to the shader as the macro PUSH_CONSTANTS, and the layout's size is checked
 against the 128 bytes every Vulkan device guarantees.
 """
+
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shaders import SHADER_DIR
+from phoenix_chat.shaders import SHADER_DIR
 
-MAX_PUSH_BYTES = 128          # the minimum maxPushConstantsSize every device offers
+MAX_PUSH_BYTES = 128  # the minimum maxPushConstantsSize every device offers
 
 _SCALARS = {"u32": ("I", "uint"), "i32": ("i", "int"), "f32": ("f", "float")}
 
@@ -46,7 +47,7 @@ class PushLayout:
         return self._struct.pack(*(values[f] for f in self.names))
 
     def unpack(self, data: bytes) -> dict:
-        return dict(zip(self.names, self._struct.unpack(bytes(data[:self.size]))))
+        return dict(zip(self.names, self._struct.unpack(bytes(data[: self.size]))))
 
     def glsl(self) -> str:
         body = " ".join(f"{_SCALARS[t][1]} {f};" for f, t in self.fields)
@@ -66,14 +67,14 @@ NO_PUSH = PushLayout("none", [])
 
 @dataclass(frozen=True)
 class Variant:
-    name: str                                  # op_wtype_atype_otype[_variant]
-    shader: str                                # file in `home` (shaders/)
-    bindings: int                              # storage buffers at bindings 0..n-1
+    name: str  # op_wtype_atype_otype[_variant]
+    shader: str  # file in `home` (shaders/)
+    bindings: int  # storage buffers at bindings 0..n-1
     push: PushLayout = NO_PUSH
     defines: dict = field(default_factory=dict)
-    spec: dict = field(default_factory=dict)   # spec name -> (constant_id, default int)
-    requires: tuple = ()                       # capability names (Capabilities attributes) needed
-    home: Path = SHADER_DIR                    # folder of `shader`; the SPIR-V is in its spv/
+    spec: dict = field(default_factory=dict)  # spec name -> (constant_id, default int)
+    requires: tuple = ()  # capability names (Capabilities attributes) needed
+    home: Path = SHADER_DIR  # folder of `shader`; the SPIR-V is in its spv/
 
     def define_args(self) -> list[str]:
         args = [f"-D{k}" if v is None or v == "" else f"-D{k}={v}" for k, v in sorted(self.defines.items())]
