@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 EXIT_USAGE = 2
 MAX_TOKENS = 256  # answer length in the terminal (the app's own is in its settings)
@@ -152,11 +153,12 @@ def cmd_run(args) -> int:
             sys.stdout.flush()
         last = r
     sys.stdout.write("\n")
+    assert last is not None  # stream_generate always ends with a final record
     drafted = (
         f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
         f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
         f"{spec.tokens_per_round:.2f} tok per target pass"
-        if draft
+        if draft and spec
         else ""
     )
     print(
@@ -189,7 +191,7 @@ def cmd_info(args) -> int:
     path = args.model or embedded_model_path()
     w = open_weights(path)
     cfg = w.config
-    info = {
+    info: dict[str, Any] = {
         "path": str(path),
         "name": cfg.name,
         "architecture": cfg.architecture,

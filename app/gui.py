@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import cast
 
 
 def display_available() -> bool:
@@ -45,7 +46,7 @@ def run_gui(model_path: str | None = None, home=None) -> int:
     from phoenix_chat.app.controllers.app_controller import AppController
     from phoenix_chat.app.views.theme import app_icon
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
     app.setApplicationName("Phoenix Chat")
     app.setOrganizationName("Phoenix Chat")
     app.setDesktopFileName("phoenix-chat")

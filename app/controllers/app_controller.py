@@ -6,6 +6,8 @@ gauges in GaugesController.
 
 from __future__ import annotations
 
+from typing import cast
+
 from PySide6.QtCore import QByteArray, QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
@@ -76,7 +78,7 @@ class AppController(QObject):
             self._apply_theme(value)
 
     def _apply_theme(self, theme: str) -> None:
-        apply_theme(QApplication.instance(), theme)
+        apply_theme(cast(QApplication, QApplication.instance()), theme)
         self.window.chat.set_theme(theme)
         for g in self.window.devices.gauges().values():
             g.update()
@@ -87,7 +89,7 @@ class AppController(QObject):
             return
         self._closed = True
         self.window.device_panel_action.toggled.disconnect(self._on_panel_toggled)
-        self.settings.set("window_geometry", bytes(self.window.saveGeometry().toHex()).decode())
+        self.settings.set("window_geometry", self.window.saveGeometry().toHex().toStdString())
         self.chat._save_partial()
         self.gauges.stop()
         self.worker.stop()

@@ -146,6 +146,11 @@ class ChatController(QObject):
         else:
             self.refresh_list()
 
+    def _open_id(self) -> int:
+        """The open conversation: there is one from __init__ on (None only inside delete_conversation)."""
+        assert self.conversation_id is not None
+        return self.conversation_id
+
     def _on_search(self, text: str) -> None:
         self.search = text
         self.refresh_list()
@@ -165,13 +170,15 @@ class ChatController(QObject):
         answer = QMessageBox.question(
             self.window, "Delete conversation", f"Delete “{conv.title}” and all its messages?"
         )
-        if answer == QMessageBox.Yes:
+        if answer == QMessageBox.StandardButton.Yes:
             self.delete_conversation(conversation_id)
 
     def _edit_chat_settings(self) -> None:
         from phoenix_chat.app.views.dialogs import ChatSettingsDialog
 
-        conv = self.store.conversation(self.conversation_id)
+        conv = self.store.conversation(self._open_id())
+        if conv is None:
+            return
         sampling = {**self.settings.values.sampling_defaults(), **conv.sampling}
         dialog = ChatSettingsDialog(conv.system_prompt, sampling, self.window)
         if dialog.exec():
@@ -179,16 +186,18 @@ class ChatController(QObject):
             self.set_chat_settings(prompt, sampling)
 
     def set_chat_settings(self, system_prompt: str, sampling: dict) -> None:
-        self.store.update_conversation_settings(self.conversation_id, system_prompt=system_prompt, sampling=sampling)
+        self.store.update_conversation_settings(self._open_id(), system_prompt=system_prompt, sampling=sampling)
         self._show_messages()
 
     # -- export ---------------------------------------------------------------------------
     def export_current(self, fmt: str, path: str | Path) -> None:
-        text = self.store.export(fmt, [self.conversation_id])
+        text = self.store.export(fmt, [self._open_id()])
         Path(path).write_text(text, encoding="utf-8")
 
     def _ask_export(self, fmt: str) -> None:
-        conv = self.store.conversation(self.conversation_id)
+        conv = self.store.conversation(self._open_id())
+        if conv is None:
+            return
         suffix = ".md" if fmt == "markdown" else ".json"
         name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "conversation"
         path, _ = QFileDialog.getSaveFileName(
@@ -207,21 +216,20 @@ class ChatController(QObject):
         text = text.strip()
         if not text or self.busy:
             return
-        if self.conversation_id is None:
-            self.new_conversation()
+        conv_id = self.conversation_id if self.conversation_id is not None else self.new_conversation()
         if self.editing_id is not None:
             self.store.edit_message(self.editing_id, text)
             self.editing_id = None
             self.view.set_editing(None)
         else:
-            self.store.add_message(self.conversation_id, "user", text)
+            self.store.add_message(conv_id, "user", text)
             self.view.input.clear()
-            conv = self.store.conversation(self.conversation_id)
+            conv = self.store.conversation(conv_id)
             if conv is not None and conv.title == "New chat":
                 title = " ".join(text.split())
                 title = title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1] + "…"
-                self.store.rename_conversation(self.conversation_id, title)
-        self.messages = self.store.messages(self.conversation_id)
+                self.store.rename_conversation(conv_id, title)
+        self.messages = self.store.messages(conv_id)
         self.refresh_list()
         self._start_answer()
 
@@ -232,7 +240,7 @@ class ChatController(QObject):
         last = self.messages[-1]
         if last.role == "assistant":
             self.store.truncate_after(last.id, inclusive=True)
-            self.messages = self.store.messages(self.conversation_id)
+            self.messages = self.store.messages(self._open_id())
         if self.messages and self.messages[-1].role == "user":
             self._start_answer()
 
@@ -259,15 +267,15 @@ class ChatController(QObject):
     def _start_answer(self) -> None:
         self.busy = True
         self.view.set_busy(True)
-        self.gen_conversation = self.conversation_id
+        conv_id = self._open_id()
+        self.gen_conversation = conv_id
         self.answer_text = ""
         self._show_messages(pending=True)
-        task = asyncio.get_event_loop().create_task(self._answer())
+        task = asyncio.get_event_loop().create_task(self._answer(conv_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self) -> None:
-        conv_id = self.gen_conversation
+    async def _answer(self, conv_id: int) -> None:
         if not await self.models.ensure_loaded():
             self._finish_view("The model is not loaded, so there is no answer. See the message above.")
             return
@@ -330,7 +338,7 @@ class ChatController(QObject):
             self.store.update_message(answer_id, self.answer_text, complete=True, stats=saved)
         self.gen_id = None
         self.answer_id = None
-        if self.gen_conversation == self.conversation_id:
+        if self.conversation_id is not None and self.gen_conversation == self.conversation_id:
             self.messages = self.store.messages(self.conversation_id)
         self._finish_view(None)
         if answer_id is not None:

@@ -96,15 +96,17 @@ class ModelController(QObject):
         """True once a model is ready in the worker, (re)loading it if needed."""
         if self.info is not None and self.worker.alive:
             return True
-        if self._load_future is None or self._load_future.done():
-            self.request_load()
+        future = self._load_future
+        if future is None or future.done():
+            future = self.request_load()
         while True:
-            future = self._load_future
             if await asyncio.shield(future):
                 return True
-            if self._load_future is future or self._load_future.done() and not self._load_future.result():
+            latest = self._load_future
+            if latest is None or latest is future or latest.done() and not latest.result():
                 return False
             # A newer load replaced the one we waited for (a menu choice): wait for that one.
+            future = latest
 
     def cancel_load(self) -> None:
         if self.load_id is not None:

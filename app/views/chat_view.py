@@ -47,10 +47,11 @@ class MessageInput(QPlainTextEdit):
     escaped = Signal()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
-        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
+        shift = event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not shift:
             self.submitted.emit()
             return
-        if event.key() == Qt.Key_Escape:
+        if event.key() == Qt.Key.Key_Escape:
             self.escaped.emit()
             return
         super().keyPressEvent(event)
@@ -76,45 +77,55 @@ class ChatView(QWidget):
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
 
-        self.notice = QLabel(objectName="notice", wordWrap=True)
-        self.notice.setTextFormat(Qt.RichText)
+        self.notice = QLabel(wordWrap=True)
+        self.notice.setObjectName("notice")
+        self.notice.setTextFormat(Qt.TextFormat.RichText)
         self.notice.hide()
-        self.notice_close = QToolButton(text="✕", objectName="noticeClose", autoRaise=True)
+        self.notice_close = QToolButton(autoRaise=True)
+        self.notice_close.setText("✕")
+        self.notice_close.setObjectName("noticeClose")
         self.notice_close.setToolTip("Dismiss")
         self.notice_close.clicked.connect(self.hide_notice)
         self.notice_close.hide()
         notice_row = QHBoxLayout()
         notice_row.setContentsMargins(0, 0, 0, 0)
         notice_row.addWidget(self.notice, 1)
-        notice_row.addWidget(self.notice_close, 0, Qt.AlignTop)
+        notice_row.addWidget(self.notice_close, 0, Qt.AlignmentFlag.AlignTop)
 
-        self.transcript = QTextBrowser(objectName="transcript", openLinks=False, openExternalLinks=False)
-        self.transcript.setFrameShape(QFrame.NoFrame)
+        self.transcript = QTextBrowser(openLinks=False, openExternalLinks=False)
+        self.transcript.setObjectName("transcript")
+        self.transcript.setFrameShape(QFrame.Shape.NoFrame)
         self.transcript.anchorClicked.connect(self._on_anchor)
         self.transcript.setPlaceholderText("")
 
-        self.edit_banner = QLabel(objectName="editBanner", wordWrap=True)
+        self.edit_banner = QLabel(wordWrap=True)
+        self.edit_banner.setObjectName("editBanner")
         self.edit_banner.setText(
             "Editing an earlier message: sending replaces it and everything after it. Esc cancels."
         )
         self.edit_banner.hide()
 
-        self.input = MessageInput(objectName="messageInput")
+        self.input = MessageInput()
+        self.input.setObjectName("messageInput")
         self.input.setPlaceholderText("Message Gemma…  (Enter sends, Shift+Enter for a new line)")
         self.input.setTabChangesFocus(True)
         self.input.setFixedHeight(84)
         self.input.submitted.connect(self._on_submit)
         self.input.escaped.connect(self._on_escape)
 
-        self.send_button = QPushButton("Send", objectName="sendButton")
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("sendButton")
         self.send_button.setDefault(True)
         self.send_button.clicked.connect(self._on_submit)
-        self.stop_button = QPushButton("Stop", objectName="stopButton")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopButton")
         self.stop_button.clicked.connect(self.stop_requested)
         self.stop_button.setEnabled(False)
-        self.regenerate_button = QPushButton("Regenerate", objectName="regenerateButton")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setObjectName("regenerateButton")
         self.regenerate_button.clicked.connect(self.regenerate_requested)
-        self.settings_button = QPushButton("Chat settings…", objectName="chatSettingsButton")
+        self.settings_button = QPushButton("Chat settings…")
+        self.settings_button.setObjectName("chatSettingsButton")
         self.settings_button.setToolTip("System prompt and sampling for this conversation")
         self.settings_button.clicked.connect(self.settings_requested)
 
@@ -132,7 +143,7 @@ class ChatView(QWidget):
         layout.addWidget(self.edit_banner)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
-        self.input.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.input.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setFocusProxy(self.input)
 
     # -- hooks for the controller ---------------------------------------------------------
@@ -184,7 +195,7 @@ class ChatView(QWidget):
         else:
             self.edit_banner.show()
             self.input.setPlainText(text)
-            self.input.moveCursor(QTextCursor.End)
+            self.input.moveCursor(QTextCursor.MoveOperation.End)
         self.input.setFocus()
 
     def transcript_text(self) -> str:
@@ -212,7 +223,7 @@ class ChatView(QWidget):
         else:
             cursor = QTextCursor(self.transcript.document())
             cursor.setPosition(self._live_start)
-            cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
             cursor.removeSelectedText()
             del self._codes[self._prefix_codes :]
             self._insert_last()
@@ -234,7 +245,7 @@ class ChatView(QWidget):
 
     def _insert_last(self) -> None:
         cursor = QTextCursor(self.transcript.document())
-        cursor.movePosition(QTextCursor.End)
+        cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.insertHtml(self._message_html(self._messages[-1], len(self._messages) - 1))
 
     def _message_html(self, m: ShownMessage, index: int) -> str:

@@ -15,21 +15,26 @@ class ConversationListView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.search = QLineEdit(
-            objectName="conversationSearch", placeholderText="Search conversations", clearButtonEnabled=True
-        )
+        self.search = QLineEdit(placeholderText="Search conversations", clearButtonEnabled=True)
+        self.search.setObjectName("conversationSearch")
         self.search.textChanged.connect(self.search_changed)
-        self.list = QListWidget(objectName="conversationList")
-        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.list.setTextElideMode(Qt.ElideRight)
+        self.list = QListWidget()
+        self.list.setObjectName("conversationList")
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(True)
         self.list.currentItemChanged.connect(self._on_current)
-        self.list.itemDoubleClicked.connect(lambda item: self.rename_requested.emit(item.data(Qt.UserRole)))
-        self.new_button = QPushButton("New chat", objectName="newChatButton")
+        self.list.itemDoubleClicked.connect(
+            lambda item: self.rename_requested.emit(item.data(Qt.ItemDataRole.UserRole))
+        )
+        self.new_button = QPushButton("New chat")
+        self.new_button.setObjectName("newChatButton")
         self.new_button.clicked.connect(self.new_requested)
-        self.rename_button = QPushButton("Rename", objectName="renameButton")
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.setObjectName("renameButton")
         self.rename_button.clicked.connect(lambda: self._emit_for_current(self.rename_requested))
-        self.delete_button = QPushButton("Delete", objectName="deleteButton")
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setObjectName("deleteButton")
         self.delete_button.clicked.connect(lambda: self._emit_for_current(self.delete_requested))
 
         buttons = QHBoxLayout()
@@ -49,7 +54,7 @@ class ConversationListView(QWidget):
             self.list.clear()
             for conv_id, title in items:
                 item = QListWidgetItem(title or "Untitled")
-                item.setData(Qt.UserRole, conv_id)
+                item.setData(Qt.ItemDataRole.UserRole, conv_id)
                 item.setToolTip(title)
                 self.list.addItem(item)
                 if conv_id == current:
@@ -59,11 +64,11 @@ class ConversationListView(QWidget):
 
     def current_id(self) -> int | None:
         item = self.list.currentItem()
-        return item.data(Qt.UserRole) if item else None
+        return item.data(Qt.ItemDataRole.UserRole) if item else None
 
     def _on_current(self, item, _previous) -> None:
         if item is not None and not self._updating:
-            self.selected.emit(item.data(Qt.UserRole))
+            self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _emit_for_current(self, signal) -> None:
         conv_id = self.current_id()

@@ -22,7 +22,8 @@ class ChatSettingsDialog(QDialog):
     def __init__(self, system_prompt: str, sampling: dict, parent=None):
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
-        self.system_prompt = QPlainTextEdit(system_prompt, objectName="systemPrompt")
+        self.system_prompt = QPlainTextEdit(system_prompt)
+        self.system_prompt.setObjectName("systemPrompt")
         self.system_prompt.setPlaceholderText(
             "Optional instructions given to the model before the chat "
             "(Gemma has no system role: this text is put before your first message)."
@@ -48,7 +49,7 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Min-p (0 = off)", self.min_p)
         form.addRow("Repetition penalty", self.repetition_penalty)
         form.addRow("Max answer tokens", self.max_tokens)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)

@@ -34,7 +34,7 @@ class Gauge(QWidget):
         self.text = NOT_PRESENT
         self.detail = ""
         self.setMinimumHeight(38)
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(220, 40)
@@ -54,28 +54,29 @@ class Gauge(QWidget):
     def paintEvent(self, _event) -> None:  # noqa: N802
         colors = _palette(self)
         p = QPainter(self)
-        p.setRenderHint(QPainter.Antialiasing)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
         w = self.width()
         p.setPen(colors["text"])
         font = p.font()
-        p.drawText(QRectF(0, 0, w, 18), Qt.AlignLeft | Qt.AlignVCenter, self.title)
+        p.drawText(QRectF(0, 0, w, 18), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.title)
         p.setPen(colors["text"] if self.present else colors["muted"])
         if not self.present:
             font.setItalic(True)
             p.setFont(font)
-        p.drawText(QRectF(0, 0, w, 18), Qt.AlignRight | Qt.AlignVCenter, self.text)
+        p.drawText(QRectF(0, 0, w, 18), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, self.text)
         track = QRectF(0, 22, w, 10)
-        p.setPen(Qt.NoPen)
-        if self.present:
+        p.setPen(Qt.PenStyle.NoPen)
+        fraction = self.fraction
+        if fraction is not None:
             p.setBrush(colors["track"])
             p.drawRoundedRect(track, 4, 4)
-            if self.fraction > 0:
+            if fraction > 0:
                 p.setBrush(colors["fill"])
-                p.drawRoundedRect(QRectF(0, 22, max(8.0, w * self.fraction), 10), 4, 4)
+                p.drawRoundedRect(QRectF(0, 22, max(8.0, w * fraction), 10), 4, 4)
         else:
-            pen = QPen(colors["muted"], 1, Qt.DashLine)
+            pen = QPen(colors["muted"], 1, Qt.PenStyle.DashLine)
             p.setPen(pen)
-            p.setBrush(Qt.NoBrush)
+            p.setBrush(Qt.BrushStyle.NoBrush)
             p.drawRoundedRect(track.adjusted(0.5, 0.5, -0.5, -0.5), 4, 4)
         p.end()
 
@@ -85,9 +86,10 @@ class Sparkline(QWidget):
 
     def __init__(self, capacity: int = 120, parent=None):
         super().__init__(parent)
+        self.capacity = capacity
         self.values: deque[float] = deque(maxlen=capacity)
         self.setMinimumHeight(60)
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def add(self, value: float) -> None:
         self.values.append(max(0.0, float(value)))
@@ -96,13 +98,13 @@ class Sparkline(QWidget):
     def paintEvent(self, _event) -> None:  # noqa: N802
         colors = _palette(self)
         p = QPainter(self)
-        p.setRenderHint(QPainter.Antialiasing)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
         rect = QRectF(0, 0, self.width(), self.height()).adjusted(1, 4, -1, -2)
         p.setPen(QPen(colors["track"], 1))
         p.drawLine(rect.bottomLeft(), rect.bottomRight())
         if len(self.values) >= 2:
             top = max(max(self.values), 1.0)
-            step = rect.width() / (self.values.maxlen - 1)
+            step = rect.width() / (self.capacity - 1)
             x0 = rect.right() - step * (len(self.values) - 1)
             pts = [QPointF(x0 + i * step, rect.bottom() - rect.height() * v / top) for i, v in enumerate(self.values)]
             area = QPainterPath(QPointF(pts[0].x(), rect.bottom()))
@@ -118,7 +120,7 @@ class Sparkline(QWidget):
             p.setPen(QPen(colors["fill"], 1.6))
             p.drawPath(line)
             p.setPen(colors["muted"])
-            p.drawText(rect.adjusted(2, -2, 0, 0), Qt.AlignLeft | Qt.AlignTop, f"{top:.0f}")
+            p.drawText(rect.adjusted(2, -2, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop, f"{top:.0f}")
         p.end()
 
 
@@ -134,10 +136,13 @@ class DevicePanel(QWidget):
         self.npu = Gauge("NPU busy")
         self.cpu = Gauge("CPU")
         self.ram = Gauge("RAM")
-        self.tps_label = QLabel("Tokens/s", objectName="sparkTitle")
-        self.tps_value = QLabel("—", objectName="sparkValue", alignment=Qt.AlignRight)
+        self.tps_label = QLabel("Tokens/s")
+        self.tps_label.setObjectName("sparkTitle")
+        self.tps_value = QLabel("—", alignment=Qt.AlignmentFlag.AlignRight)
+        self.tps_value.setObjectName("sparkValue")
         self.sparkline = Sparkline()
-        self.source_label = QLabel(objectName="gaugeSource", wordWrap=True)
+        self.source_label = QLabel(wordWrap=True)
+        self.source_label.setObjectName("gaugeSource")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 8, 10, 8)
         layout.setSpacing(6)

@@ -29,7 +29,7 @@ class MainWindow(QMainWindow):
 
         self.conversations = ConversationListView()
         self.chat = ChatView()
-        splitter = QSplitter(Qt.Horizontal)
+        splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(self.conversations)
         splitter.addWidget(self.chat)
         splitter.setStretchFactor(0, 0)
@@ -39,11 +39,13 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self.devices = DevicePanel()
-        self.device_dock = QDockWidget("Devices", self, objectName="deviceDock")
+        self.device_dock = QDockWidget("Devices", self)
+        self.device_dock.setObjectName("deviceDock")
         self.device_dock.setWidget(self.devices)
-        self.device_dock.setFeatures(QDockWidget.DockWidgetClosable | QDockWidget.DockWidgetMovable)
+        feature = QDockWidget.DockWidgetFeature
+        self.device_dock.setFeatures(feature.DockWidgetClosable | feature.DockWidgetMovable)
         self.device_dock.setMinimumWidth(250)
-        self.addDockWidget(Qt.RightDockWidgetArea, self.device_dock)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.device_dock)
 
         self._build_status_bar()
         self._build_menus()
@@ -51,13 +53,20 @@ class MainWindow(QMainWindow):
     # -- status bar -----------------------------------------------------------------------
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
-        self.model_label = QLabel("No model", objectName="modelLabel")
-        self.load_progress = QProgressBar(objectName="loadProgress", maximumWidth=220, maximum=1000)
+        self.model_label = QLabel("No model")
+        self.model_label.setObjectName("modelLabel")
+        self.load_progress = QProgressBar(maximum=1000)
+        self.load_progress.setObjectName("loadProgress")
+        self.load_progress.setMaximumWidth(220)
         self.load_progress.setTextVisible(True)
-        self.load_cancel = QPushButton("Cancel", objectName="loadCancel", flat=True)
-        self.tps_label = QLabel("— tok/s", objectName="tpsLabel")
-        self.ttft_label = QLabel("TTFT —", objectName="ttftLabel")
-        self.context_label = QLabel("context —", objectName="contextLabel")
+        self.load_cancel = QPushButton("Cancel", flat=True)
+        self.load_cancel.setObjectName("loadCancel")
+        self.tps_label = QLabel("— tok/s")
+        self.tps_label.setObjectName("tpsLabel")
+        self.ttft_label = QLabel("TTFT —")
+        self.ttft_label.setObjectName("ttftLabel")
+        self.context_label = QLabel("context —")
+        self.context_label.setObjectName("contextLabel")
         bar.addWidget(self.model_label, 1)
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.load_cancel)
@@ -70,7 +79,7 @@ class MainWindow(QMainWindow):
         visible = fraction is not None
         self.load_progress.setVisible(visible)
         self.load_cancel.setVisible(visible)
-        if visible:
+        if fraction is not None:
             self.load_progress.setValue(int(fraction * 1000))
             self.load_progress.setFormat(f"{message}  %p%" if message else "%p%")
 
@@ -79,24 +88,24 @@ class MainWindow(QMainWindow):
         mb = self.menuBar()
         file_menu = mb.addMenu("&File")
         self.open_file_action = file_menu.addAction("Open GGUF file…")
-        self.open_file_action.setShortcut(QKeySequence.Open)
+        self.open_file_action.setShortcut(QKeySequence.StandardKey.Open)
         self.open_folder_action = file_menu.addAction("Open Hugging Face folder…")
         self.embedded_action = file_menu.addAction("Use the embedded model (Gemma 3 270M)")
         self.recent_menu = file_menu.addMenu("Recent models")
         file_menu.addSeparator()
         self.new_chat_action = file_menu.addAction("New chat")
-        self.new_chat_action.setShortcut(QKeySequence.New)
+        self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
         export_menu = file_menu.addMenu("Export conversation")
         self.export_markdown_action = export_menu.addAction("As Markdown…")
         self.export_json_action = export_menu.addAction("As JSON…")
         file_menu.addSeparator()
         self.quit_action = file_menu.addAction("Quit")
-        self.quit_action.setShortcut(QKeySequence.Quit)
-        self.quit_action.setMenuRole(QAction.QuitRole)
+        self.quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
 
         model_menu = mb.addMenu("&Model")
         quant_menu = model_menu.addMenu("Quantization")
-        self.quant_group = QActionGroup(self, exclusive=True)
+        self.quant_group = QActionGroup(self)
         self.quant_actions: dict[str, QAction] = {}
         for q in QUANT_CHOICES:
             a = quant_menu.addAction(QUANT_LABELS[q])
@@ -110,11 +119,11 @@ class MainWindow(QMainWindow):
 
         dev_menu = mb.addMenu("&Devices")
         self.backend_menu = dev_menu.addMenu("Backend")
-        self.backend_group = QActionGroup(self, exclusive=True)
+        self.backend_group = QActionGroup(self)
         self.backend_actions: dict[str, QAction] = {}
         self.set_backend_choices([("auto", "Auto"), ("cpu", "CPU")])
         self.npu_menu = dev_menu.addMenu("NPU")
-        self.npu_group = QActionGroup(self, exclusive=True)
+        self.npu_group = QActionGroup(self)
         self.npu_actions: dict[str, QAction] = {}
         for key, label in (("off", "Off"), ("prefill", "Prefill on NPU")):
             a = self.npu_menu.addAction(label)
@@ -126,7 +135,7 @@ class MainWindow(QMainWindow):
         self.npu_reason_action.setEnabled(False)
         self.npu_reason_action.setVisible(False)
         ctx_menu = dev_menu.addMenu("Context length")
-        self.context_group = QActionGroup(self, exclusive=True)
+        self.context_group = QActionGroup(self)
         self.context_actions: dict[int | None, QAction] = {}
         for n in CONTEXT_CHOICES:
             a = ctx_menu.addAction("Model maximum" if n is None else f"{n:,} tokens")
@@ -140,7 +149,7 @@ class MainWindow(QMainWindow):
         self.device_panel_action.setText("Device panel")
         view_menu.addAction(self.device_panel_action)
         theme_menu = view_menu.addMenu("Theme")
-        self.theme_group = QActionGroup(self, exclusive=True)
+        self.theme_group = QActionGroup(self)
         self.theme_actions: dict[str, QAction] = {}
         for key, label in (("light", "Light"), ("dark", "Dark")):
             a = theme_menu.addAction(label)

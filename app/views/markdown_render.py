@@ -73,7 +73,8 @@ def code_to_html(code: str, lang: str | None, index: int, theme: str = "light") 
 
 def render_message(text: str, theme: str = "light", first_code_index: int = 0) -> tuple[str, list[str]]:
     """HTML for one message and the raw text of its code blocks (for the copy links)."""
-    out, codes = [], []
+    out: list[str] = []
+    codes: list[str] = []
     for kind, content, lang in split_fences(text):
         if kind == "code":
             out.append(code_to_html(content, lang, first_code_index + len(codes), theme))

@@ -59,7 +59,7 @@ def apply_theme(app: QApplication, theme: str) -> None:
     ):
         pal.setColor(r, QColor(c[key]))
     for r in (role.Text, role.WindowText, role.ButtonText):
-        pal.setColor(QPalette.Disabled, r, QColor(c["muted"]))
+        pal.setColor(QPalette.ColorGroup.Disabled, r, QColor(c["muted"]))
     app.setPalette(pal)
     qss = resources.path(f"themes/{theme}.qss")
     app.setStyleSheet(qss.read_text() if qss.exists() else "")

@@ -77,7 +77,8 @@ class WorkerClient(QObject):
         self._shutting_down = True
         if self.process is not None:
             try:
-                self._conn.send({"type": P.SHUTDOWN_REQUESTED})
+                if self._conn is not None:
+                    self._conn.send({"type": P.SHUTDOWN_REQUESTED})
             except (OSError, ValueError):
                 pass
             self.process.join(timeout)
@@ -106,6 +107,7 @@ class WorkerClient(QObject):
     def send(self, type_: str, **fields) -> None:
         if not self.alive:
             self.start()
+        assert self._conn is not None  # start() opened it
         try:
             self._conn.send({"type": type_, **fields})
         except (BrokenPipeError, OSError):
@@ -167,6 +169,7 @@ class WorkerClient(QObject):
 
     async def _pump(self) -> None:
         queue = self._queue
+        assert queue is not None  # start() creates it before this task
         while True:
             msg = await queue.get()
             try:

@@ -163,7 +163,7 @@ class Worker:
         from phoenix_chat.engine.errors import PhoenixError
         from phoenix_chat.engine.sampling import SamplingParams
 
-        stream_generate = importlib.import_module(f"{self.engine.__name__}.generate").stream_generate
+        stream_generate = importlib.import_module(f"{self._engine().__name__}.generate").stream_generate
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
@@ -220,6 +220,7 @@ class Worker:
     # -- helpers --------------------------------------------------------------------------
     def _stats(self, r) -> P.GenerationStats:
         """`r`: the engine's latest GenerationResponse; the busy gauges from the backend."""
+        assert self.model is not None  # generate() returns early without one
         backend = self.model.backend
         live = backend.live_stats()
         return P.GenerationStats(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -53,8 +54,8 @@ def test_sampling_defaults_are_the_engines_and_stated_nowhere_else(qtbot):
     from phoenix_chat.app.cli import _sampling, build_parser
 
     assert _sampling(build_parser().parse_args(["run", "hi"])) == engine
-    assert _sampling(build_parser().parse_args(["chat", "--top-k", "5", "--seed", "3"])) == engine.with_(
-        top_k=5, seed=3
+    assert _sampling(build_parser().parse_args(["chat", "--top-k", "5", "--seed", "3"])) == dataclasses.replace(
+        engine, top_k=5, seed=3
     )
     # The chat settings dialog shows what it is given (no fallbacks of its own).
     from phoenix_chat.app.views.dialogs import ChatSettingsDialog
