@@ -9,8 +9,10 @@ Importing this package never touches the Vulkan loader; `Device.open()` does.
 
 from __future__ import annotations
 
+from typing import Any
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> Any:
     if name in ("VulkanBackend", "VulkanOptions"):
         from phoenix_chat.engine.backends.vulkan import backend
 

@@ -55,16 +55,25 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from phoenix_chat.engine.errors import DeviceUnavailableError
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.memory import Buffer, ByteProgress, Tensor
+    from phoenix_chat.engine.backends.vulkan.pipelines import Pipeline, PipelineCache
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+    from phoenix_chat.engine.backends.vulkan.variants import Variant
 
 log = logging.getLogger(__name__)
 
 
-def _vk():
+def _vk() -> Any:
     """The `vulkan` module, or DeviceUnavailableError when no loader is installed."""
     try:
         import vulkan as vk
@@ -133,10 +142,10 @@ class Capabilities:
 
 # ---- instance and probing -----------------------------------------------------------
 
-_INSTANCE = None  # one per process: creating instances is slow (~50 ms) and they are cheap to keep
+_INSTANCE: Any = None  # one per process: creating instances is slow (~50 ms) and they are cheap to keep
 
 
-def _instance(vk):
+def _instance(vk: Any) -> Any:
     global _INSTANCE
     if _INSTANCE is None:
         app = vk.VkApplicationInfo(
@@ -153,14 +162,14 @@ def _instance(vk):
     return _INSTANCE
 
 
-def _physical_devices(vk):
+def _physical_devices(vk: Any) -> list[Any]:
     try:
         return list(vk.vkEnumeratePhysicalDevices(_instance(vk)))
     except vk.VkError as exc:
         raise DeviceUnavailableError(f"no Vulkan device: enumeration failed ({type(exc).__name__})") from None
 
 
-def _probe(vk, pd, index: int) -> Capabilities:
+def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
     props = vk.vkGetPhysicalDeviceProperties(pd)
     api = props.apiVersion
     exts = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None))
@@ -189,7 +198,7 @@ def _probe(vk, pd, index: int) -> Capabilities:
     vk.vkGetPhysicalDeviceFeatures2(pd, f2)
 
     mem = vk.vkGetPhysicalDeviceMemoryProperties(pd)
-    heaps = []
+    heaps: list[tuple[int, bool]] = []
     for i in range(mem.memoryHeapCount):
         h = mem.memoryHeaps[i]
         heaps.append((int(h.size), bool(h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)))
@@ -236,7 +245,11 @@ def _probe(vk, pd, index: int) -> Capabilities:
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_push_constants=int(lim.maxPushConstantsSize),
         max_workgroup_invocations=int(lim.maxComputeWorkGroupInvocations),
-        max_workgroup_count=tuple(int(lim.maxComputeWorkGroupCount[i]) for i in range(3)),
+        max_workgroup_count=(
+            int(lim.maxComputeWorkGroupCount[0]),
+            int(lim.maxComputeWorkGroupCount[1]),
+            int(lim.maxComputeWorkGroupCount[2]),
+        ),
         max_allocation=_max_allocation(vk, pd),
         min_storage_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
         non_coherent_atom=int(lim.nonCoherentAtomSize),
@@ -248,7 +261,7 @@ def _probe(vk, pd, index: int) -> Capabilities:
     )
 
 
-def _coopmat_f16_16x16(vk, pd) -> bool:
+def _coopmat_f16_16x16(vk: Any, pd: Any) -> bool:
     """Does the device offer the one shape gemm_coopmat.comp uses: 16x16x16, f16 A/B, f32 C,
     subgroup scope?"""
     try:
@@ -270,11 +283,11 @@ def _coopmat_f16_16x16(vk, pd) -> bool:
     )
 
 
-def _cstr(vk, v) -> str:
+def _cstr(vk: Any, v: Any) -> str:
     return vk.ffi.string(v).decode(errors="replace") if isinstance(v, vk.ffi.CData) else str(v)
 
 
-def _max_allocation(vk, pd) -> int:
+def _max_allocation(vk: Any, pd: Any) -> int:
     m3 = vk.VkPhysicalDeviceMaintenance3Properties()
     vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=m3))
     return int(m3.maxMemoryAllocationSize)
@@ -290,7 +303,7 @@ def list_devices() -> list[Capabilities]:
     return [_probe(vk, pd, i) for i, pd in enumerate(pds)]
 
 
-def _choose(caps: list[Capabilities], index, allow_software: bool) -> Capabilities:
+def _choose(caps: list[Capabilities], index: int | None, allow_software: bool) -> Capabilities:
     if index is not None:
         if not 0 <= index < len(caps):
             raise DeviceUnavailableError(f"no Vulkan device: index {index} out of range ({len(caps)} devices)")
@@ -314,7 +327,7 @@ class Device:
 
     STAGING_BYTES = 64 << 20
 
-    def __init__(self, vk, physical, caps: Capabilities):
+    def __init__(self, vk: Any, physical: Any, caps: Capabilities):
         self.vk = vk
         self.ffi = vk.ffi
         self.lib = vk.lib
@@ -357,13 +370,17 @@ class Device:
             None,
         )
         self._mem_props = vk.vkGetPhysicalDeviceMemoryProperties(physical)
-        self._pipelines = None
-        self._staging = None
-        self._buffers = []  # weak bookkeeping for close(): everything we allocated
+        self._pipelines: PipelineCache | None = None
+        self._staging: Buffer | None = None
+        self._buffers: list[Buffer] = []  # weak bookkeeping for close(): everything we allocated
         self._closed = False
         self.allocated_bytes = 0
+        # memory.py's one-shot transfers and matvec.dummy() keep these, made on first use
+        self._xfer_cmd: Any = None
+        self._xfer_fence: Any = None
+        self._dummy_buffer: Buffer | None = None
 
-    def _create(self, vk, physical, caps: Capabilities, *, coopmat: bool):
+    def _create(self, vk: Any, physical: Any, caps: Capabilities, *, coopmat: bool) -> Any:
         """vkCreateDevice with the features the kernels use (coopmat: + VK_KHR_cooperative_matrix
         and the Vulkan memory model its SPIR-V declares)."""
         f11 = vk.VkPhysicalDeviceVulkan11Features(
@@ -380,7 +397,7 @@ class Device:
         chain = f12
         if caps.api_version >= (1, 3, 0):
             chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
-        extensions = []
+        extensions: list[str] = []
         if coopmat:
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)
             extensions.append("VK_KHR_cooperative_matrix")
@@ -431,54 +448,74 @@ class Device:
             raise DeviceUnavailableError(f"no Vulkan device: {self.name} has no memory type with flags {required:#x}")
         return best
 
-    def buffer(self, nbytes: int, *, host: bool = False, name: str = ""):
+    def buffer(self, nbytes: int, *, host: bool = False, name: str = "") -> Buffer:
         from phoenix_chat.engine.backends.vulkan.memory import Buffer
 
         return Buffer(self, nbytes, host=host, name=name)
 
-    def tensor(self, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "", progress=None):
+    def tensor(
+        self,
+        data: npt.NDArray[Any],
+        row_bytes: int,
+        *,
+        rows: int | None = None,
+        name: str = "",
+        progress: ByteProgress | None = None,
+    ) -> Tensor:
         """Upload a weight (raw bytes, row-major) and split it into bindable row ranges."""
         from phoenix_chat.engine.backends.vulkan.memory import Tensor
 
         return Tensor.upload(self, data, row_bytes, rows=rows, name=name, progress=progress)
 
-    def upload(self, buf, array, offset: int = 0, progress=None) -> None:
+    def upload(
+        self,
+        buf: Buffer,
+        array: npt.ArrayLike | bytearray | memoryview,
+        offset: int = 0,
+        progress: ByteProgress | None = None,
+    ) -> None:
         from phoenix_chat.engine.backends.vulkan.memory import upload
 
         upload(self, buf, array, offset, progress)
 
-    def download(self, buf, dtype=np.float32, shape=None, offset: int = 0) -> np.ndarray:
+    def download(
+        self,
+        buf: Buffer,
+        dtype: npt.DTypeLike = np.float32,
+        shape: int | tuple[int, ...] | None = None,
+        offset: int = 0,
+    ) -> npt.NDArray[Any]:
         from phoenix_chat.engine.backends.vulkan.memory import download
 
         return download(self, buf, dtype, shape, offset)
 
-    def staging(self):
+    def staging(self) -> Buffer:
         if self._staging is None:
             self._staging = self.buffer(self.STAGING_BYTES, host=True, name="staging")
         return self._staging
 
     # -- pipelines --
-    def _pipeline_cache(self):
+    def _pipeline_cache(self) -> PipelineCache:
         if self._pipelines is None:
             from phoenix_chat.engine.backends.vulkan.pipelines import PipelineCache
 
             self._pipelines = PipelineCache(self)
         return self._pipelines
 
-    def pipeline(self, name: str, **spec):
+    def pipeline(self, name: str, **spec: int) -> Pipeline:
         return self._pipeline_cache().get(name, **spec)
 
-    def register_variants(self, variants) -> None:
+    def register_variants(self, variants: Iterable[Variant]) -> None:
         """Make `variants` (not in the product table: bench/shaders' probes) available to `pipeline()`."""
         self._pipeline_cache().register(variants)
 
     # -- commands --
-    def commands(self, *, timestamps: int = 0, name: str = ""):
+    def commands(self, *, timestamps: int = 0, name: str = "") -> CommandList:
         from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
         return CommandList(self, timestamps=timestamps, name=name)
 
-    def submit(self, cl, wait: bool = True) -> None:
+    def submit(self, cl: CommandList, wait: bool = True) -> None:
         cl.submit(wait=wait)
 
     def wait_idle(self) -> None:
@@ -500,10 +537,10 @@ class Device:
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)
 
-    def __enter__(self):
+    def __enter__(self) -> Device:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

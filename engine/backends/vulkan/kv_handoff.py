@@ -9,25 +9,57 @@ costs the rows it carries, not the whole cache.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Buffer
+    from phoenix_chat.engine.config import ModelConfig
+
+# one layer's rows: (layer, positions, k, v), k and v f32 [rows, kv_heads, head_dim]
+KVRows: TypeAlias = tuple[int, npt.NDArray[np.signedinteger[Any]], npt.NDArray[np.float32], npt.NDArray[np.float32]]
 
 
-def _runs(slots: np.ndarray):
+class _CacheLayer(Protocol):
+    @property
+    def slots(self) -> int: ...
+    @property
+    def k_cache(self) -> Buffer: ...
+    @property
+    def v_cache(self) -> Buffer: ...
+
+
+class KVBackend(Protocol):
+    """What the hand-off reads of a Vulkan backend: its config, device and per-layer caches."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def dev(self) -> Device: ...
+    @property
+    def layers(self) -> Sequence[_CacheLayer]: ...
+
+
+def _runs(slots: npt.NDArray[np.signedinteger[Any]]) -> list[npt.NDArray[np.signedinteger[Any]]]:
     """Split ascending-by-position slots into runs contiguous in memory (a ring wraps once)."""
     breaks = np.nonzero(np.diff(slots) != 1)[0] + 1
     return np.split(np.arange(len(slots)), breaks)
 
 
-def held_positions(backend, layer: int, lo: int, hi: int) -> np.ndarray:
+def held_positions(backend: KVBackend, layer: int, lo: int, hi: int) -> npt.NDArray[np.signedinteger[Any]]:
     """The positions in [lo, hi) a layer's cache can still hold (a ring keeps the last `slots`)."""
     slots = backend.layers[layer].slots
     return np.arange(max(lo, hi - slots), hi)
 
 
-def export_kv(backend, lo: int, hi: int) -> list:
+def export_kv(backend: KVBackend, lo: int, hi: int) -> list[KVRows]:
     cfg, dev = backend.config, backend.dev
     dev.wait_idle()  # decode steps may still be in flight
-    rows = []
+    rows: list[KVRows] = []
     for i, L in enumerate(backend.layers):
         pos = held_positions(backend, i, lo, hi)
         if not len(pos):
@@ -45,7 +77,7 @@ def export_kv(backend, lo: int, hi: int) -> list:
     return rows
 
 
-def import_kv(backend, rows) -> int:
+def import_kv(backend: KVBackend, rows: Iterable[tuple[int, npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]]) -> int:
     """Write the rows into the device cache; returns the bytes moved."""
     cfg, dev = backend.config, backend.dev
     dev.wait_idle()

@@ -9,15 +9,23 @@ splitting a matrix bound in several row ranges into one dispatch per range.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-import numpy as np
+import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
-from phoenix_chat.engine.backends.vulkan.memory import Tensor
+from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer, ByteProgress, Tensor
 from phoenix_chat.engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
+# int8 activations: False (f32 x), True (q8_1 x from record_quantize), "regs" (f32 x quantized in registers)
+IntDot: TypeAlias = bool | Literal["regs"]
+Spec: TypeAlias = dict[str, int]  # specialization constants by name (Device.pipeline's **spec)
 MAX_GROUPS_X = 65535
 
 
@@ -35,7 +43,7 @@ def groups_2d(n: int) -> tuple[int, int, int]:
     return (MAX_GROUPS_X, -(-n // MAX_GROUPS_X), 1)
 
 
-def dummy(dev):
+def dummy(dev: Device) -> Buffer:
     """A small buffer for binding slots a variant declares but does not read."""
     d = getattr(dev, "_dummy_buffer", None)
     if d is None:
@@ -43,7 +51,7 @@ def dummy(dev):
     return d
 
 
-def default_spec(dev) -> dict:
+def default_spec(dev: Device) -> Spec:
     """Workgroup shape. GPUs: each subgroup owns 2 rows, 4 subgroups per workgroup (measured on
     an H100: 1.4-2x the bandwidth of a whole workgroup per row on Gemma's short rows);
     CPU Vulkan gives each invocation 8 whole rows (THREAD_ROWS in matvec.comp), sharing each chunk
@@ -54,7 +62,7 @@ def default_spec(dev) -> dict:
     return subgroup_rows_spec(dev, 2)
 
 
-def subgroup_rows_spec(dev, rows: int) -> dict:
+def subgroup_rows_spec(dev: Device, rows: int) -> Spec:
     """4 subgroups per workgroup, each owning `rows` rows."""
     sg = max(8, min(64, dev.caps.subgroup_size))
     return {"WG": 4 * sg, "ROWS": rows, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
@@ -62,19 +70,19 @@ def subgroup_rows_spec(dev, rows: int) -> dict:
 
 # workgroup shape of the int8 path that quantizes x in registers ("regs") where no tuned
 # shape of its own applies (the block-pair path lives in the cooperative kernels)
-REGS_SPEC = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
+REGS_SPEC: Spec = {"WG": 32, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4}
 
 MAX_COLUMNS = 8  # vectors one multi-column matvec takes (NCOLS in matvec.comp)
 COLUMN_ROWS = 2  # rows per subgroup there: each load of x serves this many rows
 
 
-def columns_spec(dev, columns: int) -> dict:
+def columns_spec(dev: Device, columns: int) -> Spec:
     """Workgroup shape of the multi-column matvec: subgroups owning COLUMN_ROWS rows each on
     every device (it has no whole-rows-per-invocation form), NCOLS vectors per weight read."""
     return {**subgroup_rows_spec(dev, COLUMN_ROWS), "NCOLS": columns}
 
 
-def rows_per_group(spec: dict) -> int:
+def rows_per_group(spec: Spec) -> int:
     if spec.get("THREAD_ROWS"):
         return spec["ROWS"] * spec["WG"]
     return spec["ROWS"] * max(1, spec.get("SUBGROUP_ROWS", 0))
@@ -90,7 +98,13 @@ class WeightMatrix:
 
     @classmethod
     def upload(
-        cls, dev, raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "", progress=None
+        cls,
+        dev: Device,
+        raw: npt.NDArray[Any],
+        qtype: QType,
+        shape: tuple[int, int],
+        name: str = "",
+        progress: ByteProgress | None = None,
     ) -> WeightMatrix:
         qtype = QType(qtype)
         if qtype not in SUPPORTED:
@@ -111,13 +125,13 @@ class NormTail:
     `arrival`: a uint32 counter at 0 (the kernel puts it back to 0); dispatches separated by a
     barrier may share it. residual / out / q start at element / block 0."""
 
-    w_post: object
-    residual: object
-    w_next: object
-    out: object
-    arrival: object
+    w_post: Binding
+    residual: Binding
+    w_next: Binding
+    out: Binding
+    arrival: Binding
     eps: float
-    q: object = None
+    q: Binding | None = None
 
 
 @dataclass
@@ -126,12 +140,12 @@ class RopeTail:
     workgroup to finish the head's rows (epilogue "rope"; the maths of ops_rope.rope_kv).
     `arrival`: n_heads + 2 * n_kv_heads uint32 counters at 0 (the kernel leaves them 0)."""
 
-    step: object
-    q_norm: object
-    k_norm: object
-    k_cache: object
-    v_cache: object
-    arrival: object
+    step: Binding
+    q_norm: Binding
+    k_norm: Binding
+    k_cache: Binding
+    v_cache: Binding
+    arrival: Binding
     head_dim: int
     n_heads: int
     n_kv_heads: int
@@ -141,7 +155,7 @@ class RopeTail:
     eps: float
 
 
-def rope_tail_ok(spec: dict, head_dim: int) -> bool:
+def rope_tail_ok(spec: Spec, head_dim: int) -> bool:
     """Every workgroup's rows lie in one head."""
     return head_dim % rows_per_group(spec) == 0
 
@@ -149,7 +163,7 @@ def rope_tail_ok(spec: dict, head_dim: int) -> bool:
 OUT_Q8_1_MAX_ROWS = 256  # rows one workgroup holds for the q8_1 step (matvec.comp)
 
 
-def out_q8_1_ok(spec: dict, rows: int) -> bool:
+def out_q8_1_ok(spec: Spec, rows: int) -> bool:
     """The GEGLU matvec can write y's q8_1 blocks itself: a workgroup's rows are whole blocks, or
     a whole number of workgroups makes a block (they count in the block's arrival counter)."""
     g = rows_per_group(spec)
@@ -169,14 +183,14 @@ def fusable(mats: list[WeightMatrix]) -> bool:
     return len(set(types)) == 1 or (len(mats) == 3 and types[0] == types[1] and (types[0], types[2]) in MIXED_QKV_TYPES)
 
 
-def variant_name(qtype: QType, epilogue: str | None, int_dot, v_qtype: QType | None = None) -> str:
+def variant_name(qtype: QType, epilogue: str | None, int_dot: IntDot, v_qtype: QType | None = None) -> str:
     """int_dot: False (f32 x), True (q8_1 x from record_quantize) or "regs" (f32 x, int8 dot).
     v_qtype: the third matrix's type where it differs (a mixed QKV)."""
     atype = "f32q" if int_dot == "regs" else ("q8_1" if int_dot else "f32")
     return matvec_name(qtype.name, atype, f"_{epilogue}" if epilogue else "", None if v_qtype is None else v_qtype.name)
 
 
-def record_quantize(cl, dev, x, xq, n: int, x_off: int = 0) -> None:
+def record_quantize(cl: CommandList, dev: Device, x: Binding, xq: Binding, n: int, x_off: int = 0) -> None:
     """xq <- q8_1 blocks of x[x_off : x_off + n] (n a multiple of 32)."""
     wg = 32  # one invocation per block of 32 values
     p = dev.pipeline("quantize_q8_1", WG=wg)
@@ -188,25 +202,25 @@ def q8_1_bytes(n: int) -> int:
 
 
 def record_matvec(
-    cl,
-    dev,
+    cl: CommandList,
+    dev: Device,
     mats: list[WeightMatrix],
-    x,
-    y,
+    x: Binding,
+    y: Binding,
     *,
     x_off: int = 0,
     y_off: int = 0,
     epilogue: str | None = None,
-    res=None,
+    res: Binding | None = None,
     res_off: int = 0,
-    int_dot: bool = False,
+    int_dot: IntDot = False,
     tokens: int = 1,
     x_stride: int = 0,
     y_stride: int = 0,
-    spec: dict | None = None,
+    spec: Spec | None = None,
     tail: NormTail | None = None,
-    y_q8_1=None,
-    arrival=None,
+    y_q8_1: Binding | None = None,
+    arrival: Binding | None = None,
     rope: RopeTail | None = None,
     columns: int = 1,
 ) -> None:
@@ -363,7 +377,7 @@ def record_matvec(
         return
     if any(len(m.tensor.ranges) > 1 for m in mats):
         raise ValueError("fused matrices must each fit one binding")
-    binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
+    w_binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
     rows = [m.rows for m in mats] + [0] * (3 - len(mats))
     total = rows[0] if epilogue in ("geglu", "geglu_q8_1") else sum(rows)
     push = p.push.pack(
@@ -379,4 +393,4 @@ def record_matvec(
     )
     gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
     extra = [arrival if arrival is not None else d] if epilogue == "geglu_q8_1" else []
-    cl.dispatch(p, [x, y, *binds, resb, *extra], (gx, gy, tokens), push)
+    cl.dispatch(p, [x, y, *w_binds, resb, *extra], (gx, gy, tokens), push)

@@ -9,17 +9,25 @@ one buffer and are *bound* in row ranges, each within the limit and at an aligne
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from phoenix_chat.engine.errors import OutOfMemoryError
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+
+ByteProgress: TypeAlias = Callable[[int, int], None]  # progress(done_bytes, total_bytes)
 
 
 class Buffer:
     """A VkBuffer with its own allocation. `mapped` is a writable numpy uint8 view, or None."""
 
-    def __init__(self, dev, nbytes: int, *, host: bool = False, name: str = ""):
+    def __init__(self, dev: Device, nbytes: int, *, host: bool = False, name: str = ""):
         vk = dev.vk
         self.dev = dev
         self.name = name
@@ -57,7 +65,7 @@ class Buffer:
         flags = dev._mem_props.memoryTypes[mtype].propertyFlags
         self.host_visible = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
         self.coherent = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
-        self.mapped = None
+        self.mapped: npt.NDArray[np.uint8] | None = None
         self.address = 0  # integer address of the mapping, for raw memmove in hot paths
         if self.host_visible:
             raw = vk.vkMapMemory(dev.device, self.memory, 0, req.size, 0)
@@ -68,7 +76,7 @@ class Buffer:
         dev._buffers.append(self)
         self._alive = True
 
-    def view(self, dtype=np.uint8, count: int | None = None, offset: int = 0) -> np.ndarray:
+    def view(self, dtype: npt.DTypeLike = np.uint8, count: int | None = None, offset: int = 0) -> npt.NDArray[Any]:
         """A numpy view of the mapped memory (host-visible buffers only)."""
         if self.mapped is None:
             raise ValueError(f"buffer {self.name!r} is not host-visible")
@@ -76,14 +84,16 @@ class Buffer:
         n = (self.size - offset) // itemsize if count is None else count
         return self.mapped[offset : offset + n * itemsize].view(dtype)
 
-    def write(self, array, offset: int = 0) -> None:
+    def write(self, array: npt.ArrayLike | bytearray | memoryview, offset: int = 0) -> None:
         """Write through the mapping when there is one, else through the staging buffer."""
         self.dev.upload(self, array, offset)
 
-    def read(self, dtype=np.float32, shape=None, offset: int = 0) -> np.ndarray:
+    def read(
+        self, dtype: npt.DTypeLike = np.float32, shape: int | tuple[int, ...] | None = None, offset: int = 0
+    ) -> npt.NDArray[Any]:
         return self.dev.download(self, dtype, shape, offset)
 
-    def range(self, offset: int = 0, size: int | None = None) -> tuple:
+    def range(self, offset: int = 0, size: int | None = None) -> tuple[Buffer, int, int]:
         """A binding: (buffer, offset, size)."""
         return (self, offset, self.size - offset if size is None else size)
 
@@ -116,8 +126,12 @@ class RowRange:
     rows: int
 
     @property
-    def binding(self) -> tuple:
+    def binding(self) -> tuple[Buffer, int, int]:
         return (self.buffer, self.offset, self.size)
+
+
+# what a binding slot takes (CommandList.dispatch): a whole buffer, a row range, (buffer, offset, size)
+Binding: TypeAlias = Buffer | RowRange | tuple[Buffer, int, int]
 
 
 def row_ranges(rows: int, row_bytes: int, limit: int, align: int) -> list[tuple[int, int]]:
@@ -149,7 +163,14 @@ class Tensor:
 
     @classmethod
     def upload(
-        cls, dev, data: np.ndarray, row_bytes: int, *, rows: int | None = None, name: str = "", progress=None
+        cls,
+        dev: Device,
+        data: npt.NDArray[Any],
+        row_bytes: int,
+        *,
+        rows: int | None = None,
+        name: str = "",
+        progress: ByteProgress | None = None,
     ) -> Tensor:
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         rows = raw.size // row_bytes if rows is None else rows
@@ -166,10 +187,10 @@ class Tensor:
 # ---- transfers ------------------------------------------------------------------------
 
 
-def _one_shot(dev, record) -> None:
+def _one_shot(dev: Device, record: Callable[[Any], None]) -> None:
     """Record `record(cmd)` into the device's transfer command buffer, submit and wait."""
     vk = dev.vk
-    if not hasattr(dev, "_xfer_cmd"):
+    if dev._xfer_cmd is None:
         dev._xfer_cmd = vk.vkAllocateCommandBuffers(
             dev.device,
             vk.VkCommandBufferAllocateInfo(
@@ -214,7 +235,13 @@ def _one_shot(dev, record) -> None:
     vk.vkResetFences(dev.device, 1, [dev._xfer_fence])
 
 
-def upload(dev, buf: Buffer, array, offset: int = 0, progress=None) -> None:
+def upload(
+    dev: Device,
+    buf: Buffer,
+    array: npt.ArrayLike | bytearray | memoryview,
+    offset: int = 0,
+    progress: ByteProgress | None = None,
+) -> None:
     """Copy `array` (any numpy array or bytes) into `buf` at byte `offset`.
 
     Mapped buffers are written in place (the queue must be idle for that region); others go
@@ -243,17 +270,25 @@ def upload(dev, buf: Buffer, array, offset: int = 0, progress=None) -> None:
             progress(0, 0)
         return
     stage = dev.staging()
+    staged = stage.mapped
+    assert staged is not None  # the staging buffer is host-visible
     vk = dev.vk
     for s in range(0, n, stage.size):
         m = min(stage.size, n - s)
-        stage.mapped[:m] = src[s : s + m]
+        staged[:m] = src[s : s + m]
         region = vk.VkBufferCopy(srcOffset=0, dstOffset=offset + s, size=m)
         _one_shot(dev, lambda cmd: vk.vkCmdCopyBuffer(cmd, stage.handle, buf.handle, 1, [region]))
         if progress:
             progress(s + m, n)
 
 
-def download(dev, buf: Buffer, dtype=np.float32, shape=None, offset: int = 0) -> np.ndarray:
+def download(
+    dev: Device,
+    buf: Buffer,
+    dtype: npt.DTypeLike = np.float32,
+    shape: int | tuple[int, ...] | None = None,
+    offset: int = 0,
+) -> npt.NDArray[Any]:
     """A copy of `buf`'s contents from byte `offset` as `dtype` (all of it, or `shape`)."""
     itemsize = np.dtype(dtype).itemsize
     count = (buf.size - offset) // itemsize if shape is None else int(np.prod(shape))
@@ -262,12 +297,14 @@ def download(dev, buf: Buffer, dtype=np.float32, shape=None, offset: int = 0) ->
         out = buf.mapped[offset : offset + n].copy()
     else:
         stage = dev.staging()
+        staged = stage.mapped
+        assert staged is not None  # the staging buffer is host-visible
         vk = dev.vk
         out = np.empty(n, np.uint8)
         for s in range(0, n, stage.size):
             m = min(stage.size, n - s)
             region = vk.VkBufferCopy(srcOffset=offset + s, dstOffset=0, size=m)
             _one_shot(dev, lambda cmd: vk.vkCmdCopyBuffer(cmd, buf.handle, stage.handle, 1, [region]))
-            out[s : s + m] = stage.mapped[:m]
+            out[s : s + m] = staged[:m]
     out = out.view(dtype)
     return out.reshape(shape) if shape is not None else out

@@ -11,6 +11,13 @@ blocks of the output rows (`attention_decode_f16_f32_q8_1`), bit-identical to
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Binding
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
 
 def partial_floats(n_heads: int, head_dim: int, n_splits: int) -> int:
     """Size (in floats) of the scratch buffer of per-split partials: (o[head_dim], m, l, pad, pad)."""
@@ -31,15 +38,15 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
 
 
 def attention_decode(
-    cl,
-    dev,
-    step,
-    query,
-    k_cache,
-    v_cache,
-    partial,
-    counters,
-    out,
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    query: Binding,
+    k_cache: Binding,
+    v_cache: Binding,
+    partial: Binding,
+    counters: Binding,
+    out: Binding,
     *,
     head_dim: int,
     n_heads: int,
@@ -49,7 +56,7 @@ def attention_decode(
     scale: float,
     n_splits: int,
     q_offset: int = 0,
-    q=None,
+    q: Binding | None = None,
     wg: int = 128,
 ) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos
@@ -81,13 +88,13 @@ def attention_decode(
 
 
 def attention_prefill(
-    cl,
-    dev,
-    step,
-    q,
-    k_cache,
-    v_cache,
-    out,
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    q: Binding,
+    k_cache: Binding,
+    v_cache: Binding,
+    out: Binding,
     *,
     head_dim: int,
     n_heads: int,

@@ -4,9 +4,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan.pipelines import PushLayout
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.memory import Buffer
 
 STEP = PushLayout(
     "Step",
@@ -75,10 +80,13 @@ def pack_step(
     )
 
 
-def write_step(step_buffer, **values) -> None:
+def write_step(step_buffer: Buffer, **values: Any) -> None:  # values: pack_step's keywords
     """Write one Step (pack_step's arguments) into the mapped step buffer."""
-    step_buffer.mapped[:STEP_BYTES] = np.frombuffer(pack_step(**values), np.uint8)
+    mapped = step_buffer.mapped
+    if mapped is None:
+        raise ValueError(f"step buffer {step_buffer.name!r} is not host-visible")
+    mapped[:STEP_BYTES] = np.frombuffer(pack_step(**values), np.uint8)
 
 
-def unpack_step(data: bytes) -> dict:
+def unpack_step(data: bytes) -> dict[str, int | float]:
     return STEP.unpack(data)

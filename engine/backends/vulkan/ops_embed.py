@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from phoenix_chat.engine.backends.vulkan.ops_table import EMBED_TYPES
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 
 def embed(
-    cl, dev, step, tokens, table, out, *, wtype: str, hidden: int, scale: float, max_tokens: int = 1, wg: int = 256
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    tokens: Binding,
+    table: Tensor,
+    out: Binding,
+    *,
+    wtype: str,
+    hidden: int,
+    scale: float,
+    max_tokens: int = 1,
+    wg: int = 256,
 ) -> None:
     """out[t] = table[tokens[step.pos + t]] * scale for t < step.n_tokens.
 

@@ -11,8 +11,14 @@ the backend reports the choice in stats().
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
+from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import GEMM_TYPES
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 TILE = 64  # gemm.comp: 64 tokens x 64 columns
 CM_TILE_M, CM_TILE_N = 64, 128  # gemm_coopmat.comp
@@ -26,7 +32,7 @@ LANES_RN, LANES_TM = 16, 16
 KERNELS = ("tiled", "coopmat", "lanes")
 
 
-def coopmat_ok(dev) -> bool:
+def coopmat_ok(dev: Device) -> bool:
     c = dev.caps
     return (
         c.cooperative_matrix
@@ -36,30 +42,32 @@ def coopmat_ok(dev) -> bool:
     )
 
 
-def kernel(dev) -> str:
+def kernel(dev: Device) -> str:
     """The GEMM a device gets: "coopmat", "lanes" (CPU devices) or "tiled"."""
     if coopmat_ok(dev):
         return "coopmat"
     return "lanes" if dev.caps.is_software else "tiled"
 
 
-def path(dev) -> str:
+def path(dev: Device) -> str:
     return {"coopmat": "coopmat f16 x f16 -> f32", "lanes": "register-tiled f32 (CPU device)", "tiled": "tiled f32"}[
         kernel(dev)
     ]
 
 
-def _ranges(w):
-    """A memory.Tensor's row ranges, or one whole-buffer range for a plain binding."""
-    return [(r.binding, r.row_start, r.rows) for r in w.ranges] if hasattr(w, "ranges") else None
+def _ranges(w: Tensor | Binding, n: int) -> list[tuple[Binding, int, int]]:
+    """(binding, row_start, rows): a memory.Tensor's row ranges, or all n rows of a plain binding."""
+    if isinstance(w, Tensor):
+        return [(r.binding, r.row_start, r.rows) for r in w.ranges]
+    return [(w, 0, n)]
 
 
 def gemm(
-    cl,
-    dev,
-    x,
-    w,
-    y,
+    cl: CommandList,
+    dev: Device,
+    x: Binding,
+    w: Tensor | Binding,
+    y: Binding,
     *,
     wtype: str,
     m: int,
@@ -67,7 +75,7 @@ def gemm(
     k: int,
     x_stride: int | None = None,
     y_stride: int | None = None,
-    w_up=None,
+    w_up: Tensor | Binding | None = None,
     kernel_name: str | None = None,
 ) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
@@ -97,8 +105,8 @@ def gemm(
         raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
     xs = k if x_stride is None else x_stride
     ys = n if y_stride is None else y_stride
-    gate = _ranges(w) or [(w, 0, n)]
-    up = (_ranges(w_up) or [(w_up, 0, n)]) if w_up is not None else None
+    gate = _ranges(w, n)
+    up = _ranges(w_up, n) if w_up is not None else None
     if up is not None and [(s, r) for _, s, r in up] != [(s, r) for _, s, r in gate]:
         raise ValueError("gemm: gate and up must be bound in the same row ranges")
     for i, (binding, row_start, rows) in enumerate(gate):

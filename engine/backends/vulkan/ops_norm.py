@@ -7,8 +7,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int = 256) -> None:
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Binding
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
+
+def norm(
+    cl: CommandList,
+    dev: Device,
+    x: Binding,
+    w: Binding,
+    out: Binding,
+    *,
+    rows: int,
+    n: int,
+    eps: float,
+    q: Binding | None = None,
+    wg: int = 256,
+) -> None:
     """out[r] = rmsnorm(x[r]) * w  (w is Gemma's (1 + weight) multiplier)."""
     name, binds = "norm_f32", [x, w, out]
     if q is not None:
@@ -20,13 +39,25 @@ def norm(cl, dev, x, w, out, *, rows: int, n: int, eps: float, q=None, wg: int =
 NORM_MAXE = 8  # elements per invocation norm_row.glsl's register path holds
 
 
-def add_workgroup(dev, n: int) -> int:
+def add_workgroup(dev: Device, n: int) -> int:
     """Invocations for norm_add over rows of n: enough that the row fits the register path."""
     return min(dev.caps.max_workgroup_invocations, max(256, 1 << (-(-n // NORM_MAXE) - 1).bit_length()))
 
 
 def norm_add(
-    cl, dev, x, w_post, residual, w_next, out, *, rows: int, n: int, eps: float, q=None, wg: int | None = None
+    cl: CommandList,
+    dev: Device,
+    x: Binding,
+    w_post: Binding,
+    residual: Binding,
+    w_next: Binding,
+    out: Binding,
+    *,
+    rows: int,
+    n: int,
+    eps: float,
+    q: Binding | None = None,
+    wg: int | None = None,
 ) -> None:
     """residual += rmsnorm(x) * w_post;  out = rmsnorm(residual) * w_next  (one dispatch)."""
     wg = add_workgroup(dev, n) if wg is None else wg
@@ -38,7 +69,19 @@ def norm_add(
 
 
 def norm_add_split(
-    cl, dev, x, w_post, res_in, w_next, out, res_out, *, n: int, eps: float, q=None, wg: int | None = None
+    cl: CommandList,
+    dev: Device,
+    x: Binding,
+    w_post: Binding,
+    res_in: Binding,
+    w_next: Binding,
+    out: Binding,
+    res_out: Binding,
+    *,
+    n: int,
+    eps: float,
+    q: Binding | None = None,
+    wg: int | None = None,
 ) -> None:
     """One row (decode): res_out = res_in + rmsnorm(x) * w_post;  out = rmsnorm(res_out) * w_next,
     over ceil(n / wg) workgroups instead of one (norm.comp's NORM_ADD_SPLIT says how). res_in and

@@ -9,12 +9,18 @@ for a 27B BF16 checkpoint, where the device takes about as long as the upload.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.backends.vulkan.matvec import groups_2d, row_bytes
 from phoenix_chat.engine.backends.vulkan.memory import Buffer, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import QUANTIZE_WEIGHT_TYPES
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
 
 SOURCE_KINDS = {QType.F32: 0, QType.F16: 1, QType.BF16: 2}  # the kernel's push `src_kind`
 PIECE_BYTES = 32 << 20  # source bytes per dispatch (well under any maxStorageBufferRange)
@@ -22,7 +28,7 @@ WG = 64
 
 
 def quantize_tensor(
-    dev, source: np.ndarray, src_type: QType, target: QType, shape: tuple[int, int], *, name: str = ""
+    dev: Device, source: npt.NDArray[Any], src_type: QType, target: QType, shape: tuple[int, int], *, name: str = ""
 ) -> Tensor:
     """A new device Tensor holding `source` (rows x cols values of `src_type`) as `target` blocks."""
     rows, cols = shape

@@ -7,18 +7,25 @@ Cache layout: [n_kv_heads][cache_slots][head_dim] f16; position p lands in slot 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Binding
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
 
 def rope_kv(
-    cl,
-    dev,
-    step,
-    q,
-    k,
-    v,
-    q_norm_w,
-    k_norm_w,
-    k_cache,
-    v_cache,
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    q: Binding,
+    k: Binding,
+    v: Binding,
+    q_norm_w: Binding,
+    k_norm_w: Binding,
+    k_cache: Binding,
+    v_cache: Binding,
     *,
     head_dim: int,
     n_heads: int,

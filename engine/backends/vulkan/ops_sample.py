@@ -11,6 +11,13 @@ with advance, set step.pos to that position and step.n_tokens to 1.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.memory import Binding
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
 BLOCK = 1024
 KC = 64  # the largest top_k served on the GPU; top_k = 0 means KC
 
@@ -21,13 +28,13 @@ def scratch_bytes(vocab: int, block: int = BLOCK, kc: int = KC) -> int:
 
 
 def sample(
-    cl,
-    dev,
-    step,
-    logits,
-    cand,
-    counters,
-    tokens,
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    logits: Binding,
+    cand: Binding,
+    counters: Binding,
+    tokens: Binding,
     *,
     vocab: int,
     greedy: bool,

@@ -21,6 +21,6 @@ class VulkanOptions:
     # (False), or None: timed both ways at load on GPUs (autotune.choose_few_token_path)
     few_token_matvec: bool | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.quant is not None and self.quant not in QUANT_TYPES:
             raise ValueError(f"quant must be one of {sorted(QUANT_TYPES)}, got {self.quant!r}")

@@ -14,10 +14,19 @@ only: `bench/` registers its probe kernels on a device with `Device.register_var
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan import ops_table
 from phoenix_chat.engine.backends.vulkan.ops_norm import NORM_MAXE
-from phoenix_chat.engine.backends.vulkan.variants import MAX_PUSH_BYTES, PushLayout, Variant  # noqa: F401  (MAX_PUSH_BYTES re-exported)
+
+# re-exported (`X as X`): the table's vocabulary lives in variants.py
+from phoenix_chat.engine.backends.vulkan.variants import MAX_PUSH_BYTES as MAX_PUSH_BYTES
+from phoenix_chat.engine.backends.vulkan.variants import PushLayout as PushLayout
+from phoenix_chat.engine.backends.vulkan.variants import Variant as Variant
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
 
 # ---- the matvec family ------------------------------------------------------------------
 #
@@ -81,7 +90,7 @@ QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
 
 # epilogue suffix -> its defines (the norm tail's row length per invocation comes from ops_norm)
-_EPILOGUES = (
+_EPILOGUES: tuple[tuple[str, Mapping[str, str | int | None]], ...] = (
     ("", {}),
     ("_add", {"EPI_ADD": None}),
     ("_geglu", {"EPI_GEGLU": None}),
@@ -184,7 +193,7 @@ VARIANTS: dict[str, Variant] = _all_variants()
 class Pipeline:
     """A VkPipeline with its layouts; `push` is the variant's PushLayout."""
 
-    def __init__(self, dev, variant: Variant, spec_values: dict[str, int]):
+    def __init__(self, dev: Device, variant: Variant, spec_values: dict[str, int]):
         vk = dev.vk
         self.dev = dev
         self.variant = variant
@@ -260,12 +269,12 @@ class Pipeline:
 class PipelineCache:
     """The pipelines of one device, built on first use from `VARIANTS` and any registered extras."""
 
-    def __init__(self, dev):
+    def __init__(self, dev: Device):
         self.dev = dev
         self._variants: dict[str, Variant] = dict(VARIANTS)
-        self._cache: dict[tuple, Pipeline] = {}
+        self._cache: dict[tuple[str, tuple[tuple[str, int], ...]], Pipeline] = {}
 
-    def register(self, variants) -> None:
+    def register(self, variants: Iterable[Variant]) -> None:
         """Add variants that are not product kernels (bench probes); a name may not change meaning."""
         for v in variants:
             known = self._variants.get(v.name)
@@ -273,7 +282,7 @@ class PipelineCache:
                 raise ValueError(f"pipeline variant {v.name} is already registered differently")
             self._variants[v.name] = v
 
-    def get(self, name: str, **spec) -> Pipeline:
+    def get(self, name: str, **spec: int) -> Pipeline:
         try:
             variant = self._variants[name]
         except KeyError:

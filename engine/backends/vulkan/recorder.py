@@ -9,16 +9,29 @@ allocates nothing.
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from phoenix_chat.engine.backends.vulkan.memory import Buffer, RowRange
+import numpy as np
+import numpy.typing as npt
+
+from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer, RowRange
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.pipelines import Pipeline
 
 _SETS_PER_POOL = 512
 _DESCRIPTORS_PER_POOL = 512 * 8
 
 
 class CommandList:
-    def __init__(self, dev, *, timestamps: int = 0, name: str = ""):
+    # set by the graph on the lists it profiles (a label per timestamp after the first) or
+    # brackets with two timestamps for the busy gauge; read by profiling.py
+    profile_labels: list[str] | None = None
+    busy_timed: bool = False
+
+    def __init__(self, dev: Device, *, timestamps: int = 0, name: str = ""):
         vk = dev.vk
         self.dev = dev
         self.name = name
@@ -29,9 +42,9 @@ class CommandList:
             ),
         )[0]
         self.fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
-        self._pools = []
+        self._pools: list[Any] = []  # VkDescriptorPool handles
         self._new_pool()
-        self.query_pool = None
+        self.query_pool: Any = None
         self.n_timestamps = timestamps
         if timestamps:
             if not dev.caps.timestamp_bits:
@@ -41,15 +54,15 @@ class CommandList:
             )
         self.dispatches = 0
         self.barriers = 0
-        self._last_pipeline = None
+        self._last_pipeline: Pipeline | None = None
         self._recording = False
         self._ended = False
         self._pending = False
-        self._raw = None
+        self._raw: tuple[Any, Any, Any] | None = None  # cdata (commands, submit info, fences), from end()
         self.begin()
 
     # ---- recording ----
-    def _new_pool(self):
+    def _new_pool(self) -> None:
         vk = self.dev.vk
         size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=_DESCRIPTORS_PER_POOL)
         self._pools.append(
@@ -82,7 +95,7 @@ class CommandList:
             vk.vkCmdResetQueryPool(self.cmd, self.query_pool, 0, self.n_timestamps)
         self.barrier(all_commands=True)
 
-    def _descriptor_set(self, pipeline):
+    def _descriptor_set(self, pipeline: Pipeline) -> Any:
         vk = self.dev.vk
         n = pipeline.n_bindings
         if self._sets_in_pool + 1 > _SETS_PER_POOL or self._descs_in_pool + n > _DESCRIPTORS_PER_POOL:
@@ -97,7 +110,7 @@ class CommandList:
         )[0]
 
     @staticmethod
-    def _binding(b) -> tuple[Buffer, int, int]:
+    def _binding(b: Binding) -> tuple[Buffer, int, int]:
         if isinstance(b, Buffer):
             return b, 0, b.size
         if isinstance(b, RowRange):
@@ -105,7 +118,13 @@ class CommandList:
         buf, off, size = b
         return buf, int(off), int(size)
 
-    def dispatch(self, pipeline, bindings, groups, push: bytes | None = None) -> None:
+    def dispatch(
+        self,
+        pipeline: Pipeline,
+        bindings: Sequence[Binding],
+        groups: int | tuple[int, ...] | list[int],
+        push: bytes | None = None,
+    ) -> None:
         """Bind `bindings` (Buffer | (Buffer, offset, size) | RowRange, one per binding slot),
         push `push` bytes (from pipeline.push.pack), dispatch `groups` (x[, y, z]) workgroups."""
         vk = self.dev.vk
@@ -172,7 +191,7 @@ class CommandList:
         vk.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
         self.barriers += 1
 
-    def copy(self, src, dst, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
+    def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         vk = self.dev.vk
         vk.vkCmdCopyBuffer(
             self.cmd,
@@ -182,7 +201,7 @@ class CommandList:
             [vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)],
         )
 
-    def fill(self, buf, value: int = 0, offset: int = 0, nbytes: int | None = None) -> None:
+    def fill(self, buf: Buffer, value: int = 0, offset: int = 0, nbytes: int | None = None) -> None:
         """Fill with a 32-bit pattern (`nbytes` a multiple of 4)."""
         size = buf.size - offset if nbytes is None else nbytes
         self.dev.vk.vkCmdFillBuffer(self.cmd, buf.handle, offset, size // 4 * 4, value & 0xFFFFFFFF)
@@ -219,6 +238,7 @@ class CommandList:
             self.end()
         if self._pending:
             self.wait()
+        assert self._raw is not None  # end() built it
         _cmds, info, _fences = self._raw
         r = lib.vkQueueSubmit(self.dev.queue, 1, info, self.fence)
         if r:
@@ -231,6 +251,7 @@ class CommandList:
         if not self._pending:
             return
         lib = self.dev.lib
+        assert self._raw is not None  # pending: submitted after end()
         fences = self._raw[2]
         r = lib.vkWaitForFences(self.dev.device, 1, fences, 1, timeout_ns)
         if r:
@@ -242,7 +263,7 @@ class CommandList:
         """end() if needed, submit, wait."""
         self.submit(wait=True)
 
-    def timestamps_ns(self, count: int | None = None) -> np.ndarray:
+    def timestamps_ns(self, count: int | None = None) -> npt.NDArray[np.float64]:
         """The first `count` (default all) timestamps of the last completed run, in ns relative to
         timestamp 0. Every one of them must have been written."""
         vk, ffi = self.dev.vk, self.dev.ffi
@@ -260,11 +281,12 @@ class CommandList:
         )
         if r:
             raise vk.exception_codes[r]
-        ticks = np.frombuffer(ffi.buffer(data, n * 8), dtype=np.uint64).astype(np.float64)
+        ticks: npt.NDArray[np.float64] = np.frombuffer(ffi.buffer(data, n * 8), dtype=np.uint64).astype(np.float64)
         mask = (1 << self.dev.caps.timestamp_bits) - 1 if self.dev.caps.timestamp_bits < 64 else None
         if mask is not None:
             ticks = np.asarray([int(t) & mask for t in ticks], dtype=np.float64)
-        return (ticks - ticks[0]) * self.dev.caps.timestamp_period
+        elapsed: npt.NDArray[np.float64] = (ticks - ticks[0]) * self.dev.caps.timestamp_period
+        return elapsed
 
     def destroy(self) -> None:
         vk, d = self.dev.vk, self.dev.device

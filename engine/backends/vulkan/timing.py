@@ -11,14 +11,23 @@ the timestamps. CPU Vulkan has no clocks to raise: one untimed run, then the tim
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
+K = TypeVar("K", bound=Hashable)
+Record = Callable[["CommandList"], None]  # records one piece of work into a command list
 
 WARM_S = 0.3  # replay before the first candidate (hardware devices)
 BUSY_S = 0.02  # replay of each candidate before its timed run
 
 
-def _record(dev, record, reps: int):
+def _record(dev: Device, record: Record, reps: int) -> CommandList:
     cl = dev.commands(timestamps=reps + 1)
     cl.timestamp(0)
     for i in range(reps):
@@ -29,19 +38,19 @@ def _record(dev, record, reps: int):
     return cl
 
 
-def _replay(cl, seconds: float) -> None:
+def _replay(cl: CommandList, seconds: float) -> None:
     t0 = time.perf_counter()
     cl.submit()
     while time.perf_counter() - t0 < seconds:
         cl.submit()
 
 
-def time_many(dev, records: dict, reps: int = 6) -> dict:
+def time_many(dev: Device, records: Mapping[K, Record], reps: int = 6) -> dict[K, float]:
     """{key: median GPU microseconds of records[key](cl)}, each recorded `reps` times back to back
     with a barrier after each (dependent work, as in a decode step)."""
     hw = not dev.caps.is_software
     lists = {k: _record(dev, rec, reps) for k, rec in records.items()}
-    out = {}
+    out: dict[K, float] = {}
     try:
         if hw and lists:
             _replay(next(iter(lists.values())), WARM_S)
@@ -55,6 +64,6 @@ def time_many(dev, records: dict, reps: int = 6) -> dict:
     return out
 
 
-def time_us(dev, record, reps: int = 6) -> float:
+def time_us(dev: Device, record: Record, reps: int = 6) -> float:
     """Median GPU microseconds of `record(cl)` (time_many of one)."""
     return time_many(dev, {0: record}, reps)[0]

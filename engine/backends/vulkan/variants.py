@@ -10,6 +10,7 @@ against the 128 bytes every Vulkan device guarantees.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,10 +26,10 @@ class PushLayout:
     block (`glsl()`), or a struct in a buffer such as the step buffer's (`struct_glsl()`).
     A field is (name, type) or (name, type, comment); the comment goes into the struct's GLSL."""
 
-    def __init__(self, name: str, fields: list[tuple]):
+    def __init__(self, name: str, fields: Sequence[tuple[str, str] | tuple[str, str, str]]):
         self.name = name
-        self.fields = [(f[0], f[1]) for f in fields]
-        self.comments = {f[0]: f[2] for f in fields if len(f) > 2}
+        self.fields: list[tuple[str, str]] = [(f[0], f[1]) for f in fields]
+        self.comments: dict[str, str] = {f[0]: f[2] for f in fields if len(f) > 2}
         for f, t in self.fields:
             if t not in _SCALARS:
                 raise ValueError(f"push layout {name}: field {f} has unknown type {t}")
@@ -38,7 +39,7 @@ class PushLayout:
         if self.size > MAX_PUSH_BYTES:
             raise ValueError(f"push layout {name} is {self.size} B > {MAX_PUSH_BYTES} B")
 
-    def pack(self, **values) -> bytes:
+    def pack(self, **values: float) -> bytes:
         """Bytes for vkCmdPushConstants; every field must be given (missing or extra raise)."""
         extra = set(values) - set(self.names)
         missing = set(self.names) - set(values)
@@ -46,7 +47,7 @@ class PushLayout:
             raise KeyError(f"push layout {self.name}: missing {sorted(missing)}, unknown {sorted(extra)}")
         return self._struct.pack(*(values[f] for f in self.names))
 
-    def unpack(self, data: bytes) -> dict:
+    def unpack(self, data: bytes) -> dict[str, int | float]:
         return dict(zip(self.names, self._struct.unpack(bytes(data[: self.size]))))
 
     def glsl(self) -> str:
@@ -71,9 +72,9 @@ class Variant:
     shader: str  # file in `home` (shaders/)
     bindings: int  # storage buffers at bindings 0..n-1
     push: PushLayout = NO_PUSH
-    defines: dict = field(default_factory=dict)
-    spec: dict = field(default_factory=dict)  # spec name -> (constant_id, default int)
-    requires: tuple = ()  # capability names (Capabilities attributes) needed
+    defines: Mapping[str, str | int | None] = field(default_factory=dict)
+    spec: dict[str, tuple[int, int]] = field(default_factory=dict)  # spec name -> (constant_id, default int)
+    requires: tuple[str, ...] = ()  # capability names (Capabilities attributes) needed
     home: Path = SHADER_DIR  # folder of `shader`; the SPIR-V is in its spv/
 
     def define_args(self) -> list[str]:
