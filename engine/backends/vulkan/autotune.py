@@ -341,8 +341,9 @@ def choose_geglu_q8_1(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
         records[i] = fused
     times = timing.time_many(dev, records, reps=10)
     sep_us = times.pop("separate")
-    i = min(times, key=times.__getitem__)
-    best = (times[i], specs[i])
+    fused_us = {i: us for i, us in times.items() if isinstance(i, int)}  # by index in specs
+    i = min(fused_us, key=fused_us.__getitem__)
+    best = (fused_us[i], specs[i])
     graph.tuning.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
     return (int_dot, best[1]) if best[0] < sep_us else None
 
@@ -406,9 +407,10 @@ def choose_qkv_rope(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
     write_step(b.step, pos=min(graph.context_length - 1, 512), n_tokens=1)
     times = timing.time_many(dev, records, reps=10)
     sep = times.pop("separate")
-    k = min(times, key=times.__getitem__)
-    graph.tuning.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
-    return (int_dot, fused_specs[k]) if times[k] < sep else None
+    fused_us = {k: us for k, us in times.items() if isinstance(k, int)}  # by index in fused_specs
+    k = min(fused_us, key=fused_us.__getitem__)
+    graph.tuning.qkv_rope_timing = {"fused_us": round(fused_us[k], 1), "qkv_and_rope_us": round(sep, 1)}
+    return (int_dot, fused_specs[k]) if fused_us[k] < sep else None
 
 
 def choose_few_token_path(
