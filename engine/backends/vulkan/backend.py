@@ -28,7 +28,7 @@ from phoenix_chat.engine.backends.base import Backend, KvRow, LiveStats
 from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
-from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
+from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
@@ -76,7 +76,7 @@ class VulkanBackend(Backend):
         self.tuning = Tuning(
             few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset()
         )
-        self._recordings: OrderedDict[tuple[int, str], CommandList] = OrderedDict()
+        self._recordings: OrderedDict[tuple[int, ForwardMode], CommandList] = OrderedDict()
         self._decode_lists: dict[tuple[bool, bool, int], list[CommandList]] = {}
         try:
             self.plan = plan_memory(weights, context_length, dev, options.quant)
@@ -121,7 +121,7 @@ class VulkanBackend(Backend):
             part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n
-            mode = "all" if all_logits else ("last" if last else "none")
+            mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
             cl = self._recording(m, mode)
             self.buffers.tokens_view[start_pos + s : start_pos + s + m] = part
             write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
@@ -203,7 +203,7 @@ class VulkanBackend(Backend):
 
     # ---- recorded command lists ---------------------------------------------------------------
 
-    def _recording(self, T: int, mode: str) -> CommandList:
+    def _recording(self, T: int, mode: ForwardMode) -> CommandList:
         key = (T, mode)
         cl = self._recordings.get(key)
         if cl is None:

@@ -21,6 +21,8 @@ separate norm_add dispatches. Which path each matvec takes is the `Tuning` recor
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias
+
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
@@ -41,6 +43,10 @@ from phoenix_chat.engine.backends.vulkan.profiling import mark
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import Buffers, DeviceWeights, Layer
 from phoenix_chat.engine.config import ModelConfig
+
+# what a recorded forward leaves: the cache only, the last position's logits, every position's,
+# or (decode) a token sampled on the device
+ForwardMode: TypeAlias = Literal["none", "last", "all", "sample"]
 
 
 class Gemma3Graph:
@@ -66,7 +72,13 @@ class Gemma3Graph:
         self.qkv_dim = config.q_dim + 2 * config.kv_dim
 
     def record(
-        self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False, steps: int = 1
+        self,
+        T: int,
+        mode: ForwardMode,
+        greedy: bool = True,
+        penalty: bool = False,
+        profile: bool = False,
+        steps: int = 1,
     ) -> CommandList:
         """A command list of one forward over T tokens. mode: 'none' (fill the cache only),
         'last' / 'all' (logits), 'sample' (decode step). steps > 1 (decode only): that many
@@ -92,7 +104,7 @@ class Gemma3Graph:
             cl.busy_timed = True
         return cl.end()
 
-    def _record_body(self, cl: CommandList, T: int, mode: str, greedy: bool, penalty: bool) -> None:
+    def _record_body(self, cl: CommandList, T: int, mode: ForwardMode, greedy: bool, penalty: bool) -> None:
         cfg, dev, b, w = self.config, self.dev, self.buffers, self.weights
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size

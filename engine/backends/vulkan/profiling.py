@@ -22,6 +22,7 @@ from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode
 
 
 def mark(cl: CommandList, label: str) -> None:
@@ -84,7 +85,7 @@ def profile_step(backend: VulkanBackend, tokens: int = 1) -> dict[str, float]:
     `tokens` positions."""
     if not 1 <= tokens <= PREFILL_CHUNK:
         raise ValueError(f"profile_step: 1 <= tokens <= {PREFILL_CHUNK}")
-    mode = "sample" if tokens == 1 else "last"
+    mode: ForwardMode = "sample" if tokens == 1 else "last"
     cl = backend.graph.record(tokens, mode, greedy=True, penalty=False, profile=True)
     backend.buffers.tokens_view[:tokens] = backend.config.bos_token_id
     for _ in range(3):  # the first runs warm clocks and caches
