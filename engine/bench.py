@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.sampling import SamplingParams
-from phoenix_chat.engine.weights.base import WeightSource
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.base import Backend
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
     from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.config import ModelConfig
+    from phoenix_chat.engine.weights.base import WeightSource
 
 
 @dataclass
