@@ -10,13 +10,24 @@ Tokenizer-free on purpose: it runs on synthetic GGUFs (tools/make_synthetic_gguf
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from phoenix_chat.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.base import Backend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.config import ModelConfig
+    from phoenix_chat.engine.weights.base import WeightSource
 
 
 @dataclass
@@ -39,18 +50,18 @@ class BenchResult:
     peak_device_gib: float | None
     peak_host_gib: float | None = None  # the process's peak resident set so far (ru_maxrss)
     date: str = ""
-    decode_profile_us: dict | None = None  # GPU time of one decode step by op kind
-    matvec_tuning: dict | None = None  # the kernel path/shape the autotuner picked per matrix
-    decode_options: dict | None = None  # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
+    decode_profile_us: dict[str, float] | None = None  # GPU time of one decode step by op kind
+    matvec_tuning: dict[str, dict[str, Any]] | None = None  # the kernel path/shape the autotuner picked per matrix
+    decode_options: dict[str, Any] | None = None  # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
         w = max(len(k) for k, _ in rows)
-        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+        fmt: Callable[[object], str] = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
         return "\n".join(f"{k:<{w}}  {fmt(v)}" for k, v in rows)
 
 
-def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+def copy_bandwidth(dev: Device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """GB/s of a device-local copy by a compute shader, bytes read plus bytes written (best of N)."""
     nbytes = min(nbytes, dev.caps.device_local_bytes // 8, dev.caps.max_storage_buffer_range) // 16 * 16
     a, b = dev.buffer(nbytes, name="bw_a"), dev.buffer(nbytes, name="bw_b")
@@ -66,26 +77,26 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     cl.barrier()
     cl.timestamp(1)
     cl.end()
-    best = None
+    best: float | None = None
     for _ in range(repeats):
         t0 = time.perf_counter()
         cl.submit()
         wall = time.perf_counter() - t0
-        dt = cl.timestamps_ns()[1] * 1e-9 if dev.caps.timestamp_bits else wall
+        dt = float(cl.timestamps_ns()[1]) * 1e-9 if dev.caps.timestamp_bits else wall
         best = dt if best is None else min(best, dt)
     cl.destroy()
     a.destroy()
     b.destroy()
+    assert best is not None  # repeats >= 1
     return 2 * nbytes / best / 1e9
 
 
-def bench_prompt(cfg, n: int, seed: int = 0) -> list[int]:
+def bench_prompt(cfg: ModelConfig, n: int, seed: int = 0) -> list[int]:
     """The benchmark's prompt: <bos> and n - 1 random ids of ordinary tokens (the same for every
     backend and for llama.cpp, so their figures compare)."""
     rng = np.random.default_rng(seed)
-    return [cfg.bos_token_id] + rng.integers(
-        min(1000, cfg.vocab_size - 1), min(cfg.vocab_size, 200_000), n - 1
-    ).tolist()
+    ids: list[int] = rng.integers(min(1000, cfg.vocab_size - 1), min(cfg.vocab_size, 200_000), n - 1).tolist()
+    return [cfg.bos_token_id] + ids
 
 
 def _peak_rss_bytes() -> int:
@@ -97,12 +108,12 @@ def _peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _matrix_bytes(weights) -> int:
+def _matrix_bytes(weights: WeightSource) -> int:
     return sum(t.nbytes for n, t in weights.tensors.items() if not t.is_norm)
 
 
 def run_bench(
-    path,
+    path: str | os.PathLike[str],
     backend: str = "vulkan",
     *,
     context_length: int | None = None,
@@ -119,11 +130,15 @@ def run_bench(
     cfg = weights.config
     ctx = context_length or (prompt_tokens + gen_tokens + 8)
     t0 = time.perf_counter()
+    be: Backend
+    vk: VulkanBackend | None = None
     if backend == "vulkan":
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-        be = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=quant))
-        wbytes = be.budget["weights"]
+        be = vk = VulkanBackend(
+            weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=quant)
+        )
+        wbytes = vk.budget["weights"]
     elif backend == "cpu":
         from phoenix_chat.engine.backends.cpu import CpuBackend
 
@@ -150,9 +165,9 @@ def run_bench(
             list(gen)
             t0 = time.perf_counter()  # and of the clocks, which the prefill warm-up may have left
             while backend != "cpu" and time.perf_counter() - t0 < 0.5:
-                list(be.decode_tokens(first, prompt_tokens, greedy, 16))
-            if backend == "vulkan":
-                be.host_time.reset()  # python_ms_per_token of the measured run only
+                list(be.decode_tokens(first, prompt_tokens, greedy, 16) or ())
+            if vk is not None:
+                vk.host_time.reset()  # python_ms_per_token of the measured run only
         t0 = time.perf_counter()
         gen = be.decode_tokens(first, prompt_tokens, greedy, gen_tokens)
         n = 0
@@ -168,10 +183,10 @@ def run_bench(
         decode_s = time.perf_counter() - t0
         stats = be.stats()
         profile = None
-        if backend == "vulkan":
+        if vk is not None:
             from phoenix_chat.engine.backends.vulkan.profiling import profile_step
 
-            profile = profile_step(be, 1)
+            profile = profile_step(vk, 1)
         dev = getattr(be, "dev", None)
         copy = copy_bandwidth(dev) if dev is not None else None
     finally:
@@ -208,7 +223,7 @@ def run_bench(
     )
 
 
-def run_bench_cli(args) -> int:
+def run_bench_cli(args: argparse.Namespace) -> int:
     """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
     from phoenix_chat.engine.errors import PhoenixError
     from phoenix_chat.engine.weights import embedded_model_path

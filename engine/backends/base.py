@@ -8,10 +8,12 @@ keep the whole token step on the device, `decode_tokens` (sampling on the device
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.sampling import SamplingParams
@@ -19,13 +21,24 @@ from phoenix_chat.engine.sampling import SamplingParams
 PREFILL_CHUNK = 256  # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
 
 
+# K/V rows handed between backends (npu_hybrid.py, vulkan/kv_handoff.py): (layer, positions, k, v),
+# k and v f32 [rows, kv_heads, head_dim]
+KvRow: TypeAlias = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+
+
+class ForwardFn(Protocol):
+    """A model's forward (models/gemma3.py `Gemma3Model.forward`): logits of the last or every position."""
+
+    def __call__(self, token_ids: Sequence[int], start_pos: int, /, *, all_logits: bool) -> npt.NDArray[np.float32]: ...
+
+
 def forward_in_chunks(
-    forward, ids: list[int], start_pos: int, all_logits: bool, chunk: int = PREFILL_CHUNK
-) -> np.ndarray:
+    forward: ForwardFn, ids: list[int], start_pos: int, all_logits: bool, chunk: int = PREFILL_CHUNK
+) -> npt.NDArray[np.float32]:
     """`forward(ids, pos, all_logits=...)` over `ids` a chunk at a time, positions start_pos..:
     the logits of every position with all_logits, else of the last one. (Between chunks is where
     a cancel check will go, so that Stop interrupts a long prefill.)"""
-    outs = []
+    outs: list[npt.NDArray[np.float32]] = []
     for i in range(0, len(ids), chunk):
         out = forward(ids[i : i + chunk], start_pos + i, all_logits=all_logits)
         if all_logits or i + chunk >= len(ids):
@@ -53,7 +66,7 @@ class Backend(ABC):
         self.context_length = context_length
 
     @abstractmethod
-    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
         """Run `token_ids` at positions start_pos.. (filling the KV cache there).
 
         Returns float32 logits: shape (vocab,) for the last token, or (n, vocab) with all_logits.
@@ -62,7 +75,7 @@ class Backend(ABC):
 
     def decode_tokens(
         self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
-    ) -> Iterator[int] | None:
+    ) -> Generator[int, None, None] | None:
         """Device-resident decode: feed `first_token` at `start_pos`, sample on the device, yield ids.
 
         Returns None when this backend cannot do it for these params (the caller then samples
@@ -74,7 +87,7 @@ class Backend(ABC):
         """The gauges' record (cheap: called a few times a second while generating)."""
         return LiveStats(device=self.device_name)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Backend-specific details (tuning choices, memory plan, timings) for benchmarks and
         diagnostics, JSON-serialisable; gauges read `live_stats()` instead."""
         return {}

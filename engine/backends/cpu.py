@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import psutil
 
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
@@ -24,7 +29,13 @@ class CpuBackend(Backend):
     name = "cpu"
     device_name = "CPU (numpy, f32 reference)"
 
-    def __init__(self, weights: WeightSource, context_length: int, progress=None, cancel=None):
+    def __init__(
+        self,
+        weights: WeightSource,
+        context_length: int,
+        progress: Callable[[float, str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ):
         super().__init__(weights.config, context_length)
         need = f32_footprint(weights, context_length)
         have = psutil.virtual_memory().available
@@ -37,11 +48,11 @@ class CpuBackend(Backend):
             weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
         )
 
-    def forward(self, token_ids, start_pos, *, all_logits=False):
+    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)
 
     def live_stats(self) -> LiveStats:
         return LiveStats(device=self.device_name, kv_cache_bytes=self.model.cache.nbytes())
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         return {"kv_cache_bytes": self.model.cache.nbytes()}

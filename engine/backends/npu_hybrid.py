@@ -26,18 +26,26 @@ the emulator's stand-in kernels).
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
-from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, KvRow, LiveStats, forward_in_chunks
 from phoenix_chat.engine.backends.cpu import CpuBackend
 from phoenix_chat.engine.errors import DeviceRunError, DeviceUnavailableError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model, KVCache
 from phoenix_chat.engine.paths import data_dir
+from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.weights.base import WeightSource
 from phoenix_chat.npu.errors import NpuError, NpuRunError
+
+if TYPE_CHECKING:
+    from phoenix_chat.npu.gemm import NpuGemm
 
 PROJECTIONS = (
     "self_attn.q_proj",
@@ -48,6 +56,20 @@ PROJECTIONS = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
+
+
+class KvExchange(Protocol):
+    """A decoder that hands K/V rows over itself (the Vulkan backend: vulkan/kv_handoff.py)."""
+
+    def export_kv(self, lo: int, hi: int) -> list[KvRow]: ...
+
+    def import_kv(self, rows: list[KvRow]) -> int: ...
+
+
+class ReferenceDecoder(Protocol):
+    """A decoder whose reference model's cache is read and written directly (the CPU backend)."""
+
+    model: Gemma3Model
 
 
 def npu_kernel_dirs() -> list[Path]:
@@ -61,14 +83,14 @@ def npu_kernel_dirs() -> list[Path]:
 class NpuPrefillModel(Gemma3Model):
     """The reference model sharing another's weights, with NPU matmuls for prompt chunks."""
 
-    def __init__(self, base: Gemma3Model, gemm, on_npu: set[str], min_tokens: int = 2):
+    def __init__(self, base: Gemma3Model, gemm: NpuGemm, on_npu: set[str], min_tokens: int = 2) -> None:
         # No super().__init__: the f32 weights and RoPE tables are shared with `base`, not copied.
         self.__dict__.update({k: v for k, v in base.__dict__.items() if k != "cache"})
         self.cache = KVCache(base.config, base.context_length, base.cache.forward_tokens)
         self.gemm, self.on_npu, self.min_tokens = gemm, on_npu, min_tokens
         self.npu_calls = 0
 
-    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+    def linear(self, x: npt.NDArray[np.float32], name: str) -> npt.NDArray[np.float32]:
         if x.shape[0] >= self.min_tokens and name in self.on_npu:
             self.npu_calls += 1
             return self.gemm.matmul(x, name)
@@ -82,17 +104,17 @@ class NpuHybridBackend(Backend):
         self,
         weights: WeightSource,
         context_length: int,
-        progress=None,
-        cancel=None,
+        progress: Callable[[float, str], None] | None = None,
+        cancel: threading.Event | None = None,
         *,
-        xrt=None,
-        kernel_dirs=None,
-        npu_layers=None,
-        projections=PROJECTIONS,
+        xrt: object | None = None,
+        kernel_dirs: Iterable[Path] | None = None,
+        npu_layers: Iterable[int] | None = None,
+        projections: Iterable[str] = PROJECTIONS,
         min_tokens: int = 2,
         decoder: Backend | None = None,
         dtype: str = "i8",
-    ):
+    ) -> None:
         """npu_layers: layer indices whose projections prefill on the NPU (default: all).
         projections: which of each layer's projections (default: all seven).
         dtype: "i8" (W8A8, the default) or "bf16" GEMM kernels.
@@ -147,11 +169,17 @@ class NpuHybridBackend(Backend):
         self.prefill_model = NpuPrefillModel(base, self.gemm, on_npu, min_tokens)
         self.min_tokens = min_tokens
         self._prefill_valid = 0  # prefill cache agrees with the decoder below this position
-        self.handoff = {"to_decoder_rows": 0, "to_prefill_rows": 0, "bytes": 0, "seconds": 0.0, "count": 0}
-        self.timing = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+        self.handoff: dict[str, float] = {
+            "to_decoder_rows": 0,
+            "to_prefill_rows": 0,
+            "bytes": 0,
+            "seconds": 0.0,
+            "count": 0,
+        }
+        self.timing: dict[str, float] = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
 
     # ------------------------------------------------------------ forward
-    def forward(self, token_ids, start_pos, *, all_logits=False):
+    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
         ids = list(token_ids)
         if len(ids) < self.min_tokens:
             t = time.perf_counter()
@@ -183,25 +211,34 @@ class NpuHybridBackend(Backend):
         self._prefill_valid = end
         return logits
 
-    def decode_tokens(self, first_token, start_pos, params, max_tokens):
+    def decode_tokens(
+        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
+    ) -> Generator[int, None, None] | None:
         """The decoder's device-resident decode, when it has one (its cache holds the prompt)."""
         steps = self.decoder.decode_tokens(first_token, start_pos, params, max_tokens)
         if steps is not None:
             self._prefill_valid = min(self._prefill_valid, start_pos)
         return steps
 
-    def _decoder_rows(self, lo, hi):
+    def _decoder_rows(self, lo: int, hi: int) -> list[KvRow]:
         if hasattr(self.decoder, "export_kv"):
-            return self.decoder.export_kv(lo, hi)
-        return _cache_rows(self.decoder.model.cache, lo, hi)
+            return cast(KvExchange, self.decoder).export_kv(lo, hi)
+        return _cache_rows(cast(ReferenceDecoder, self.decoder).model.cache, lo, hi)
 
-    def _decoder_import(self, rows):
+    def _decoder_import(self, rows: list[KvRow]) -> None:
         if hasattr(self.decoder, "import_kv"):
-            self.decoder.import_kv(rows)
+            cast(KvExchange, self.decoder).import_kv(rows)
         else:
-            _write_rows(self.decoder.model.cache, rows)
+            _write_rows(cast(ReferenceDecoder, self.decoder).model.cache, rows)
 
-    def _handoff(self, export, import_, lo: int, hi: int, counter: str):
+    def _handoff(
+        self,
+        export: Callable[[int, int], list[KvRow]],
+        import_: Callable[[list[KvRow]], None],
+        lo: int,
+        hi: int,
+        counter: str,
+    ) -> None:
         """Move the K/V rows of positions [lo, hi) from one side to the other, timed."""
         t = time.perf_counter()
         rows = export(lo, hi)
@@ -222,7 +259,7 @@ class NpuHybridBackend(Backend):
             kv_cache_bytes=self.prefill_model.cache.nbytes() + dec.kv_cache_bytes,
         )
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         g, d = self.gemm.stats, self.npu.stats
         return {
             "npu_busy_fraction": self.npu.busy_fraction(1.0),
@@ -243,13 +280,13 @@ class NpuHybridBackend(Backend):
             "decoder": self.decoder.stats(),
         }
 
-    def close(self):
+    def close(self) -> None:
         self.decoder.close()
 
 
-def _cache_rows(cache: KVCache, lo: int, hi: int) -> list:
+def _cache_rows(cache: KVCache, lo: int, hi: int) -> list[KvRow]:
     """[(layer, positions, k, v)] for the rows of positions [lo, hi) a cache holds."""
-    rows = []
+    rows: list[KvRow] = []
     for layer, held in enumerate(cache.positions):
         sel = (held >= lo) & (held < hi)
         if sel.any():
@@ -257,6 +294,6 @@ def _cache_rows(cache: KVCache, lo: int, hi: int) -> list:
     return rows
 
 
-def _write_rows(cache: KVCache, rows: list) -> None:
+def _write_rows(cache: KVCache, rows: list[KvRow]) -> None:
     for layer, positions, k, v in rows:
         cache.write(layer, positions, k, v)

@@ -124,8 +124,8 @@ def test_emulated_backend_needs_kernels(setup, tmp_path):
 
 
 def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsys):
-    import engine.loader
     from phoenix_chat.app.cli import main
+    from phoenix_chat.engine import loader
     from phoenix_chat.engine.backends.npu_hybrid import NpuHybridBackend
     from phoenix_chat.engine.errors import DeviceRunError
 
@@ -144,7 +144,7 @@ def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsy
         hybrid.forward(ids[:8], 0)
     assert hybrid.stats()["handoff"]["count"] == 0  # nothing half-done reached the decoder
     # `phoenix-chat run` on it: the CLI's PhoenixError path, one line on stderr, exit status 2
-    monkeypatch.setattr(engine.loader, "_make_backend", lambda *a: (hybrid, "NPU prefill (emulated, failing)"))
+    monkeypatch.setattr(loader, "_make_backend", lambda *a: (hybrid, "NPU prefill (emulated, failing)"))
     assert main(["run", "Hello", "--backend", "npu-hybrid", "--max-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(f"phoenix-chat: error: {message}\n", err), err

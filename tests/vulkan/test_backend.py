@@ -182,6 +182,7 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
     goes through the int8 lm head."""
     if not vk_device.caps.int_dot:
         pytest.skip("no shaderIntegerDotProduct")
+    from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
     cpu, vk = tiny
@@ -194,7 +195,7 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
         # are chosen by timing and have their own tests: off here, so the dispatch count below
         # says only what the int8 mode of each matvec does
         vk8.tuning.qkv_rope = vk8.tuning.geglu_q8_1 = None
-        vk8.tuning.matvec = {k: (0.0, False, None) for k in keys}
+        vk8.tuning.matvec = {k: MatvecChoice(0.0, False, None) for k in keys}
         vk8.drop_recordings()
         f32_dispatches = profile_step(vk8)["dispatches"]
         for name, modes in (
@@ -202,7 +203,7 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
             ("q8_1", dict.fromkeys(keys, True)),
             ("mixed", mixed),
         ):
-            vk8.tuning.matvec = {k: (0.0, m, None) for k, m in modes.items()}
+            vk8.tuning.matvec = {k: MatvecChoice(0.0, m, None) for k, m in modes.items()}
             vk8.drop_recordings()
             ids = [5, 17, 300, 4000, 12, 99]
             ref = cpu.forward(ids, 0, all_logits=True)

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from phoenix_chat.engine.backends.vulkan import ops_norm, timing
 from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
     REGS_SPEC,
     NormTail,
+    WeightMatrix,
     default_spec,
     fusable,
     out_q8_1_ok,
@@ -27,38 +30,63 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     regs_ok,
     rope_tail_ok,
 )
+from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
+from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
+    from phoenix_chat.engine.backends.vulkan.resident import Layer
 
 TUNE_LAYERS = 8  # layers the load-time timing cycles through (`tuning_layers`)
+
+# a matvec workgroup shape: its specialization constants (matvec.default_spec)
+Spec: TypeAlias = dict[str, int]
+# a matvec's activations: f32 (False), q8_1 blocks (True) or f32 quantized in registers ("regs")
+IntDot: TypeAlias = bool | Literal["regs"]
+
+
+class MatvecChoice(NamedTuple):
+    """The fastest candidate timed for one matvec key."""
+
+    us: float
+    int_dot: IntDot
+    spec: Spec | None  # None: the default shape (matvec.default_spec)
+
+
+# (key, use_tail, str(int_dot), spec index): one timed matvec candidate
+_Candidate: TypeAlias = tuple[str, bool, str, int]
 
 
 @dataclass
 class Tuning:
     """The load-time choices. Empty timings: that choice was not timed (untuned device)."""
 
-    matvec: dict = field(default_factory=dict)  # key -> (us, int_dot, spec) of the fastest candidate
-    norm_tail: dict = field(default_factory=dict)  # key -> run the following norm_add in the matvec's last workgroup
+    matvec: dict[str, MatvecChoice] = field(default_factory=dict)  # key -> the fastest candidate
+    # key -> run the following norm_add in the matvec's last workgroup
+    norm_tail: dict[str, bool] = field(default_factory=dict)
     # (int_dot, spec) of a decode GEGLU that also writes mlp's q8_1 blocks for the int8 down
     # matvec (no quantize dispatch between them), or None
-    geglu_q8_1: tuple | None = None
-    geglu_q8_1_timing: dict = field(default_factory=dict)
+    geglu_q8_1: tuple[IntDot, Spec] | None = None
+    geglu_q8_1_timing: dict[str, float] = field(default_factory=dict)
     # (int_dot, spec) of a decode QKV matvec whose last workgroup per head runs QK-norm +
     # RoPE + the KV write (no rope dispatch), or None
-    qkv_rope: tuple | None = None
-    qkv_rope_timing: dict = field(default_factory=dict)
+    qkv_rope: tuple[IntDot, Spec] | None = None
+    qkv_rope_timing: dict[str, float] = field(default_factory=dict)
     # token counts (2..MAX_COLUMNS) whose forwards take the multi-column matvecs, not the GEMMs
-    few_token_matvec: frozenset = frozenset()
-    few_token_timing: dict = field(default_factory=dict)
+    few_token_matvec: frozenset[int] = frozenset()
+    few_token_timing: dict[int, dict[str, float]] = field(default_factory=dict)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
-        out = {
+        out: dict[str, Any] = {
             "matvec_tuning": {
                 k: {
-                    "us": round(v[0], 1),
-                    "int8": v[1],
-                    **v[2],
+                    "us": round(v.us, 1),
+                    "int8": v.int_dot,
+                    **(v.spec or {}),
                     **({"norm_tail": self.norm_tail[k]} if k in self.norm_tail else {}),
                 }
                 for k, v in self.matvec.items()
@@ -76,7 +104,7 @@ class Tuning:
         return out
 
 
-def tune(graph, *, time_matvecs: bool) -> None:
+def tune(graph: Gemma3Graph, *, time_matvecs: bool) -> None:
     """Fill graph.tuning: matvec paths (where `time_matvecs`), then the decode fusions."""
     if time_matvecs:
         autotune_matvecs(graph)
@@ -84,7 +112,7 @@ def tune(graph, *, time_matvecs: bool) -> None:
     graph.tuning.qkv_rope = choose_qkv_rope(graph)
 
 
-def tuning_layers(graph, pick) -> list[int]:
+def tuning_layers(graph: Gemma3Graph, pick: Callable[[Layer], list[WeightMatrix]]) -> list[int]:
     """Layers whose matrices `pick(L)` match layer 0's in type and shape, up to TUNE_LAYERS:
     the timed candidates cycle through them, so each repeat reads its weights from memory
     as a decode step does (one matrix repeated stays partly in a big GPU's L2: an H100 read
@@ -94,32 +122,49 @@ def tuning_layers(graph, pick) -> list[int]:
     return [i for i, L in enumerate(layers) if [(m.qtype, m.rows, m.cols) for m in pick(L)] == sig][:TUNE_LAYERS]
 
 
-def matvec_cases(graph) -> dict:
+class MatvecCase(NamedTuple):
+    """One matvec shape the autotuner times (`matvec_cases`)."""
+
+    rotation: list[list[WeightMatrix]]  # the matrices, one list per tuning layer
+    x: Buffer
+    y: Buffer
+    x_cols: int
+    y_cols: int
+    epilogue: str | None
+
+
+def matvec_cases(graph: Gemma3Graph) -> dict[str, MatvecCase]:
     """key -> (matrix lists, one per tuning layer, x, y, x_cols, y_cols, epilogue)."""
     cfg, b, layers = graph.config, graph.buffers, graph.weights.layers
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    picks = {"o": lambda L: [L.o], "geglu": lambda L: [L.gate, L.up], "down": lambda L: [L.down]}
+    picks: dict[str, Callable[[Layer], list[WeightMatrix]]] = {
+        "o": lambda L: [L.o],
+        "geglu": lambda L: [L.gate, L.up],
+        "down": lambda L: [L.down],
+    }
     if fusable(layers[0].qkv):
         picks["qkv"] = lambda L: L.qkv
-    shapes = {
+    shapes: dict[str, tuple[Buffer, Buffer, int, int, str | None]] = {
         "o": (b.attn, b.o, cfg.q_dim, H, None),
         "geglu": (b.h, b.mlp, H, I, "geglu"),
         "down": (b.mlp, b.o, I, H, None),
         "qkv": (b.h, b.qkv, H, graph.qkv_dim, None),
     }
-    cases = {k: ([pick(layers[i]) for i in tuning_layers(graph, pick)], *shapes[k]) for k, pick in picks.items()}
+    cases = {
+        k: MatvecCase([pick(layers[i]) for i in tuning_layers(graph, pick)], *shapes[k]) for k, pick in picks.items()
+    }
     lm_head = graph.weights.lm_head
     if len(lm_head.tensor.ranges) == 1:
-        cases["lm"] = ([[lm_head]], b.h, b.logits, H, V, None)
+        cases["lm"] = MatvecCase([[lm_head]], b.h, b.logits, H, V, None)
     return cases
 
 
-def autotune_matvecs(graph) -> None:
+def autotune_matvecs(graph: Gemma3Graph) -> None:
     """Pick, per matvec shape of this model, the fastest kernel path (f32 / int8 activations)
     and workgroup shape on this device, by timing candidates on the real weights (~1 s)."""
     dev, cfg, b, tuning = graph.dev, graph.config, graph.buffers, graph.tuning
     sg = max(8, min(64, dev.caps.subgroup_size))
-    specs = [
+    specs: list[Spec] = [
         {"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
         {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
         {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
@@ -147,15 +192,15 @@ def autotune_matvecs(graph) -> None:
         "down": ("post_feedforward_layernorm", "input_layernorm"),
     }
     # every candidate of every matrix recorded first, then timed in one go (timing.time_many)
-    candidates: dict = {}
+    candidates: dict[_Candidate, tuple[Callable[[CommandList], None], tuple[IntDot, Spec]]] = {}
     for key, (rotation, x, y, xc, yc, epi) in cases.items():
         mats = rotation[0]
         xq = b.hq if key in ("qkv", "geglu", "lm") else (b.attnq if key == "o" else None)
-        tail = None
+        tail: NormTail | None = None
         if key in tails and len(mats[0].tensor.ranges) == 1:
             w_post, w_next = (L0.norms[n] for n in tails[key])
             tail = NormTail(w_post, b.x, w_next, b.h, b.mv_arrival, cfg.rms_norm_eps, q=b.hq)
-        paths = [False]
+        paths: list[IntDot] = [False]
         if graph.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats):
             paths.append(True)
             if all(regs_ok(m) for m in mats):
@@ -165,19 +210,19 @@ def autotune_matvecs(graph) -> None:
                 for si, spec in enumerate(specs if int_dot != "regs" or not dev.caps.is_software else [REGS_SPEC]):
 
                     def record(
-                        cl,
-                        layers=itertools.cycle(rotation),
-                        x=x,
-                        y=y,
-                        xc=xc,
-                        yc=yc,
-                        epi=epi,
-                        xq=xq,
-                        tail=tail,
-                        int_dot=int_dot,
-                        spec=spec,
-                        use_tail=use_tail,
-                    ):
+                        cl: CommandList,
+                        layers: Iterator[list[WeightMatrix]] = itertools.cycle(rotation),
+                        x: Buffer = x,
+                        y: Buffer = y,
+                        xc: int = xc,
+                        yc: int = yc,
+                        epi: str | None = epi,
+                        xq: Buffer | None = xq,
+                        tail: NormTail | None = tail,
+                        int_dot: IntDot = int_dot,
+                        spec: Spec = spec,
+                        use_tail: bool = use_tail,
+                    ) -> None:
                         # each repeat on the next tuning layer's matrices (tuning_layers)
                         graph.mv(
                             cl,
@@ -212,12 +257,12 @@ def autotune_matvecs(graph) -> None:
     times = timing.time_many(dev, {k: rec for k, (rec, _) in candidates.items()}, reps=reps)
     for (key, use_tail, _i, _s), us in sorted(times.items(), key=lambda kv: kv[1]):
         if key not in tuning.matvec:
-            tuning.matvec[key] = (us, *candidates[(key, use_tail, _i, _s)][1])
-            if key in tails and len(cases[key][0][0][0].tensor.ranges) == 1:
+            tuning.matvec[key] = MatvecChoice(us, *candidates[(key, use_tail, _i, _s)][1])
+            if key in tails and len(cases[key].rotation[0][0].tensor.ranges) == 1:
                 tuning.norm_tail[key] = use_tail
 
 
-def geglu_q8_1_specs(graph) -> list[dict]:
+def geglu_q8_1_specs(graph: Gemma3Graph) -> list[Spec]:
     """Workgroup shapes that make whole q8_1 blocks (matvec.out_q8_1_ok): the GEGLU's tuned
     shape where it qualifies (its workgroups then share blocks through arrival counters),
     and shapes of 32 rows per workgroup (no counters, but fewer workgroups)."""
@@ -225,19 +270,19 @@ def geglu_q8_1_specs(graph) -> list[dict]:
     tuned = graph.tuning.matvec.get("geglu")
     if caps.is_software:
         wg = caps.subgroup_size
-        specs = [{"WG": wg, "ROWS": max(1, 32 // wg), "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+        specs: list[Spec] = [{"WG": wg, "ROWS": max(1, 32 // wg), "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
     else:
         sg = max(8, min(64, caps.subgroup_size))
-        specs = ([tuned[2]] if tuned and tuned[2] else []) + [default_spec(graph.dev)]
+        specs = ([tuned.spec] if tuned and tuned.spec else []) + [default_spec(graph.dev)]
         specs += [{"WG": 4 * sg, "ROWS": r, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 32 // r} for r in (2, 4, 8)]
-    out = []
+    out: list[Spec] = []
     for s in specs:
         if out_q8_1_ok(s, I) and s not in out:
             out.append(s)
     return out
 
 
-def choose_geglu_q8_1(graph):
+def choose_geglu_q8_1(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
     """Where the down matvec reads q8_1 blocks, the GEGLU before it can write them (a
     quantize dispatch and a barrier fewer per layer). Tuned devices keep it only if timing
     says so (block arrival counting, or 32-row workgroups that stream worse, can cost more
@@ -257,7 +302,7 @@ def choose_geglu_q8_1(graph):
 
     rotation = tuning_layers(graph, lambda L: [L.gate, L.up])
 
-    def separate(cl, order=itertools.cycle(rotation)):
+    def separate(cl: CommandList, order: Iterator[int] = itertools.cycle(rotation)) -> None:
         L = layers[next(order)]
         graph.mv(
             cl,
@@ -274,10 +319,10 @@ def choose_geglu_q8_1(graph):
         cl.barrier()
         record_quantize(cl, dev, b.mlp, b.xq, I)
 
-    records = {"separate": separate}
+    records: dict[str | int, Callable[[CommandList], None]] = {"separate": separate}
     for i, spec in enumerate(specs):
 
-        def fused(cl, spec=spec, order=itertools.cycle(rotation)):
+        def fused(cl: CommandList, spec: Spec = spec, order: Iterator[int] = itertools.cycle(rotation)) -> None:
             L = layers[next(order)]
             graph.mv(
                 cl,
@@ -296,13 +341,14 @@ def choose_geglu_q8_1(graph):
         records[i] = fused
     times = timing.time_many(dev, records, reps=10)
     sep_us = times.pop("separate")
-    i = min(times, key=times.get)
-    best = (times[i], specs[i])
+    fused_us = {i: us for i, us in times.items() if isinstance(i, int)}  # by index in specs
+    i = min(fused_us, key=fused_us.__getitem__)
+    best = (fused_us[i], specs[i])
     graph.tuning.geglu_q8_1_timing = {"fused_us": round(best[0], 1), "geglu_and_quantize_us": round(sep_us, 1)}
     return (int_dot, best[1]) if best[0] < sep_us else None
 
 
-def choose_qkv_rope(graph):
+def choose_qkv_rope(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
     """The decode QKV matvec can run each head's rope in its last workgroup (per-head arrival
     counters) where its workgroups' rows lie within one head. Tuned devices keep it only if
     timing says so (the fused kernel in the QKV's tuned shape and in subgroup-row shapes,
@@ -320,7 +366,7 @@ def choose_qkv_rope(graph):
         return (int_dot, spec) if rope_tail_ok(spec, cfg.head_dim) else None
     hq = b.hq if int_dot is True else None
     sg = max(8, min(64, dev.caps.subgroup_size))
-    fused_specs = []
+    fused_specs: list[Spec] = []
     for cand in (
         [spec]
         if int_dot == "regs"
@@ -333,16 +379,16 @@ def choose_qkv_rope(graph):
 
     rotation = tuning_layers(graph, lambda L: L.qkv)
 
-    def separate(cl, order=itertools.cycle(rotation)):
+    def separate(cl: CommandList, order: Iterator[int] = itertools.cycle(rotation)) -> None:
         i = next(order)
         graph.mv(cl, layers[i].qkv, b.h, b.qkv, T=1, x_cols=H, y_cols=graph.qkv_dim, force=(int_dot, spec), xq=hq)
         cl.barrier()
         graph.rope_kv(cl, i, 1)
 
-    records = {"separate": separate}
+    records: dict[str | int, Callable[[CommandList], None]] = {"separate": separate}
     for k, fs in enumerate(fused_specs):
 
-        def fused(cl, fs=fs, order=itertools.cycle(rotation)):
+        def fused(cl: CommandList, fs: Spec = fs, order: Iterator[int] = itertools.cycle(rotation)) -> None:
             i = next(order)
             graph.mv(
                 cl,
@@ -361,22 +407,25 @@ def choose_qkv_rope(graph):
     write_step(b.step, pos=min(graph.context_length - 1, 512), n_tokens=1)
     times = timing.time_many(dev, records, reps=10)
     sep = times.pop("separate")
-    k = min(times, key=times.get)
-    graph.tuning.qkv_rope_timing = {"fused_us": round(times[k], 1), "qkv_and_rope_us": round(sep, 1)}
-    return (int_dot, fused_specs[k]) if times[k] < sep else None
+    fused_us = {k: us for k, us in times.items() if isinstance(k, int)}  # by index in fused_specs
+    k = min(fused_us, key=fused_us.__getitem__)
+    graph.tuning.qkv_rope_timing = {"fused_us": round(fused_us[k], 1), "qkv_and_rope_us": round(sep, 1)}
+    return (int_dot, fused_specs[k]) if fused_us[k] < sep else None
 
 
-def choose_few_token_path(backend, counts=range(2, MAX_COLUMNS + 1), repeats: int = 2) -> frozenset:
+def choose_few_token_path(
+    backend: VulkanBackend, counts: Sequence[int] = range(2, MAX_COLUMNS + 1), repeats: int = 2
+) -> frozenset[int]:
     """Time forwards of a few tokens (all logits back, as a speculative verify pass asks) on a
     VulkanBackend through the multi-column matvecs and through the GEMMs; return the counts
     where the matvecs were faster (the times go to tuning.few_token_timing). The smallest and
     largest count first: where both agree (big models: the matvecs win throughout), the rest
     follow without timing (each 27B trial is ~0.1 s)."""
     counts = list(counts)
-    ms: dict = {}
+    ms: dict[int, dict[str, float]] = {}
     tuning = backend.tuning
 
-    def trial(todo):
+    def trial(todo: list[int]) -> dict[int, bool]:
         for path in ("matvec", "gemm"):
             tuning.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
             backend.drop_recordings()

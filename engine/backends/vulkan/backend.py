@@ -18,21 +18,27 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from phoenix_chat.engine.backends.base import Backend, LiveStats
+from phoenix_chat.engine.backends.base import Backend, KvRow, LiveStats
 from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
-from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
+from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
 from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, plan_memory
+from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
 from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.weights.base import WeightSource
+
+__all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's constructor argument
 
 MAX_RECORDINGS = 8
 IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
@@ -47,7 +53,7 @@ class VulkanBackend(Backend):
         context_length: int,
         options: VulkanOptions = VulkanOptions(),
         *,
-        progress=None,
+        progress: Callable[[float, str], None] | None = None,
         device: Device | None = None,
     ):
         """device: an open Device to share (tests, several backends on one GPU); else one is
@@ -70,8 +76,8 @@ class VulkanBackend(Backend):
         self.tuning = Tuning(
             few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset()
         )
-        self._recordings: OrderedDict = OrderedDict()
-        self._decode_lists: dict = {}
+        self._recordings: OrderedDict[tuple[int, ForwardMode], CommandList] = OrderedDict()
+        self._decode_lists: dict[tuple[bool, bool, int], list[CommandList]] = {}
         try:
             self.plan = plan_memory(weights, context_length, dev, options.quant)
             self.device_weights = upload_weights(dev, weights, self.plan, progress)
@@ -101,7 +107,7 @@ class VulkanBackend(Backend):
 
     # ---- running ---------------------------------------------------------------------------
 
-    def forward(self, token_ids, start_pos: int, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
         ids = [int(t) for t in token_ids]
         n = len(ids)
         if n == 0:
@@ -110,12 +116,12 @@ class VulkanBackend(Backend):
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
         chunk = LOGITS_CHUNK if all_logits else PREFILL_CHUNK
-        outs = []
+        outs: list[npt.NDArray[np.float32]] = []
         for s in range(0, n, chunk):
             part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n
-            mode = "all" if all_logits else ("last" if last else "none")
+            mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
             cl = self._recording(m, mode)
             self.buffers.tokens_view[start_pos + s : start_pos + s + m] = part
             write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
@@ -127,7 +133,9 @@ class VulkanBackend(Backend):
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return np.concatenate(outs) if all_logits else outs[-1]
 
-    def decode_tokens(self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int):
+    def decode_tokens(
+        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
+    ) -> Generator[int, None, None] | None:
         if not params.greedy and (params.top_k <= 0 or params.top_k > ops_sample.KC):
             return None  # the GPU sampler keeps at most KC candidates: sample on the CPU instead
         return self._decode(int(first_token), int(start_pos), params, int(max_tokens))
@@ -139,7 +147,9 @@ class VulkanBackend(Backend):
         w = self.budget["weights"]
         return 4 if w < (1 << 30) else (2 if w < (4 << 30) else 1)
 
-    def _decode(self, first_token, start_pos, params, max_tokens):
+    def _decode(
+        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
+    ) -> Generator[int, None, None]:
         limit = min(max_tokens, self.context_length - start_pos - 1)
         if limit <= 0:
             return
@@ -163,7 +173,7 @@ class VulkanBackend(Backend):
             rep_penalty=params.repetition_penalty,
             rep_window=params.repetition_window,
         )
-        inflight = deque()
+        inflight: deque[tuple[CommandList, int]] = deque()  # (list, position of its first id)
         submitted = 0
         n_sub = -(-limit // K)
         done = 0
@@ -193,7 +203,7 @@ class VulkanBackend(Backend):
 
     # ---- recorded command lists ---------------------------------------------------------------
 
-    def _recording(self, T: int, mode: str):
+    def _recording(self, T: int, mode: ForwardMode) -> CommandList:
         key = (T, mode)
         cl = self._recordings.get(key)
         if cl is None:
@@ -205,7 +215,7 @@ class VulkanBackend(Backend):
             self._recordings.move_to_end(key)
         return cl
 
-    def _decode_lists_for(self, greedy: bool, penalty: bool, steps: int):
+    def _decode_lists_for(self, greedy: bool, penalty: bool, steps: int) -> list[CommandList]:
         key = (greedy, penalty, steps)
         if key not in self._decode_lists:
             # identical recordings: the GPU runs the queued ones while the host reads ids
@@ -226,11 +236,11 @@ class VulkanBackend(Backend):
 
     # ---- hand-off and reporting -----------------------------------------------------------------
 
-    def export_kv(self, lo: int, hi: int) -> list:
+    def export_kv(self, lo: int, hi: int) -> list[KvRow]:
         """K/V rows of positions [lo, hi) as f32 (hand-off to another device; kv_handoff.py)."""
         return kv_handoff.export_kv(self, lo, hi)
 
-    def import_kv(self, rows) -> int:
+    def import_kv(self, rows: list[KvRow]) -> int:
         """Write K/V rows computed elsewhere (e.g. an NPU prefill) into this cache."""
         return kv_handoff.import_kv(self, rows)
 
@@ -242,7 +252,7 @@ class VulkanBackend(Backend):
     def live_stats(self) -> LiveStats:
         return LiveStats(device=self.dev.name, gpu_busy=self.busy.fraction(), kv_cache_bytes=self.budget["kv_cache"])
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction."""
         return profiling.stats(self)
@@ -254,4 +264,4 @@ class VulkanBackend(Backend):
         self.drop_recordings()
         if self._own_device:
             dev.close()
-        self.dev = None
+        del self.dev  # closed: a second close() finds none

@@ -21,10 +21,12 @@ separate norm_add dispatches. Which path each matvec takes is the `Tuning` recor
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias
+
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
-from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+from phoenix_chat.engine.backends.vulkan.autotune import IntDot, Spec, Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import (
     REGS_SPEC,
@@ -35,10 +37,16 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     record_matvec,
     record_quantize,
 )
+from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
 from phoenix_chat.engine.backends.vulkan.profiling import mark
+from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import Buffers, DeviceWeights, Layer
 from phoenix_chat.engine.config import ModelConfig
+
+# what a recorded forward leaves: the cache only, the last position's logits, every position's,
+# or (decode) a token sampled on the device
+ForwardMode: TypeAlias = Literal["none", "last", "all", "sample"]
 
 
 class Gemma3Graph:
@@ -64,8 +72,14 @@ class Gemma3Graph:
         self.qkv_dim = config.q_dim + 2 * config.kv_dim
 
     def record(
-        self, T: int, mode: str, greedy: bool = True, penalty: bool = False, profile: bool = False, steps: int = 1
-    ):
+        self,
+        T: int,
+        mode: ForwardMode,
+        greedy: bool = True,
+        penalty: bool = False,
+        profile: bool = False,
+        steps: int = 1,
+    ) -> CommandList:
         """A command list of one forward over T tokens. mode: 'none' (fill the cache only),
         'last' / 'all' (logits), 'sample' (decode step). steps > 1 (decode only): that many
         token steps back to back in one command buffer; each step's sampler advances step.pos,
@@ -90,7 +104,7 @@ class Gemma3Graph:
             cl.busy_timed = True
         return cl.end()
 
-    def _record_body(self, cl, T: int, mode: str, greedy: bool, penalty: bool) -> None:
+    def _record_body(self, cl: CommandList, T: int, mode: ForwardMode, greedy: bool, penalty: bool) -> None:
         cfg, dev, b, w = self.config, self.dev, self.buffers, self.weights
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size
@@ -113,7 +127,7 @@ class Gemma3Graph:
         # same for the o matvec (attnq).
         dec = T == 1
 
-        def qkv_hq(L):
+        def qkv_hq(L: Layer) -> Buffer | None:
             return self._h_q8_1(L.qkv, "qkv") if dec and self.qkv_fused(L) else None
 
         hq = qkv_hq(w.layers[0])
@@ -195,7 +209,7 @@ class Gemma3Graph:
                 xq=attnq,
             )
             mark(cl, open_op)
-            mlpq = None
+            mlpq: Buffer | None = None
             if dec and tuning.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
                 mlpq = b.mlpq  # the int8 down matvec's input blocks, from the GEGLU itself
                 self.mv(
@@ -257,12 +271,13 @@ class Gemma3Graph:
 
     # ---- the attention half ----------------------------------------------------------------
 
-    def _qkv(self, cl, L: Layer, T: int, hq=None, rope: RopeTail | None = None) -> None:
+    def _qkv(self, cl: CommandList, L: Layer, T: int, hq: Buffer | None = None, rope: RopeTail | None = None) -> None:
         """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope."""
         cfg, b = self.config, self.buffers
         q, k, v = L.qkv
         if rope is not None:
             qkv_rope = self.tuning.qkv_rope
+            assert qkv_rope is not None  # the caller passes a rope only where tuning chose it
             self.mv(
                 cl,
                 L.qkv,
@@ -312,7 +327,7 @@ class Gemma3Graph:
             eps=cfg.rms_norm_eps,
         )
 
-    def rope_kv(self, cl, i: int, T: int) -> None:
+    def rope_kv(self, cl: CommandList, i: int, T: int) -> None:
         """QK-norm + RoPE of q in place, k and v into layer i's cache (its own dispatch)."""
         cfg, L, b = self.config, self.weights.layers[i], self.buffers
         ops_rope.rope_kv(
@@ -341,7 +356,7 @@ class Gemma3Graph:
             v_offset=cfg.q_dim + cfg.kv_dim,
         )
 
-    def _attn_q8_1(self, L: Layer):
+    def _attn_q8_1(self, L: Layer) -> Buffer | None:
         """`attnq` when L's decode o-proj runs the int8 path on q8_1 input: attention then writes
         its output's q8_1 blocks into it (as `_h_q8_1` for h), and the o matvec needs no quantize."""
         return self.buffers.attnq if self.path([L.o], "o")[0] is True else None
@@ -353,25 +368,27 @@ class Gemma3Graph:
         blocks (int8 path, not quantized in registers) and gate/up take the path `geglu_q8_1` was
         chosen for (layers may differ in type)."""
         idot = self.path([L.gate, L.up], "geglu")[0]
+        geglu_q8_1 = self.tuning.geglu_q8_1
         return (
-            self.path([L.down], "down")[0] is True
-            and idot == self.tuning.geglu_q8_1[0]
+            geglu_q8_1 is not None
+            and self.path([L.down], "down")[0] is True
+            and idot == geglu_q8_1[0]
             and self.config.intermediate_size % 32 == 0
         )
 
     # ---- matvecs and the norms after them --------------------------------------------------
 
-    def path(self, mats, key=None):
+    def path(self, mats: list[WeightMatrix], key: str | None = None) -> tuple[IntDot, Spec | None]:
         """(int_dot, spec) the matvec of `mats` takes: the tuned choice for `key`, else the
         default; int8 only where every matrix has an int8 kernel (layers may differ in type)."""
-        int_dot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
+        int_dot: IntDot = self.int_dot and all(m.qtype.name in INT_DOT_TYPES for m in mats)
         spec = None
         if key in self.tuning.matvec:
             _us, tuned, spec = self.tuning.matvec[key]
             int_dot = tuned if int_dot else False
         return int_dot, spec
 
-    def _h_q8_1(self, mats, key):
+    def _h_q8_1(self, mats: list[WeightMatrix], key: str) -> Buffer | None:
         """`hq` when the matvec of `mats` reading h runs the int8 path on q8_1 input: the norm that
         writes h then writes h's q8_1 blocks into it, and the matvec needs no quantize dispatch.
         A buffer of its own (not the shared `xq`): no later quantize can overwrite it first."""
@@ -379,24 +396,24 @@ class Gemma3Graph:
 
     def mv(
         self,
-        cl,
-        mats,
-        x,
-        y,
+        cl: CommandList,
+        mats: list[WeightMatrix],
+        x: Buffer,
+        y: Buffer,
         *,
-        T,
-        x_cols,
-        y_cols,
-        epilogue=None,
-        x_off=0,
-        y_off=0,
-        key=None,
-        force=None,
-        xq=None,
-        tail=None,
-        y_q8_1=None,
-        rope=None,
-    ):
+        T: int,
+        x_cols: int,
+        y_cols: int,
+        epilogue: str | None = None,
+        x_off: int = 0,
+        y_off: int = 0,
+        key: str | None = None,
+        force: tuple[IntDot, Spec | None] | None = None,
+        xq: Buffer | None = None,
+        tail: NormTail | None = None,
+        y_q8_1: Buffer | None = None,
+        rope: RopeTail | None = None,
+    ) -> None:
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
         force: (int_dot, spec) instead of the tuned path for `key` (autotune's candidates).
@@ -432,15 +449,16 @@ class Gemma3Graph:
                 off += sum(m.rows for m in group)
             return
         if T > 1 and x_off == 0:
+            yr: Buffer | tuple[Buffer, int, int] = y  # y, or its range from y_off on
             if y_off:
-                y = (y, y_off * 4, y.size - y_off * 4)
+                yr = (y, y_off * 4, y.size - y_off * 4)
             if epilogue == "geglu":
                 ops_gemm.gemm(
                     cl,
                     self.dev,
                     x,
                     mats[0].tensor,
-                    y,
+                    yr,
                     wtype=mats[0].qtype.name,
                     m=T,
                     n=mats[0].rows,
@@ -454,12 +472,12 @@ class Gemma3Graph:
             off = 0
             for m in mats:  # fused QKV: one GEMM per matrix into its columns of y
                 yb = (
-                    y
+                    yr
                     if off == 0
                     else (
-                        (y, off * 4, y.size - off * 4)
-                        if not isinstance(y, tuple)
-                        else (y[0], y[1] + off * 4, y[2] - off * 4)
+                        (yr, off * 4, yr.size - off * 4)
+                        if not isinstance(yr, tuple)
+                        else (yr[0], yr[1] + off * 4, yr[2] - off * 4)
                     )
                 )
                 ops_gemm.gemm(
@@ -563,20 +581,20 @@ class Gemma3Graph:
 
     def _mv_norm_add(
         self,
-        cl,
+        cl: CommandList,
         m: WeightMatrix,
-        x,
+        x: Buffer,
         *,
         T: int,
         x_cols: int,
         key: str,
         label: str,
-        w_post,
-        w_next,
-        res,
-        hq=None,
-        xq=None,
-    ) -> tuple[str, object]:
+        w_post: Buffer,
+        w_next: Buffer,
+        res: Buffer,
+        hq: Buffer | None = None,
+        xq: Buffer | None = None,
+    ) -> tuple[str, Buffer]:
         """o = m x, then res += rmsnorm(o) * w_post; h = rmsnorm(res) * w_next (+ q8_1 of h into
         hq). Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm), else
         the matvec, a barrier and the split norm_add, which writes the residual to the other of

@@ -33,7 +33,7 @@ class MemoryPlan:
     scratch: int
 
     @property
-    def budget(self) -> dict:
+    def budget(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache, "scratch": self.scratch}
 
     def target_type(self, qtype: QType) -> QType:

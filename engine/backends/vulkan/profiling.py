@@ -11,15 +11,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_gemm
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.plan import PREFILL_CHUNK
+from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode
 
 
-def mark(cl, label: str) -> None:
+def mark(cl: CommandList, label: str) -> None:
     """A barrier; when profiling, also a timestamp that closes the op named `label`."""
     cl.barrier()
     prof = getattr(cl, "profile_labels", None)
@@ -34,9 +40,9 @@ class BusyGauge:
 
     def __init__(self, has_timestamps: bool):
         self.has_timestamps = has_timestamps
-        self._busy: deque = deque()  # (host time at completion, GPU seconds) per command list
+        self._busy: deque[tuple[float, float]] = deque()  # (host time at completion, GPU seconds) per command list
 
-    def account(self, cl) -> None:
+    def account(self, cl: CommandList) -> None:
         """After a wait: remember how long the GPU worked on `cl`."""
         if getattr(cl, "busy_timed", False):
             gpu_s = float(cl.timestamps_ns(2)[1]) * 1e-9
@@ -72,22 +78,24 @@ class HostTime:
         return 1000 * self.seconds / self.tokens if self.tokens else None
 
 
-def profile_step(backend, tokens: int = 1) -> dict:
+def profile_step(backend: VulkanBackend, tokens: int = 1) -> dict[str, float]:
     """GPU time by op kind (us) of one decode step (tokens = 1) or one prefill chunk of
     `tokens` (<= PREFILL_CHUNK, last-position logits) on a VulkanBackend, from timestamps
     after every barrier; also the dispatch and barrier counts. Overwrites the cache's first
     `tokens` positions."""
     if not 1 <= tokens <= PREFILL_CHUNK:
         raise ValueError(f"profile_step: 1 <= tokens <= {PREFILL_CHUNK}")
-    mode = "sample" if tokens == 1 else "last"
+    mode: ForwardMode = "sample" if tokens == 1 else "last"
     cl = backend.graph.record(tokens, mode, greedy=True, penalty=False, profile=True)
     backend.buffers.tokens_view[:tokens] = backend.config.bos_token_id
     for _ in range(3):  # the first runs warm clocks and caches
         write_step(backend.buffers.step, pos=0, n_tokens=tokens)
         cl.submit()
-    ts = np.diff(cl.timestamps_ns(len(cl.profile_labels) + 1)) / 1e3
-    out: dict = {}
-    for label, us in zip(cl.profile_labels, ts):
+    labels = cl.profile_labels
+    assert labels is not None  # record(profile=True) made the list
+    ts = np.diff(cl.timestamps_ns(len(labels) + 1)) / 1e3
+    out: dict[str, float] = {}
+    for label, us in zip(labels, ts):
         out[label] = out.get(label, 0.0) + float(us)
     out["total"] = float(sum(ts))
     out["dispatches"] = cl.dispatches
@@ -96,12 +104,12 @@ def profile_step(backend, tokens: int = 1) -> dict:
     return out
 
 
-def stats(backend) -> dict:
+def stats(backend: VulkanBackend) -> dict[str, Any]:
     """A VulkanBackend's details as a JSON-serialisable dict (bench, diagnostics): memory, the
     load-time choices and their timings, `python_ms_per_token` once it has decoded,
     `gpu_busy_fraction` where the device has timestamps."""
     dev, budget, tuning = backend.dev, backend.budget, backend.tuning
-    out = {
+    out: dict[str, Any] = {
         "device": dev.name,
         "weights_bytes": budget["weights"],
         "kv_cache_bytes": budget["kv_cache"],

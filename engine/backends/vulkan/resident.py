@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
@@ -42,12 +43,12 @@ NORMS = (
 
 @dataclass
 class Layer:
-    qkv: list  # [q, k, v] WeightMatrix
+    qkv: list[WeightMatrix]  # [q, k, v]
     o: WeightMatrix
     gate: WeightMatrix
     up: WeightMatrix
     down: WeightMatrix
-    norms: dict  # name -> Buffer (f32 multipliers)
+    norms: dict[str, Buffer]  # name -> f32 multipliers
     k_cache: Buffer
     v_cache: Buffer
     slots: int
@@ -64,20 +65,20 @@ class DeviceWeights:
 
 
 def upload_weights(
-    dev: Device, weights: WeightSource, plan: MemoryPlan, progress: Callable | None = None
+    dev: Device, weights: WeightSource, plan: MemoryPlan, progress: Callable[[float, str], None] | None = None
 ) -> DeviceWeights:
     """Every tensor on the device (and each layer's KV cache beside its weights)."""
     cfg = weights.config
     total = len(weights.tensors)
     done = 0
 
-    def tick(name):
+    def tick(name: str) -> None:
         nonlocal done
         done += 1
         if progress:
             progress(done / total, f"uploading {name}")
 
-    def matrix(name):
+    def matrix(name: str) -> WeightMatrix:
         return _weight(dev, weights, name, plan.target_type(weights.tensors[name].qtype))
 
     et = weights.tensors["embed_tokens"]
@@ -90,14 +91,14 @@ def upload_weights(
         tick("lm_head")
     final_norm = _norm(dev, weights, "norm")
     tick("norm")
-    layers = []
+    layers: list[Layer] = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        mats = {}
+        mats: dict[str, WeightMatrix] = {}
         for short in MATRICES:
             mats[short] = matrix(p + short)
             tick(p + short)
-        norms = {}
+        norms: dict[str, Buffer] = {}
         for short in NORMS:
             norms[short] = _norm(dev, weights, p + short)
             tick(p + short)
@@ -132,17 +133,21 @@ def _weight(dev: Device, weights: WeightSource, name: str, target: QType) -> Wei
     t = weights.tensors[name]
     if target not in SUPPORTED:
         raise UnsupportedModelError(weights.path, f"{t.source_name or name}: type {target.name} has no Vulkan kernel")
+    if len(t.shape) != 2:
+        raise UnsupportedModelError(weights.path, f"{t.source_name or name}: shape {t.shape} is not a matrix")
+    rows, cols = t.shape
     if t.qtype == target:
-        return WeightMatrix.upload(dev, weights.raw(name), target, t.shape, name=name)
+        return WeightMatrix.upload(dev, weights.raw(name), target, (rows, cols), name=name)
+    source: npt.NDArray[np.uint8] | npt.NDArray[np.float32]
     if t.qtype in SOURCE_KINDS:
         source, kind = weights.raw(name), t.qtype
     else:
         source, kind = np.ascontiguousarray(weights.dequantize(name), dtype=np.float32), QType.F32
     try:
-        tensor = quantize_tensor(dev, source, kind, target, t.shape, name=name)
+        tensor = quantize_tensor(dev, source, kind, target, (rows, cols), name=name)
     except ValueError as e:
         raise UnsupportedModelError(weights.path, f"{t.source_name or name}: {e}") from None
-    return WeightMatrix(tensor, target, t.shape[0], t.shape[1], name)
+    return WeightMatrix(tensor, target, rows, cols, name)
 
 
 def _norm(dev: Device, weights: WeightSource, name: str) -> Buffer:
@@ -159,7 +164,7 @@ class Buffers:
 
     step: Buffer  # one Step (ops_common.STEP), host-mapped
     tokens: Buffer  # uint id per position, host-mapped
-    tokens_view: np.ndarray
+    tokens_view: npt.NDArray[np.uint32]
     x: Buffer  # the residual stream
     x_alt: Buffer  # decode's split norm_add reads the residual from one buffer and writes the other
     h: Buffer
