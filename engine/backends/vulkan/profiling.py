@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def mark(cl: CommandList, label: str) -> None:
     """A barrier; when profiling, also a timestamp that closes the op named `label`."""
     cl.barrier()
-    prof = getattr(cl, "profile_labels", None)
+    prof = cl.profile_labels
     if prof is not None and len(prof) + 1 < cl.n_timestamps:
         prof.append(label)
         cl.timestamp(len(prof))
@@ -44,7 +44,7 @@ class BusyGauge:
 
     def account(self, cl: CommandList) -> None:
         """After a wait: remember how long the GPU worked on `cl`."""
-        if getattr(cl, "busy_timed", False):
+        if cl.busy_timed:
             gpu_s = float(cl.timestamps_ns(2)[1]) * 1e-9
             self._busy.append((time.perf_counter(), gpu_s))
 
