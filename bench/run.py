@@ -3,9 +3,10 @@
 Default: the embedded 270M on the Vulkan backend (any device; `--backends vulkan,cpu` adds the CPU
 reference), then llama.cpp's CPU build on the same file when llama-cpp-python is installed. With
 --synthetic, Gemma-3-shaped Q4_0 GGUFs are generated first (tools/make_synthetic_gguf.py)
-into --workdir and benchmarked on Vulkan, printed beside llama.cpp's H100 Vulkan numbers from
-the same shapes (docs/PERFORMANCE.md; llama-cpp-python's Vulkan build cannot be compiled
-against Debian 12's Vulkan headers, so those figures are quoted, not re-measured).
+into --workdir. With --llama-vulkan PATH/llama-bench (built by bench/llama_cpp_vulkan.py, with
+its cooperative-matrix and integer-dot shaders), llama.cpp's Vulkan backend runs on every file
+in the same run, on the same device, full build and KHR-coopmat-only, and the ratios are printed.
+No figure of the peer is quoted from elsewhere: a ratio exists only for a peer measured here.
 """
 
 from __future__ import annotations
@@ -15,13 +16,6 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-
-# llama.cpp, NVIDIA H100 80GB HBM3, Vulkan, synthetic Q4_0 / Q8_0-embedding GGUFs (shared/DESIGN.md)
-LLAMA_CPP_H100 = {
-    "270m": {"pp512": 8564, "tg128": 479},
-    "4b": {"pp512": 4927, "tg128": 250},
-    "27b": {"pp512": 733, "tg128": 69.3},
-}
 
 
 def main(argv=None) -> int:
@@ -36,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (llama-cpp-python) on the same file")
+    ap.add_argument("--llama-vulkan", type=Path, help="llama-bench of a fair Vulkan build (bench/llama_cpp_vulkan.py)")
+    ap.add_argument("--peer-repeats", type=int, default=5)
     args = ap.parse_args(argv)
 
     runs = []
@@ -63,23 +59,12 @@ def main(argv=None) -> int:
             r = run_bench(path, backend, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
             d = asdict(r)
             d["label"] = label
-            ref = LLAMA_CPP_H100.get(label)
-            if ref and backend == "vulkan":
-                if "H100" in r.device:
-                    d["vs_llama_cpp_h100"] = {
-                        "prefill": r.prefill_tok_s / ref["pp512"],
-                        "decode": r.decode_tok_s / ref["tg128"],
-                    }
-                else:
-                    print(f"(llama.cpp's quoted figures for this shape are an H100's; no ratio on {r.device})")
             print(r.table(), flush=True)
-            if "vs_llama_cpp_h100" in d:
-                print(
-                    "vs llama.cpp H100 Vulkan: prefill x{prefill:.2f}, decode x{decode:.2f}".format(
-                        **d["vs_llama_cpp_h100"]
-                    )
-                )
             results.append(d)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.llama_vulkan:
+            results.extend(_llama_vulkan_side_by_side(label, path, args, [d for d in results if d["label"] == label]))
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
         if not args.no_llama_cpp:
@@ -87,6 +72,35 @@ def main(argv=None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _llama_vulkan_side_by_side(label, path, args, ours) -> list[dict]:
+    """llama.cpp's Vulkan backend (fair build) on the same file and device: full and KHR-only."""
+    from bench.llama_cpp_vulkan import run_llama_bench
+
+    out = []
+    for mode in ("full", "khr"):
+        peer = run_llama_bench(args.llama_vulkan, path, args.prompt_tokens, args.gen_tokens, args.peer_repeats, mode)
+        d = {"label": label, "backend": f"llama.cpp-vulkan-{mode}", **asdict(peer), "ratios": {}}
+        print(
+            f"llama.cpp Vulkan [{mode}]: prefill {peer.prefill_tok_s:.1f} tok/s, decode {peer.decode_tok_s:.1f} tok/s"
+            f"  ({peer.device_line})",
+            flush=True,
+        )
+        for r in ours:
+            if r["backend"] != "vulkan":
+                continue
+            ratio = {
+                "prefill": r["prefill_tok_s"] / peer.prefill_tok_s,
+                "decode": r["decode_tok_s"] / peer.decode_tok_s,
+            }
+            d["ratios"][r["backend"]] = ratio
+            print(
+                f"  ours / llama.cpp [{mode}]: prefill x{ratio['prefill']:.2f}, decode x{ratio['decode']:.2f}",
+                flush=True,
+            )
+        out.append(d)
+    return out
 
 
 def _llama_cpp_side_by_side(label, path, args, ours) -> dict:

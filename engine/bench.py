@@ -53,6 +53,7 @@ class BenchResult:
     decode_profile_us: dict[str, float] | None = None  # GPU time of one decode step by op kind
     matvec_tuning: dict[str, dict[str, Any]] | None = None  # the kernel path/shape the autotuner picked per matrix
     decode_options: dict[str, Any] | None = None  # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
+    prefill_options: dict[str, Any] | None = None  # the prefill GEMM kernel and its load-time timings
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
@@ -220,6 +221,7 @@ def run_bench(
             k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing") if k in stats
         }
         or None,
+        prefill_options={k: stats[k] for k in ("prefill_gemm", "gemm_kernel", "gemm_timing") if k in stats} or None,
     )
 
 

@@ -4,10 +4,12 @@
 // (-D WTYPE_*), GEMM_GEGLU: y = gelu_tanh(x Wg^T) * (x Wu^T) — on 16x16x16 f16 x f16 -> f32
 // cooperative matrices.
 //
-// Tile: BM = 64 tokens x BN = 128 output columns per workgroup, K in steps of BK = 32 (K must
-// be a multiple of 32, as every GGUF block type makes it). Each
+// Tile: BM = 64 tokens (CM_TM = 2) or 128 (CM_TM = 4: the "_l" variants, which dequantize
+// each weight tile once per 128 tokens instead of 64) x BN = 128 output columns per workgroup,
+// K in steps of BK = 32 (K must be a multiple of 32, as every GGUF block type makes it). Each
 // step stages x (converted to f16) and the dequantized W tile (f16) in shared memory; the
-// workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning 2 x 2 accumulators (32 x 32).
+// workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning CM_TM x 2 accumulators
+// (16 CM_TM x 32). The backend picks the tile by timing both at load (autotune.choose_gemm_tile).
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
 // normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
 // saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
@@ -15,7 +17,7 @@
 // own the 2 x 4 tile grid; if a driver runs narrower waves, the extra subgroups only stage data.
 // (Wider waves than reported would leave tiles unowned: no driver we know does that.)
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
-// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / 128), ceil(m / 64), 1).
+// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / 128), ceil(m / BM), 1).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -24,22 +26,31 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
 
-#define BM 64
+#ifndef CM_TM
+#define CM_TM 2
+#endif
+#define C16 16
+#define TM CM_TM             // accumulator tiles per subgroup along M ...
+#define TN 2                 // ... and along N
+#define BM (2 * TM * C16)
 #define BN 128
 #define BK 32
 #define SK (BK + 8)          // shared row stride in halves: 80 bytes, a multiple of 16
-#define TM 2                 // accumulator tiles per subgroup along M ...
-#define TN 2                 // ... and along N
-#define C16 16
+#define SK4 (SK / 4)         // ... in f16vec4s: shared memory is written 4 halves at a time
 
 PUSH_CONSTANTS
 
 #include "include/gemm_io.glsl"
 
-shared float16_t xs[BM * SK];
-shared float16_t ws0[BN * SK];
+// x again, as 16-byte loads (ops_gemm checks x_stride % 4 == 0 and a 16-byte aligned binding)
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+
+// Staging in f16vec4s: one 8-byte store per 4 values (a scalar f16 store each was most of the
+// staging's instructions); coopMatLoad counts offsets and strides in the array's element type.
+shared f16vec4 xs[BM * SK4];
+shared f16vec4 ws0[BN * SK4];
 #ifdef GEMM_GEGLU
-shared float16_t ws1[BN * SK];
+shared f16vec4 ws1[BN * SK4];
 #endif
 shared float cs[8 * C16 * C16];   // one 16 x 16 f32 staging tile per subgroup, for bounded stores
 
@@ -65,21 +76,22 @@ void main() {
 
     for (uint k0 = 0; k0 < K; k0 += BK) {
         for (uint run = tid; run < BM * BK / 4u; run += WG) {       // x: runs of 4 of one token
-            const uint r = run / (BK / 4u), kk = (run % (BK / 4u)) * 4u;
-            const uint m = m0 + r, b = m * pc.x_stride + k0 + kk;
-            const vec4 v = m < M ? vec4(x[b], x[b + 1u], x[b + 2u], x[b + 3u]) : vec4(0.0);
-            const f16vec4 h = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
-            [[unroll]] for (uint i = 0; i < 4; i++) xs[r * SK + kk + i] = h[i];
+            const uint r = run / (BK / 4u), kq = run % (BK / 4u);
+            const uint m = m0 + r;
+            const vec4 v = m < M ? x4[(m * pc.x_stride + k0) / 4u + kq] : vec4(0.0);
+            xs[r * SK4 + kq] = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
         }
         for (uint run = tid; run < BN * BK / 16u; run += WG) {      // W: runs of 16 of one row
             const uint r = run / (BK / 16u), kk = (run % (BK / 16u)) * 16u;
             const uint n = n0 + r;
             float v[16];
             if (n < N) w_run16_w0(n, k0 + kk, K, v); else [[unroll]] for (uint i = 0; i < 16; i++) v[i] = 0.0;
-            [[unroll]] for (uint i = 0; i < 16; i++) ws0[r * SK + kk + i] = float16_t(v[i]);
+            [[unroll]] for (uint i = 0; i < 4; i++)
+                ws0[r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 #ifdef GEMM_GEGLU
             if (n < N) w_run16_w1(n, k0 + kk, K, v);
-            [[unroll]] for (uint i = 0; i < 16; i++) ws1[r * SK + kk + i] = float16_t(v[i]);
+            [[unroll]] for (uint i = 0; i < 4; i++)
+                ws1[r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 #endif
         }
         barrier();
@@ -88,15 +100,15 @@ void main() {
         if (sg < 8u) [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
             coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseA> a[TM];
             [[unroll]] for (uint i = 0; i < TM; i++)
-                coopMatLoad(a[i], xs, (sg_m * TM * C16 + i * C16) * SK + kk, SK,
+                coopMatLoad(a[i], xs, (sg_m * TM * C16 + i * C16) * SK4 + kk / 4u, SK4,
                             gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint j = 0; j < TN; j++) {
-                const uint nb = (sg_n * TN * C16 + j * C16) * SK + kk;
+                const uint nb = (sg_n * TN * C16 + j * C16) * SK4 + kk / 4u;
                 coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseB> b;
-                coopMatLoad(b, ws0, nb, SK, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b, ws0, nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < TM; i++) acc0[i][j] = coopMatMulAdd(a[i], b, acc0[i][j]);
 #ifdef GEMM_GEGLU
-                coopMatLoad(b, ws1, nb, SK, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b, ws1, nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < TM; i++) acc1[i][j] = coopMatMulAdd(a[i], b, acc1[i][j]);
 #endif
             }

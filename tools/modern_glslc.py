@@ -47,15 +47,14 @@ def understands_coopmat(glslc: str) -> bool:
         return r.returncode == 0
 
 
-def fetch() -> Path:
-    """Download and unpack the packages into .toolchain/ and write the wrapper."""
-    root = TOOLCHAIN / SUITE
-    lists = TOOLCHAIN / "apt-lists"
+def apt_download(packages: list[str], debs: Path, suite: str = SUITE) -> list[Path]:
+    """`apt-get download` Debian `suite`'s amd64 `packages` into `debs` (no root, nothing installed)."""
+    state = TOOLCHAIN / f"apt-{suite}"
+    lists = state / "lists"
     (lists / "partial").mkdir(parents=True, exist_ok=True)
-    debs = TOOLCHAIN / "debs"
     debs.mkdir(parents=True, exist_ok=True)
-    sources = TOOLCHAIN / "sources.list"
-    sources.write_text(f"deb http://deb.debian.org/debian {SUITE} main\n")
+    sources = state / "sources.list"
+    sources.write_text(f"deb http://deb.debian.org/debian {suite} main\n")
     apt = [
         "-o",
         f"Dir::Etc::SourceList={sources}",
@@ -69,14 +68,25 @@ def fetch() -> Path:
         "Debug::NoLocking=1",
     ]
     subprocess.run(["apt-get", *apt, "update"], check=True, capture_output=True)
-    subprocess.run(["apt-get", *apt, "download", *PACKAGES], check=True, capture_output=True, cwd=debs)
-    for deb in sorted(debs.glob("*.deb")):
-        subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    subprocess.run(["apt-get", *apt, "download", *packages], check=True, capture_output=True, cwd=debs)
+    return sorted(debs.glob("*.deb"))
+
+
+def write_wrapper(root: Path, wrapper: Path) -> Path:
+    """A script running `root`'s glslc through `root`'s own loader and C/C++ runtimes."""
     libdir = root / "usr/lib/x86_64-linux-gnu"
     loader = root / "usr/lib64/ld-linux-x86-64.so.2"
-    WRAPPER.write_text(f'#!/bin/sh\nexec "{loader}" --library-path "{libdir}" "{root}/usr/bin/glslc" "$@"\n')
-    WRAPPER.chmod(0o755)
-    return WRAPPER
+    wrapper.write_text(f'#!/bin/sh\nexec "{loader}" --library-path "{libdir}" "{root}/usr/bin/glslc" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def fetch() -> Path:
+    """Download and unpack the packages into .toolchain/ and write the wrapper."""
+    root = TOOLCHAIN / SUITE
+    for deb in apt_download(PACKAGES, TOOLCHAIN / "debs"):
+        subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    return write_wrapper(root, WRAPPER)
 
 
 def find() -> str:

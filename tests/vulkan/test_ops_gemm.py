@@ -12,7 +12,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
-from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, kernel
+from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, is_coopmat, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 
 # byte offsets of the f16 scale fields inside one block (set to sane values in random blocks)
@@ -47,9 +47,9 @@ EVERY_KERNEL = pytest.mark.parametrize("kern", KERNELS)
 
 def limit(dev, kern: str) -> float:
     """NMSE bound: f32 end to end, or f16 operands (~2^-11 relative rounding of x and W)."""
-    if kern == "coopmat" and not coopmat_ok(dev):
+    if is_coopmat(kern) and not coopmat_ok(dev):
         pytest.skip(f"{dev.name} has no VK_KHR_cooperative_matrix f16 16x16x16")
-    return 1e-5 if kern == "coopmat" else 1e-10
+    return 1e-5 if is_coopmat(kern) else 1e-10
 
 
 def check_gemm(dev, wtype: str, m: int, n: int, k: int, kern: str, seed: int) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
-from phoenix_chat.engine.backends.vulkan import ops_norm, timing
+from phoenix_chat.engine.backends.vulkan import ops_gemm, ops_norm, timing
 from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
     REGS_SPEC,
@@ -78,6 +78,9 @@ class Tuning:
     # token counts (2..MAX_COLUMNS) whose forwards take the multi-column matvecs, not the GEMMs
     few_token_matvec: frozenset[int] = frozenset()
     few_token_timing: dict[int, dict[str, float]] = field(default_factory=dict)
+    # the prefill GEMM kernel (ops_gemm.KERNELS) or None: the device's own (ops_gemm.kernel)
+    gemm_kernel: str | None = None
+    gemm_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of one prefill chunk
 
     def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
@@ -98,6 +101,9 @@ class Tuning:
         out["geglu_q8_1"] = None if self.geglu_q8_1 is None else {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]}
         if self.geglu_q8_1_timing:
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
+        out["gemm_kernel"] = self.gemm_kernel
+        if self.gemm_timing:
+            out["gemm_timing"] = self.gemm_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
@@ -411,6 +417,31 @@ def choose_qkv_rope(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
     k = min(fused_us, key=fused_us.__getitem__)
     graph.tuning.qkv_rope_timing = {"fused_us": round(fused_us[k], 1), "qkv_and_rope_us": round(sep, 1)}
     return (int_dot, fused_specs[k]) if fused_us[k] < sep else None
+
+
+def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2) -> str | None:
+    """Time a prefill forward of `tokens` through each matrix-core GEMM tile (ops_gemm.CM_TILES)
+    and return the fastest kernel name, or None where the device has no matrix-core GEMM (it keeps
+    its own kernel). A bigger tile dequantizes each weight tile for more tokens but fills fewer
+    workgroups: which wins depends on the GPU and the model's shapes, so it is measured."""
+    if not ops_gemm.coopmat_ok(backend.dev):
+        return None
+    tuning = backend.tuning
+    ids = [backend.config.bos_token_id] * tokens
+    ms: dict[str, float] = {}
+    for name in ops_gemm.COOPMAT_KERNELS:
+        tuning.gemm_kernel = name
+        backend.drop_recordings()
+        backend.forward(ids, 0)  # records it, builds the pipelines
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            backend.forward(ids, 0)
+            times.append(time.perf_counter() - t)
+        ms[name] = round(1e3 * min(times), 2)
+    backend.drop_recordings()
+    tuning.gemm_timing = ms
+    return min(ms, key=ms.__getitem__)
 
 
 def choose_few_token_path(

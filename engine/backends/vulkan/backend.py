@@ -102,6 +102,8 @@ class VulkanBackend(Backend):
         autotune.tune(
             self.graph, time_matvecs=options.autotune if options.autotune is not None else not caps.is_software
         )
+        if not caps.is_software:
+            self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
         if options.few_token_matvec is None and not caps.is_software:
             self.tuning.few_token_matvec = autotune.choose_few_token_path(self)
 

@@ -466,6 +466,7 @@ class Gemma3Graph:
                     x_stride=x_cols,
                     y_stride=y_cols,
                     w_up=mats[1].tensor,
+                    kernel_name=self.tuning.gemm_kernel,
                 )
                 return
             assert epilogue is None
@@ -492,6 +493,7 @@ class Gemma3Graph:
                     k=x_cols,
                     x_stride=x_cols,
                     y_stride=y_cols,
+                    kernel_name=self.tuning.gemm_kernel,
                 )
                 off += m.rows
             return

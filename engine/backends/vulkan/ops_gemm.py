@@ -1,7 +1,9 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
-accumulation) where the device has VK_KHR_cooperative_matrix; shaders/gemm_lanes.comp on CPU
+accumulation) where the device has VK_KHR_cooperative_matrix, in two tiles ("coopmat": 64 tokens
+x 128 columns per workgroup, "coopmat_l": 128 x 128, which the backend picks between by timing
+at load, autotune.choose_gemm_tile); shaders/gemm_lanes.comp on CPU
 Vulkan devices (lavapipe: register tiles, no shared memory or barriers, which a CPU pays for
 lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` says which one a
 device gets; PHOENIX_VULKAN_COOPMAT=0 turns the matrix-core kernel off (for comparisons), and
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 TILE = 64  # gemm.comp: 64 tokens x 64 columns
-CM_TILE_M, CM_TILE_N = 64, 128  # gemm_coopmat.comp
+CM_TILES = {"coopmat": (64, 128), "coopmat_l": (128, 128)}  # gemm_coopmat.comp: kernel -> (tokens, columns)
 CM_SUBGROUPS = 8
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
@@ -29,7 +31,8 @@ CM_SUBGROUPS = 8
 # minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
 # shader cache keeps it).
 LANES_RN, LANES_TM = 16, 16
-KERNELS = ("tiled", "coopmat", "lanes")
+KERNELS = ("tiled", "coopmat", "coopmat_l", "lanes")
+COOPMAT_KERNELS = tuple(CM_TILES)
 
 
 def coopmat_ok(dev: Device) -> bool:
@@ -53,6 +56,10 @@ def path(dev: Device) -> str:
     return {"coopmat": "coopmat f16 x f16 -> f32", "lanes": "register-tiled f32 (CPU device)", "tiled": "tiled f32"}[
         kernel(dev)
     ]
+
+
+def is_coopmat(kernel_name: str) -> bool:
+    return kernel_name in CM_TILES
 
 
 def _ranges(w: Tensor | Binding, n: int) -> list[tuple[Binding, int, int]]:
@@ -90,9 +97,9 @@ def gemm(
         raise ValueError(f"gemm: weight type {wtype} unsupported (have {', '.join(GEMM_TYPES)})")
     name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
     kn = kernel(dev) if kernel_name is None else kernel_name
-    if kn == "coopmat":
-        p = dev.pipeline(name + "_coopmat", WG=CM_SUBGROUPS * dev.caps.subgroup_size)
-        tm, tn = CM_TILE_M, CM_TILE_N
+    if kn in CM_TILES:
+        p = dev.pipeline(name + "_" + kn, WG=CM_SUBGROUPS * dev.caps.subgroup_size)
+        tm, tn = CM_TILES[kn]
     elif kn == "lanes":
         wg = max(1, min(64, dev.caps.subgroup_size))
         rn = LANES_RN // 2 if w_up is not None else LANES_RN
@@ -104,6 +111,8 @@ def gemm(
     else:
         raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
     xs = k if x_stride is None else x_stride
+    if kn in CM_TILES and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
+        raise ValueError("gemm: the matrix-core kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
     ys = n if y_stride is None else y_stride
     gate = _ranges(w, n)
     up = _ranges(w_up, n) if w_up is not None else None

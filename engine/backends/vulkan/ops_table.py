@@ -156,28 +156,19 @@ def _variants() -> list[Variant]:
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        v.append(
-            Variant(
-                f"gemm_{wt.lower()}_f32_f32_coopmat",
-                "gemm_coopmat.comp",
-                3,
-                GEMM_PUSH,
-                base,
-                cm,
-                requires=("cooperative_matrix",),
-            )
-        )
-        v.append(
-            Variant(
-                f"gemm_{wt.lower()}_f32_f32_geglu_coopmat",
-                "gemm_coopmat.comp",
-                4,
-                GEMM_PUSH,
-                {**base, "GEMM_GEGLU": None},
-                cm,
-                requires=("cooperative_matrix",),
-            )
-        )
+        for tile, tile_defs in (("", {}), ("_l", {"CM_TM": "4"})):  # 64 or 128 tokens per workgroup
+            for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                v.append(
+                    Variant(
+                        f"gemm_{wt.lower()}_f32_f32{epi}_coopmat{tile}",
+                        "gemm_coopmat.comp",
+                        nb,
+                        GEMM_PUSH,
+                        {**base, **epi_defs, **tile_defs},
+                        cm,
+                        requires=("cooperative_matrix",),
+                    )
+                )
         # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory
         lanes = {"WG": (0, 8), "RN": (1, 16), "TM": (2, 16)}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_lanes", "gemm_lanes.comp", 3, GEMM_PUSH, base, lanes))
