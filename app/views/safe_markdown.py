@@ -6,8 +6,9 @@ Messages come from users and from models, so the text is read as Markdown only:
   their link and show as plain text, so only the view's own chrome makes action links;
 - images become `[image: alt]` text, so a message cannot make the view load a local file;
 - a single line break stays a line break (a poem, Shift+Enter lines), where plain Markdown
-  would join the lines into one: such lines get a hard break, and the extra block Qt makes
-  for it is joined back into the paragraph with a line separator.
+  would join the lines into one: a line that continues a paragraph is joined to the one
+  before with U+2028, which the reader takes as text and Qt shows as a line break (a
+  Markdown hard break would make Qt start a new paragraph instead).
 """
 
 from __future__ import annotations
@@ -21,63 +22,99 @@ WEB_SCHEMES = frozenset({"http", "https", "mailto"})
 _FEATURES = QTextDocument.MarkdownFeature(
     QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value | QTextDocument.MarkdownFeature.MarkdownNoHTML.value
 )
-_BREAK = "\ue000"  # private-use marker of a kept line break (stripped from the input first)
+# Every kind of link or image has one of these: [text](url), [ref], <url>, bare URLs
+# (scheme: or www.) and e-mail addresses. Text without any needs no link pass.
+_MAY_LINK = re.compile(r"[\[<:@]|www\.")
 _LINE_SEPARATOR = "\u2028"  # Qt's line break inside a paragraph (<br>)
 
-# A line after which a break must not be forced (its block ends there anyway) ...
-_ENDS_BLOCK = re.compile(r"^ {0,3}(?:#{1,6}(?:\s|$)|([-*_])(?:[ \t]*\1){2,}[ \t]*$)|\|")
-# ... and a line that starts a block of its own (list item, quote, heading, rule, fence, table).
+# A line after which a break must not be forced (heading, rule, setext underline, link
+# reference definition, table row) ...
+_ENDS_BLOCK = re.compile(r"^ {0,3}(?:#{1,6}(?:\s|$)|([-*_])(?:[ \t]*\1){2,}[ \t]*$|=+[ \t]*$|-+[ \t]*$|\[[^\]]+\]:)|\|")
+# ... and a line that starts a block of its own (list item, quote, heading, rule, fence,
+# link reference definition, table row).
 _STARTS_BLOCK = re.compile(
-    r"^ {0,3}(?:[#>]|[-*+](?:\s|$)|\d{1,9}[.)](?:\s|$)|=+[ \t]*$|-+[ \t]*$|([-*_])(?:[ \t]*\1){2,}[ \t]*$|`{3}|~{3})|\|"
+    r"^ {0,3}(?:[#>]|[-*+](?:\s|$)|\d{1,9}[.)](?:\s|$)|=+[ \t]*$|-+[ \t]*$|([-*_])(?:[ \t]*\1){2,}[ \t]*$|`{3}|~{3}|\[[^\]]+\]:)|\|"
 )
 
 
 _QUOTE = re.compile(r"^ {0,3}> ?")
+_INDENTED = re.compile(r"^(?: {4}|\t)")  # indented code keeps its lines as they are
+# A bare URL ends at whitespace; U+2028 is not whitespace to the reader, so a space goes first.
+_ENDS_WITH_URL = re.compile(r"(?:://|www\.|@)\S*$")
 
 
-def _soft_break_between(line: str, following: str) -> bool:
-    """True when `following` continues the paragraph of `line` (inside quotes too)."""
-    if not line.strip() or not following.strip():
-        return False
+def _continuation(line: str, following: str) -> str | None:
+    """`following` without its indent and quote markers when it continues the paragraph of
+    `line` (a soft break in Markdown), else None."""
+    if not line.strip() or not following.strip() or _INDENTED.match(line):
+        return None
     quoted, quoted_following = _QUOTE.match(line), _QUOTE.match(following)
     if quoted and quoted_following:
-        return _soft_break_between(line[quoted.end() :], following[quoted_following.end() :])
+        return _continuation(line[quoted.end() :], following[quoted_following.end() :])
     if quoted:
         line = line[quoted.end() :]
-    return not (_ENDS_BLOCK.search(line) or _STARTS_BLOCK.search(following))
+    if _ENDS_BLOCK.search(line) or _STARTS_BLOCK.search(following):
+        return None
+    return following.lstrip(" \t")
 
 
 def keep_line_breaks(text: str) -> str:
-    """Mark each soft line break inside a paragraph as a hard break (with `_BREAK` before it)."""
-    lines = text.replace(_BREAK, "").split("\n")
-    for i in range(len(lines) - 1):
-        if not _soft_break_between(lines[i], lines[i + 1]):
+    """Join each soft-broken line to the one before with a line separator, which Qt's reader
+    keeps as a line break inside the paragraph (Markdown would make it a space)."""
+    lines = text.split("\n")
+    out = [lines[0]]
+    for line, following in zip(lines, lines[1:], strict=False):
+        rest = _continuation(line, following)
+        if rest is None:
+            out.append("\n" + following)
             continue
-        line = lines[i].rstrip(" \t")
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            line = line[:-1]  # already a hard break: ours replaces it
-        lines[i] = line + _BREAK + "  "
-    return "\n".join(lines)
+        last = out[-1].rstrip(" \t")
+        if last.endswith("\\") and not last.endswith("\\\\"):
+            last = last[:-1]  # an explicit hard break: the separator replaces it
+        if _ENDS_WITH_URL.search(last):
+            last += " "
+        out[-1] = last
+        out.append(_LINE_SEPARATOR + rest)
+    return "".join(out)
 
 
 def message_document(text: str) -> QTextDocument:
     """The safe document for one run of message Markdown (code fences are cut out before)."""
     doc = QTextDocument()
+    doc.setUndoRedoEnabled(False)
     doc.setMarkdown(keep_line_breaks(text), _FEATURES)
-    _make_foreign_links_inert(doc)
-    _replace_images(doc)
-    _join_kept_breaks(doc)
+    if _MAY_LINK.search(text):
+        _neutralise_links_and_images(doc)
     return doc
 
 
-def _fragments(doc: QTextDocument):
+def _neutralise_links_and_images(doc: QTextDocument) -> None:
+    links, images = [], []
     block = doc.begin()
     while block.isValid():
         it = block.begin()
         while not it.atEnd():
-            yield it.fragment()
+            frag = it.fragment()
+            fmt = frag.charFormat()
+            if fmt.isImageFormat():
+                image = fmt.toImageFormat()
+                alt = str(image.property(QTextFormat.Property.ImageAltText) or "") or image.name()
+                images.append((frag.position(), frag.length(), alt))
+            elif fmt.isAnchor() and QUrl(fmt.anchorHref()).scheme().lower() not in WEB_SCHEMES:
+                links.append((frag.position(), frag.length(), QTextCharFormat(fmt)))
             it += 1
         block = block.next()
+    edits = QTextCursor(doc)
+    edits.beginEditBlock()  # one relayout for all the edits, not one per edit
+    for start, length, fmt in links:  # first: they keep positions; the images change them
+        fmt.setAnchor(False)
+        fmt.clearProperty(QTextFormat.Property.AnchorHref)
+        fmt.clearForeground()
+        fmt.setFontUnderline(False)
+        _select(doc, start, length).setCharFormat(fmt)
+    for start, length, alt in reversed(images):  # from the end, so earlier positions hold
+        _select(doc, start, length).insertText(f"[image: {alt}]", QTextCharFormat())
+    edits.endEditBlock()
 
 
 def _select(doc: QTextDocument, start: int, length: int) -> QTextCursor:
@@ -85,44 +122,3 @@ def _select(doc: QTextDocument, start: int, length: int) -> QTextCursor:
     cursor.setPosition(start)
     cursor.setPosition(start + length, QTextCursor.MoveMode.KeepAnchor)
     return cursor
-
-
-def _make_foreign_links_inert(doc: QTextDocument) -> None:
-    found = []
-    for frag in _fragments(doc):
-        fmt = frag.charFormat()
-        if fmt.isAnchor() and QUrl(fmt.anchorHref()).scheme().lower() not in WEB_SCHEMES:
-            found.append((frag.position(), frag.length(), QTextCharFormat(fmt)))
-    for start, length, fmt in found:
-        fmt.setAnchor(False)
-        fmt.clearProperty(QTextFormat.Property.AnchorHref)
-        fmt.clearForeground()
-        fmt.setFontUnderline(False)
-        _select(doc, start, length).setCharFormat(fmt)
-
-
-def _replace_images(doc: QTextDocument) -> None:
-    found = []
-    for frag in _fragments(doc):
-        fmt = frag.charFormat()
-        if fmt.isImageFormat():
-            image = fmt.toImageFormat()
-            alt = str(image.property(QTextFormat.Property.ImageAltText) or "") or image.name()
-            found.append((frag.position(), frag.length(), alt))
-    for start, length, alt in reversed(found):  # from the end, so earlier positions hold
-        cursor = _select(doc, start, length)
-        plain = QTextCharFormat()
-        cursor.insertText(f"[image: {alt}]", plain)
-
-
-def _join_kept_breaks(doc: QTextDocument) -> None:
-    while True:
-        cursor = doc.find(_BREAK)
-        if cursor.isNull():
-            return
-        block = cursor.block()
-        at_block_end = cursor.selectionEnd() == block.position() + block.length() - 1
-        cursor.removeSelectedText()
-        if at_block_end and block.next().isValid():
-            cursor.deleteChar()  # the block separator Qt made for the hard break
-            cursor.insertText(_LINE_SEPARATOR)

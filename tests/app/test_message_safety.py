@@ -93,12 +93,21 @@ def test_code_block_copy_link_copies_the_code(qtbot, make_app):
 def test_single_line_breaks_are_kept(qtbot, make_app):
     app = make_app(autoload=False)
     view = app.window.chat
-    poem = "Roses are red,\nviolets are blue,\n> quoted one\n> quoted two\n\n- item\n- item two"
+    poem = (
+        "Roses are red,\nviolets are blue,\n> quoted one\n> quoted two\n\n- item\n- item two\n\n"
+        "Heading\n===\nsee https://example.org\nfor more"
+    )
     open_conversation(app, ("user", "line one\nline two"), ("assistant", poem))
     text = view.transcript_text()
     lines = text.replace("\u2028", "\n").splitlines()
     for expected in ("line one", "line two", "Roses are red,", "violets are blue,", "quoted one", "quoted two"):
         assert expected in lines, f"{expected!r} is not a line of its own in {lines}"
+    assert "for more" in lines and "item two" in lines
+    # Markdown around the kept breaks still works: a heading, a list, a bare web link.
+    doc = view.transcript.document()
+    assert doc.find("Heading").blockFormat().headingLevel() == 1
+    assert doc.find("item two").currentList() is not None
+    assert ("https://example.org", "https://example.org") in anchors(view)
     # Lines of one paragraph stay one paragraph (a line break, not a paragraph gap).
     block = view.transcript.document().find("Roses are red,").block()
     assert block.text() == "Roses are red,\u2028violets are blue,"
