@@ -33,7 +33,8 @@ _ENDS_BLOCK = re.compile(r"^ {0,3}(?:#{1,6}(?:\s|$)|([-*_])(?:[ \t]*\1){2,}[ \t]
 # ... and a line that starts a block of its own (list item, quote, heading, rule, fence,
 # link reference definition, table row).
 _STARTS_BLOCK = re.compile(
-    r"^ {0,3}(?:[#>]|[-*+](?:\s|$)|\d{1,9}[.)](?:\s|$)|=+[ \t]*$|-+[ \t]*$|([-*_])(?:[ \t]*\1){2,}[ \t]*$|`{3}|~{3}|\[[^\]]+\]:)|\|"
+    r"^ {0,3}(?:[#>]|[-*+](?:\s|$)|\d{1,9}[.)](?:\s|$)|=+[ \t]*$|-+[ \t]*$"
+    r"|([-*_])(?:[ \t]*\1){2,}[ \t]*$|`{3}|~{3}|\[[^\]]+\]:)|\|"
 )
 
 
