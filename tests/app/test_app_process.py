@@ -74,7 +74,7 @@ def sigterm_and_check(app: AppProcess) -> None:
     assert children, "the worker process should be running"
     app.proc.send_signal(signal.SIGTERM)
     assert app.finish() == 0, app.stderr
-    assert "Traceback" not in app.stderr and "Error" not in app.stderr, app.stderr
+    assert "Traceback" not in app.stderr and "Error:" not in app.stderr, app.stderr
     _gone, alive = psutil.wait_procs(children, timeout=15)
     assert alive == [], f"left running after the app quit: {alive}"
 
