@@ -8,6 +8,8 @@ import sys
 import time
 from typing import cast
 
+EXIT_IN_USE = 2  # the CLI's exit code for a user error: here, the data folder is taken
+
 
 def display_available() -> bool:
     """True when a window can be shown: a live X11/Wayland display, or an explicit Qt platform.
@@ -40,10 +42,9 @@ def _x11_display_live(display: str) -> bool:
 def run_gui(model_path: str | None = None, home=None) -> int:
     """Open the main window (on `model_path`, else the last or embedded model); exit code."""
     started = time.perf_counter()
-    import qasync
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from phoenix_chat.app.controllers.app_controller import AppController
+    from phoenix_chat.app.data_lock import DataFolderInUse, DataFolderLock
     from phoenix_chat.app.views.theme import app_icon
 
     app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
@@ -51,6 +52,24 @@ def run_gui(model_path: str | None = None, home=None) -> int:
     app.setOrganizationName("Phoenix Chat")
     app.setDesktopFileName("phoenix-chat")
     app.setWindowIcon(app_icon())
+    try:
+        lock = DataFolderLock(home)
+    except DataFolderInUse as exc:
+        print(f"phoenix-chat: error: {exc}", file=sys.stderr)
+        QMessageBox.critical(None, "Phoenix Chat is already running", str(exc))
+        return EXIT_IN_USE
+    try:
+        return _run_window(app, started, model_path, home)
+    finally:
+        lock.release()
+
+
+def _run_window(app, started: float, model_path: str | None, home) -> int:
+    import qasync
+
+    from phoenix_chat.app.controllers.app_controller import AppController
+    from phoenix_chat.app.quit_signals import SignalQuitter
+
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     controller = AppController(home, model_path=model_path)
@@ -58,9 +77,16 @@ def run_gui(model_path: str | None = None, home=None) -> int:
     if os.environ.get("PHOENIX_CHAT_TIMING"):
         _report_startup(started, controller)
     app.aboutToQuit.connect(controller.shutdown)
-    _quit_on_signals(app, controller)
+    # Ctrl+C / SIGTERM close the window cleanly (history saved, worker stopped).
+
+    def close() -> None:
+        controller.window.close()
+        app.quit()
+
+    quitter = SignalQuitter(close, app)
     with loop:
         code = loop.run_forever()
+    del quitter
     return int(code or 0)
 
 
@@ -88,24 +114,6 @@ def _report_startup(started: float, controller) -> None:
             file=sys.stderr,
         )
     )
-
-
-def _quit_on_signals(app, controller) -> None:
-    """Ctrl+C / SIGTERM close the window cleanly (history saved, worker stopped)."""
-    import signal
-
-    from PySide6.QtCore import QTimer
-
-    def handler(*_):
-        controller.window.close()
-        app.quit()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    # Python runs signal handlers only between bytecodes: wake it up now and then.
-    timer = QTimer(app, interval=250)
-    timer.timeout.connect(lambda: None)
-    timer.start()
 
 
 if __name__ == "__main__":

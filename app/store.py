@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
+from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
 
 SCHEMA_VERSION = 1
@@ -256,9 +257,10 @@ class Store:
             for c, msgs in items:
                 out.append(f"# {c.title}\n")
                 if c.system_prompt:
-                    out.append(f"**System:** {c.system_prompt}\n")
+                    out.append(f"**System:** {self_contained(c.system_prompt)}\n")
                 for m in msgs:
-                    out.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
+                    # Self-contained: a fence a message leaves open must not swallow the rest.
+                    out.append(f"## {m.role.capitalize()}\n\n{self_contained(m.content)}\n")
             return "\n".join(out)
         raise ValueError(f"unknown export format {fmt!r} (json or markdown)")
 

@@ -31,6 +31,7 @@ class GaugesController(QObject):
         self.panel, self.worker, self.sampler = panel, worker, sampler
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gauges")
         self._pending: asyncio.Future | None = None
+        self._stopped = False
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._tick)
         worker.stats_changed.connect(self._on_stats)
@@ -52,10 +53,13 @@ class GaugesController(QObject):
         self._tick()
 
     def stop(self) -> None:
+        self._stopped = True
         self._timer.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _tick(self) -> None:
+        if self._stopped:
+            return  # a tick already queued when the app shut the pool down
         if self._pending is not None and not self._pending.done():
             return  # the previous sample is still out (a stalled sysfs read): skip
         loop = asyncio.get_event_loop()

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from phoenix_chat.app.views.action_links import ActionLinks
 from phoenix_chat.app.views.markdown_render import render_message
 
 RENDER_INTERVAL_MS = 66
@@ -68,6 +69,7 @@ class ChatView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.theme = "light"
+        self.links = ActionLinks()  # Edit/Copy links: only this view can make them
         self._messages: list[ShownMessage] = []
         self._html_cache: dict[tuple, tuple[str, list[str]]] = {}
         self._codes: list[str] = []
@@ -253,7 +255,7 @@ class ChatView(QWidget):
         cached = self._html_cache.get(key)
         if cached is None:
             body, codes = (
-                render_message(m.content, self.theme, len(self._codes))
+                render_message(m.content, self.links, self.theme, len(self._codes))
                 if m.content
                 else ("<p>…</p>" if not m.complete else "", [])
             )
@@ -271,9 +273,9 @@ class ChatView(QWidget):
             bg, who = ("#3a3324" if dark else "#fff7e0"), "System"
         links = ""
         if m.role == "user" and m.id is not None:
-            links = f'&nbsp;&nbsp;<a href="edit:{m.id}" style="font-size:small">Edit</a>'
+            links = f'&nbsp;&nbsp;<a href="{self.links.href("edit", m.id)}" style="font-size:small">Edit</a>'
         elif m.role == "assistant" and m.complete and m.content:
-            links = f'&nbsp;&nbsp;<a href="copymsg:{index}" style="font-size:small">Copy</a>'
+            links = f'&nbsp;&nbsp;<a href="{self.links.href("copymsg", index)}" style="font-size:small">Copy</a>'
         note = ""
         if m.note:
             note = f'<p style="color:#b45309; font-size:small"><i>{html.escape(m.note)}</i></p>'
@@ -285,13 +287,17 @@ class ChatView(QWidget):
         )
 
     def _on_anchor(self, url: QUrl) -> None:
-        scheme, _, rest = url.toString().partition(":")
-        if scheme == "copy" and rest.isdigit() and int(rest) < len(self._codes):
-            QGuiApplication.clipboard().setText(self._codes[int(rest)])
-        elif scheme == "copymsg" and rest.isdigit() and int(rest) < len(self._messages):
-            QGuiApplication.clipboard().setText(self._messages[int(rest)].content)
-        elif scheme == "edit" and rest.isdigit():
-            self.edit_requested.emit(int(rest))
+        """Act on this view's own action links only; any other link does nothing."""
+        action = self.links.parse(url.toString())
+        if action is None:
+            return
+        name, arg = action
+        if name == "copy" and arg < len(self._codes):
+            QGuiApplication.clipboard().setText(self._codes[arg])
+        elif name == "copymsg" and arg < len(self._messages):
+            QGuiApplication.clipboard().setText(self._messages[arg].content)
+        elif name == "edit":
+            self.edit_requested.emit(arg)
 
     def _on_escape(self) -> None:
         """Esc stops a running answer, otherwise leaves edit mode."""

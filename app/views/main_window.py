@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QP
 from phoenix_chat.app.settings import CONTEXT_CHOICES, QUANT_CHOICES
 from phoenix_chat.app.views.chat_view import ChatView
 from phoenix_chat.app.views.conversation_list import ConversationListView
+from phoenix_chat.app.views.elided_label import ElidedLabel
 from phoenix_chat.app.views.gauges_view import DevicePanel
 
 APP_TITLE = "Phoenix Chat"
@@ -53,12 +54,18 @@ class MainWindow(QMainWindow):
     # -- status bar -----------------------------------------------------------------------
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
-        self.model_label = QLabel("No model")
+        self.model_label = ElidedLabel("No model", Qt.TextElideMode.ElideRight)
         self.model_label.setObjectName("modelLabel")
+        # The load step has a label of its own (elided, whole in the tooltip): inside the
+        # bar a step such as "dequantizing layers.17.post_feedforward_layernorm" was cut.
+        self.load_message = ElidedLabel()
+        self.load_message.setObjectName("loadMessage")
+        self.load_message.setMaximumWidth(320)
         self.load_progress = QProgressBar(maximum=1000)
         self.load_progress.setObjectName("loadProgress")
-        self.load_progress.setMaximumWidth(220)
+        self.load_progress.setMaximumWidth(120)
         self.load_progress.setTextVisible(True)
+        self.load_progress.setFormat("%p%")
         self.load_cancel = QPushButton("Cancel", flat=True)
         self.load_cancel.setObjectName("loadCancel")
         self.tps_label = QLabel("— tok/s")
@@ -68,6 +75,7 @@ class MainWindow(QMainWindow):
         self.context_label = QLabel("context —")
         self.context_label.setObjectName("contextLabel")
         bar.addWidget(self.model_label, 1)
+        bar.addPermanentWidget(self.load_message)
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.load_cancel)
         for w in (self.tps_label, self.ttft_label, self.context_label):
@@ -77,11 +85,11 @@ class MainWindow(QMainWindow):
     def show_loading(self, fraction: float | None, message: str = "") -> None:
         """Progress of a model load (None hides the bar)."""
         visible = fraction is not None
-        self.load_progress.setVisible(visible)
-        self.load_cancel.setVisible(visible)
+        for w in (self.load_message, self.load_progress, self.load_cancel):
+            w.setVisible(visible)
         if fraction is not None:
             self.load_progress.setValue(int(fraction * 1000))
-            self.load_progress.setFormat(f"{message}  %p%" if message else "%p%")
+            self.load_message.setText(message)
 
     # -- menus ----------------------------------------------------------------------------
     def _build_menus(self) -> None:

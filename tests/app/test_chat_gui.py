@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 
 from phoenix_chat.app.store import db_path
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
+from tests.app.transcript_links import click_link
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
@@ -111,7 +112,7 @@ def test_edit_an_earlier_message_and_resend(qtbot, make_app, home):
     finish(qtbot, app, lambda: app.chat.send("Second question"))
     first_user = app.chat.messages[0]
     assert [m.role for m in app.chat.messages] == ["user", "assistant", "user", "assistant"]
-    app.window.chat._on_anchor(__import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl(f"edit:{first_user.id}"))
+    assert click_link(qtbot, app.window.chat, "Edit", 0).endswith(f"/edit/{first_user.id}")
     assert app.window.chat.edit_banner.isVisible()
     assert app.window.chat.input.toPlainText() == "First question"
     app.window.chat.input.setPlainText("An edited question")

@@ -4,11 +4,12 @@ conversation list operations, the base-model notice, chat settings."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 
+from phoenix_chat.app.views.action_links import ActionLinks
 from phoenix_chat.app.views.chat_view import ShownMessage
 from phoenix_chat.app.views.markdown_render import render_message, split_fences
+from tests.app.transcript_links import click_link
 
 pytestmark = pytest.mark.gui
 
@@ -26,9 +27,10 @@ def test_fences_split_including_an_unfinished_one():
 def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
     app = make_app(autoload=False)
     view = app.window.chat
-    body, codes = render_message("Use **this**:\n```python\ndef f():\n    return 1\n```\n")
+    links = ActionLinks()
+    body, codes = render_message("Use **this**:\n```python\ndef f():\n    return 1\n```\n", links)
     assert codes == ["def f():\n    return 1"]
-    assert 'href="copy:0"' in body
+    assert f'href="{links.href("copy", 0)}"' in body
     code_html = body[body.index("<pre") :]
     assert '<span style="color' in code_html  # pygments colours, inline for Qt
     view.set_messages(
@@ -39,9 +41,9 @@ def test_code_is_highlighted_and_copyable(qtbot, qloop, make_app):
     )
     text = view.transcript_text()
     assert "def f():" in text and "Copy" in text and "**" not in text
-    view._on_anchor(QUrl("copy:0"))
+    click_link(qtbot, view, "Copy", 1)  # the code block's (#0 is the answer's, by its label)
     assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
-    view._on_anchor(QUrl("copymsg:1"))  # the whole answer, as Markdown
+    click_link(qtbot, view, "Copy", 0)  # the whole answer, as Markdown
     assert QGuiApplication.clipboard().text().startswith("Use **this**:")
 
 
