@@ -5,6 +5,7 @@ folder names app/ engine/ ... never reach site-packages as top-level packages)."
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -85,14 +86,24 @@ def test_installed_wheel_runs_info_and_generates(wheel, tmp_path):
     ).stdout.strip()
     deps = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
     Path(site, "phoenix_deps.pth").write_text("\n".join(deps) + "\n")
+    # the installed copy must be what runs: no PYTHONPATH of the caller's (a checkout) leaks in
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
     def run(*args: str) -> str:
         out = subprocess.run(
-            [str(env_dir / "bin" / "phoenix-chat"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
+            [str(env_dir / "bin" / "phoenix-chat"), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
         )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
@@ -102,6 +113,7 @@ def test_installed_wheel_runs_info_and_generates(wheel, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
+        env=env,
     )
     assert where.returncode == 0, where.stderr[-3000:]
     assert Path(where.stdout.strip()).is_relative_to(env_dir)  # the installed copy, not this checkout
