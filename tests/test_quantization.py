@@ -39,7 +39,7 @@ def _expected(quant: WeightQuant) -> dict[str, int]:
 
 @pytest.mark.parametrize("quant", list(WeightQuant))
 def test_the_cpu_backend_applies_the_choice_to_its_weights(model_path, quant):
-    model = engine.load(model_path, backend="auto", quant=quant.label, context_length=256)  # upper case, as old settings
+    model = engine.load(model_path, backend="auto", quant=quant.label, context_length=256)  # "Q8_0": old settings
     try:
         info = model.describe()
         assert info["backend"] == "cpu"  # no hardware GPU here: auto takes the CPU
