@@ -89,6 +89,22 @@ class LoadedModel:
         self.backend.close()
 
 
+def check_loadable(
+    path: str | os.PathLike[str] | None = None, backend: str = "auto", quant: WeightQuant | str | None = None
+) -> None:
+    """Raise the PhoenixError `load` would raise for a bad choice or a missing, corrupt or
+    unsupported file, in a moment and without loading weights: the worker calls it before it
+    drops the model it has, so a file that cannot be opened never costs the working model."""
+    _check_choices(backend, quant)
+    open_weights(Path(path).expanduser() if path else embedded_model_path()).close()
+
+
+def _check_choices(backend: str, quant: WeightQuant | str | None) -> WeightQuant | None:
+    if backend not in BACKENDS:
+        raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    return WeightQuant.parse(quant)  # a bad spelling fails here, the same on every backend
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     backend: str = "auto",
@@ -110,9 +126,7 @@ def load(
     """
     from phoenix_chat.engine.chat import ChatFormat
 
-    if backend not in BACKENDS:
-        raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    wanted = WeightQuant.parse(quant)  # a bad spelling fails here, the same on every backend
+    wanted = _check_choices(backend, quant)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
