@@ -103,10 +103,10 @@ def test_backend_context_npu_and_reload_menus_reach_the_worker(qtbot, make_app, 
     assert info["backend_note"].startswith("auto:")
     # Devices → Backend → CPU again.
     assert pick(qtbot, app, app.window.backend_actions["cpu"])["backend"] == "cpu"
-    # Devices → Context length → each choice ("Model maximum": the model's own 32,768).
-    for n in [c for c in CONTEXT_CHOICES if c != 4096] + [4096]:
+    # Devices → Context length → each number ("Model maximum": the test below).
+    for n in [c for c in CONTEXT_CHOICES if c not in (None, 4096)] + [4096]:
         info = pick(qtbot, app, app.window.context_actions[n])
-        assert info["context_length"] == (n or info["max_context_length"])
+        assert info["context_length"] == n
         assert saved(home)["context_length"] == n
     # Devices → NPU: greyed, with the reason, when there is none; triggering it does nothing.
     prefill = app.window.npu_actions["prefill"]
@@ -119,6 +119,19 @@ def test_backend_context_npu_and_reload_menus_reach_the_worker(qtbot, make_app, 
     pid, before = app.worker.process.pid, app.models.info
     info = pick(qtbot, app, app.window.reload_action)
     assert info is not before and info["context_length"] == 4096 and app.worker.process.pid == pid
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 24 defect 5 (another helper's part): the engine reads 'no limit' as its 4,096 default",
+)
+def test_context_model_maximum_loads_the_models_own_limit(qtbot, make_app, home):
+    preset(home, backend="cpu", context_length=2048)
+    app = make_app()
+    wait_loaded(qtbot, app)
+    info = pick(qtbot, app, app.window.context_actions[None])
+    assert saved(home)["context_length"] is None
+    assert info["context_length"] == info["max_context_length"]
 
 
 def test_about_this_model_is_a_readable_card(qtbot, make_app, home):
