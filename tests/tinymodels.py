@@ -180,6 +180,7 @@ def hf_gemma3_folder(gguf, folder, layers: int, tokenizer: bool = False):
     """The real model's first `layers` blocks as a Hugging Face checkpoint: BF16 matrices in two
     safetensors shards (with a vision tensor to skip), config.json, and with `tokenizer` the
     tokenizer files, so the folder also loads in the app."""
+    folder.mkdir(parents=True, exist_ok=True)
     c = gguf.config
     config = {
         "architectures": ["Gemma3ForConditionalGeneration"],

@@ -48,7 +48,9 @@ class CpuBackend(Backend):
         if quant is not None:
             weights = RequantizedWeights(weights, quant)
             self.device_name = f"CPU (numpy, f32 reference, weights rounded to {quant.label})"
-        self._types = weights.tensor_types()
+        self._types: dict[str, int] = {}
+        for t in weights.tensors.values():
+            self._types[t.qtype.name] = self._types.get(t.qtype.name, 0) + 1
         need = f32_footprint(weights, context_length)
         have = psutil.virtual_memory().available
         if need > have * 0.9:
