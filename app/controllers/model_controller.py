@@ -37,12 +37,13 @@ BASE_MODEL_NOTICE = (
     "That is how the model is, not a fault. Open an instruction-tuned Gemma 3 "
     "(a “-it” file) from the File menu for real answers."
 )
-CHANGE_NAMES = {
-    "model_path": "Opening another model",
-    "quant": "Changing the quantization",
-    "backend": "Changing the backend",
-    "npu": "Changing the NPU setting",
-    "context_length": "Changing the context length",
+CHANGE_NAMES = {  # what the reload question says about the change
+    "reload": "Reload model loads the model again.",
+    "model_path": "The model you opened loads in place of the current one.",
+    "quant": "The new quantization needs the model loaded again.",
+    "backend": "The new backend needs the model loaded again.",
+    "npu": "The new NPU setting needs the model loaded again.",
+    "context_length": "The new context length needs the model loaded again.",
 }
 
 
@@ -81,7 +82,7 @@ class ModelController(QObject):
         window.load_cancel.clicked.connect(self.cancel_load)
         connect_actions(
             window,
-            reload_action=lambda: self.request_load(),
+            reload_action=lambda: self._reload_for("reload"),
             model_info_action=self._show_info,
             open_file_action=self._open_file,
             open_folder_action=self._open_folder,
@@ -240,6 +241,7 @@ class ModelController(QObject):
 
     # -- a reload while an answer is being written -------------------------------------------
     def _reload_for(self, key: str) -> None:
+        """Reload now, or, while an answer is being written, ask first (`key`: what changed)."""
         if not self.worker.generations:
             self.request_load()
         elif self.reload_waiting:
@@ -248,7 +250,7 @@ class ModelController(QObject):
             self._ask_reload(key)
 
     def _ask_reload(self, key: str) -> None:
-        box = ReloadQuestion(CHANGE_NAMES.get(key, "This change"), self.window)
+        box = ReloadQuestion(CHANGE_NAMES.get(key, "This change needs the model loaded again."), self.window)
         box.finished.connect(lambda _result: self._on_reload_answer(box))
         self.reload_question = box
         box.open()

@@ -159,8 +159,8 @@ class ReloadQuestion(QMessageBox):
         self.setObjectName("reloadQuestion")
         self.setIcon(QMessageBox.Icon.Question)
         self.setWindowTitle("Reload the model?")
-        self.setText(f"{change} needs the model to be loaded again, and an answer is being written.")
-        self.setInformativeText("Loading takes a while; the chat waits for it.")
+        self.setText(f"{change} An answer is being written: stop it and reload now, or reload when it is finished?")
+        self.setInformativeText("Loading takes a while; messages sent meanwhile wait for it.")
         self.choices = {
             self.STOP: self.addButton("Stop the answer and reload now", QMessageBox.ButtonRole.AcceptRole),
             self.WAIT: self.addButton("Reload when the answer is finished", QMessageBox.ButtonRole.AcceptRole),

@@ -272,3 +272,12 @@ def test_a_reload_choice_during_an_answer_can_wait_for_it_or_be_undone(qtbot, ma
     qtbot.wait(300)
     assert app.models.load_id is None and app.models.info["quant"] == "file"
     assert order == ["answer", "model 8192", "answer"]
+    # Model → Reload model asks too.
+    long_answer(qtbot, app)
+    app.window.reload_action.trigger()
+    assert app.models.reload_question is not None and "Reload model" in app.models.reload_question.text()
+    assert app.models.load_id is None
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        qtbot.mouseClick(app.models.reload_question.choices[ReloadQuestion.KEEP], Qt.LeftButton)
+    qtbot.wait(300)
+    assert app.models.load_id is None and order == ["answer", "model 8192", "answer", "answer"]
