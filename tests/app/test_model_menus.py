@@ -223,6 +223,27 @@ def test_a_choice_that_fails_to_load_is_rolled_back_and_the_previous_model_reloa
     assert "previous model is back" in app.window.chat.notice.text()
 
 
+def test_a_choice_whose_load_is_cancelled_or_kills_the_engine_is_not_kept(qtbot, make_app, home):
+    preset(home, backend="cpu", context_length=2048, max_tokens=2, temperature=0.0)
+    app = make_app()
+    wait_loaded(qtbot, app)
+    # Cancelled: the menus and settings.json go back to what loaded; the next message loads that.
+    app.window.context_actions[8192].trigger()
+    with qtbot.waitSignal(app.models.model_unavailable, timeout=LOAD_TIMEOUT_MS) as failed:
+        qtbot.mouseClick(app.window.load_cancel, Qt.LeftButton)
+    assert "cancelled" in failed.args[0] and "back on the last model that loaded" in failed.args[0]
+    assert saved(home)["context_length"] == 2048 and app.window.context_actions[2048].isChecked()
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=LOAD_TIMEOUT_MS + ANSWER_TIMEOUT_MS):
+        app.chat.send("Hello")
+    assert app.models.info["context_length"] == 2048
+    # The engine dies while loading a new choice: the choice may be the cause, so it is undone.
+    app.window.quant_actions["f16"].trigger()
+    qtbot.waitUntil(lambda: app.window.load_progress.value() > 0, timeout=LOAD_TIMEOUT_MS)
+    with qtbot.waitSignal(app.worker.worker_died, timeout=10_000):
+        app.worker.process.kill()
+    assert saved(home)["quant"] == "file" and app.window.quant_actions["file"].isChecked()
+
+
 def long_answer(qtbot, app):
     app.chat.send("Tell me a long story about a phoenix.")
     qtbot.waitUntil(lambda: bool(app.worker.generations) and app.chat.answer_text != "", timeout=ANSWER_TIMEOUT_MS)
