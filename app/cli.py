@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any
 
+from phoenix_chat.engine.quantization import WeightQuant
+
 EXIT_USAGE = 2
 MAX_TOKENS = 256  # answer length in the terminal (the app's own is in its settings)
 
@@ -23,7 +25,10 @@ def _add_model_args(p, backend=True):
         p.add_argument("--device", type=int, default=None, metavar="N", help="Vulkan device index (see `devices`)")
         p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length")
         p.add_argument(
-            "--quant", choices=["q4_0", "q8_0", "f16"], default=None, help="re-quantize weights on the device (Vulkan)"
+            "--quant",
+            choices=[q.value for q in WeightQuant],
+            default=None,
+            help="re-quantize the weights on load (Vulkan: on the device; CPU: values rounded, computed in f32)",
         )
 
 

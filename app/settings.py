@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from phoenix_chat.app.paths import data_dir
+from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
-SETTINGS_VERSION = 1
+SETTINGS_VERSION = 2  # 2: quant is spelt as the engine's WeightQuant values (version 1 wrote "Q8_0")
 SETTINGS_NAME = "settings.json"
 
-QUANT_CHOICES = ("file", "Q4_0", "Q8_0", "F16")  # "file": as stored in the model file
+QUANT_CHOICES = (AS_IN_FILE, *(q.value for q in WeightQuant))  # "file": as stored in the model file
 NPU_CHOICES = ("off", "prefill")
 CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)  # None: the model's own limit
 THEMES = ("light", "dark")
@@ -33,7 +34,7 @@ _ENGINE_SAMPLING = SamplingParams()
 class Settings:
     model_path: str | None = None  # None: the embedded Gemma 3 270M
     recent_models: list[str] = field(default_factory=list)
-    quant: str = "file"
+    quant: str = AS_IN_FILE  # a QUANT_CHOICES value, handed to the engine as is
     backend: str = "auto"  # "auto" | "cpu" | "vulkan:<device index>"
     npu: str = "off"
     context_length: int | None = 4096
@@ -61,6 +62,14 @@ class Settings:
         }
 
 
+def _quant_spelling(value: object) -> object:
+    """ "Q8_0" (how version 1 wrote it) → "q8_0": one spelling, the engine's."""
+    return value.lower() if isinstance(value, str) and value.lower() in QUANT_CHOICES else value
+
+
+# Applied to a value before it is checked, on `set` and on reading the file: old spellings migrate.
+_NORMALIZERS: dict[str, Callable[[object], object]] = {"quant": _quant_spelling}
+
 _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "quant": lambda v: v in QUANT_CHOICES,
     "npu": lambda v: v in NPU_CHOICES,
@@ -85,6 +94,7 @@ class SettingsModel:
     def set(self, name: str, value) -> None:
         if name not in {f.name for f in fields(Settings)}:
             raise KeyError(name)
+        value = _NORMALIZERS.get(name, lambda v: v)(value)
         check = _VALIDATORS.get(name)
         if check and not check(value):
             raise ValueError(f"bad value for {name}: {value!r}")
@@ -98,6 +108,9 @@ class SettingsModel:
     def add_recent_model(self, path: str) -> None:
         recent = [path] + [p for p in self.values.recent_models if p != path]
         self.set("recent_models", recent[:MAX_RECENT])
+
+    def remove_recent_model(self, path: str) -> None:
+        self.set("recent_models", [p for p in self.values.recent_models if p != path])
 
     def save(self) -> None:
         data = {"version": SETTINGS_VERSION, **asdict(self.values)}
@@ -115,7 +128,7 @@ def _load(path: Path) -> Settings:
     settings = Settings()
     for f in fields(Settings):
         if f.name in data:
-            value = data[f.name]
+            value = _NORMALIZERS.get(f.name, lambda v: v)(data[f.name])
             check = _VALIDATORS.get(f.name)
             if check is None or check(value):
                 setattr(settings, f.name, value)

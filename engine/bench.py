@@ -125,8 +125,10 @@ def run_bench(
     allow_software: bool = True,
     seed: int = 0,
 ) -> BenchResult:
+    from phoenix_chat.engine.quantization import WeightQuant
     from phoenix_chat.engine.weights import open_weights
 
+    wanted = WeightQuant.parse(quant)
     weights = open_weights(path)
     cfg = weights.config
     ctx = context_length or (prompt_tokens + gen_tokens + 8)
@@ -137,14 +139,14 @@ def run_bench(
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
         be = vk = VulkanBackend(
-            weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=quant)
+            weights, ctx, VulkanOptions(device_index=device, allow_software=allow_software, quant=wanted)
         )
         wbytes = vk.budget["weights"]
     elif backend == "cpu":
         from phoenix_chat.engine.backends.cpu import CpuBackend
 
-        be = CpuBackend(weights, ctx)
-        wbytes = _matrix_bytes(weights)
+        be = CpuBackend(weights, ctx, quant=wanted)
+        wbytes = _matrix_bytes(weights)  # the file's bytes: the CPU holds f32 copies of them
     else:
         raise ValueError(f"bench: unknown backend {backend!r}")
     load_s = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import DeviceUnavailableError, PhoenixError
+from phoenix_chat.engine.quantization import WeightQuant, quant_name
 from phoenix_chat.engine.weights import embedded_model_path, open_weights
 from phoenix_chat.engine.weights.base import WeightSource
 
@@ -38,7 +39,9 @@ class ModelDescription(TypedDict):
     layers: int
     context_length: int
     max_context_length: int
-    tensor_types: dict[str, int]
+    tensor_types: dict[str, int]  # as stored in the file
+    quant: str  # the re-quantization applied at load (a WeightQuant value), or "file"
+    weight_types: dict[str, int]  # as the backend holds them after loading
     file_size: int
     backend: str
     device: str
@@ -72,6 +75,8 @@ class LoadedModel:
             "context_length": self.backend.context_length,
             "max_context_length": cfg.context_length,
             "tensor_types": self.weights.tensor_types(),
+            "quant": quant_name(self.backend.quant),
+            "weight_types": self.backend.weight_types(),
             "file_size": self.weights.file_size,
             "backend": self.backend.name,
             "device": self.backend.device_name,
@@ -84,11 +89,27 @@ class LoadedModel:
         self.backend.close()
 
 
+def check_loadable(
+    path: str | os.PathLike[str] | None = None, backend: str = "auto", quant: WeightQuant | str | None = None
+) -> None:
+    """Raise the PhoenixError `load` would raise for a bad choice or a missing, corrupt or
+    unsupported file, in a moment and without loading weights: the worker calls it before it
+    drops the model it has, so a file that cannot be opened never costs the working model."""
+    _check_choices(backend, quant)
+    open_weights(Path(path).expanduser() if path else embedded_model_path()).close()
+
+
+def _check_choices(backend: str, quant: WeightQuant | str | None) -> WeightQuant | None:
+    if backend not in BACKENDS:
+        raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    return WeightQuant.parse(quant)  # a bad spelling fails here, the same on every backend
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     backend: str = "auto",
     context_length: int | None = None,
-    quant: str | None = None,
+    quant: WeightQuant | str | None = None,
     device: int | None = None,
     progress: Callable[[float, str], None] | None = None,
     cancel: threading.Event | None = None,
@@ -98,12 +119,14 @@ def load(
     backend: "auto" (a hardware Vulkan GPU if there is one, else the CPU — the choice and its
     reason are logged and kept in `backend_note`), "cpu", "vulkan" (any Vulkan device, software
     ones such as lavapipe included), "npu-hybrid" (prompt prefill on the NPU).
+    quant: re-quantize every matrix on load (`WeightQuant`, or its value in any case; None or
+    "file": the file's own types); every backend applies it (the CPU one to the values it
+    computes with in f32), and `describe()` reports what was applied.
     progress(fraction, message) is called during long work; cancel is an Event-like object.
     """
     from phoenix_chat.engine.chat import ChatFormat
 
-    if backend not in BACKENDS:
-        raise PhoenixError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    wanted = _check_choices(backend, quant)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
@@ -127,7 +150,7 @@ def load(
     t = time.perf_counter()
     report(0.1, "loading weights")
     scaled = (lambda fraction, message: report(0.1 + 0.9 * fraction, message)) if progress else None
-    engine_backend, note = _make_backend(backend, weights, ctx, quant, device, scaled, cancel)
+    engine_backend, note = _make_backend(backend, weights, ctx, wanted, device, scaled, cancel)
     report(1.0, "ready")
     timings["backend_s"] = time.perf_counter() - t
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
@@ -149,7 +172,7 @@ def _make_backend(
     kind: str,
     weights: WeightSource,
     ctx: int,
-    quant: str | None,
+    quant: WeightQuant | None,
     device: int | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
@@ -181,7 +204,7 @@ def _make_backend(
 def _npu_hybrid(
     weights: WeightSource,
     ctx: int,
-    quant: str | None,
+    quant: WeightQuant | None,
     device: int | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
@@ -208,15 +231,13 @@ def _npu_hybrid(
 def _cpu(
     weights: WeightSource,
     ctx: int,
-    quant: str | None,
+    quant: WeightQuant | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
 ) -> CpuBackend:
     from phoenix_chat.engine.backends.cpu import CpuBackend
 
-    if quant:
-        log.warning("quantization %s applies to the Vulkan backend; the CPU reference runs in f32", quant)
-    return CpuBackend(weights, ctx, progress=progress, cancel=cancel)
+    return CpuBackend(weights, ctx, progress=progress, cancel=cancel, quant=quant)
 
 
 def _looks_instruction_tuned(weights: WeightSource, path: Path) -> bool:

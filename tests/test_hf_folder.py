@@ -2,8 +2,6 @@
 and runs like the GGUF it came from."""
 
 import dataclasses
-import json
-import struct
 
 import numpy as np
 import pytest
@@ -11,78 +9,14 @@ import pytest
 from phoenix_chat.engine.backends.cpu import CpuBackend
 from phoenix_chat.engine.weights import open_weights
 
+from .tinymodels import bf16_round, hf_gemma3_folder
+
 LAYERS = 2
-
-
-def bf16_bytes(a: np.ndarray) -> bytes:
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-    return rounded.tobytes()
-
-
-def bf16_round(a: np.ndarray) -> np.ndarray:
-    return (np.frombuffer(bf16_bytes(a), np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(a.shape)
-
-
-def write_safetensors(path, tensors: dict[str, tuple[str, tuple, bytes]]):
-    header, offset, blobs = {}, 0, []
-    for name, (dtype, shape, blob) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        for b in blobs:
-            fh.write(b)
 
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, gguf):
-    folder = tmp_path_factory.mktemp("hf-gemma3-2layer")
-    c = gguf.config
-    config = {
-        "architectures": ["Gemma3ForConditionalGeneration"],
-        "model_type": "gemma3",
-        "text_config": {
-            "model_type": "gemma3_text",
-            "hidden_size": c.hidden_size,
-            "num_hidden_layers": LAYERS,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim,
-            "vocab_size": c.vocab_size,
-            "max_position_embeddings": c.context_length,
-            "sliding_window": c.sliding_window,
-            "rope_theta": c.rope_theta,
-            "rope_local_base_freq": 10000.0,
-            "query_pre_attn_scalar": 256,
-            "rms_norm_eps": 1e-6,
-        },
-        "eos_token_id": [1, 106],
-        "bos_token_id": 2,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    shards = [{}, {"vision_tower.vision_model.embeddings.patch_embedding.weight": ("F32", (2, 2), bytes(16))}]
-    names = ["embed_tokens", "norm"] + [
-        n for n in gguf.tensors if n.startswith(tuple(f"layers.{i}." for i in range(LAYERS)))
-    ]
-    for i, name in enumerate(names):
-        data = gguf.dequantize(name)
-        hf_name = f"language_model.model.{name}.weight"
-        if gguf.tensors[name].is_norm:  # HF stores w, Gemma multiplies by 1 + w
-            shards[i % 2][hf_name] = ("F32", data.shape, (data - 1.0).astype(np.float32).tobytes())
-        else:
-            shards[i % 2][hf_name] = ("BF16", data.shape, bf16_bytes(data))
-    weight_map = {}
-    for k, shard in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-00002.safetensors"
-        write_safetensors(folder / fname, shard)
-        weight_map.update({n: fname for n in shard})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return folder
+    return hf_gemma3_folder(gguf, tmp_path_factory.mktemp("hf-gemma3-2layer"), LAYERS)
 
 
 def test_reads_back_bf16_exactly(hf_folder, gguf):

@@ -31,14 +31,14 @@ class AppController(QObject):
         super().__init__()
         self.settings = SettingsModel(home)
         if model_path is not None:
-            self.settings.add_recent_model(model_path)
-            self.settings.set("model_path", model_path)
+            self.settings.set("model_path", model_path)  # joins Recent models once it has loaded
         self.store = StoreThread(Store(home=home))
         self.worker = WorkerClient()
         self.window = MainWindow()
         self.window.setWindowIcon(app_icon())
         self.models = ModelController(self.window, self.worker, self.settings)
         self.chat = ChatController(self.window, self.worker, self.store, self.settings, self.models)
+        self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
         self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
 
         s = self.settings.values

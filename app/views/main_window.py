@@ -15,9 +15,10 @@ from phoenix_chat.app.views.chat_view import ChatView
 from phoenix_chat.app.views.conversation_list import ConversationListView
 from phoenix_chat.app.views.elided_label import ElidedLabel
 from phoenix_chat.app.views.gauges_view import DevicePanel
+from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
 
 APP_TITLE = "Phoenix Chat"
-QUANT_LABELS = {"file": "As in file", "Q4_0": "Q4_0", "Q8_0": "Q8_0", "F16": "F16"}
+QUANT_LABELS = {AS_IN_FILE: "As in file", **{q.value: q.label for q in WeightQuant}}
 
 
 class MainWindow(QMainWindow):

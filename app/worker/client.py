@@ -28,7 +28,7 @@ class WorkerClient(QObject):
     devices_changed = Signal(list, dict)  # devices, npu status
     loading_changed = Signal(str, float, str)  # load id, fraction, message
     model_changed = Signal(str, dict)  # load id, model info
-    load_failed = Signal(str, str, bool)  # load id, message, cancelled
+    load_failed = Signal(str, str, bool, object)  # load id, message, cancelled, info of the model kept (or None)
     tokens_changed = Signal(str, str)  # generation id, text delta
     stats_changed = Signal(str, object)  # generation id, GenerationStats
     generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
@@ -44,6 +44,7 @@ class WorkerClient(QObject):
         self._reader: threading.Thread | None = None
         self._generation = 0  # bumps on every (re)start so stale readers are ignored
         self.model_info: dict | None = None
+        self.generations: set[str] = set()  # ids sent and not finished: an answer is being written
         self._shutting_down = False
 
     # -- lifetime -------------------------------------------------------------------------
@@ -135,6 +136,7 @@ class WorkerClient(QObject):
 
     def request_generation(self, messages: list[dict], params: dict, max_tokens: int) -> str:
         gen_id = P.new_id("gen")
+        self.generations.add(gen_id)
         self.send(P.GENERATE_REQUESTED, id=gen_id, messages=messages, params=params, max_tokens=max_tokens)
         return gen_id
 
@@ -193,12 +195,14 @@ class WorkerClient(QObject):
             self.model_info = msg["info"]
             self.model_changed.emit(msg["id"], msg["info"])
         elif kind == P.LOAD_FAILED:
-            self.load_failed.emit(msg["id"], msg["message"], msg["cancelled"])
+            self.model_info = msg["kept"]
+            self.load_failed.emit(msg["id"], msg["message"], msg["cancelled"], msg["kept"])
         elif kind == P.TOKENS_CHANGED:
             self.tokens_changed.emit(msg["id"], msg["text"])
         elif kind == P.STATS_CHANGED:
             self.stats_changed.emit(msg["id"], P.GenerationStats.from_dict(msg["stats"]))
         elif kind == P.GENERATION_FINISHED:
+            self.generations.discard(msg["id"])
             self.generation_finished.emit(
                 msg["id"], msg["finish_reason"], P.GenerationStats.from_dict(msg["stats"]), msg["text"]
             )
@@ -206,6 +210,7 @@ class WorkerClient(QObject):
             self.error_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.WORKER_DIED:
             self.model_info = None
+            self.generations.clear()
             code = self.process.exitcode if self.process is not None else None
             if self.process is not None:
                 self.process.join(1.0)

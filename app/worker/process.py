@@ -114,13 +114,19 @@ class Worker:
         try:
             engine = self._engine()
             from phoenix_chat.engine.errors import CancelledError, PhoenixError
+            from phoenix_chat.engine.loader import check_loadable
         except Exception as exc:  # noqa: BLE001 — reported to the user, worker stays up
-            self.send(P.LOAD_FAILED, id=load_id, message=f"engine unavailable: {exc}", cancelled=False)
+            self._load_failed(load_id, f"engine unavailable: {exc}", kept=self.model_info)
             return
-        self._close_model()
         backend = msg.get("backend") or "auto"
         if msg.get("npu") == "prefill":
             backend = "npu-hybrid"  # prompt prefill on the NPU, decode on the GPU
+        try:  # a file that cannot even be opened must not cost the model we have
+            check_loadable(msg.get("path"), backend, msg.get("quant"))
+        except PhoenixError as exc:
+            self._load_failed(load_id, str(exc), kept=self.model_info)
+            return
+        self._close_model()  # one model in memory at a time: a later failure is reported as such
         kwargs = dict(
             path=msg.get("path"),
             backend=backend,
@@ -136,21 +142,26 @@ class Worker:
             if cancel.is_set():
                 raise CancelledError("loading cancelled")
         except CancelledError as exc:
-            self.send(P.LOAD_FAILED, id=load_id, message=str(exc) or "cancelled", cancelled=True)
+            self._load_failed(load_id, str(exc) or "cancelled", cancelled=True)
             return
         except PhoenixError as exc:
-            self.send(P.LOAD_FAILED, id=load_id, message=str(exc), cancelled=False)
+            self._load_failed(load_id, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 — a bug, but the user still needs to see it
             traceback.print_exc()
-            self.send(P.LOAD_FAILED, id=load_id, message=f"{type(exc).__name__}: {exc}", cancelled=False)
+            self._load_failed(load_id, f"{type(exc).__name__}: {exc}")
             return
         finally:
             with self.lock:
                 self.load_cancels.pop(load_id, None)
         self.model = model
-        self.model_info = describe_model(model, msg)
+        self.model_info = describe_model(model)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
+
+    def _load_failed(self, load_id: str, message: str, cancelled: bool = False, kept: dict | None = None) -> None:
+        """kept: the info of the model still loaded (the request was refused before it was
+        dropped); None: no model is loaded now."""
+        self.send(P.LOAD_FAILED, id=load_id, message=message, cancelled=cancelled, kept=kept)
 
     def generate(self, msg: dict) -> None:
         gen_id = msg["id"]
@@ -245,10 +256,10 @@ class Worker:
             self.model_info = None
 
 
-def describe_model(model, request: dict) -> dict:
-    """The model info the GUI gets: the engine's own `LoadedModel.describe()`, plus the
-    quantization the request asked for ("file": as stored)."""
-    return {**model.describe(), "quant": request.get("quant") or "file"}
+def describe_model(model) -> dict:
+    """The model info the GUI gets: the engine's own `LoadedModel.describe()` (which carries the
+    quantization the backend applied and the weight types it holds, not what was asked for)."""
+    return dict(model.describe())
 
 
 def _probe_devices() -> list:

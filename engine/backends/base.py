@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
 PREFILL_CHUNK = 256  # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
@@ -60,6 +61,7 @@ class LiveStats:
 class Backend(ABC):
     name: str = "?"
     device_name: str = "?"
+    quant: WeightQuant | None = None  # the re-quantization applied at load; None: the file's types
 
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
@@ -86,6 +88,11 @@ class Backend(ABC):
     def live_stats(self) -> LiveStats:
         """The gauges' record (cheap: called a few times a second while generating)."""
         return LiveStats(device=self.device_name)
+
+    def weight_types(self) -> dict[str, int]:
+        """How many weight tensors this backend holds in each type (GGML names), as loaded:
+        the proof that a quantization choice was applied, for model info and the GUI."""
+        return {}
 
     def stats(self) -> dict[str, Any]:
         """Backend-specific details (tuning choices, memory plan, timings) for benchmarks and

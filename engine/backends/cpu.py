@@ -1,4 +1,8 @@
-"""The numpy backend: the f32 reference forward pass behind the Backend contract."""
+"""The numpy backend: the f32 reference forward pass behind the Backend contract.
+
+A quantization choice is applied to the values, not the arithmetic: with `quant` every matrix
+is rounded to that type at load (weights/requantized.py) and then computed in f32, so the
+answers are those of a Q8_0/Q4_0/F16 model while memory and speed stay those of f32."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats,
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
 from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
+from phoenix_chat.engine.weights.requantized import RequantizedWeights
 
 
 def f32_footprint(weights: WeightSource, context_length: int) -> int:
@@ -35,8 +41,16 @@ class CpuBackend(Backend):
         context_length: int,
         progress: Callable[[float, str], None] | None = None,
         cancel: threading.Event | None = None,
+        quant: WeightQuant | None = None,
     ):
         super().__init__(weights.config, context_length)
+        self.quant = quant
+        if quant is not None:
+            weights = RequantizedWeights(weights, quant)
+            self.device_name = f"CPU (numpy, f32 reference, weights rounded to {quant.label})"
+        self._types: dict[str, int] = {}
+        for t in weights.tensors.values():
+            self._types[t.qtype.name] = self._types.get(t.qtype.name, 0) + 1
         need = f32_footprint(weights, context_length)
         have = psutil.virtual_memory().available
         if need > have * 0.9:
@@ -50,6 +64,9 @@ class CpuBackend(Backend):
 
     def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)
+
+    def weight_types(self) -> dict[str, int]:
+        return dict(self._types)
 
     def live_stats(self) -> LiveStats:
         return LiveStats(device=self.device_name, kv_cache_bytes=self.model.cache.nbytes())

@@ -139,6 +139,9 @@ class NpuHybridBackend(Backend):
                 "NPU prefill is unavailable: no built NPU kernels" + (f" ({'; '.join(problems)})" if problems else "")
             )
         self.decoder = decoder or CpuBackend(weights, context_length, progress=progress, cancel=cancel)
+        # the decoder's re-quantization (the NPU quantizes its own copies whatever this is);
+        # getattr: a decoder need only offer the KV hand-off, not the whole Backend
+        self.quant = getattr(self.decoder, "quant", None)
         self.device_name = f"{getattr(self.decoder, 'device_name', type(self.decoder).__name__)} decode + " + (
             "emulated NPU prefill (tests only)" if emulated else "AMD XDNA NPU prefill (Phoenix, npu1)"
         )
@@ -250,6 +253,11 @@ class NpuHybridBackend(Backend):
         h["count"] += 1
 
     # ------------------------------------------------------------ gauges
+    def weight_types(self) -> dict[str, int]:
+        """The decoder's (the NPU holds int8/bf16 copies of the projections besides)."""
+        types = getattr(self.decoder, "weight_types", None)
+        return types() if callable(types) else {}
+
     def live_stats(self) -> LiveStats:
         dec = self.decoder.live_stats()
         return LiveStats(

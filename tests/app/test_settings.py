@@ -16,15 +16,15 @@ def test_defaults_persist_and_notify(home):
     assert model.values == Settings()
     seen = []
     model.subscribe(lambda name, value: seen.append((name, value)))
-    model.set("quant", "Q8_0")
-    model.set("quant", "Q8_0")  # no change, no notification
+    model.set("quant", "q8_0")
+    model.set("quant", "Q8_0")  # the same choice in another case: no change, no notification
     model.set("context_length", 2048)
     model.add_recent_model("/models/a.gguf")
     model.add_recent_model("/models/b.gguf")
     model.add_recent_model("/models/a.gguf")
-    assert seen[:2] == [("quant", "Q8_0"), ("context_length", 2048)]
+    assert seen[:2] == [("quant", "q8_0"), ("context_length", 2048)]
     again = SettingsModel(home).values
-    assert again.quant == "Q8_0" and again.context_length == 2048
+    assert again.quant == "q8_0" and again.context_length == 2048
     assert again.recent_models == ["/models/a.gguf", "/models/b.gguf"]
 
 
@@ -37,6 +37,19 @@ def test_bad_values_are_refused_and_ignored_on_load(home):
     (home / "settings.json").write_text(json.dumps({"quant": "bogus", "theme": "dark"}))
     loaded = SettingsModel(home).values
     assert loaded.quant == "file" and loaded.theme == "dark"
+
+
+def test_quant_is_spelt_as_the_engine_spells_it_and_old_files_migrate(home):
+    """Issue 24, defect 1: version 1 wrote "Q8_0", which the engine refused on every start."""
+    from phoenix_chat.app.settings import QUANT_CHOICES
+    from phoenix_chat.engine.quantization import WeightQuant
+
+    assert QUANT_CHOICES == ("file", *(q.value for q in WeightQuant))
+    for old in ("Q4_0", "Q8_0", "F16"):
+        (home / "settings.json").write_text(json.dumps({"version": 1, "quant": old}))
+        loaded = SettingsModel(home).values
+        assert loaded.quant == old.lower()
+        assert WeightQuant.parse(loaded.quant) is WeightQuant(old.lower())
 
 
 def test_corrupt_file_falls_back_to_defaults(home):

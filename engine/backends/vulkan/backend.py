@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.backends.base import Backend, KvRow, LiveStats
-from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling
+from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
@@ -250,6 +250,18 @@ class VulkanBackend(Backend):
         """Share of the last `window_s` seconds the GPU spent on this engine's work (None: the
         device has no timestamps; profiling.BusyGauge)."""
         return self.busy.fraction(window_s)
+
+    def weight_types(self) -> dict[str, int]:
+        """The types the matrices were uploaded in (after any re-quantization); norms are f32."""
+        w = self.device_weights
+        types = [w.embed_type] + ([] if self.plan.tied else [w.lm_head.qtype])
+        for layer in w.layers:
+            types += [m.qtype for m in (*layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
+        counts: dict[str, int] = {}
+        for t in types:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        counts["F32"] = counts.get("F32", 0) + 1 + len(w.layers) * len(resident.NORMS)
+        return counts
 
     def live_stats(self) -> LiveStats:
         return LiveStats(device=self.dev.name, gpu_busy=self.busy.fraction(), kv_cache_bytes=self.budget["kv_cache"])

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType as QType
-
-QUANT_TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "f16": QType.F16}
+from phoenix_chat.engine.quantization import WeightQuant
 
 
 @dataclass(frozen=True)
 class VulkanOptions:
     device_index: int | None = None  # None: the best device found
     allow_software: bool = False  # accept a CPU Vulkan device (lavapipe)
-    quant: str | None = None  # re-quantize every matrix on load (QUANT_TYPES), else the file's types
+    # re-quantize every matrix on load, else the file's types; a string ("q8_0", "Q8_0") is
+    # read by WeightQuant.parse, which rejects anything else with a PhoenixError
+    quant: WeightQuant | None = None
     int_dot: bool | None = None  # int8 activations; None: where the dot instruction is real hardware
     autotune: bool | None = None  # time matvec candidates at load; None: on GPUs, not CPU devices
     # forwards of 2..MAX_COLUMNS tokens through the multi-column matvecs: all (True), none
@@ -22,5 +22,4 @@ class VulkanOptions:
     few_token_matvec: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.quant is not None and self.quant not in QUANT_TYPES:
-            raise ValueError(f"quant must be one of {sorted(QUANT_TYPES)}, got {self.quant!r}")
+        object.__setattr__(self, "quant", WeightQuant.parse(self.quant))

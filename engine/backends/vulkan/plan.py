@@ -13,9 +13,9 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.ops_table import EMBED_TYPES
-from phoenix_chat.engine.backends.vulkan.options import QUANT_TYPES
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
 
 PREFILL_CHUNK = 512  # tokens per prefill submission (GEMM rows: more reuse of each dequantized weight tile)
@@ -24,7 +24,7 @@ LOGITS_CHUNK = 32  # tokens per submission when every position's logits come bac
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    quant: str | None
+    quant: WeightQuant | None
     tied: bool  # no lm_head tensor: the embedding is the output head
     slots: list[int]  # KV slots per layer (models/kv_plan.py, one prefill chunk of slack)
     n_splits: int  # decode attention's splits of the context
@@ -38,16 +38,14 @@ class MemoryPlan:
 
     def target_type(self, qtype: QType) -> QType:
         """A matrix's type on the device: the file's, or the --quant type."""
-        return qtype if self.quant is None else QUANT_TYPES[self.quant]
+        return qtype if self.quant is None else self.quant.qtype
 
     def embed_type(self, qtype: QType) -> QType:
-        want = self.target_type(qtype)
-        if self.quant == "q4_0":
-            want = QType.Q8_0  # llama.cpp keeps embeddings at 8 bits in Q4_0 files too
+        want = qtype if self.quant is None else self.quant.embedding_qtype
         return want if want.name in EMBED_TYPES else QType.Q8_0
 
 
-def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: str | None) -> MemoryPlan:
+def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: WeightQuant | None) -> MemoryPlan:
     """Bytes of weights + KV cache + scratch vs the device heap; raises OutOfMemoryError with
     the numbers (and what to change) when they do not fit."""
     cfg = weights.config
