@@ -34,7 +34,7 @@ class Worker:
     def __init__(self, conn):
         self.conn = conn
         self.commands: queue.Queue = queue.Queue()
-        self.cancelled: set[str] = set()
+        self.gen_cancels: dict[str, threading.Event] = {}  # Stop: asked by the engine between prefill layers/chunks and tokens
         self.load_cancels: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
         self.model = None
@@ -58,7 +58,7 @@ class Worker:
             kind = msg.get("type")
             if kind == P.CANCEL_REQUESTED:
                 with self.lock:
-                    self.cancelled.add(msg.get("id"))
+                    self.gen_cancels.setdefault(msg.get("id"), threading.Event()).set()
             elif kind == P.CANCEL_LOAD_REQUESTED:
                 with self.lock:
                     self.load_cancels.setdefault(msg.get("id"), threading.Event()).set()
@@ -168,6 +168,8 @@ class Worker:
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
         )
+        with self.lock:
+            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
         text: list[str] = []
         pending: list[str] = []
         last_delta = last_stats = 0.0
@@ -176,7 +178,11 @@ class Worker:
         gen = None
         try:
             gen = stream_generate(
-                self.model, msg["messages"], params=params, max_tokens=int(msg.get("max_tokens") or 256)
+                self.model,
+                msg["messages"],
+                params=params,
+                max_tokens=int(msg.get("max_tokens") or 256),
+                cancel=cancel.is_set,
             )
             for record in gen:
                 if record.text:
@@ -194,10 +200,6 @@ class Worker:
                 if record.finish_reason:
                     reason = record.finish_reason
                     break
-                with self.lock:
-                    if gen_id in self.cancelled:
-                        reason = "cancelled"
-                        break
         except PhoenixError as exc:
             reason = "error"
             self.send(P.ERROR_RAISED, id=gen_id, message=str(exc))
@@ -209,7 +211,7 @@ class Worker:
             if gen is not None:
                 gen.close()  # cancels the engine's loop between tokens
             with self.lock:
-                self.cancelled.discard(gen_id)
+                self.gen_cancels.pop(gen_id, None)
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
         stats = self._stats(record).idle() if record is not None else P.GenerationStats()
