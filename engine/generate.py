@@ -20,8 +20,17 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
     from phoenix_chat.engine.speculative import SpeculativeStats
 
-# a chat (messages as {"role": ..., "content": ...}) or one user message / raw text
-Prompt: TypeAlias = str | Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class PromptIds:
+    """A prompt already encoded (engine/prompt_fit.py fits a chat to the context this way)."""
+
+    ids: tuple[int, ...]
+
+
+# a chat (messages as {"role": ..., "content": ...}), one user message / raw text, or ids
+Prompt: TypeAlias = str | Sequence[Mapping[str, Any]] | PromptIds
 
 
 @dataclass
@@ -75,6 +84,8 @@ def generate_step(
 
 def prompt_ids_for(model: LoadedModel, prompt: Prompt, raw: bool = False) -> list[int]:
     """Token ids for a chat (list of messages) or a single user message / raw text."""
+    if isinstance(prompt, PromptIds):
+        return list(prompt.ids)
     if isinstance(prompt, str):
         if raw:
             return model.tokenizer.encode(prompt, add_bos=True, parse_special=True)
