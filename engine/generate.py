@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.speculative import SpeculativeStats
 
 
-
 @dataclass(frozen=True)
 class PromptIds:
     """A prompt already encoded (engine/prompt_fit.py fits a chat to the context this way)."""

@@ -127,8 +127,8 @@ class ModelController(QObject):
         if not info.get("is_instruction_tuned", True) and path not in self._base_notice_shown_for:
             self._base_notice_shown_for.add(path)
             self.window.chat.show_notice(BASE_MODEL_NOTICE, "info")
-        elif info.get("is_instruction_tuned", True):
-            self.window.chat.hide_notice()
+        elif info.get("is_instruction_tuned", True) or self.window.chat.notice_kind() in ("error", "warning"):
+            self.window.chat.hide_notice()  # a model works now: earlier errors no longer apply
         if self._load_future is not None and not self._load_future.done():
             self._load_future.set_result(True)
         self.model_ready.emit(info)

@@ -34,7 +34,9 @@ class Worker:
     def __init__(self, conn):
         self.conn = conn
         self.commands: queue.Queue = queue.Queue()
-        self.gen_cancels: dict[str, threading.Event] = {}  # Stop: asked by the engine between prefill layers/chunks and tokens
+        self.gen_cancels: dict[
+            str, threading.Event
+        ] = {}  # Stop: asked by the engine between prefill layers/chunks and tokens
         self.load_cancels: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
         self.model = None
@@ -164,6 +166,7 @@ class Worker:
         from phoenix_chat.engine.sampling import SamplingParams
 
         stream_generate = importlib.import_module(f"{self._engine().__name__}.generate").stream_generate
+        from phoenix_chat.engine.prompt_fit import fit_chat
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
@@ -176,14 +179,25 @@ class Worker:
         record = None
         reason = None
         gen = None
+        max_tokens = int(msg.get("max_tokens") or 256)
         try:
-            gen = stream_generate(
+            fitted = fit_chat(
                 self.model,
                 msg["messages"],
-                params=params,
-                max_tokens=int(msg.get("max_tokens") or 256),
-                cancel=cancel.is_set,
+                msg.get("overflow") or "drop_oldest",
+                max_tokens,
+                continue_final=bool(msg.get("continue_answer")),
             )
+            if fitted.changed:
+                self.send(
+                    P.PROMPT_FITTED,
+                    id=gen_id,
+                    dropped_messages=fitted.dropped_messages,
+                    cut_tokens=fitted.cut_tokens,
+                    total_tokens=fitted.total_tokens,
+                    context_limit=self.model.backend.context_length,
+                )
+            gen = stream_generate(self.model, fitted.prompt, params=params, max_tokens=max_tokens, cancel=cancel.is_set)
             for record in gen:
                 if record.text:
                     pending.append(record.text)

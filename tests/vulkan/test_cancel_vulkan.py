@@ -42,7 +42,10 @@ def test_cancel_between_prefill_chunks_and_the_backend_stays_usable(vk_backend):
         backend.forward(ids, 0, cancel=cancel_after_first_chunk)
     assert len(asked) == 2  # asked before chunk 1 (no) and before chunk 2 (stop): one chunk ran
     chunk_s = asked[1] - asked[0]
-    print(f"lavapipe: one {backend.prefill_chunk}-token prefill chunk {chunk_s:.2f} s (total {time.perf_counter() - t0:.2f} s)")
+    print(
+        f"lavapipe: one {backend.prefill_chunk}-token prefill chunk {chunk_s:.2f} s "
+        f"(total {time.perf_counter() - t0:.2f} s)"
+    )
     assert np.allclose(backend.forward(short, 0), before, atol=1e-3)
 
     # Timed: Stop set partway through a chunk lands when that chunk ends (within one chunk).
