@@ -316,6 +316,7 @@ class ChatController(QObject):
             # Still loading the model for this answer: give up on it.
             self.models.cancel_load()
         self.view.set_streaming_text(self.answer_text, note=STOPPING_NOTE)
+        self.view.schedule_render(now=True)  # acknowledged now, not at the next coalesced redraw
         self._sync_controls()
 
     def _start_answer(self, conv_id: int, continuing: bool = False) -> None:
