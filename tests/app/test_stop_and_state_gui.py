@@ -113,7 +113,7 @@ def test_a_chat_longer_than_the_context_keeps_working(qtbot, make_app, home):
     app = make_app()
     wait_loaded(qtbot, app)
     assert app.window.overflow_actions["drop_oldest"].isChecked()
-    paste = "BEGIN " + "a pasted log line with some numbers 12345 " * 950 + " END"
+    paste = "BEGIN " + "a pasted log line with some numbers 12345 " * 960 + " END"
     assert len(paste) > 40_000
     with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
         app.chat.send(paste)
@@ -158,7 +158,7 @@ def test_a_second_chat_waits_its_turn_and_figures_stay_with_their_chat(qtbot, ma
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
     assert "writing an answer" in chat.hint.text()
     titles = [w.conversations.list.item(i).text() for i in range(w.conversations.list.count())]
-    assert "● Tell me a long story about a dragon." in titles
+    assert "● Hi" in titles
     app.chat.send("Hello from the second chat")
     assert app.chat.queue == [second] and "Waiting" in chat.hint.text()
     titles = [w.conversations.list.item(i).text() for i in range(w.conversations.list.count())]
