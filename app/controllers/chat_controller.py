@@ -147,7 +147,10 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self.messages = self.store.messages(conversation_id)
         self.settings.set("last_conversation_id", conversation_id)
-        self._show_messages(pending=self._answering_here())
+        # back to the chat that is answering: its answer row (saved every 0.5 s) shows the live text
+        self._show_messages(pending=self._answering_here() and self.answer_id is None)
+        if self._answering_here() and self.answer_id is not None:
+            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
         self._show_chat_stats()
         self._sync_controls()
         self.refresh_list()
@@ -260,7 +263,7 @@ class ChatController(QObject):
         self.messages = self.store.messages(conv_id)
         if self.busy:  # another chat is answering: this one waits its turn
             self.queue.append(conv_id)
-            self._show_messages(pending=True)
+            self._show_messages()  # the hint line and the list's mark say it waits
             self._sync_controls()
             self.refresh_list()
             return

@@ -167,6 +167,7 @@ def test_a_second_chat_waits_its_turn_and_figures_stay_with_their_chat(qtbot, ma
     # Stop in A stops A; B's answer then starts by itself and finishes
     app.chat.open_conversation(first)
     assert chat.stop_button.isEnabled()
+    assert chat.transcript_text().count("Gemma") == 2  # "Hi"'s answer and the live one, not a third bubble
     with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as stopped:
         qtbot.mouseClick(chat.stop_button, Qt.LeftButton)
     assert stopped.args[1] == "cancelled"
