@@ -166,10 +166,11 @@ def cmd_run(args) -> int:
         if draft and spec
         else ""
     )
+    ttft = "-" if last.ttft_s is None else f"{last.ttft_s * 1000:.0f}"
     print(
         f"[{model.backend.name}: prompt {last.prompt_tokens} tok at {last.prompt_tps:.1f} tok/s, "
         f"generated {last.generation_tokens} tok at {last.generation_tps:.1f} tok/s, "
-        f"ttft {last.ttft_s * 1000:.0f} ms, finish: {last.finish_reason}{drafted}]",
+        f"ttft {ttft} ms, finish: {last.finish_reason}{drafted}]",
         file=sys.stderr,
     )
     return 0

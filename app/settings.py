@@ -24,7 +24,8 @@ SETTINGS_NAME = "settings.json"
 
 QUANT_CHOICES = (AS_IN_FILE, *(q.value for q in WeightQuant))  # "file": as stored in the model file
 NPU_CHOICES = ("off", "prefill")
-CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)  # None: the model's own limit
+CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)  # None: auto, the largest the model and memory allow
+OVERFLOW_CHOICES = ("drop_oldest", "truncate_middle")  # engine.prompt_fit.OVERFLOW_POLICIES
 THEMES = ("light", "dark")
 MAX_RECENT = 8
 _ENGINE_SAMPLING = SamplingParams()
@@ -37,7 +38,8 @@ class Settings:
     quant: str = AS_IN_FILE  # a QUANT_CHOICES value, handed to the engine as is
     backend: str = "auto"  # "auto" | "cpu" | "vulkan:<device index>"
     npu: str = "off"
-    context_length: int | None = 4096
+    context_length: int | None = None  # auto
+    context_overflow: str = "drop_oldest"  # what the model reads when a chat outgrows the context
     theme: str = "light"
     show_device_panel: bool = True
     max_tokens: int = 512
@@ -73,6 +75,7 @@ _NORMALIZERS: dict[str, Callable[[object], object]] = {"quant": _quant_spelling}
 _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "quant": lambda v: v in QUANT_CHOICES,
     "npu": lambda v: v in NPU_CHOICES,
+    "context_overflow": lambda v: v in OVERFLOW_CHOICES,
     "theme": lambda v: v in THEMES,
     "backend": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("vulkan")),
     "context_length": lambda v: v is None or (isinstance(v, int) and v > 0),

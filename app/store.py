@@ -201,6 +201,17 @@ class Store:
             if stats is not None:
                 db.execute("UPDATE messages SET stats = ? WHERE id = ?", (json.dumps(stats), message_id))
 
+    def close_unfinished_answers(self, note: str) -> list[int]:
+        """Mark every answer still saved as unfinished (complete=0: the app was killed or quit
+        while it streamed) as finished with finish_reason "interrupted" and `note`. Run once at
+        start, before any answer begins; returns their ids."""
+        with self._tx() as db:
+            rows = db.execute("SELECT id, stats FROM messages WHERE complete = 0 AND role = 'assistant'").fetchall()
+            for row in rows:
+                stats = {**json.loads(row["stats"] or "{}"), "finish_reason": "interrupted", "note": note}
+                db.execute("UPDATE messages SET complete = 1, stats = ? WHERE id = ?", (json.dumps(stats), row["id"]))
+        return [row["id"] for row in rows]
+
     def truncate_after(self, message_id: int, *, inclusive: bool = False) -> None:
         """Delete the messages after `message_id` in its conversation (and itself if inclusive)."""
         with self._tx() as db:
@@ -325,6 +336,7 @@ class StoreThread:
     add_message = _waited(Store.add_message)
     edit_message = _waited(Store.edit_message)
     truncate_after = _waited(Store.truncate_after)
+    close_unfinished_answers = _waited(Store.close_unfinished_answers)
     export = _waited(Store.export)
     update_message = _queued(Store.update_message)
 

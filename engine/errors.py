@@ -40,7 +40,10 @@ class DeviceRunError(PhoenixError):
 
 
 class CancelledError(PhoenixError):
-    """Long work (loading, re-quantizing) was cancelled by the user."""
+    """Long work (loading, re-quantizing, reading a prompt) was cancelled by the user.
+
+    A backend raises it between prefill chunks when the `cancel` check passed to `forward`
+    says so; `stream_generate` turns it into finish_reason "cancelled"."""
 
 
 class ContextFull(Exception):

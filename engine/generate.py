@@ -12,15 +12,24 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from phoenix_chat.engine.errors import ContextFull
+from phoenix_chat.engine.errors import CancelledError, ContextFull
 from phoenix_chat.engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.base import CancelCheck
     from phoenix_chat.engine.loader import LoadedModel
     from phoenix_chat.engine.speculative import SpeculativeStats
 
-# a chat (messages as {"role": ..., "content": ...}) or one user message / raw text
-Prompt: TypeAlias = str | Sequence[Mapping[str, Any]]
+
+@dataclass(frozen=True)
+class PromptIds:
+    """A prompt already encoded (engine/prompt_fit.py fits a chat to the context this way)."""
+
+    ids: tuple[int, ...]
+
+
+# a chat (messages as {"role": ..., "content": ...}), one user message / raw text, or ids
+Prompt: TypeAlias = str | Sequence[Mapping[str, Any]] | PromptIds
 
 
 @dataclass
@@ -29,25 +38,31 @@ class GenerationResponse:
     token: int | None  # the token id behind it (None on the final record)
     prompt_tokens: int
     generation_tokens: int
-    prompt_tps: float
+    prompt_tps: float  # 0.0 until the prompt has been read (no token yet)
     generation_tps: float
-    ttft_s: float  # time to first token, prompt processing included
+    ttft_s: float | None  # time to first token, prompt processing included; None before the first
     finish_reason: str | None  # None while running; "stop" | "length" | "context" | "cancelled"
 
 
 def generate_step(
-    model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, start_pos: int = 0
+    model: LoadedModel,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    max_tokens: int,
+    start_pos: int = 0,
+    cancel: CancelCheck | None = None,
 ) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
     Sampling happens on the device when the backend keeps the token step there
-    (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us.
+    (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us;
+    `cancel` interrupts the prefill between chunks (CancelledError).
     """
     backend = model.backend
     limit = backend.context_length
     if start_pos + len(prompt_ids) >= limit:
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
-    logits = backend.forward(prompt_ids, start_pos)
+    logits = backend.forward(prompt_ids, start_pos, cancel=cancel)
     sampler = Sampler(params)
     history = list(prompt_ids)
     token = sampler(logits, history)
@@ -68,6 +83,8 @@ def generate_step(
 
 def prompt_ids_for(model: LoadedModel, prompt: Prompt, raw: bool = False) -> list[int]:
     """Token ids for a chat (list of messages) or a single user message / raw text."""
+    if isinstance(prompt, PromptIds):
+        return list(prompt.ids)
     if isinstance(prompt, str):
         if raw:
             return model.tokenizer.encode(prompt, add_bos=True, parse_special=True)
@@ -84,11 +101,14 @@ def stream_generate(
     draft: LoadedModel | None = None,
     draft_tokens: int = 4,
     spec_stats: SpeculativeStats | None = None,
+    cancel: CancelCheck | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream response records for `prompt` (a chat as a list of messages, or a string).
 
     draft: a second LoadedModel with the same tokenizer for speculative decoding
-    (engine/speculative.py); spec_stats, a SpeculativeStats it fills in."""
+    (engine/speculative.py); spec_stats, a SpeculativeStats it fills in. cancel: asked
+    between prefill chunks and between tokens; when it says stop, the last record has
+    finish_reason "cancelled"."""
     from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
@@ -102,14 +122,16 @@ def stream_generate(
 
     def record(text: str, token: int | None, reason: str | None) -> GenerationResponse:
         now = time.perf_counter()
-        ttft = (first_at or now) - start
+        # No token yet (the prompt did not fit, or Stop came during prefill): nothing was
+        # measured, so no TTFT and no prompt speed rather than a near-zero time's nonsense.
+        ttft = None if first_at is None else first_at - start
         decode_time = now - (first_at or now)
         return GenerationResponse(
             text=text,
             token=token,
             prompt_tokens=n_prompt,
             generation_tokens=count,
-            prompt_tps=n_prompt / ttft if ttft > 0 else 0.0,
+            prompt_tps=n_prompt / ttft if ttft else 0.0,
             generation_tps=(count - 1) / decode_time if count > 1 and decode_time > 0 else 0.0,
             ttft_s=ttft,
             finish_reason=reason,
@@ -121,9 +143,9 @@ def stream_generate(
     if draft is not None:
         from phoenix_chat.engine.speculative import speculative_step
 
-        steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats)
+        steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats, cancel)
     else:
-        steps = generate_step(model, ids, params, max_tokens)
+        steps = generate_step(model, ids, params, max_tokens, cancel=cancel)
     reason = "length"
     try:
         for token in steps:
@@ -132,6 +154,9 @@ def stream_generate(
             if token in stops:
                 reason = "stop"
                 break
+            if cancel is not None and cancel():
+                reason = "cancelled"
+                break
             count += 1
             text = detok.add(token)
             if text:
@@ -139,6 +164,8 @@ def stream_generate(
         else:
             if n_prompt + count >= model.backend.context_length:
                 reason = "context"
+    except CancelledError:
+        reason = "cancelled"
     finally:
         steps.close()
     yield record(detok.flush(), None, reason)

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from phoenix_chat.engine.config import ModelConfig
-from phoenix_chat.engine.errors import DeviceUnavailableError, PhoenixError
+from phoenix_chat.engine.errors import DeviceUnavailableError, OutOfMemoryError, PhoenixError
 from phoenix_chat.engine.quantization import WeightQuant, quant_name
 from phoenix_chat.engine.weights import embedded_model_path, open_weights
 from phoenix_chat.engine.weights.base import WeightSource
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("phoenix.engine")
 
-DEFAULT_CONTEXT = 4096
+AUTO_CONTEXT_FLOOR = 2048  # "auto" context: halved from the model's limit until it fits, not below this
 BACKENDS = ("auto", "cpu", "vulkan", "npu-hybrid")
 
 
@@ -122,6 +122,7 @@ def load(
     quant: re-quantize every matrix on load (`WeightQuant`, or its value in any case; None or
     "file": the file's own types); every backend applies it (the CPU one to the values it
     computes with in f32), and `describe()` reports what was applied.
+    context_length None ("auto"): the largest the model and the backend's memory budget allow.
     progress(fraction, message) is called during long work; cancel is an Event-like object.
     """
     from phoenix_chat.engine.chat import ChatFormat
@@ -135,7 +136,7 @@ def load(
     weights = open_weights(path)
     timings["open_s"] = time.perf_counter() - started
     cfg = weights.config
-    ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
+    ctx = min(context_length, cfg.context_length) if context_length else None
     t = time.perf_counter()
     report(0.02, "loading tokenizer (built once, then cached)")
     tokenizer = weights.tokenizer()
@@ -168,20 +169,40 @@ def load(
     )
 
 
+B = TypeVar("B")
+
+
+def _sized(make: Callable[[int], B], ctx: int | None, model_max: int) -> B:
+    """`make(ctx)`; with ctx None ("auto") the largest context whose memory plan fits: the
+    model's own limit, halved while the backend's budget check raises OutOfMemoryError."""
+    if ctx is not None:
+        return make(ctx)
+    n = model_max
+    while True:
+        try:
+            return make(n)
+        except OutOfMemoryError:
+            if n <= AUTO_CONTEXT_FLOOR:
+                raise
+            n = max(AUTO_CONTEXT_FLOOR, n // 2)
+
+
 def _make_backend(
     kind: str,
     weights: WeightSource,
-    ctx: int,
+    ctx: int | None,
     quant: WeightQuant | None,
     device: int | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
 ) -> tuple[Backend, str]:
+    model_max = weights.config.context_length
     if kind == "auto":
         try:
             from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-            backend = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
+            options = VulkanOptions(device_index=device, quant=quant)
+            backend = _sized(lambda n: VulkanBackend(weights, n, options, progress=progress), ctx, model_max)
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
             note = f"auto: CPU backend, because {exc}"
@@ -189,16 +210,15 @@ def _make_backend(
         except ImportError as exc:
             note = f"auto: CPU backend, because the Vulkan backend is not built ({exc})"
             log.warning(note)
-        return _cpu(weights, ctx, quant, progress, cancel), note
+        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel), ctx, model_max), note
     if kind == "cpu":
-        return _cpu(weights, ctx, quant, progress, cancel), ""
+        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel), ctx, model_max), ""
     if kind == "vulkan":
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-        return VulkanBackend(
-            weights, ctx, VulkanOptions(device_index=device, allow_software=True, quant=quant), progress=progress
-        ), ""
-    return _npu_hybrid(weights, ctx, quant, device, progress, cancel)
+        options = VulkanOptions(device_index=device, allow_software=True, quant=quant)
+        return _sized(lambda n: VulkanBackend(weights, n, options, progress=progress), ctx, model_max), ""
+    return _sized(lambda n: _npu_hybrid(weights, n, quant, device, progress, cancel), ctx, model_max)
 
 
 def _npu_hybrid(

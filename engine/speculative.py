@@ -30,6 +30,7 @@ from phoenix_chat.engine.errors import ContextFull, PhoenixError
 from phoenix_chat.engine.sampling import SamplingParams, candidates
 
 if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.base import CancelCheck
     from phoenix_chat.engine.loader import LoadedModel
 
 MAX_DRAFT_TOKENS = 16  # a verify pass (draft + 1) fits one forward chunk, so rings hold it (models/kv_plan.py)
@@ -104,11 +105,12 @@ def speculative_step(
     max_tokens: int,
     draft_tokens: int = 4,
     stats: SpeculativeStats | None = None,
+    cancel: CancelCheck | None = None,
 ) -> Generator[int, None, None]:
     """`generate_step` with a draft model: yields the target's tokens, several per target pass.
 
     target, draft: LoadedModel-like objects (`.backend`) with the same tokenizer. The caller
-    stops early by closing us.
+    stops early by closing us; `cancel` interrupts both prefills between chunks.
     """
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise PhoenixError(f"draft tokens must be 1..{MAX_DRAFT_TOKENS}, not {draft_tokens}")
@@ -119,8 +121,8 @@ def speculative_step(
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
     rng = np.random.default_rng(params.seed)
     history = list(prompt_ids)
-    token = Distribution(tb.forward(prompt_ids, 0), history, params).draw(rng)
-    db.forward(prompt_ids, 0)
+    token = Distribution(tb.forward(prompt_ids, 0, cancel=cancel), history, params).draw(rng)
+    db.forward(prompt_ids, 0, cancel=cancel)
     pos = len(prompt_ids)  # both caches hold positions < pos; `token` is not fed yet
     draft_backlog: list[int] = []  # committed tokens the draft has not seen (beyond `token`)
     emitted = 1

@@ -3,7 +3,12 @@
 The GUI thread owns the in-memory state; the store writes on its own thread (StoreThread);
 the worker only sends text. A streaming answer lives in the database from its first
 token (complete=0) and is re-saved every SAVE_INTERVAL_MS while it grows, so a crash loses
-at most that much text.
+at most that much text; one still unfinished at the next start is marked interrupted, with
+Continue and Regenerate offered.
+
+One answer is written at a time. A message sent in another chat meanwhile waits its turn
+(the list marks which chat writes and which waits); Stop and the status-bar figures belong
+to the open chat.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
 from phoenix_chat.app.controllers.model_controller import ModelController
-from phoenix_chat.app.controllers.wiring import connect, connect_actions
+from phoenix_chat.app.controllers.wiring import choice_sets, connect, connect_actions
 from phoenix_chat.app.settings import SettingsModel
 from phoenix_chat.app.store import Message, StoreThread
 from phoenix_chat.app.views.chat_view import ShownMessage
@@ -32,6 +37,10 @@ FINISH_NOTES = {
     "context": "Stopped: the conversation filled the model's context window. Start a new chat "
     "or raise Devices → Context length.",
 }
+INTERRUPTED_NOTE = "Interrupted: Phoenix Chat closed before this answer finished. Continue or Regenerate it below."
+CONTINUABLE = ("interrupted", "length", "cancelled", "crashed")  # finish reasons Continue can go on from
+STOPPING_NOTE = "stopping…"
+STAT_FIELDS = frozenset(GenerationStats.__dataclass_fields__)
 
 
 class ChatController(QObject):
@@ -59,7 +68,12 @@ class ChatController(QObject):
         self.answer_id: int | None = None
         self.answer_text = ""
         self.answer_dirty = False
+        self.answer_prefix = ""  # a continued answer's earlier text
+        self.fit_note = ""  # what the model left out of a chat longer than its context
         self.busy = False
+        self.stopping = False
+        self.queue: list[int] = []  # chats whose sent message waits for the running answer
+        self.live_stats: GenerationStats | None = None
         self._tasks: set[asyncio.Task] = set()
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
@@ -69,6 +83,7 @@ class ChatController(QObject):
             send_requested=self.send,
             stop_requested=self.stop,
             regenerate_requested=self.regenerate,
+            continue_requested=self.continue_answer,
             edit_requested=self.begin_edit,
             edit_cancelled=self.cancel_edit,
             settings_requested=self._edit_chat_settings,
@@ -89,12 +104,18 @@ class ChatController(QObject):
         )
         connect(
             worker,
+            prompt_fitted=self._on_prompt_fitted,
             tokens_changed=self._on_tokens,
             stats_changed=self._on_stats,
             generation_finished=self._on_finished,
             error_raised=self._on_error,
             worker_died=self._on_worker_died,
         )
+
+        choice_sets(window.overflow_group, settings, "context_overflow")
+        window.overflow_actions[settings.values.context_overflow].setChecked(True)
+        models.model_ready.connect(self._on_model_ready)
+        self.store.close_unfinished_answers(INTERRUPTED_NOTE)  # nothing streams yet: these were cut off
 
         last = settings.values.last_conversation_id
         convs = self.store.list_conversations()
@@ -108,7 +129,10 @@ class ChatController(QObject):
     # -- conversations --------------------------------------------------------------------
     def refresh_list(self) -> None:
         convs = self.store.list_conversations(self.search)
-        self.list_view.set_conversations([(c.id, c.title) for c in convs], self.conversation_id)
+        marks = {conv_id: "waiting" for conv_id in self.queue}
+        if self.busy and self.gen_conversation is not None:
+            marks[self.gen_conversation] = "writing"
+        self.list_view.set_conversations([(c.id, c.title) for c in convs], self.conversation_id, marks)
 
     def new_conversation(self) -> int:
         s = self.settings.values
@@ -123,7 +147,12 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self.messages = self.store.messages(conversation_id)
         self.settings.set("last_conversation_id", conversation_id)
-        self._show_messages()
+        # back to the chat that is answering: its answer row (saved every 0.5 s) shows the live text
+        self._show_messages(pending=self._answering_here() and self.answer_id is None)
+        if self._answering_here() and self.answer_id is not None:
+            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
+        self._show_chat_stats()
+        self._sync_controls()
         self.refresh_list()
         self.view.input.setFocus()
         self.conversation_changed.emit(conversation_id)
@@ -133,6 +162,8 @@ class ChatController(QObject):
         self.refresh_list()
 
     def delete_conversation(self, conversation_id: int) -> None:
+        if conversation_id in self.queue:
+            self.queue.remove(conversation_id)
         if self.busy and self.gen_conversation == conversation_id:
             self.stop()
         self.store.delete_conversation(conversation_id)
@@ -214,9 +245,9 @@ class ChatController(QObject):
     def send(self, text: str) -> None:
         """Send `text` as a new user message (or as the edit of an earlier one)."""
         text = text.strip()
-        if not text or self.busy:
-            return
         conv_id = self.conversation_id if self.conversation_id is not None else self.new_conversation()
+        if not text or self._answering_here() or conv_id in self.queue:
+            return
         if self.editing_id is not None:
             self.store.edit_message(self.editing_id, text)
             self.editing_id = None
@@ -230,8 +261,14 @@ class ChatController(QObject):
                 title = title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1] + "…"
                 self.store.rename_conversation(conv_id, title)
         self.messages = self.store.messages(conv_id)
+        if self.busy:  # another chat is answering: this one waits its turn
+            self.queue.append(conv_id)
+            self._show_messages()  # the hint line and the list's mark say it waits
+            self._sync_controls()
+            self.refresh_list()
+            return
         self.refresh_list()
-        self._start_answer()
+        self._start_answer(conv_id)
 
     def regenerate(self) -> None:
         """Answer the last user message again (its old answer is replaced)."""
@@ -242,10 +279,16 @@ class ChatController(QObject):
             self.store.truncate_after(last.id, inclusive=True)
             self.messages = self.store.messages(self._open_id())
         if self.messages and self.messages[-1].role == "user":
-            self._start_answer()
+            self._start_answer(self._open_id())
+
+    def continue_answer(self) -> None:
+        """Go on writing the last answer where it stopped (interrupted, stopped, length limit)."""
+        if self.busy or not self._can_continue():
+            return
+        self._start_answer(self._open_id(), continuing=True)
 
     def begin_edit(self, message_id: int) -> None:
-        if self.busy:
+        if self._answering_here():
             return
         msg = next((m for m in self.messages if m.id == message_id and m.role == "user"), None)
         if msg is not None:
@@ -258,26 +301,50 @@ class ChatController(QObject):
             self.view.set_editing(None)
 
     def stop(self) -> None:
+        """Stop the open chat's answer (or its waiting turn); says "stopping…" at once, since
+        the engine may be in the middle of reading a long prompt."""
+        conv_id = self.conversation_id
+        if conv_id in self.queue:
+            self.queue.remove(conv_id)
+            self._show_messages()
+            self._sync_controls()
+            self.refresh_list()
+            return
+        if not self._answering_here() or self.stopping:
+            return
+        self.stopping = True
         if self.gen_id is not None:
             self.worker.cancel_generation(self.gen_id)
-        elif self.busy:
+        else:
             # Still loading the model for this answer: give up on it.
             self.models.cancel_load()
+        self.view.set_streaming_text(self.answer_text, note=STOPPING_NOTE)
+        self.view.schedule_render(now=True)  # acknowledged now, not at the next coalesced redraw
+        self._sync_controls()
 
-    def _start_answer(self) -> None:
+    def _start_answer(self, conv_id: int, continuing: bool = False) -> None:
         self.busy = True
-        self.view.set_busy(True)
-        conv_id = self._open_id()
+        self.stopping = False
         self.gen_conversation = conv_id
         self.answer_text = ""
-        self._show_messages(pending=True)
-        task = asyncio.get_event_loop().create_task(self._answer(conv_id))
+        self.answer_prefix = ""
+        self.fit_note = ""
+        self.live_stats = None
+        if conv_id == self.conversation_id:
+            self._show_messages(pending=not continuing)
+            self._show_chat_stats()
+        self._sync_controls()
+        self.refresh_list()
+        task = asyncio.get_event_loop().create_task(self._answer(conv_id, continuing))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, conv_id: int) -> None:
+    async def _answer(self, conv_id: int, continuing: bool) -> None:
         if not await self.models.ensure_loaded():
             self._finish_view("The model is not loaded, so there is no answer. See the message above.")
+            return
+        if self.stopping:  # Stop came while the model loaded
+            self._finish_view(FINISH_NOTES["cancelled"])
             return
         conv = self.store.conversation(conv_id)
         history = self.store.messages(conv_id)
@@ -287,24 +354,58 @@ class ChatController(QObject):
         if conv and conv.system_prompt.strip():
             prompt.append({"role": "system", "content": conv.system_prompt})
         prompt += [{"role": m.role, "content": m.content} for m in history if m.content]
-        answer = self.store.add_message(conv_id, "assistant", "", complete=False)
+        if continuing:
+            answer = history[-1]
+            self.answer_prefix = self.answer_text = answer.content
+            self.store.update_message(answer.id, answer.content, complete=False)
+        else:
+            answer = self.store.add_message(conv_id, "assistant", "", complete=False)
         self.answer_id = answer.id
         self.answer_dirty = False
-        self.gen_id = self.worker.request_generation(prompt, sampling, max_tokens)
+        self.gen_id = self.worker.request_generation(
+            prompt,
+            sampling,
+            max_tokens,
+            overflow=self.settings.values.context_overflow,
+            continue_answer=continuing,
+        )
         self._save_timer.start()
 
     # -- events from the worker -----------------------------------------------------------
+    def _on_prompt_fitted(self, gen_id: str, info: dict) -> None:
+        if gen_id != self.gen_id:
+            return
+        left_out = []
+        if info["dropped_messages"]:
+            left_out.append(f"{info['dropped_messages']} earlier messages")
+        if info["cut_tokens"]:
+            left_out.append(f"{info['cut_tokens']:,} tokens from the middle of a long message")
+        self.fit_note = (
+            f"This chat ({info['total_tokens']:,} tokens) is longer than the model's context "
+            f"({info['context_limit']:,}): the model read it without {' and '.join(left_out)} "
+            "(Devices → Context length)."
+        )
+        if self.conversation_id == self.gen_conversation:
+            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
+
+    def _streaming_note(self) -> str:
+        if self.stopping:
+            return STOPPING_NOTE
+        return f"{self.fit_note} Writing…" if self.fit_note else ""
+
     def _on_tokens(self, gen_id: str, delta: str) -> None:
         if gen_id != self.gen_id:
             return
         self.answer_text += delta
         self.answer_dirty = True
         if self.conversation_id == self.gen_conversation:
-            self.view.set_streaming_text(self.answer_text)
+            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
 
     def _on_stats(self, gen_id: str, stats: GenerationStats) -> None:
         if gen_id == self.gen_id:
-            self._show_stats(stats)
+            self.live_stats = stats
+            if self.conversation_id == self.gen_conversation:
+                self._show_stats(stats)
 
     def _on_error(self, request_id: str, message: str) -> None:
         if request_id and request_id == self.gen_id:
@@ -313,10 +414,10 @@ class ChatController(QObject):
     def _on_finished(self, gen_id: str, reason: str, stats: GenerationStats, text: str) -> None:
         if gen_id != self.gen_id:
             return
-        self.answer_text = text or self.answer_text
+        self.answer_text = self.answer_prefix + text if text else self.answer_text
         note = FINISH_NOTES.get(reason, "The answer failed (see the message above)." if reason == "error" else "")
+        note = " ".join(n for n in (self.fit_note, note) if n)
         self._close_answer(note, reason, stats)
-        self._show_stats(stats)
 
     def _on_worker_died(self, reason: str) -> None:
         message = (
@@ -345,13 +446,22 @@ class ChatController(QObject):
             self.answer_finished.emit(answer_id, reason)
 
     def _finish_view(self, note: str | None) -> None:
+        here = self.gen_conversation == self.conversation_id
         self.busy = False
-        self.view.set_busy(False)
-        if note is not None:
-            self.view.set_streaming_text(self.answer_text, complete=True, note=note)
+        self.stopping = False
+        if here:
+            if note is not None:
+                self.view.set_streaming_text(self.answer_text, complete=True, note=note)
+            else:
+                self._show_messages()
+            self._show_chat_stats()
+            self.view.input.setFocus()
+        self.gen_conversation = None
+        if self.queue:  # the next chat's turn
+            self._start_answer(self.queue.pop(0))
         else:
-            self._show_messages()
-        self.view.input.setFocus()
+            self._sync_controls()
+            self.refresh_list()
 
     def _save_partial(self) -> None:
         if self.answer_dirty and self.answer_id is not None:
@@ -359,6 +469,48 @@ class ChatController(QObject):
             self.store.update_message(self.answer_id, self.answer_text, complete=False)
 
     # -- view -----------------------------------------------------------------------------
+    def _answering_here(self) -> bool:
+        """Whether the open chat's answer is being written (or its model loaded for it)."""
+        return self.busy and self.gen_conversation == self.conversation_id
+
+    def _can_continue(self) -> bool:
+        last = self.messages[-1] if self.messages else None
+        return (
+            last is not None
+            and last.role == "assistant"
+            and bool(last.content)
+            and last.stats.get("finish_reason") in CONTINUABLE
+        )
+
+    def _sync_controls(self) -> None:
+        """Send, Stop, Regenerate, Continue and the hint line for the open chat."""
+        here = self._answering_here()
+        waiting = self.conversation_id in self.queue
+        hint = ""
+        if here and self.stopping:
+            hint = "Stopping the answer…"
+        elif self.busy and not here:
+            conv = self.store.conversation(self.gen_conversation) if self.gen_conversation is not None else None
+            title = f"“{conv.title}”" if conv else "Another chat"
+            hint = (
+                f"Waiting: {title} is still answering; this chat's answer starts when it finishes "
+                "(Stop cancels the wait)."
+                if waiting
+                else f"{title} is writing an answer (● in the list); a message sent here waits for it."
+            )
+        self.view.set_controls(
+            send=not here and not waiting,
+            stop=(here and not self.stopping) or waiting,
+            regenerate=not self.busy,
+            continue_=not self.busy and self._can_continue(),
+            hint=hint,
+        )
+
+    def _on_model_ready(self, info: dict) -> None:
+        self.window.set_auto_context(
+            info.get("context_length") if self.settings.values.context_length is None else None
+        )
+
     def _show_messages(self, pending: bool = False) -> None:
         shown = []
         conv = self.store.conversation(self.conversation_id) if self.conversation_id else None
@@ -378,11 +530,24 @@ class ChatController(QObject):
             shown.append(ShownMessage(None, "assistant", "", False))
         self.view.set_messages(shown)
 
-    def _show_stats(self, stats: GenerationStats) -> None:
+    def _show_chat_stats(self) -> None:
+        """The open chat's figures: the live ones while it answers, else its last answer's saved
+        ones, else none (never another chat's)."""
+        if self._answering_here():
+            self._show_stats(self.live_stats)
+            return
+        saved = next(
+            (m.stats for m in reversed(self.messages) if m.role == "assistant" and "prompt_tokens" in m.stats), None
+        )
+        self._show_stats(GenerationStats(**{k: v for k, v in saved.items() if k in STAT_FIELDS}) if saved else None)
+
+    def _show_stats(self, stats: GenerationStats | None) -> None:
         w = self.window
-        if stats.generation_tps:
-            w.tps_label.setText(f"{stats.generation_tps:.1f} tok/s")
-        if stats.ttft_s is not None:
-            w.ttft_label.setText(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+        if stats is None:
+            for label in (w.tps_label, w.ttft_label, w.context_label):
+                label.setText("")
+            return
+        w.tps_label.setText(f"{stats.generation_tps:.1f} tok/s" if stats.generation_tps else "")
+        w.ttft_label.setText(f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s is not None else "")
         used, limit = stats.prompt_tokens + stats.generation_tokens, stats.context_limit
         w.context_label.setText(f"context {used:,}/{limit:,}" if limit else f"context {used:,}")

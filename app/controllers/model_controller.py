@@ -164,8 +164,8 @@ class ModelController(QObject):
         elif not info.get("is_instruction_tuned", True) and shown not in self._base_notice_shown_for:
             self._base_notice_shown_for.add(shown)
             self.window.chat.show_notice(BASE_MODEL_NOTICE, "info")
-        else:
-            self.window.chat.hide_notice()
+        elif info.get("is_instruction_tuned", True) or self.window.chat.notice_kind() in ("error", "warning"):
+            self.window.chat.hide_notice()  # a model works now: earlier errors no longer apply
         if self._load_future is not None and not self._load_future.done():
             self._load_future.set_result(True)
         self.model_ready.emit(info)

@@ -1,9 +1,9 @@
 """The chat pane: transcript, notices, input box and its buttons. Layout only.
 
-The controller hands it messages (`set_messages`, `set_streaming_text`); it emits what the
-user asked for (`send_requested`, `stop_requested`, `regenerate_requested`,
-`edit_requested`, `settings_requested`). Re-rendering while streaming is coalesced to
-~15 Hz so a fast model cannot flood the GUI thread.
+The controller hands it messages (`set_messages`, `set_streaming_text`) and which buttons
+apply (`set_controls`); it emits what the user asked for (`send_requested`, `stop_requested`,
+`regenerate_requested`, `continue_requested`, `edit_requested`, `settings_requested`).
+Re-rendering while streaming is coalesced to ~15 Hz so a fast model cannot flood the GUI thread.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class ChatView(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
     regenerate_requested = Signal()
+    continue_requested = Signal()
     edit_requested = Signal(int)  # message id
     edit_cancelled = Signal()
     settings_requested = Signal()
@@ -126,6 +127,15 @@ class ChatView(QWidget):
         self.regenerate_button = QPushButton("Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
         self.regenerate_button.clicked.connect(self.regenerate_requested)
+        self.continue_button = QPushButton("Continue")
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setToolTip("Go on writing the last answer where it stopped")
+        self.continue_button.clicked.connect(self.continue_requested)
+        self.continue_button.setEnabled(False)
+        # why Send waits or what Stop is doing ("stopping…", another chat answering)
+        self.hint = QLabel(wordWrap=True)
+        self.hint.setObjectName("answerHint")
+        self.hint.hide()
         self.settings_button = QPushButton("Chat settings…")
         self.settings_button.setObjectName("chatSettingsButton")
         self.settings_button.setToolTip("System prompt and sampling for this conversation")
@@ -134,6 +144,7 @@ class ChatView(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.settings_button)
         buttons.addStretch(1)
+        buttons.addWidget(self.continue_button)
         buttons.addWidget(self.regenerate_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
@@ -143,6 +154,7 @@ class ChatView(QWidget):
         layout.addLayout(notice_row)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
+        layout.addWidget(self.hint)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
         self.input.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -173,9 +185,16 @@ class ChatView(QWidget):
         self.schedule_render(now=complete)
 
     def set_busy(self, busy: bool) -> None:
-        self.stop_button.setEnabled(busy)
-        self.send_button.setEnabled(not busy)
-        self.regenerate_button.setEnabled(not busy)
+        self.set_controls(send=not busy, stop=busy, regenerate=not busy, continue_=False)
+
+    def set_controls(self, *, send: bool, stop: bool, regenerate: bool, continue_: bool, hint: str = "") -> None:
+        """Which buttons apply to the open chat, and a line saying why Send waits (or "Stopping…")."""
+        self.send_button.setEnabled(send)
+        self.stop_button.setEnabled(stop)
+        self.regenerate_button.setEnabled(regenerate)
+        self.continue_button.setEnabled(continue_)
+        self.hint.setText(hint)
+        self.hint.setVisible(bool(hint))
 
     def show_notice(self, text_html: str, kind: str = "info") -> None:
         self.notice.setProperty("kind", kind)
@@ -184,6 +203,10 @@ class ChatView(QWidget):
         self.notice.style().polish(self.notice)
         self.notice.show()
         self.notice_close.show()
+
+    def notice_kind(self) -> str | None:
+        """The kind of the notice on show ("info", "warning", "error"), None when hidden."""
+        return str(self.notice.property("kind")) if self.notice.isVisible() else None
 
     def hide_notice(self) -> None:
         self.notice.hide()

@@ -1,9 +1,13 @@
-"""The conversation list: search box, list, New / Rename / Delete. Layout only."""
+"""The conversation list: search box, list, New / Rename / Delete. Layout only.
+
+A chat that is writing an answer, or waiting for another chat's, carries a mark before its title."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget
+
+MARKS = {"writing": ("● ", "writing an answer…"), "waiting": ("◌ ", "waiting for another chat's answer")}
 
 
 class ConversationListView(QWidget):
@@ -48,14 +52,18 @@ class ConversationListView(QWidget):
         layout.addLayout(buttons)
         self._updating = False
 
-    def set_conversations(self, items: list[tuple[int, str]], current: int | None) -> None:
+    def set_conversations(
+        self, items: list[tuple[int, str]], current: int | None, marks: dict[int, str] | None = None
+    ) -> None:
+        """marks: conversation id → "writing" | "waiting" (see MARKS)."""
         self._updating = True
         try:
             self.list.clear()
             for conv_id, title in items:
-                item = QListWidgetItem(title or "Untitled")
+                mark, why = MARKS.get((marks or {}).get(conv_id, ""), ("", ""))
+                item = QListWidgetItem(mark + (title or "Untitled"))
                 item.setData(Qt.ItemDataRole.UserRole, conv_id)
-                item.setToolTip(title)
+                item.setToolTip(f"{title} — {why}" if why else title)
                 self.list.addItem(item)
                 if conv_id == current:
                     self.list.setCurrentItem(item)

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter
 
-from phoenix_chat.app.settings import CONTEXT_CHOICES, QUANT_CHOICES
+from phoenix_chat.app.settings import CONTEXT_CHOICES, OVERFLOW_CHOICES, QUANT_CHOICES
 from phoenix_chat.app.views.chat_view import ChatView
 from phoenix_chat.app.views.conversation_list import ConversationListView
 from phoenix_chat.app.views.elided_label import ElidedLabel
@@ -19,6 +19,8 @@ from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
 
 APP_TITLE = "Phoenix Chat"
 QUANT_LABELS = {AS_IN_FILE: "As in file", **{q.value: q.label for q in WeightQuant}}
+AUTO_CONTEXT_LABEL = "Auto (the largest that fits)"
+OVERFLOW_LABELS = {"drop_oldest": "Drop the oldest messages", "truncate_middle": "Truncate the middle"}
 
 
 class MainWindow(QMainWindow):
@@ -147,11 +149,21 @@ class MainWindow(QMainWindow):
         self.context_group = QActionGroup(self)
         self.context_actions: dict[int | None, QAction] = {}
         for n in CONTEXT_CHOICES:
-            a = ctx_menu.addAction("Model maximum" if n is None else f"{n:,} tokens")
+            a = ctx_menu.addAction(AUTO_CONTEXT_LABEL if n is None else f"{n:,} tokens")
             a.setCheckable(True)
             a.setData(0 if n is None else n)
             self.context_group.addAction(a)
             self.context_actions[n] = a
+        ctx_menu.addSeparator()
+        ctx_menu.addAction("When a chat is longer than the context:").setEnabled(False)
+        self.overflow_group = QActionGroup(self)
+        self.overflow_actions: dict[str, QAction] = {}
+        for key in OVERFLOW_CHOICES:
+            a = ctx_menu.addAction(OVERFLOW_LABELS[key])
+            a.setCheckable(True)
+            a.setData(key)
+            self.overflow_group.addAction(a)
+            self.overflow_actions[key] = a
 
         view_menu = mb.addMenu("&View")
         self.device_panel_action = self.device_dock.toggleViewAction()
@@ -166,6 +178,11 @@ class MainWindow(QMainWindow):
             a.setData(key)
             self.theme_group.addAction(a)
             self.theme_actions[key] = a
+
+    def set_auto_context(self, tokens: int | None) -> None:
+        """Show what "Auto" came to for the loaded model (None: not known yet)."""
+        label = AUTO_CONTEXT_LABEL if tokens is None else f"Auto — {tokens:,} tokens (the largest that fits)"
+        self.context_actions[None].setText(label)
 
     def set_backend_choices(self, choices: list[tuple[str, str]]) -> None:
         """(id, label) per backend entry: Auto, each Vulkan device by name, CPU."""

@@ -29,6 +29,7 @@ class WorkerClient(QObject):
     loading_changed = Signal(str, float, str)  # load id, fraction, message
     model_changed = Signal(str, dict)  # load id, model info
     load_failed = Signal(str, str, bool, object)  # load id, message, cancelled, info of the model kept (or None)
+    prompt_fitted = Signal(str, dict)  # generation id, {dropped_messages, cut_tokens, total_tokens, context_limit}
     tokens_changed = Signal(str, str)  # generation id, text delta
     stats_changed = Signal(str, object)  # generation id, GenerationStats
     generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
@@ -134,10 +135,27 @@ class WorkerClient(QObject):
         if self.alive:
             self.send(P.CANCEL_LOAD_REQUESTED, id=load_id)
 
-    def request_generation(self, messages: list[dict], params: dict, max_tokens: int) -> str:
+    def request_generation(
+        self,
+        messages: list[dict],
+        params: dict,
+        max_tokens: int,
+        *,
+        overflow: str = "drop_oldest",
+        continue_answer: bool = False,
+    ) -> str:
+        """continue_answer: the last message is a partial answer the model goes on writing."""
         gen_id = P.new_id("gen")
         self.generations.add(gen_id)
-        self.send(P.GENERATE_REQUESTED, id=gen_id, messages=messages, params=params, max_tokens=max_tokens)
+        self.send(
+            P.GENERATE_REQUESTED,
+            id=gen_id,
+            messages=messages,
+            params=params,
+            max_tokens=max_tokens,
+            overflow=overflow,
+            continue_answer=continue_answer,
+        )
         return gen_id
 
     def cancel_generation(self, gen_id: str) -> None:
@@ -197,6 +215,8 @@ class WorkerClient(QObject):
         elif kind == P.LOAD_FAILED:
             self.model_info = msg["kept"]
             self.load_failed.emit(msg["id"], msg["message"], msg["cancelled"], msg["kept"])
+        elif kind == P.PROMPT_FITTED:
+            self.prompt_fitted.emit(msg["id"], {k: v for k, v in msg.items() if k not in ("type", "id", "_generation")})
         elif kind == P.TOKENS_CHANGED:
             self.tokens_changed.emit(msg["id"], msg["text"])
         elif kind == P.STATS_CHANGED:

@@ -34,7 +34,9 @@ class Worker:
     def __init__(self, conn):
         self.conn = conn
         self.commands: queue.Queue = queue.Queue()
-        self.cancelled: set[str] = set()
+        self.gen_cancels: dict[
+            str, threading.Event
+        ] = {}  # Stop: asked by the engine between prefill layers/chunks and tokens
         self.load_cancels: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
         self.model = None
@@ -58,7 +60,7 @@ class Worker:
             kind = msg.get("type")
             if kind == P.CANCEL_REQUESTED:
                 with self.lock:
-                    self.cancelled.add(msg.get("id"))
+                    self.gen_cancels.setdefault(msg.get("id"), threading.Event()).set()
             elif kind == P.CANCEL_LOAD_REQUESTED:
                 with self.lock:
                     self.load_cancels.setdefault(msg.get("id"), threading.Event()).set()
@@ -175,20 +177,38 @@ class Worker:
         from phoenix_chat.engine.sampling import SamplingParams
 
         stream_generate = importlib.import_module(f"{self._engine().__name__}.generate").stream_generate
+        from phoenix_chat.engine.prompt_fit import fit_chat
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
         )
+        with self.lock:
+            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
         text: list[str] = []
         pending: list[str] = []
         last_delta = last_stats = 0.0
         record = None
         reason = None
         gen = None
+        max_tokens = int(msg.get("max_tokens") or 256)
         try:
-            gen = stream_generate(
-                self.model, msg["messages"], params=params, max_tokens=int(msg.get("max_tokens") or 256)
+            fitted = fit_chat(
+                self.model,
+                msg["messages"],
+                msg.get("overflow") or "drop_oldest",
+                max_tokens,
+                continue_final=bool(msg.get("continue_answer")),
             )
+            if fitted.changed:
+                self.send(
+                    P.PROMPT_FITTED,
+                    id=gen_id,
+                    dropped_messages=fitted.dropped_messages,
+                    cut_tokens=fitted.cut_tokens,
+                    total_tokens=fitted.total_tokens,
+                    context_limit=self.model.backend.context_length,
+                )
+            gen = stream_generate(self.model, fitted.prompt, params=params, max_tokens=max_tokens, cancel=cancel.is_set)
             for record in gen:
                 if record.text:
                     pending.append(record.text)
@@ -205,10 +225,6 @@ class Worker:
                 if record.finish_reason:
                     reason = record.finish_reason
                     break
-                with self.lock:
-                    if gen_id in self.cancelled:
-                        reason = "cancelled"
-                        break
         except PhoenixError as exc:
             reason = "error"
             self.send(P.ERROR_RAISED, id=gen_id, message=str(exc))
@@ -220,7 +236,7 @@ class Worker:
             if gen is not None:
                 gen.close()  # cancels the engine's loop between tokens
             with self.lock:
-                self.cancelled.discard(gen_id)
+                self.gen_cancels.pop(gen_id, None)
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
         stats = self._stats(record).idle() if record is not None else P.GenerationStats()

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, replace
 # GUI → worker
 LOAD_REQUESTED = "load_requested"  # id, path, backend, device, quant, context_length, npu
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
-GENERATE_REQUESTED = "generate_requested"  # id, messages, params, max_tokens
+# id, messages, params, max_tokens, overflow ("drop_oldest" | "truncate_middle"), continue_answer
+# (the last message is a partial answer to go on with)
+GENERATE_REQUESTED = "generate_requested"
 CANCEL_REQUESTED = "cancel_requested"  # id
 DEVICES_REQUESTED = "devices_requested"
 SHUTDOWN_REQUESTED = "shutdown_requested"
@@ -25,6 +27,7 @@ DEVICES_CHANGED = "devices_changed"  # devices: [{id, name, kind}], npu: {presen
 LOADING_CHANGED = "loading_changed"  # id, fraction, message
 MODEL_CHANGED = "model_changed"  # id, info
 LOAD_FAILED = "load_failed"  # id, message, cancelled, kept (info of the model still loaded, or None)
+PROMPT_FITTED = "prompt_fitted"  # id, dropped_messages, cut_tokens, total_tokens, context_limit
 TOKENS_CHANGED = "tokens_changed"  # id, text (a delta; several tokens may be coalesced)
 STATS_CHANGED = "stats_changed"  # id, stats: GenerationStats (throttled to ~4 Hz)
 GENERATION_FINISHED = "generation_finished"  # id, finish_reason, stats: GenerationStats, text

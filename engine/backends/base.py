@@ -8,7 +8,7 @@ keep the whole token step on the device, `decode_tokens` (sampling on the device
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
@@ -16,10 +16,16 @@ import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import CancelledError
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
-PREFILL_CHUNK = 256  # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
+# tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations and how
+# long Stop waits, since cancel is checked between chunks (docs/PERFORMANCE.md "Stop during prefill")
+PREFILL_CHUNK = 128
+
+# "should this work stop now?" — e.g. `threading.Event().is_set`; checked between prefill chunks
+CancelCheck: TypeAlias = Callable[[], bool]
 
 
 # K/V rows handed between backends (npu_hybrid.py, vulkan/kv_handoff.py): (layer, positions, k, v),
@@ -28,20 +34,36 @@ KvRow: TypeAlias = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float32], np
 
 
 class ForwardFn(Protocol):
-    """A model's forward (models/gemma3.py `Gemma3Model.forward`): logits of the last or every position."""
+    """A model's forward (models/gemma3.py `Gemma3Model.forward`): logits of the last or every
+    position; `cancel` asked inside the pass (between layers)."""
 
-    def __call__(self, token_ids: Sequence[int], start_pos: int, /, *, all_logits: bool) -> npt.NDArray[np.float32]: ...
+    def __call__(
+        self, token_ids: Sequence[int], start_pos: int, /, *, all_logits: bool, cancel: CancelCheck | None
+    ) -> npt.NDArray[np.float32]: ...
+
+
+def check_cancel(cancel: CancelCheck | None) -> None:
+    """Raise CancelledError if `cancel` says stop (the one place a backend asks)."""
+    if cancel is not None and cancel():
+        raise CancelledError("stopped")
 
 
 def forward_in_chunks(
-    forward: ForwardFn, ids: list[int], start_pos: int, all_logits: bool, chunk: int = PREFILL_CHUNK
+    forward: ForwardFn,
+    ids: list[int],
+    start_pos: int,
+    all_logits: bool,
+    chunk: int = PREFILL_CHUNK,
+    cancel: CancelCheck | None = None,
 ) -> npt.NDArray[np.float32]:
     """`forward(ids, pos, all_logits=...)` over `ids` a chunk at a time, positions start_pos..:
-    the logits of every position with all_logits, else of the last one. (Between chunks is where
-    a cancel check will go, so that Stop interrupts a long prefill.)"""
+    the logits of every position with all_logits, else of the last one. `cancel` is asked
+    before each chunk and handed to `forward` (which asks between layers), so Stop interrupts
+    a long prefill within one layer of one chunk (CancelledError)."""
     outs: list[npt.NDArray[np.float32]] = []
     for i in range(0, len(ids), chunk):
-        out = forward(ids[i : i + chunk], start_pos + i, all_logits=all_logits)
+        check_cancel(cancel)
+        out = forward(ids[i : i + chunk], start_pos + i, all_logits=all_logits, cancel=cancel)
         if all_logits or i + chunk >= len(ids):
             outs.append(out)
     return np.concatenate(outs) if all_logits else outs[-1]
@@ -68,11 +90,20 @@ class Backend(ABC):
         self.context_length = context_length
 
     @abstractmethod
-    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
         """Run `token_ids` at positions start_pos.. (filling the KV cache there).
 
         Returns float32 logits: shape (vocab,) for the last token, or (n, vocab) with all_logits.
         Positions ≥ start_pos + n are forgotten, so rolling back is just a smaller start_pos.
+        `cancel` is asked between chunks of a long prompt; when it says stop, CancelledError is
+        raised and the positions from start_pos on hold nothing valid.
         """
 
     def decode_tokens(

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
-from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, CancelCheck, LiveStats, forward_in_chunks
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
 from phoenix_chat.engine.models.kv_plan import layer_slots
@@ -62,8 +62,15 @@ class CpuBackend(Backend):
             weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
         )
 
-    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
-        return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits, cancel=cancel)
 
     def weight_types(self) -> dict[str, int]:
         return dict(self._types)

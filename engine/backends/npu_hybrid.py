@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, KvRow, LiveStats, forward_in_chunks
+from phoenix_chat.engine.backends.base import (
+    PREFILL_CHUNK,
+    Backend,
+    CancelCheck,
+    KvRow,
+    LiveStats,
+    forward_in_chunks,
+)
 from phoenix_chat.engine.backends.cpu import CpuBackend
 from phoenix_chat.engine.errors import DeviceRunError, DeviceUnavailableError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model, KVCache
@@ -182,11 +189,18 @@ class NpuHybridBackend(Backend):
         self.timing: dict[str, float] = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
 
     # ------------------------------------------------------------ forward
-    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
         ids = list(token_ids)
         if len(ids) < self.min_tokens:
             t = time.perf_counter()
-            logits = self.decoder.forward(ids, start_pos, all_logits=all_logits)
+            logits = self.decoder.forward(ids, start_pos, all_logits=all_logits, cancel=cancel)
             self._prefill_valid = min(self._prefill_valid, start_pos)
             self.timing["decode_s"] += time.perf_counter() - t
             self.timing["decode_tokens"] += len(ids)
@@ -201,8 +215,9 @@ class NpuHybridBackend(Backend):
                 "to_prefill_rows",
             )
         t = time.perf_counter()
+        self._prefill_valid = start_pos  # rows from here on are rewritten (or, if cancelled, half-written)
         try:
-            logits = forward_in_chunks(model.forward, ids, start_pos, all_logits)
+            logits = forward_in_chunks(model.forward, ids, start_pos, all_logits, cancel=cancel)
         except NpuRunError as exc:
             raise DeviceRunError(f"NPU prefill failed: {exc}") from None
         self.timing["prefill_s"] += time.perf_counter() - t

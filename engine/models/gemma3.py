@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.errors import CancelledError
 from phoenix_chat.engine.models.kv_plan import layer_slots
 from phoenix_chat.engine.weights.base import WeightSource
 
@@ -101,8 +102,6 @@ class Gemma3Model:
         self.w: dict[str, F32] = {}
         for i, name in enumerate(names):
             if cancel is not None and cancel.is_set():
-                from phoenix_chat.engine.errors import CancelledError
-
                 raise CancelledError("loading cancelled")
             self.w[name] = weights.dequantize(name)
             if progress:
@@ -124,12 +123,24 @@ class Gemma3Model:
         """x [n, in] @ W[name].T → [n, out]. The hook hybrid plans override."""
         return x @ self.w[name].T
 
-    def forward(self, token_ids: Sequence[int], start_pos: int, all_logits: bool = False) -> F32:
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        all_logits: bool = False,
+        cancel: Callable[[], bool] | None = None,
+    ) -> F32:
+        """Logits of the last (or every) position. `cancel` is asked before each layer: on a
+        small CPU one chunk of a long prompt takes seconds, a layer of it a fraction of one, and
+        a cancelled pass leaves only positions ≥ start_pos half-written (never read: the next
+        forward starts at or before them)."""
         cfg = self.config
         ids = np.asarray(token_ids, dtype=np.int64)
         positions = np.arange(start_pos, start_pos + len(ids))
         x = self.embed[ids] * self.embed_scale
         for layer in range(cfg.num_layers):
+            if cancel is not None and cancel():
+                raise CancelledError("stopped")
             x = self._block(layer, x, positions)
         x = rms_norm(x if all_logits else x[-1:], self.w["norm"], cfg.rms_norm_eps)
         logits = x @ self.embed.T

@@ -166,8 +166,8 @@ class _ProtocolDecoder:
     def __init__(self, cpu):
         self.cpu, self.model, self.exported, self.imported = cpu, cpu.model, [], []
 
-    def forward(self, ids, start_pos, *, all_logits=False):
-        return self.cpu.forward(ids, start_pos, all_logits=all_logits)
+    def forward(self, ids, start_pos, *, all_logits=False, cancel=None):
+        return self.cpu.forward(ids, start_pos, all_logits=all_logits, cancel=cancel)
 
     def decode_tokens(self, *a):
         return None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from phoenix_chat.engine.backends.base import Backend, KvRow, LiveStats
+from phoenix_chat.engine.backends.base import Backend, CancelCheck, KvRow, LiveStats, check_cancel
 from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
@@ -32,7 +32,12 @@ from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
-from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, plan_memory
+from phoenix_chat.engine.backends.vulkan.plan import (
+    LOGITS_CHUNK,
+    PREFILL_CHUNK,
+    SOFTWARE_PREFILL_CHUNK,
+    plan_memory,
+)
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
 from phoenix_chat.engine.sampling import SamplingParams
@@ -97,6 +102,8 @@ class VulkanBackend(Backend):
             int_dot=self.int_dot,
             tuning=self.tuning,
         )
+        # tokens per prefill submission; Stop is asked between them
+        self.prefill_chunk = SOFTWARE_PREFILL_CHUNK if caps.is_software else PREFILL_CHUNK
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
         autotune.tune(
@@ -109,7 +116,16 @@ class VulkanBackend(Backend):
 
     # ---- running ---------------------------------------------------------------------------
 
-    def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """A prompt runs in submissions of `prefill_chunk` tokens; `cancel` is asked before each
+        (so Stop lands within one chunk's GPU time)."""
         ids = [int(t) for t in token_ids]
         n = len(ids)
         if n == 0:
@@ -117,9 +133,10 @@ class VulkanBackend(Backend):
         if start_pos < 0 or start_pos + n > self.context_length:
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
-        chunk = LOGITS_CHUNK if all_logits else PREFILL_CHUNK
+        chunk = LOGITS_CHUNK if all_logits else self.prefill_chunk
         outs: list[npt.NDArray[np.float32]] = []
         for s in range(0, n, chunk):
+            check_cancel(cancel)
             part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n

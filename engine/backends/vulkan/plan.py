@@ -19,6 +19,9 @@ from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
 
 PREFILL_CHUNK = 512  # tokens per prefill submission (GEMM rows: more reuse of each dequantized weight tile)
+# On a CPU Vulkan device (lavapipe) a 512-token submission of the 270M took 15-70 s on a 2-core box,
+# and Stop is checked between submissions: smaller ones there (the buffers stay PREFILL_CHUNK-sized).
+SOFTWARE_PREFILL_CHUNK = 128
 LOGITS_CHUNK = 32  # tokens per submission when every position's logits come back
 
 
