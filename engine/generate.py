@@ -17,6 +17,7 @@ from phoenix_chat.engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
+    from phoenix_chat.engine.prompt_cache import PromptCache
     from phoenix_chat.engine.speculative import SpeculativeStats
 
 # a chat (messages as {"role": ..., "content": ...}) or one user message / raw text
@@ -29,29 +30,34 @@ class GenerationResponse:
     token: int | None  # the token id behind it (None on the final record)
     prompt_tokens: int
     generation_tokens: int
-    prompt_tps: float
+    prompt_tps: float  # prompt tokens computed (not reused) per second of ttft
     generation_tps: float
     ttft_s: float  # time to first token, prompt processing included
     finish_reason: str | None  # None while running; "stop" | "length" | "context" | "cancelled"
+    prompt_reused: int = 0  # prompt tokens whose K/V came from the cache (stream_generate's `cache`)
 
 
 def generate_step(
-    model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, start_pos: int = 0
+    model: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, reuse: int = 0
 ) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
+    reuse: the K/V of the first `reuse` ids is already in the backend's cache at positions
+    0..reuse-1 (engine/prompt_cache.py decides when that is exact): the prefill starts there.
     Sampling happens on the device when the backend keeps the token step there
     (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us.
     """
     backend = model.backend
     limit = backend.context_length
-    if start_pos + len(prompt_ids) >= limit:
+    if len(prompt_ids) >= limit:
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
-    logits = backend.forward(prompt_ids, start_pos)
+    if not 0 <= reuse < len(prompt_ids):
+        raise ValueError(f"reuse must leave at least one of the {len(prompt_ids)} prompt ids to run, not {reuse}")
+    logits = backend.forward(prompt_ids[reuse:], reuse)
     sampler = Sampler(params)
     history = list(prompt_ids)
     token = sampler(logits, history)
-    pos = start_pos + len(prompt_ids)
+    pos = len(prompt_ids)
     budget = min(max_tokens, limit - pos)
     device_stream = backend.decode_tokens(token, pos, params, budget - 1) if budget > 1 else None
     yield token
@@ -84,11 +90,14 @@ def stream_generate(
     draft: LoadedModel | None = None,
     draft_tokens: int = 4,
     spec_stats: SpeculativeStats | None = None,
+    cache: PromptCache | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream response records for `prompt` (a chat as a list of messages, or a string).
 
     draft: a second LoadedModel with the same tokenizer for speculative decoding
-    (engine/speculative.py); spec_stats, a SpeculativeStats it fills in."""
+    (engine/speculative.py); spec_stats, a SpeculativeStats it fills in.
+    cache: the model's PromptCache (engine/prompt_cache.py): only the prompt after what the KV
+    cache already holds is prefilled (a chat's next turn, regenerate, edit-and-resend)."""
     from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
@@ -99,6 +108,7 @@ def stream_generate(
     first_at: float | None = None
     count = 0
     n_prompt = len(ids)
+    reused = 0
 
     def record(text: str, token: int | None, reason: str | None) -> GenerationResponse:
         now = time.perf_counter()
@@ -109,10 +119,11 @@ def stream_generate(
             token=token,
             prompt_tokens=n_prompt,
             generation_tokens=count,
-            prompt_tps=n_prompt / ttft if ttft > 0 else 0.0,
+            prompt_tps=(n_prompt - reused) / ttft if ttft > 0 else 0.0,
             generation_tps=(count - 1) / decode_time if count > 1 and decode_time > 0 else 0.0,
             ttft_s=ttft,
             finish_reason=reason,
+            prompt_reused=reused,
         )
 
     if n_prompt >= model.backend.context_length:
@@ -121,7 +132,13 @@ def stream_generate(
     if draft is not None:
         from phoenix_chat.engine.speculative import speculative_step
 
+        if cache is not None:
+            raise ValueError("prefix reuse (cache) does not combine with a draft model (its cache is not tracked)")
         steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats)
+    elif cache is not None:
+        plan = cache.plan(ids)
+        reused = plan.reused
+        steps = cache.generate(model, ids, params, max_tokens, plan)
     else:
         steps = generate_step(model, ids, params, max_tokens)
     reason = "length"

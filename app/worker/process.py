@@ -39,6 +39,7 @@ class Worker:
         self.lock = threading.Lock()
         self.model = None
         self.model_info: dict | None = None
+        self.prompt_cache = None  # the loaded model's engine.prompt_cache.PromptCache: chats reuse their KV
         self.engine = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class Worker:
             with self.lock:
                 self.load_cancels.pop(load_id, None)
         self.model = model
+        self.prompt_cache = importlib.import_module(f"{engine.__name__}.prompt_cache").PromptCache(model.backend)
         self.model_info = describe_model(model, msg)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
 
@@ -176,7 +178,11 @@ class Worker:
         gen = None
         try:
             gen = stream_generate(
-                self.model, msg["messages"], params=params, max_tokens=int(msg.get("max_tokens") or 256)
+                self.model,
+                msg["messages"],
+                params=params,
+                max_tokens=int(msg.get("max_tokens") or 256),
+                cache=self.prompt_cache,
             )
             for record in gen:
                 if record.text:
@@ -225,6 +231,7 @@ class Worker:
         live = backend.live_stats()
         return P.GenerationStats(
             prompt_tokens=r.prompt_tokens,
+            prompt_reused=r.prompt_reused,
             generation_tokens=r.generation_tokens,
             prompt_tps=r.prompt_tps,
             generation_tps=r.generation_tps,
@@ -243,6 +250,7 @@ class Worker:
                 pass
             self.model = None
             self.model_info = None
+            self.prompt_cache = None
 
 
 def describe_model(model, request: dict) -> dict:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
+from phoenix_chat.engine.models.kv_plan import ring_slots
 from phoenix_chat.engine.sampling import SamplingParams
 
 PREFILL_CHUNK = 256  # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations
@@ -64,6 +65,26 @@ class Backend(ABC):
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
         self.context_length = context_length
+        # Slots of the sliding-window layers' K/V rings; each backend sets its own (the window
+        # plus the most positions one forward writes). This default, the window alone, promises
+        # no slack: prefix reuse (engine/prompt_cache.py) then resumes only where nothing was rolled back.
+        self.kv_ring_slots = ring_slots(config, context_length, 0)
+        self._kv_high_water = 0
+
+    @property
+    def kv_high_water(self) -> int:
+        """One past the highest position whose K/V a forward or decode step wrote since a caller
+        last set this (engine/prompt_cache.py: how far the sliding-window rings moved)."""
+        return self._kv_high_water
+
+    @kv_high_water.setter
+    def kv_high_water(self, pos: int) -> None:
+        self._kv_high_water = pos
+
+    def wrote_kv(self, end: int) -> None:
+        """Note that a forward or decode step writes K/V up to position `end` (exclusive); called
+        before the work, so a step cut short still counts."""
+        self._kv_high_water = max(self._kv_high_water, end)
 
     @abstractmethod
     def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:

@@ -13,7 +13,7 @@ import psutil
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, LiveStats, forward_in_chunks
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
-from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.models.kv_plan import layer_slots, ring_slots
 from phoenix_chat.engine.weights.base import WeightSource
 
 
@@ -47,8 +47,10 @@ class CpuBackend(Backend):
         self.model = Gemma3Model(
             weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
         )
+        self.kv_ring_slots = ring_slots(self.config, context_length, PREFILL_CHUNK)
 
     def forward(self, token_ids: Sequence[int], start_pos: int, *, all_logits: bool = False) -> npt.NDArray[np.float32]:
+        self.wrote_kv(start_pos + len(token_ids))  # before: a forward cut short wrote part of it
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits)
 
     def live_stats(self) -> LiveStats:

@@ -87,6 +87,7 @@ class VulkanBackend(Backend):
             raise
         self.budget = self.plan.budget
         self.layers = self.device_weights.layers
+        self.kv_ring_slots = min(self.plan.slots)  # the local layers' rings (global: the whole context)
         self.graph = Gemma3Graph(
             self.config,
             dev,
@@ -116,6 +117,7 @@ class VulkanBackend(Backend):
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
         chunk = LOGITS_CHUNK if all_logits else PREFILL_CHUNK
+        self.wrote_kv(start_pos + n)
         outs: list[npt.NDArray[np.float32]] = []
         for s in range(0, n, chunk):
             part = ids[s : s + chunk]
@@ -182,6 +184,7 @@ class VulkanBackend(Backend):
                 t0 = time.perf_counter()
                 while len(inflight) < IN_FLIGHT and submitted < n_sub:
                     cl = lists[submitted % IN_FLIGHT]
+                    self.wrote_kv(start_pos + (submitted + 1) * K)  # its K steps write K/V there
                     cl.submit(wait=False)
                     inflight.append((cl, start_pos + submitted * K + 1))
                     submitted += 1
