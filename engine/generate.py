@@ -44,8 +44,10 @@ def generate_step(
 
     reuse: the K/V of the first `reuse` ids is already in the backend's cache at positions
     0..reuse-1 (engine/prompt_cache.py decides when that is exact): the prefill starts there.
-    Sampling happens on the device when the backend keeps the token step there
-    (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us.
+    Sampling happens on the device where the backend keeps the token step there: every token
+    (`generate_tokens`, Vulkan), or all but the first (`decode_tokens`, a hybrid whose prefill
+    leaves logits on the host); on the CPU from logits otherwise. The caller stops early by
+    closing us.
     """
     backend = model.backend
     limit = backend.context_length
@@ -53,12 +55,16 @@ def generate_step(
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
     if not 0 <= reuse < len(prompt_ids):
         raise ValueError(f"reuse must leave at least one of the {len(prompt_ids)} prompt ids to run, not {reuse}")
+    pos = len(prompt_ids)
+    budget = min(max_tokens, limit - pos)
+    on_device = backend.generate_tokens(prompt_ids[reuse:], reuse, params, budget)
+    if on_device is not None:  # the prefill ends in the device's sampler: every token drawn there
+        yield from on_device
+        return
     logits = backend.forward(prompt_ids[reuse:], reuse)
     sampler = Sampler(params)
     history = list(prompt_ids)
     token = sampler(logits, history)
-    pos = len(prompt_ids)
-    budget = min(max_tokens, limit - pos)
     device_stream = backend.decode_tokens(token, pos, params, budget - 1) if budget > 1 else None
     yield token
     if device_stream is not None:

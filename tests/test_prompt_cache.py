@@ -211,7 +211,7 @@ def test_ring_boundary_is_exact_to_the_position(kind, tmp_path):
         naive = backend.forward(edited[first_ok - 1 :], first_ok - 1, all_logits=True)
         want = backend.forward(edited, 0, all_logits=True)[first_ok - 1 :]
         diff = float(np.abs(naive - want).max())
-        print(f"\n{kind}: max |logit diff| vs a full prefill: resuming at {first_ok} {exact:.2e}, one earlier {diff:.2e}")
+        print(f"\n{kind}: max |logit diff| vs a full prefill: at {first_ok} {exact:.2e}, one earlier {diff:.2e}")
         assert exact < 1e-3 * np.abs(want).max() and diff > 10 * max(exact, 1e-4)
     finally:
         backend.close()

@@ -94,13 +94,25 @@ class Backend(ABC):
         Positions ≥ start_pos + n are forgotten, so rolling back is just a smaller start_pos.
         """
 
+    def generate_tokens(
+        self, prompt_ids: Sequence[int], start_pos: int, params: SamplingParams, max_tokens: int
+    ) -> Generator[int, None, None] | None:
+        """Prefill `prompt_ids` at start_pos.. and yield up to max_tokens ids, every one sampled
+        on the device, the first by the prefill itself (the Vulkan backend).
+
+        None: this backend's prefill leaves logits on the host (cpu, npu-hybrid), so the caller
+        samples the first token from `forward`'s logits, then goes on with `decode_tokens`.
+        """
+        return None
+
     def decode_tokens(
         self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
     ) -> Generator[int, None, None] | None:
         """Device-resident decode: feed `first_token` at `start_pos`, sample on the device, yield ids.
 
-        Returns None when this backend cannot do it for these params (the caller then samples
-        on the CPU from `forward` logits). The consumer stops by closing the generator.
+        Returns None when this backend has no device-resident decode (the CPU reference: the
+        caller samples on the CPU from `forward` logits); a backend that has one serves every
+        sampling setting or raises. The consumer stops by closing the generator.
         """
         return None
 
