@@ -2,7 +2,10 @@
 
 A backend owns the weights on its device and the KV cache. The generation loop only sees:
 `forward` (prefill a chunk or decode one token, returning logits) and, where the backend can
-keep the whole token step on the device, `decode_tokens` (sampling on the device, ids back).
+keep the whole token step on the device, `generate_tokens` (prefill ending in the device's
+sampler: every id drawn there) and `decode_tokens` (sampling on the device, ids back). For
+prefix reuse (engine/prompt_cache.py) it says how long its sliding-window rings are
+(`kv_ring_slots`) and how far its writes reached (`kv_high_water`).
 """
 
 from __future__ import annotations

@@ -285,3 +285,19 @@ def test_one_recording_replays(vk_device, greedy):
             for i in range(runs)
         ]
         assert got.tolist() == want
+
+
+def test_a_vocabulary_beyond_the_full_sampler_is_refused_with_a_message(vk_device):
+    """Nothing falls back silently: a setting the GPU cannot serve (top_k 0 over more than
+    FULL_MAX_BLOCKS * BLOCK tokens) is an error that says why, at record time."""
+    from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, FULL_MAX_BLOCKS
+
+    vocab = FULL_MAX_BLOCKS * BLOCK + 1
+    with Bufs(vk_device) as b:
+        st, buf = b.step(pos=0, n_tokens=1), b.zeros(16)
+        cl = vk_device.commands()
+        with pytest.raises(ValueError, match=r"top_k 0 or > 64 serves vocabularies up to 524288 tokens"):
+            sample(cl, vk_device, st, buf, buf, buf, buf, vocab=vocab, greedy=False, full=True)
+        sample(cl, vk_device, st, buf, buf, buf, buf, vocab=vocab, greedy=False)  # top_k <= 64: served
+        cl.end()
+        cl.destroy()

@@ -198,7 +198,6 @@ class VulkanBackend(Backend):
         tokens = self.buffers.tokens_view
         tokens[start_pos] = first_token
         write_step(self.buffers.step, pos=start_pos, n_tokens=1, **_sampling_fields(params, seed))
-        self.sampled[kind] += limit
         inflight: deque[tuple[CommandList, int]] = deque()  # (list, position of its first id)
         submitted = 0
         n_sub = -(-limit // K)
@@ -223,6 +222,7 @@ class VulkanBackend(Backend):
                     if done == limit:
                         break
                     done += 1
+                    self.sampled[kind] += 1
                     yield tid
         finally:
             for cl, _ in inflight:
