@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from phoenix_chat.engine.generate import stream_generate
+from phoenix_chat.engine.prompt_cache import PromptCache
 
 HELP = "Type a message and press Enter. Commands: /reset (new conversation), /quit."
 
@@ -19,6 +20,7 @@ def terminal_chat(model, params, max_tokens: int, system: str | None = None, std
             file=stdout,
         )
     history = [{"role": "system", "content": system}] if system else []
+    cache = PromptCache(model.backend)  # each turn prefills only what the last one did not
     while True:
         stdout.write("> ")
         stdout.flush()
@@ -38,7 +40,7 @@ def terminal_chat(model, params, max_tokens: int, system: str | None = None, std
         history.append({"role": "user", "content": text})
         answer = []
         last = None
-        for r in stream_generate(model, history, params, max_tokens):
+        for r in stream_generate(model, history, params, max_tokens, cache=cache):
             stdout.write(r.text)
             stdout.flush()
             answer.append(r.text)

@@ -18,6 +18,7 @@ from phoenix_chat.engine.sampling import Sampler, SamplingParams
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.base import CancelCheck
     from phoenix_chat.engine.loader import LoadedModel
+    from phoenix_chat.engine.prompt_cache import PromptCache
     from phoenix_chat.engine.speculative import SpeculativeStats
 
 
@@ -38,10 +39,11 @@ class GenerationResponse:
     token: int | None  # the token id behind it (None on the final record)
     prompt_tokens: int
     generation_tokens: int
-    prompt_tps: float  # 0.0 until the prompt has been read (no token yet)
+    prompt_tps: float  # prompt tokens computed (not reused) per second of ttft; 0.0 before the first token
     generation_tps: float
     ttft_s: float | None  # time to first token, prompt processing included; None before the first
     finish_reason: str | None  # None while running; "stop" | "length" | "context" | "cancelled"
+    prompt_reused: int = 0  # prompt tokens whose K/V came from the cache (stream_generate's `cache`)
 
 
 def generate_step(
@@ -49,25 +51,34 @@ def generate_step(
     prompt_ids: Sequence[int],
     params: SamplingParams,
     max_tokens: int,
-    start_pos: int = 0,
+    reuse: int = 0,
     cancel: CancelCheck | None = None,
 ) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
-    Sampling happens on the device when the backend keeps the token step there
-    (`decode_tokens`), on the CPU from logits otherwise. The caller stops early by closing us;
-    `cancel` interrupts the prefill between chunks (CancelledError).
+    reuse: the K/V of the first `reuse` ids is already in the backend's cache at positions
+    0..reuse-1 (engine/prompt_cache.py decides when that is exact): the prefill starts there.
+    Sampling happens on the device where the backend keeps the token step there: every token
+    (`generate_tokens`, Vulkan), or all but the first (`decode_tokens`, a hybrid whose prefill
+    leaves logits on the host); on the CPU from logits otherwise. The caller stops early by
+    closing us; `cancel` interrupts the prefill between chunks (CancelledError).
     """
     backend = model.backend
     limit = backend.context_length
-    if start_pos + len(prompt_ids) >= limit:
+    if len(prompt_ids) >= limit:
         raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit a context of {limit}")
-    logits = backend.forward(prompt_ids, start_pos, cancel=cancel)
+    if not 0 <= reuse < len(prompt_ids):
+        raise ValueError(f"reuse must leave at least one of the {len(prompt_ids)} prompt ids to run, not {reuse}")
+    pos = len(prompt_ids)
+    budget = min(max_tokens, limit - pos)
+    on_device = backend.generate_tokens(prompt_ids[reuse:], reuse, params, budget, cancel=cancel)
+    if on_device is not None:  # the prefill ends in the device's sampler: every token drawn there
+        yield from on_device
+        return
+    logits = backend.forward(prompt_ids[reuse:], reuse, cancel=cancel)
     sampler = Sampler(params)
     history = list(prompt_ids)
     token = sampler(logits, history)
-    pos = start_pos + len(prompt_ids)
-    budget = min(max_tokens, limit - pos)
     device_stream = backend.decode_tokens(token, pos, params, budget - 1) if budget > 1 else None
     yield token
     if device_stream is not None:
@@ -102,13 +113,16 @@ def stream_generate(
     draft_tokens: int = 4,
     spec_stats: SpeculativeStats | None = None,
     cancel: CancelCheck | None = None,
+    cache: PromptCache | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream response records for `prompt` (a chat as a list of messages, or a string).
 
     draft: a second LoadedModel with the same tokenizer for speculative decoding
     (engine/speculative.py); spec_stats, a SpeculativeStats it fills in. cancel: asked
     between prefill chunks and between tokens; when it says stop, the last record has
-    finish_reason "cancelled"."""
+    finish_reason "cancelled".
+    cache: the model's PromptCache (engine/prompt_cache.py): only the prompt after what the KV
+    cache already holds is prefilled (a chat's next turn, regenerate, edit-and-resend)."""
     from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
@@ -119,6 +133,7 @@ def stream_generate(
     first_at: float | None = None
     count = 0
     n_prompt = len(ids)
+    reused = 0
 
     def record(text: str, token: int | None, reason: str | None) -> GenerationResponse:
         now = time.perf_counter()
@@ -131,10 +146,11 @@ def stream_generate(
             token=token,
             prompt_tokens=n_prompt,
             generation_tokens=count,
-            prompt_tps=n_prompt / ttft if ttft else 0.0,
+            prompt_tps=(n_prompt - reused) / ttft if ttft else 0.0,
             generation_tps=(count - 1) / decode_time if count > 1 and decode_time > 0 else 0.0,
             ttft_s=ttft,
             finish_reason=reason,
+            prompt_reused=reused,
         )
 
     if n_prompt >= model.backend.context_length:
@@ -143,7 +159,13 @@ def stream_generate(
     if draft is not None:
         from phoenix_chat.engine.speculative import speculative_step
 
+        if cache is not None:
+            raise ValueError("prefix reuse (cache) does not combine with a draft model (its cache is not tracked)")
         steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats, cancel)
+    elif cache is not None:
+        plan = cache.plan(ids)
+        reused = plan.reused
+        steps = cache.generate(model, ids, params, max_tokens, plan, cancel=cancel)
     else:
         steps = generate_step(model, ids, params, max_tokens, cancel=cancel)
     reason = "length"

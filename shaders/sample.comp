@@ -21,10 +21,22 @@
 //     shortest prefix whose mass >= top_p (over the K, renormalized); min-p drops
 //     p_i < min_p * p_max; draws u with Philox2x32-10 on counter (position of the drawn token + d, 0)
 //     keyed by step.seed.
-//     K = top_k clamped to [1, KC] (top_k = 0 -> KC; temperature <= 0 -> 1, i.e. greedy).
-//   Both: bindings 0 step, 1 logits, 2 cand (uvec2 entries: ordered key, id; 1 (argmax) or KC
-//     (top-k) per block), 3 tokens, 4 arrival counter (uint[1], 0 before and after).
-//     Dispatch: (n_blocks, 1, 1).
+//     K = top_k clamped to [1, KC] (temperature <= 0 -> 1, i.e. greedy); the host runs it for
+//     1 <= top_k <= KC only (ops_sample.sampler_for), SAMPLE_FULL otherwise.
+//   SAMPLE_FULL (sample_full_f32): every top_k (0 = off: the whole vocabulary). A block sorts its
+//     BLOCK logits as SAMPLE_TOPK does and keeps all of them, sorted, with the running sums of
+//     their weights exp((l - l_block_max) / T) (cand's second half, two floats per entry pair).
+//     The final pass finds each cut as a threshold on the ordered key by bisection over the key
+//     bits (32 rounds; a round counts or weighs, per block, the entries >= the probe key by a
+//     binary search in the block's sorted list): top-k's K-th largest key (ties at it taken by
+//     lowest id, exactly K), top-p's largest key whose mass from the top reaches top_p of the
+//     top-k set's (a tie at that key is kept whole), min-p's p >= min_p * p_max; the top token
+//     is always kept. The draw (same Philox counter as SAMPLE_TOPK) picks a block by the kept
+//     blocks' masses, then the entry by binary search in that block's running sums.
+//     cand: n_blocks * BLOCK * 12 bytes (ops_sample.scratch_bytes).
+//   All three: bindings 0 step, 1 logits, 2 cand (uvec2 entries: ordered key, id; 1 (argmax), KC
+//     (top-k) or BLOCK (full) per block), 3 tokens, 4 arrival counter (uint[1], 0 before and
+//     after). Dispatch: (n_blocks, 1, 1).
 //   SAMPLE_PENALTY (sample_penalty_f32): llama.cpp repetition penalty, in place on the logits,
 //     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
 //     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it (and a
@@ -53,7 +65,7 @@ float key_value(uint k) {
     return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7FFFFFFFu : ~k);
 }
 
-#if defined(SAMPLE_ARGMAX) || defined(SAMPLE_TOPK)
+#if defined(SAMPLE_ARGMAX) || defined(SAMPLE_TOPK) || defined(SAMPLE_FULL)
 #include "include/step.glsl"
 STEP_BUFFER(0)
 layout(std430, binding = 1) readonly buffer Logits { float logits[]; };
@@ -122,32 +134,10 @@ void main() {
 // (key desc, id asc) order: true when a sorts before b
 bool before(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
 
-#ifdef SAMPLE_TOPK
+#if defined(SAMPLE_TOPK) || defined(SAMPLE_FULL)
 #include "include/wg_reduce.glsl"
-
-#define NBMAX 1024
-shared uint gt_off[NBMAX];
-shared uint eq_take[NBMAX];
-shared uint eq_off[NBMAX];
-shared uvec2 sel[KC];
-shared float prob[KC];
-shared uint n_keep_sh;
 #define CAP 1024          // >= BLOCK: the block sort uses big too
 shared uvec2 big[CAP];
-shared uint n_big_sh;
-shared uint hist[256];
-shared uvec2 radix_sh;
-shared float kept_sum_sh;
-
-// entries of block b (sorted by key desc) with key >= x
-uint count_ge(uint b, uint x) {
-    uint lo = 0, hi = KC;
-    while (lo < hi) {
-        const uint mid = (lo + hi) / 2;
-        if (cand[b * KC + mid].x >= x) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
 
 uvec2 philox2x32_10(uvec2 ctr, uint key) {
     for (int r = 0; r < 10; r++) {
@@ -159,8 +149,9 @@ uvec2 philox2x32_10(uvec2 ctr, uint key) {
     return ctr;
 }
 
-// block b: sort its BLOCK logits in big (bitonic, descending), keep the best KC in cand
-void block_top(uint b, uint tid) {
+// block b: its BLOCK logits sorted in big (bitonic, by key desc then id asc; past the vocabulary:
+// key 0, id 0xFFFFFFFF, so they sort last)
+void sort_block(uint b, uint tid) {
     for (uint i = tid; i < BLOCK; i += WG) {
         const uint e = b * BLOCK + i;
         big[i] = e < pc.vocab ? uvec2(ordered_key(logits[e]), e) : uvec2(0u, 0xFFFFFFFFu);
@@ -177,6 +168,35 @@ void block_top(uint b, uint tid) {
             barrier();
         }
     }
+}
+#endif
+
+#ifdef SAMPLE_TOPK
+#define NBMAX 1024
+shared uint gt_off[NBMAX];
+shared uint eq_take[NBMAX];
+shared uint eq_off[NBMAX];
+shared uvec2 sel[KC];
+shared float prob[KC];
+shared uint n_keep_sh;
+shared uint n_big_sh;
+shared uint hist[256];
+shared uvec2 radix_sh;
+shared float kept_sum_sh;
+
+// entries of block b (sorted by key desc) with key >= x
+uint count_ge(uint b, uint x) {
+    uint lo = 0, hi = KC;
+    while (lo < hi) {
+        const uint mid = (lo + hi) / 2;
+        if (cand[b * KC + mid].x >= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// block b: sort its BLOCK logits, keep the best KC in cand
+void block_top(uint b, uint tid) {
+    sort_block(b, tid);
     for (uint r = tid; r < KC; r += WG) cand[b * KC + r] = big[r];
 }
 
@@ -343,6 +363,185 @@ void main() {
             if (u < c) { chosen = i; break; }
         }
         tokens[q + d] = sel[chosen].y;
+    }
+    barrier();   // every invocation has read step before it may change
+    if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
+}
+#endif
+
+#ifdef SAMPLE_FULL
+#define NBMAX 512         // blocks (vocab <= NBMAX * BLOCK; ops_sample checks)
+shared float tsum[WG];
+shared float scale_sh[NBMAX];   // exp((block max - global max) / T): a block's sums -> the global scale
+shared uint nk_sh[NBMAX];       // entries of each block's sorted list in the top-k set
+shared uint keep_sh[NBMAX];     // ... kept after top-p and min-p
+shared uint a_sh[NBMAX];
+shared uint b_sh[NBMAX];
+shared float cb_sh[NBMAX];      // a block's kept mass, on the global scale
+shared float incl_sh[NBMAX];    // running sum of cb_sh over blocks 0..b
+shared float total_sh;
+
+// entries of block b's sorted list (cand[b * BLOCK ...]) with key >= x
+uint count_ge_block(uint b, uint x) {
+    uint lo = 0, hi = BLOCK;
+    while (lo < hi) {
+        const uint mid = (lo + hi) / 2;
+        if (cand[b * BLOCK + mid].x >= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// the sum of the weights of the first j entries of block b's sorted list (relative to its max)
+float mass_before(uint b, uint j) {
+    if (j == 0u) return 0.0;
+    const uint e = b * BLOCK + j - 1u;
+    return uintBitsToFloat(cand[pc.n_blocks * BLOCK + e / 2u][e % 2u]);
+}
+
+float weight(uint key, float top, float inv_t) {
+    return key == 0u ? 0.0 : exp((key_value(key) - top) * inv_t);   // NaN logits weigh nothing
+}
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks, blk = gl_WorkGroupID.x;
+    sort_block(blk, tid);
+    {   // the block's list and the running sums of its weights (each invocation: E entries)
+        const float temp = step.temperature;
+        const float inv_t = temp > 0.0 ? 1.0 / temp : 0.0;
+        const float top = key_value(big[0].x);
+        const uint E = BLOCK / WG, first = tid * E;
+        float s = 0.0;
+        for (uint j = 0; j < E; j++) s += weight(big[first + j].x, top, inv_t);
+        tsum[tid] = s;
+        barrier();
+        for (uint d = 1; d < WG; d <<= 1) {   // inclusive scan of the invocations' sums
+            const float v = tsum[tid] + (tid >= d ? tsum[tid - d] : 0.0);
+            barrier();
+            tsum[tid] = v;
+            barrier();
+        }
+        float run = tid > 0u ? tsum[tid - 1u] : 0.0;
+        for (uint j = 0; j < E; j += 2u) {
+            const float r0 = run + weight(big[first + j].x, top, inv_t);
+            run = r0 + weight(big[first + j + 1u].x, top, inv_t);
+            cand[NB * BLOCK + (blk * BLOCK + first + j) / 2u] = uvec2(floatBitsToUint(r0), floatBitsToUint(run));
+        }
+        for (uint i = tid; i < BLOCK; i += WG) cand[blk * BLOCK + i] = big[i];
+    }
+    if (!arrive_last(0u, NB)) return;
+
+    // the last block: the cuts, then the draw
+    const Step st = step;
+    const uint q = st.pos + st.n_tokens;
+    uint mk = 0u;
+    for (uint b = tid; b < NB; b += WG) mk = max(mk, cand[b * BLOCK].x);
+    const uint M = wg_max_u(mk);
+    uint nb = 0u;   // the first block holding the largest key: its first entry is the top token
+    for (uint b = tid; b < NB; b += WG) if (cand[b * BLOCK].x == M) nb = max(nb, ~b);
+    const uint btop = ~wg_max_u(nb);
+    if (st.temperature <= 0.0) {   // greedy: the argmax (ties -> lowest id)
+        if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = cand[btop * BLOCK].y;
+        barrier();
+        if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
+        return;
+    }
+    const float inv_t = 1.0 / st.temperature, top = key_value(M);
+    for (uint b = tid; b < NB; b += WG) scale_sh[b] = weight(cand[b * BLOCK].x, top, inv_t);
+
+    // top-k: T = the K-th largest key; every entry above it, then ties at it by lowest id
+    const uint K = (st.top_k == 0u || st.top_k >= pc.vocab) ? pc.vocab : st.top_k;
+    if (K >= pc.vocab) {
+        for (uint b = tid; b < NB; b += WG) nk_sh[b] = BLOCK;   // past the vocabulary: weight 0
+    } else {
+        uint T = 0u;
+        for (int bit = 31; bit >= 0; bit--) {
+            const uint probe = T | (1u << uint(bit));
+            uint n = 0u;
+            for (uint b = tid; b < NB; b += WG) n += count_ge_block(b, probe);
+            if (wg_sum_u(n) >= K) T = probe;
+        }
+        for (uint b = tid; b < NB; b += WG) {
+            const uint gt = T == 0xFFFFFFFFu ? 0u : count_ge_block(b, T + 1u);
+            a_sh[b] = gt;
+            b_sh[b] = count_ge_block(b, T) - gt;
+        }
+        barrier();
+        if (tid == 0) {
+            uint above = 0u;
+            for (uint b = 0; b < NB; b++) above += a_sh[b];
+            const uint need = K - above;
+            uint taken = 0u;
+            for (uint b = 0; b < NB; b++) {
+                const uint take = min(b_sh[b], need - taken);
+                taken += take;
+                nk_sh[b] = a_sh[b] + take;
+            }
+        }
+    }
+    barrier();
+    for (uint b = tid; b < NB; b += WG) keep_sh[b] = nk_sh[b];
+    barrier();
+
+    // top-p: the largest key whose mass from the top reaches top_p of the top-k set's
+    if (st.top_p < 1.0) {
+        float z = 0.0;
+        for (uint b = tid; b < NB; b += WG) z += scale_sh[b] * mass_before(b, nk_sh[b]);
+        const float target = st.top_p * wg_sum(z);
+        uint T = 0u;
+        for (int bit = 31; bit >= 0; bit--) {
+            const uint probe = T | (1u << uint(bit));
+            float m = 0.0;
+            for (uint b = tid; b < NB; b += WG) m += scale_sh[b] * mass_before(b, min(nk_sh[b], count_ge_block(b, probe)));
+            if (wg_sum(m) >= target) T = probe;
+        }
+        for (uint b = tid; b < NB; b += WG) keep_sh[b] = min(nk_sh[b], count_ge_block(b, T));
+        barrier();
+    }
+    // min-p: p >= min_p * p_max, a prefix of every sorted list
+    if (st.min_p > 0.0) {
+        for (uint b = tid; b < NB; b += WG) {
+            uint lo = 0u, hi = keep_sh[b];
+            while (lo < hi) {
+                const uint mid = (lo + hi) / 2;
+                if (weight(cand[b * BLOCK + mid].x, top, inv_t) >= st.min_p) lo = mid + 1; else hi = mid;
+            }
+            keep_sh[b] = lo;
+        }
+        barrier();
+    }
+    if (tid == 0) keep_sh[btop] = max(keep_sh[btop], 1u);   // the top token always stays
+    barrier();
+    for (uint b = tid; b < NB; b += WG) cb_sh[b] = scale_sh[b] * mass_before(b, keep_sh[b]);
+    barrier();
+    if (tid == 0) {
+        float run = 0.0;
+        for (uint b = 0; b < NB; b++) { run += cb_sh[b]; incl_sh[b] = run; }
+        total_sh = run;
+    }
+    barrier();
+    for (uint d = tid; d < pc.n_draws; d += WG) {
+        const uvec2 r = philox2x32_10(uvec2(q + d, 0u), st.seed);
+        const float u = float(r.x >> 8) * (1.0 / 16777216.0) * total_sh;
+        uint lo = 0u, hi = NB;   // the first block whose running sum passes u
+        while (lo < hi) {
+            const uint mid = (lo + hi) / 2;
+            if (incl_sh[mid] > u) hi = mid; else lo = mid + 1;
+        }
+        uint b = lo, j;
+        if (b == NB) {   // rounding put u at the very end: the last kept entry
+            b = NB - 1u;
+            while (b > 0u && cb_sh[b] == 0.0) b--;
+            j = max(keep_sh[b], 1u) - 1u;
+        } else {
+            const float v = u - (incl_sh[b] - cb_sh[b]);
+            uint l2 = 0u, h2 = keep_sh[b] - 1u;   // the first entry whose running sum passes v
+            while (l2 < h2) {
+                const uint mid = (l2 + h2) / 2;
+                if (scale_sh[b] * mass_before(b, mid + 1u) > v) h2 = mid; else l2 = mid + 1;
+            }
+            j = l2;
+        }
+        tokens[q + d] = cand[b * BLOCK + j].y;
     }
     barrier();   // every invocation has read step before it may change
     if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }

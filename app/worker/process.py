@@ -41,6 +41,7 @@ class Worker:
         self.lock = threading.Lock()
         self.model = None
         self.model_info: dict | None = None
+        self.prompt_cache = None  # the loaded model's engine.prompt_cache.PromptCache: chats reuse their KV
         self.engine = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -157,6 +158,7 @@ class Worker:
             with self.lock:
                 self.load_cancels.pop(load_id, None)
         self.model = model
+        self.prompt_cache = importlib.import_module(f"{engine.__name__}.prompt_cache").PromptCache(model.backend)
         self.model_info = describe_model(model)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
 
@@ -208,7 +210,14 @@ class Worker:
                     total_tokens=fitted.total_tokens,
                     context_limit=self.model.backend.context_length,
                 )
-            gen = stream_generate(self.model, fitted.prompt, params=params, max_tokens=max_tokens, cancel=cancel.is_set)
+            gen = stream_generate(
+                self.model,
+                fitted.prompt,
+                params=params,
+                max_tokens=max_tokens,
+                cancel=cancel.is_set,
+                cache=self.prompt_cache,
+            )
             for record in gen:
                 if record.text:
                     pending.append(record.text)
@@ -252,6 +261,7 @@ class Worker:
         live = backend.live_stats()
         return P.GenerationStats(
             prompt_tokens=r.prompt_tokens,
+            prompt_reused=r.prompt_reused,
             generation_tokens=r.generation_tokens,
             prompt_tps=r.prompt_tps,
             generation_tps=r.generation_tps,
@@ -270,6 +280,7 @@ class Worker:
                 pass
             self.model = None
             self.model_info = None
+            self.prompt_cache = None
 
 
 def describe_model(model) -> dict:

@@ -45,6 +45,7 @@ class GenerationStats:
     None: not measured (a busy share on a backend without that device or timer)."""
 
     prompt_tokens: int = 0
+    prompt_reused: int = 0  # of those, the ones whose K/V the previous turn left in the cache
     generation_tokens: int = 0
     prompt_tps: float = 0.0
     generation_tps: float = 0.0

@@ -2,7 +2,10 @@
 
 A backend owns the weights on its device and the KV cache. The generation loop only sees:
 `forward` (prefill a chunk or decode one token, returning logits) and, where the backend can
-keep the whole token step on the device, `decode_tokens` (sampling on the device, ids back).
+keep the whole token step on the device, `generate_tokens` (prefill ending in the device's
+sampler: every id drawn there) and `decode_tokens` (sampling on the device, ids back). For
+prefix reuse (engine/prompt_cache.py) it says how long its sliding-window rings are
+(`kv_ring_slots`) and how far its writes reached (`kv_high_water`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import CancelledError
+from phoenix_chat.engine.models.kv_plan import ring_slots
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
@@ -88,6 +92,26 @@ class Backend(ABC):
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
         self.context_length = context_length
+        # Slots of the sliding-window layers' K/V rings; each backend sets its own (the window
+        # plus the most positions one forward writes). This default, the window alone, promises
+        # no slack: prefix reuse (engine/prompt_cache.py) then resumes only where nothing was rolled back.
+        self.kv_ring_slots = ring_slots(config, context_length, 0)
+        self._kv_high_water = 0
+
+    @property
+    def kv_high_water(self) -> int:
+        """One past the highest position whose K/V a forward or decode step wrote since a caller
+        last set this (engine/prompt_cache.py: how far the sliding-window rings moved)."""
+        return self._kv_high_water
+
+    @kv_high_water.setter
+    def kv_high_water(self, pos: int) -> None:
+        self._kv_high_water = pos
+
+    def wrote_kv(self, end: int) -> None:
+        """Note that a forward or decode step writes K/V up to position `end` (exclusive); called
+        before the work, so a step cut short still counts."""
+        self._kv_high_water = max(self._kv_high_water, end)
 
     @abstractmethod
     def forward(
@@ -106,13 +130,30 @@ class Backend(ABC):
         raised and the positions from start_pos on hold nothing valid.
         """
 
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        start_pos: int,
+        params: SamplingParams,
+        max_tokens: int,
+        cancel: CancelCheck | None = None,
+    ) -> Generator[int, None, None] | None:
+        """Prefill `prompt_ids` at start_pos.. and yield up to max_tokens ids, every one sampled
+        on the device, the first by the prefill itself (the Vulkan backend).
+
+        None: this backend's prefill leaves logits on the host (cpu, npu-hybrid), so the caller
+        samples the first token from `forward`'s logits, then goes on with `decode_tokens`.
+        """
+        return None
+
     def decode_tokens(
         self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
     ) -> Generator[int, None, None] | None:
         """Device-resident decode: feed `first_token` at `start_pos`, sample on the device, yield ids.
 
-        Returns None when this backend cannot do it for these params (the caller then samples
-        on the CPU from `forward` logits). The consumer stops by closing the generator.
+        Returns None when this backend has no device-resident decode (the CPU reference: the
+        caller samples on the CPU from `forward` logits); a backend that has one serves every
+        sampling setting or raises. The consumer stops by closing the generator.
         """
         return None
 

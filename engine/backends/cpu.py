@@ -17,7 +17,7 @@ import psutil
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, CancelCheck, LiveStats, forward_in_chunks
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
-from phoenix_chat.engine.models.kv_plan import layer_slots
+from phoenix_chat.engine.models.kv_plan import layer_slots, ring_slots
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
 from phoenix_chat.engine.weights.requantized import RequantizedWeights
@@ -61,6 +61,7 @@ class CpuBackend(Backend):
         self.model = Gemma3Model(
             weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
         )
+        self.kv_ring_slots = ring_slots(self.config, context_length, PREFILL_CHUNK)
 
     def forward(
         self,
@@ -70,6 +71,7 @@ class CpuBackend(Backend):
         all_logits: bool = False,
         cancel: CancelCheck | None = None,
     ) -> npt.NDArray[np.float32]:
+        self.wrote_kv(start_pos + len(token_ids))  # before: a forward cut short wrote part of it
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits, cancel=cancel)
 
     def weight_types(self) -> dict[str, int]:

@@ -178,6 +178,9 @@ class NpuHybridBackend(Backend):
         self.upload_s = time.perf_counter() - t
         self.prefill_model = NpuPrefillModel(base, self.gemm, on_npu, min_tokens)
         self.min_tokens = min_tokens
+        # positions come back exactly only where both sides' rings still hold them
+        prefill_ring = min(len(held) for held in self.prefill_model.cache.positions)
+        self.kv_ring_slots = min(prefill_ring, self.decoder.kv_ring_slots)
         self._prefill_valid = 0  # prefill cache agrees with the decoder below this position
         self.handoff: dict[str, float] = {
             "to_decoder_rows": 0,
@@ -187,6 +190,15 @@ class NpuHybridBackend(Backend):
             "count": 0,
         }
         self.timing: dict[str, float] = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+
+    @property
+    def kv_high_water(self) -> int:
+        """Both sides' (the decoder writes on its own in `decode_tokens`)."""
+        return max(self._kv_high_water, self.decoder.kv_high_water)
+
+    @kv_high_water.setter
+    def kv_high_water(self, pos: int) -> None:
+        self._kv_high_water = self.decoder.kv_high_water = pos
 
     # ------------------------------------------------------------ forward
     def forward(
@@ -198,6 +210,7 @@ class NpuHybridBackend(Backend):
         cancel: CancelCheck | None = None,
     ) -> npt.NDArray[np.float32]:
         ids = list(token_ids)
+        self.wrote_kv(start_pos + len(ids))
         if len(ids) < self.min_tokens:
             t = time.perf_counter()
             logits = self.decoder.forward(ids, start_pos, all_logits=all_logits, cancel=cancel)

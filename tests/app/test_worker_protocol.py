@@ -59,6 +59,27 @@ def test_deltas_arrive_in_order_and_add_up_to_the_answer(qtbot, worker):
     assert stats.kv_cache_bytes > 0 and stats.gpu_busy is None and stats.npu_busy is None
 
 
+def test_the_next_turn_reuses_the_conversations_kv_cache(qtbot, worker):
+    """The worker keeps a PromptCache per loaded model: turn 2 prefills only what turn 1 did not
+    leave in the cache, regenerate only the last prompt token (engine/prompt_cache.py)."""
+    load(qtbot, worker)
+
+    def generate(messages):
+        with qtbot.waitSignal(worker.generation_finished, timeout=300_000) as done:
+            worker.request_generation(messages, {"temperature": 0.0}, 6)
+        return done.args[2], done.args[3]
+
+    chat = [{"role": "user", "content": "Name a colour."}]
+    first, text = generate(chat)
+    assert first.prompt_reused == 0 and first.generation_tokens == 6
+    chat += [{"role": "assistant", "content": text}, {"role": "user", "content": "Another one?"}]
+    second, _ = generate(chat)
+    # the first prompt and the 5 answer tokens fed back (the 6th never was) came from the cache
+    assert second.prompt_reused == first.prompt_tokens + 5 < second.prompt_tokens
+    again, _ = generate(chat)  # regenerate
+    assert again.prompt_reused == again.prompt_tokens - 1
+
+
 def test_cancel_stops_between_tokens(qtbot, worker):
     load(qtbot, worker)
     with qtbot.waitSignal(worker.tokens_changed, timeout=300_000):

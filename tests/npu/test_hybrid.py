@@ -165,6 +165,7 @@ class _ProtocolDecoder:
 
     def __init__(self, cpu):
         self.cpu, self.model, self.exported, self.imported = cpu, cpu.model, [], []
+        self.kv_ring_slots, self.kv_high_water = cpu.kv_ring_slots, 0  # what prefix reuse reads of a Backend
 
     def forward(self, ids, start_pos, *, all_logits=False, cancel=None):
         return self.cpu.forward(ids, start_pos, all_logits=all_logits, cancel=cancel)
@@ -220,3 +221,31 @@ def test_bf16_prefill_is_close_to_the_reference(setup):
     rel = np.linalg.norm(logits - reference) / np.linalg.norm(reference)
     assert rel < 0.02, rel  # measured 0.0045 on 256 tokens (docs/NPU.md)
     assert all(pw.spec.dtype_in == "bf16" for pw in hybrid.gemm.weights.values())
+
+
+def test_prefix_reuse_prefills_only_the_new_ids_on_the_npu(setup, hybrid):
+    """engine/prompt_cache.py over the hybrid: the second turn hands the rows the CPU decoded
+    back to the prefill side and runs only its new ids through the NPU (one chunk)."""
+    from phoenix_chat.engine.prompt_cache import PromptCache
+    from phoenix_chat.engine.sampling import SamplingParams
+
+    _, _, cpu, ids, _ = setup
+
+    class _Model:
+        backend = hybrid
+
+    assert hybrid.kv_ring_slots == min(cpu.kv_ring_slots, len(hybrid.prefill_model.cache.positions[0]))
+    cache = PromptCache(hybrid)
+    greedy = SamplingParams(temperature=0)
+    first = ids[:20]
+    answer = list(cache.generate(_Model, first, greedy, 4, cache.plan(first)))
+    assert cache.tokens == first + answer[:3]  # the last answer token was never fed
+    second = first + answer[:3] + ids[30:40]
+    plan = cache.plan(second)
+    assert (plan.reused, plan.computed) == (23, 10)
+    before = dict(hybrid.stats()["handoff"]), hybrid.stats()["npu_matmuls"]
+    assert len(list(cache.generate(_Model, second, greedy, 2, plan))) == 2
+    after = hybrid.stats()
+    layers = hybrid.config.num_layers
+    assert after["npu_matmuls"] - before[1] == 7 * layers  # one prefill chunk: the 10 new ids
+    assert after["handoff"]["to_prefill_rows"] - before[0]["to_prefill_rows"] == 3 * layers  # decoded rows 20..22

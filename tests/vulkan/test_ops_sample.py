@@ -1,19 +1,37 @@
 """GPU sampling: greedy is exactly numpy.argmax; seeded top-k/top-p/min-p sampling is
-deterministic, matches the reference distribution (chi-square) and never yields excluded ids;
-repetition penalty; the step position advances; one recording replays (the arrival counter is
-back at 0 after every run)."""
+deterministic, matches the CPU sampler's distribution (engine.sampling.candidates, chi-square)
+for every top_k (the top-k sampler up to KC, the full one for 0 and above) and never yields
+excluded ids; repetition penalty; the step position advances; one recording replays (the arrival
+counter is back at 0 after every run)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from phoenix_chat.engine.backends.vulkan.ops_sample import KC, sample, scratch_bytes
+from phoenix_chat.engine.backends.vulkan.ops_sample import sample, sampler_for, scratch_bytes
+from phoenix_chat.engine.sampling import SamplingParams, candidates
 from tests.vulkan.ops_helpers import Bufs, run
 
 
-def _run_sample(dev, logits, *, greedy, pos=0, n_tokens=1, n_draws=1, advance=True, penalty=False, tokens=None, **step):
+def _run_sample(
+    dev,
+    logits,
+    *,
+    greedy,
+    pos=0,
+    n_tokens=1,
+    n_draws=1,
+    advance=True,
+    penalty=False,
+    tokens=None,
+    full=None,
+    **step,
+):
+    """full: None, the sampler the engine picks for these settings (ops_sample.sampler_for)."""
     vocab = logits.size
+    if full is None:
+        full = not greedy and sampler_for(SamplingParams(temperature=1.0, top_k=step.get("top_k", 0))) == "full"
     tokens = np.zeros(pos + n_tokens + n_draws + 8, np.uint32) if tokens is None else tokens
     with Bufs(dev) as b:
         bl, cand, tok = b.of(logits.astype(np.float32)), b.zeros(scratch_bytes(vocab)), b.of(tokens)
@@ -31,6 +49,7 @@ def _run_sample(dev, logits, *, greedy, pos=0, n_tokens=1, n_draws=1, advance=Tr
                 tok,
                 vocab=vocab,
                 greedy=greedy,
+                full=full,
                 penalty=penalty,
                 n_draws=n_draws,
                 advance=advance,
@@ -59,16 +78,24 @@ def test_greedy_is_argmax(vk_device, vocab):
 
 
 def ref_distribution(logits, temperature, top_k, top_p, min_p):
-    K = KC if top_k == 0 or top_k > KC else top_k
-    order = np.lexsort((np.arange(logits.size), -logits.astype(np.float64)))[:K]
-    p = np.exp((logits[order].astype(np.float64) - logits[order[0]]) / temperature)
-    keep = K
-    if top_p < 1:
-        keep = int(np.argmax(np.cumsum(p) >= top_p * p.sum())) + 1
-    if min_p > 0:
-        small = np.nonzero(p[:keep] < min_p * p[0])[0]
-        keep = int(small[0]) if small.size else keep
-    return order[:keep], p[:keep] / p[:keep].sum()
+    """The CPU sampler's candidates and probabilities for these settings."""
+    return candidates(logits, [], SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
+
+
+def _chi2_agrees(draws, ids, probs):
+    """Draws only from ids, and in proportion to probs (chi-square over bins expecting >= 5)."""
+    assert set(draws.tolist()) <= set(ids.tolist()), "an excluded id was sampled"
+    n = len(draws)
+    counts = np.array([(draws == i).sum() for i in ids])
+    expected = probs * n
+    big = expected >= 5
+    rest_obs, rest_exp = counts[~big].sum(), expected[~big].sum()
+    obs = np.append(counts[big], rest_obs) if rest_exp > 0 else counts[big]
+    exp = np.append(expected[big], rest_exp) if rest_exp > 0 else expected[big]
+    chi2 = float(np.sum((obs - exp) ** 2 / np.maximum(exp, 1e-9)))
+    df = max(len(obs) - 1, 1)
+    assert chi2 < df + 6 * np.sqrt(2 * df) + 10, (chi2, df)
+    return chi2, df
 
 
 def _peaked_logits(vocab, rng):
@@ -82,7 +109,7 @@ def _peaked_logits(vocab, rng):
     "temperature,top_k,top_p,min_p",
     [
         (1.0, 8, 1.0, 0.0),  # top-k alone
-        (0.7, 0, 0.8, 0.0),  # top-p over the KC best
+        (0.7, 0, 0.8, 0.0),  # top-p over the whole vocabulary (top_k 0: the full sampler)
         (1.3, 10, 0.95, 0.1),  # all three
         (1.0, 64, 1.0, 0.0),  # the full candidate set, blocks contribute many candidates
     ],
@@ -94,17 +121,52 @@ def test_sampling_distribution(vk_device, temperature, top_k, top_p, min_p):
     n = 4000
     params = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=n, seed=1234, **params)
+    _chi2_agrees(draws, *ref_distribution(logits, **params))
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 40, 64, 65, 1000])
+@pytest.mark.parametrize("shape", ["peaked", "flat"])
+def test_every_top_k_samples_on_the_gpu_as_the_cpu_sampler(vk_device, top_k, shape):
+    """top_k 0 (off), 1, 40, 64 (the top-k sampler's range), 65 and 1000 (the full sampler): the
+    draws follow the CPU sampler's distribution; at temperature 0 every one is the argmax.
+    "flat": logits of std 1 at temperature 2, so thousands of tokens share the mass (top-p and
+    top-k cut deep into a block's list); "peaked": a dozen tokens hold most of it."""
+    rng = np.random.default_rng(top_k + 7)
+    vocab = 50000
+    if shape == "peaked":
+        logits = _peaked_logits(vocab, rng)
+        params = dict(temperature=0.9, top_k=top_k, top_p=0.95, min_p=0.0)
+    else:
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        params = dict(temperature=2.0, top_k=top_k, top_p=0.9, min_p=0.0)
+    n = 4000
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=n, seed=99, **params)
     ids, probs = ref_distribution(logits, **params)
-    assert set(draws.tolist()) <= set(ids.tolist()), "an excluded id was sampled"
-    counts = np.array([(draws == i).sum() for i in ids])
-    expected = probs * n
-    big = expected >= 5  # chi-square over well-populated bins
-    rest_obs, rest_exp = counts[~big].sum(), expected[~big].sum()
-    obs = np.append(counts[big], rest_obs) if rest_exp > 0 else counts[big]
-    exp = np.append(expected[big], rest_exp) if rest_exp > 0 else expected[big]
-    chi2 = float(np.sum((obs - exp) ** 2 / np.maximum(exp, 1e-9)))
-    df = max(len(obs) - 1, 1)
-    assert chi2 < df + 6 * np.sqrt(2 * df) + 10, (chi2, df)
+    if len(ids) > n // 5:  # too many candidates for per-id bins: compare the distribution over bands of rank
+        rank = {int(t): r for r, t in enumerate(ids)}
+        assert set(draws.tolist()) <= set(rank), "an excluded id was sampled"
+        edges = np.linspace(0, len(ids), 21).astype(int)
+        band_p = np.array([probs[a:b].sum() for a, b in zip(edges[:-1], edges[1:])])
+        band = np.searchsorted(edges, [rank[int(t)] for t in draws], side="right") - 1
+        _chi2_agrees(band, np.arange(20), band_p)
+    else:
+        _chi2_agrees(draws, ids, probs)
+    greedy, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=4, seed=99, **{**params, "temperature": 0.0})
+    assert (greedy == int(np.argmax(logits))).all()
+
+
+def test_full_sampler_min_p_and_the_top_token_always_kept(vk_device):
+    """The full sampler's min-p cut and its edge cases: top_p 0 and min_p above 1 keep only the
+    top token (as the CPU sampler does)."""
+    rng = np.random.default_rng(5)
+    logits = _peaked_logits(30000, rng)
+    params = dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.05)
+    draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=3000, seed=5, **params)
+    _chi2_agrees(draws, *ref_distribution(logits, **params))
+    for edge in (dict(top_p=0.0), dict(min_p=1.5)):
+        p = {**params, **edge}
+        draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=50, seed=5, **p)
+        assert set(draws.tolist()) == {int(np.argmax(logits))} == set(ref_distribution(logits, **p)[0].tolist())
 
 
 def test_seeded_sampling_is_deterministic(vk_device):
@@ -190,15 +252,7 @@ def test_gaussian_logits_radix_select(vk_device):
     n = 3000
     params = dict(temperature=0.5, top_k=40, top_p=1.0, min_p=0.0)
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=n, seed=77, **params)
-    ids, probs = ref_distribution(logits, **params)
-    assert set(draws.tolist()) <= set(ids.tolist())
-    big = probs * n >= 5
-    counts = np.array([(draws == i).sum() for i in ids])
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(probs[big] * n, probs[~big].sum() * n)
-    chi2 = float(np.sum((obs - exp) ** 2 / np.maximum(exp, 1e-9)))
-    df = len(obs) - 1
-    assert chi2 < df + 6 * np.sqrt(2 * df) + 10, (chi2, df)
+    _chi2_agrees(draws, *ref_distribution(logits, **params))
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -231,3 +285,19 @@ def test_one_recording_replays(vk_device, greedy):
             for i in range(runs)
         ]
         assert got.tolist() == want
+
+
+def test_a_vocabulary_beyond_the_full_sampler_is_refused_with_a_message(vk_device):
+    """Nothing falls back silently: a setting the GPU cannot serve (top_k 0 over more than
+    FULL_MAX_BLOCKS * BLOCK tokens) is an error that says why, at record time."""
+    from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, FULL_MAX_BLOCKS
+
+    vocab = FULL_MAX_BLOCKS * BLOCK + 1
+    with Bufs(vk_device) as b:
+        st, buf = b.step(pos=0, n_tokens=1), b.zeros(16)
+        cl = vk_device.commands()
+        with pytest.raises(ValueError, match=r"top_k 0 or > 64 serves vocabularies up to 524288 tokens"):
+            sample(cl, vk_device, st, buf, buf, buf, buf, vocab=vocab, greedy=False, full=True)
+        sample(cl, vk_device, st, buf, buf, buf, buf, vocab=vocab, greedy=False)  # top_k <= 64: served
+        cl.end()
+        cl.destroy()

@@ -81,8 +81,11 @@ class VulkanBackend(Backend):
         self.tuning = Tuning(
             few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset()
         )
-        self._recordings: OrderedDict[tuple[int, ForwardMode], CommandList] = OrderedDict()
-        self._decode_lists: dict[tuple[bool, bool, int], list[CommandList]] = {}
+        self._recordings: OrderedDict[tuple[int, ForwardMode, ops_sample.SamplerKind, bool], CommandList] = (
+            OrderedDict()
+        )
+        self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
+        self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
         try:
             self.plan = plan_memory(weights, context_length, dev, options.quant)
             self.device_weights = upload_weights(dev, weights, self.plan, progress)
@@ -92,6 +95,7 @@ class VulkanBackend(Backend):
             raise
         self.budget = self.plan.budget
         self.layers = self.device_weights.layers
+        self.kv_ring_slots = min(self.plan.slots)  # the local layers' rings (global: the whole context)
         self.graph = Gemma3Graph(
             self.config,
             dev,
@@ -126,7 +130,20 @@ class VulkanBackend(Backend):
     ) -> npt.NDArray[np.float32]:
         """A prompt runs in submissions of `prefill_chunk` tokens; `cancel` is asked before each
         (so Stop lands within one chunk's GPU time)."""
-        ids = [int(t) for t in token_ids]
+        outs = self._prefill([int(t) for t in token_ids], start_pos, all_logits, cancel=cancel)
+        return np.concatenate(outs) if all_logits else outs[-1]
+
+    def _prefill(
+        self,
+        ids: list[int],
+        start_pos: int,
+        all_logits: bool,
+        sampling: tuple[SamplingParams, int] | None = None,
+        cancel: CancelCheck | None = None,
+    ) -> list[npt.NDArray[np.float32]]:
+        """`ids` at positions start_pos.. in chunks of recorded forwards: the logits of every
+        chunk (all_logits) or of the last position; with `sampling` (params, seed) the last
+        chunk ends in the decode step's sampler instead (the id lands in tokens[start_pos + n])."""
         n = len(ids)
         if n == 0:
             raise ValueError("forward needs at least one token")
@@ -134,30 +151,60 @@ class VulkanBackend(Backend):
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
         chunk = LOGITS_CHUNK if all_logits else self.prefill_chunk
+        self.wrote_kv(start_pos + n)
         outs: list[npt.NDArray[np.float32]] = []
         for s in range(0, n, chunk):
             check_cancel(cancel)
             part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n
-            mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
-            cl = self._recording(m, mode)
             self.buffers.tokens_view[start_pos + s : start_pos + s + m] = part
-            write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
+            mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
+            if last and sampling is not None:
+                params, seed = sampling
+                kind = ops_sample.sampler_for(params)
+                mode = "sample"
+                cl = self._recording(m, mode, kind, params.repetition_penalty != 1.0)
+                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **_sampling_fields(params, seed))
+                self.sampled[kind] += 1
+            else:
+                cl = self._recording(m, mode)
+                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
             cl.submit(wait=True)
             self.busy.account(cl)
             if mode == "all":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (m, V)))
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
-        return np.concatenate(outs) if all_logits else outs[-1]
+        return outs
+
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        start_pos: int,
+        params: SamplingParams,
+        max_tokens: int,
+        cancel: CancelCheck | None = None,
+    ) -> Generator[int, None, None]:
+        """Prefill and every token on the GPU: the prefill's last chunk ends in the decode step's
+        sampler (same kernels, same Philox counter: the drawn token's position), so the first
+        token is drawn on the device too and the decode loop starts from the state it leaves."""
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        n = len(prompt_ids)
+        if max_tokens <= 0 or start_pos + n >= self.context_length:
+            raise ValueError(f"generate_tokens: no room for a token after {start_pos + n} positions")
+        self._prefill([int(t) for t in prompt_ids], start_pos, False, (params, seed), cancel=cancel)
+        first = int(self.buffers.tokens_view[start_pos + n])
+        yield first
+        if max_tokens > 1:
+            yield from self._decode(first, start_pos + n, params, max_tokens - 1, seed)
 
     def decode_tokens(
         self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
-    ) -> Generator[int, None, None] | None:
-        if not params.greedy and (params.top_k <= 0 or params.top_k > ops_sample.KC):
-            return None  # the GPU sampler keeps at most KC candidates: sample on the CPU instead
-        return self._decode(int(first_token), int(start_pos), params, int(max_tokens))
+    ) -> Generator[int, None, None]:
+        """Every sampling setting runs on the GPU (ops_sample.sampler_for): never None."""
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        return self._decode(int(first_token), int(start_pos), params, int(max_tokens), seed)
 
     @property
     def steps_per_submit(self) -> int:
@@ -167,31 +214,19 @@ class VulkanBackend(Backend):
         return 4 if w < (1 << 30) else (2 if w < (4 << 30) else 1)
 
     def _decode(
-        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int
+        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int, seed: int
     ) -> Generator[int, None, None]:
         limit = min(max_tokens, self.context_length - start_pos - 1)
         if limit <= 0:
             return
-        penalty = params.repetition_penalty != 1.0
+        kind = ops_sample.sampler_for(params)
         K = self.steps_per_submit
         if start_pos + -(-limit // K) * K >= self.context_length:
             K = 1  # the GPU must not step past the context
-        lists = self._decode_lists_for(params.greedy, penalty, K)
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        lists = self._decode_lists_for(kind, params.repetition_penalty != 1.0, K)
         tokens = self.buffers.tokens_view
         tokens[start_pos] = first_token
-        write_step(
-            self.buffers.step,
-            pos=start_pos,
-            n_tokens=1,
-            seed=seed,
-            top_k=max(0, params.top_k),
-            temperature=params.temperature,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            rep_penalty=params.repetition_penalty,
-            rep_window=params.repetition_window,
-        )
+        write_step(self.buffers.step, pos=start_pos, n_tokens=1, **_sampling_fields(params, seed))
         inflight: deque[tuple[CommandList, int]] = deque()  # (list, position of its first id)
         submitted = 0
         n_sub = -(-limit // K)
@@ -201,6 +236,7 @@ class VulkanBackend(Backend):
                 t0 = time.perf_counter()
                 while len(inflight) < IN_FLIGHT and submitted < n_sub:
                     cl = lists[submitted % IN_FLIGHT]
+                    self.wrote_kv(start_pos + (submitted + 1) * K)  # its K steps write K/V there
                     cl.submit(wait=False)
                     inflight.append((cl, start_pos + submitted * K + 1))
                     submitted += 1
@@ -215,6 +251,7 @@ class VulkanBackend(Backend):
                     if done == limit:
                         break
                     done += 1
+                    self.sampled[kind] += 1
                     yield tid
         finally:
             for cl, _ in inflight:
@@ -222,11 +259,15 @@ class VulkanBackend(Backend):
 
     # ---- recorded command lists ---------------------------------------------------------------
 
-    def _recording(self, T: int, mode: ForwardMode) -> CommandList:
-        key = (T, mode)
+    def _recording(
+        self, T: int, mode: ForwardMode, sampler: ops_sample.SamplerKind = "argmax", penalty: bool = False
+    ) -> CommandList:
+        key = (T, mode, sampler, penalty)
         cl = self._recordings.get(key)
         if cl is None:
-            cl = self._recordings[key] = self.graph.record(T, mode)
+            cl = self._recordings[key] = self.graph.record(
+                T, mode, sampler == "argmax", penalty, full_sampler=sampler == "full"
+            )
             while len(self._recordings) > MAX_RECORDINGS:
                 _, old = self._recordings.popitem(last=False)
                 old.destroy()
@@ -234,12 +275,15 @@ class VulkanBackend(Backend):
             self._recordings.move_to_end(key)
         return cl
 
-    def _decode_lists_for(self, greedy: bool, penalty: bool, steps: int) -> list[CommandList]:
-        key = (greedy, penalty, steps)
+    def _decode_lists_for(self, sampler: ops_sample.SamplerKind, penalty: bool, steps: int) -> list[CommandList]:
+        key = (sampler, penalty, steps)
         if key not in self._decode_lists:
             # identical recordings: the GPU runs the queued ones while the host reads ids
             self._decode_lists[key] = [
-                self.graph.record(1, "sample", greedy, penalty, steps=steps) for _ in range(IN_FLIGHT)
+                self.graph.record(
+                    1, "sample", sampler == "argmax", penalty, steps=steps, full_sampler=sampler == "full"
+                )
+                for _ in range(IN_FLIGHT)
             ]
         return self._decode_lists[key]
 
@@ -285,8 +329,9 @@ class VulkanBackend(Backend):
 
     def stats(self) -> dict[str, Any]:
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time
-        choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction."""
-        return profiling.stats(self)
+        choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
+        many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full)."""
+        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled)}
 
     def close(self) -> None:
         dev = getattr(self, "dev", None)
@@ -296,3 +341,16 @@ class VulkanBackend(Backend):
         if self._own_device:
             dev.close()
         del self.dev  # closed: a second close() finds none
+
+
+def _sampling_fields(params: SamplingParams, seed: int) -> dict[str, Any]:
+    """The step buffer's sampling values for `params` (write_step's keywords)."""
+    return dict(
+        seed=seed,
+        top_k=max(0, params.top_k),
+        temperature=params.temperature,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        rep_penalty=params.repetition_penalty,
+        rep_window=params.repetition_window,
+    )

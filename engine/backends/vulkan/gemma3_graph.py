@@ -79,12 +79,15 @@ class Gemma3Graph:
         penalty: bool = False,
         profile: bool = False,
         steps: int = 1,
+        full_sampler: bool = False,
     ) -> CommandList:
         """A command list of one forward over T tokens. mode: 'none' (fill the cache only),
-        'last' / 'all' (logits), 'sample' (decode step). steps > 1 (decode only): that many
+        'last' / 'all' (logits), 'sample' (a decode step, or a prefill chunk ending in the
+        sampler: the first token). steps > 1 (decode only): that many
         token steps back to back in one command buffer; each step's sampler advances step.pos,
         so the next one embeds the token just drawn. profile: a timestamp at every barrier
-        (profiling.profile_step); else two bracket the list for the busy gauge."""
+        (profiling.profile_step); else two bracket the list for the busy gauge. The sampler:
+        argmax (greedy), else top-k, or with full_sampler the one for every top_k (ops_sample)."""
         cfg, dev = self.config, self.dev
         busy_ts = 2 if dev.caps.timestamp_bits else 0
         cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else busy_ts)
@@ -96,7 +99,7 @@ class Gemma3Graph:
         for i in range(steps):
             if i:
                 mark(cl, "sample")
-            self._record_body(cl, T, mode, greedy, penalty)
+            self._record_body(cl, T, mode, greedy, penalty, full_sampler)
         if profile:  # close the last op: the sampler (decode) or the LM head (prefill)
             mark(cl, "sample" if mode == "sample" else "lm_head")
         if busy_ts and not profile:
@@ -104,7 +107,9 @@ class Gemma3Graph:
             cl.busy_timed = True
         return cl.end()
 
-    def _record_body(self, cl: CommandList, T: int, mode: ForwardMode, greedy: bool, penalty: bool) -> None:
+    def _record_body(
+        self, cl: CommandList, T: int, mode: ForwardMode, greedy: bool, penalty: bool, full_sampler: bool = False
+    ) -> None:
         cfg, dev, b, w = self.config, self.dev, self.buffers, self.weights
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size
@@ -266,7 +271,17 @@ class Gemma3Graph:
         if mode == "sample":
             mark(cl, "lm_head")
             ops_sample.sample(
-                cl, dev, b.step, b.logits, b.cand, b.counters, b.tokens, vocab=V, greedy=greedy, penalty=penalty
+                cl,
+                dev,
+                b.step,
+                b.logits,
+                b.cand,
+                b.counters,
+                b.tokens,
+                vocab=V,
+                greedy=greedy,
+                full=full_sampler,
+                penalty=penalty,
             )
 
     # ---- the attention half ----------------------------------------------------------------

@@ -4,6 +4,9 @@ greedy:  argmax                                  (1 dispatch)
 sampled: [penalty -> barrier ->] top-k           (1 dispatch, 2 with the penalty; temperature,
          top-k <= KC, top-p over the K, min-p, Philox RNG keyed by step.seed and the drawn
          token's position)
+         or, for every other top_k (0 = off, or > KC), `full`: the same cuts as thresholds
+         found by bisection over each block's whole sorted list (shaders/sample.comp, SAMPLE_FULL)
+`sampler_for(params)` says which of the three a setting needs: every setting has one.
 Each sampler dispatch reduces blocks of BLOCK logits to candidates; the last block to finish
 (an arrival counter) does the final pass. Both write tokens[step.pos + step.n_tokens (+ d)] and,
 with advance, set step.pos to that position and step.n_tokens to 1.
@@ -11,7 +14,9 @@ with advance, set step.pos to that position and step.n_tokens to 1.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from phoenix_chat.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -19,12 +24,24 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 BLOCK = 1024
-KC = 64  # the largest top_k served on the GPU; top_k = 0 means KC
+KC = 64  # the largest top_k the top-k sampler serves; others (0 = off, > KC) take the full sampler
+FULL_MAX_BLOCKS = 512  # the full sampler's shared arrays (NBMAX in shaders/sample.comp)
+
+SamplerKind: TypeAlias = Literal["argmax", "topk", "full"]
+
+
+def sampler_for(params: SamplingParams) -> SamplerKind:
+    """The GPU sampler a setting runs on: argmax (greedy), top-k (1 <= top_k <= KC) or full."""
+    if params.greedy:
+        return "argmax"
+    return "topk" if 1 <= params.top_k <= KC else "full"
 
 
 def scratch_bytes(vocab: int, block: int = BLOCK, kc: int = KC) -> int:
-    """Size of the candidate buffer (enough for either path)."""
-    return -(-vocab // block) * kc * 8
+    """Size of the candidate buffer (enough for every sampler: the full one keeps every entry,
+    8 bytes, and its running weight sum, 4)."""
+    n_blocks = -(-vocab // block)
+    return max(n_blocks * kc * 8, n_blocks * block * 12)
 
 
 def sample(
@@ -38,6 +55,7 @@ def sample(
     *,
     vocab: int,
     greedy: bool,
+    full: bool = False,
     penalty: bool = False,
     n_draws: int = 1,
     advance: bool = True,
@@ -45,15 +63,22 @@ def sample(
     block: int = BLOCK,
     kc: int = KC,
 ) -> None:
-    """Draw n_draws ids from `logits` into `tokens`. cand: scratch_bytes(vocab) bytes; counters:
-    one uint32, 0 (the kernel leaves it 0 again, so a recording replays as is)."""
+    """Draw n_draws ids from `logits` into `tokens`: the argmax (greedy), else the top-k sampler,
+    or with `full` the sampler for every top_k. cand: scratch_bytes(vocab) bytes; counters: one
+    uint32, 0 (the kernel leaves it 0 again, so a recording replays as is)."""
     n_blocks = -(-vocab // block)
     if n_blocks > 1024:
         raise ValueError("sample: vocab / BLOCK must be <= 1024")
     if block > 1024 or block & (block - 1):
         raise ValueError("sample: BLOCK must be a power of 2 <= 1024")
+    if full and not greedy and (n_blocks > FULL_MAX_BLOCKS or (block // wg) % 2):
+        raise ValueError(
+            f"sample: the GPU sampler for top_k 0 or > {kc} serves vocabularies up to "
+            f"{FULL_MAX_BLOCKS * block} tokens with an even BLOCK / WG (vocab {vocab}, BLOCK {block}, WG {wg})"
+        )
     spec = dict(WG=wg, BLOCK=block, KC=kc)
-    p = dev.pipeline("sample_argmax_f32" if greedy else "sample_topk_f32", **spec)
+    name = "sample_argmax_f32" if greedy else ("sample_full_f32" if full else "sample_topk_f32")
+    p = dev.pipeline(name, **spec)
     push = p.push.pack(vocab=vocab, n_blocks=n_blocks, n_draws=n_draws, advance=int(advance))
     if penalty:
         pen = dev.pipeline("sample_penalty_f32", **spec)

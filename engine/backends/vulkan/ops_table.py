@@ -143,7 +143,7 @@ def _variants() -> list[Variant]:
             {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)},
         ),
     ]
-    for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("penalty_f32", 3)):
+    for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("full_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, SAMPLE_PUSH, {define: None}, sample_spec))
     for wt in EMBED_TYPES:

@@ -1,0 +1,128 @@
+"""Prefix reuse: the conversation in hand keeps its KV cache from one turn to the next.
+
+A chat's next prompt is the previous prompt + the answer + the new message, so all but the new
+tokens already have their K/V in the backend's cache. `PromptCache` remembers which token ids one
+backend holds at positions 0..n-1 and prefills only the ids after the longest common prefix with
+the next prompt; regenerate and edit-and-resend reuse up to the first changed token.
+
+Exactness. Global layers keep every position: any prefix of what they hold can be resumed.
+A sliding-window layer keeps a ring of `backend.kv_ring_slots` slots (the window plus one
+forward's positions, models/kv_plan.py), position p in slot p % slots, so every write at a
+position x evicts x - slots — also the writes a rollback later discards (the previous answer, the
+decode steps a GPU ran ahead). Resuming at position p needs the window before p
+(p - window + 1 .. p - 1) in the rings. The cache tracks `ring_low`, the lowest position the
+rings still hold, from the writes' extent (`Backend.kv_high_water`); when the window before p
+starts below it (a rollback longer than the rings' slack: regenerating a long answer, an edit
+early in a conversation longer than a ring) the prompt is prefilled from position 0 and the plan
+says why (`ReusePlan.note`, logged). Recomputing only the lost window is not exact: a local
+layer's K/V at x depends on the layers below at x, which attend to their own window before x, so
+the recompute reaches back one window per layer. The trade-off (snapshots of the rings, full-length
+local caches) is measured in docs/ARCHITECTURE.md.
+
+One PromptCache per backend, and every generation on that backend goes through it (the worker's
+and the terminal chat's do): a forward it does not see makes its record wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from phoenix_chat.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.base import Backend, CancelCheck
+    from phoenix_chat.engine.loader import LoadedModel
+
+log = logging.getLogger("phoenix.engine")
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """How the next prompt starts: `reused` ids kept from the cache, `computed` ids prefilled."""
+
+    reused: int
+    computed: int
+    note: str = ""  # why fewer ids than the common prefix are reused ("" when all of it is)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PromptCache:
+    """The token ids whose K/V one backend holds, and the rule for resuming from them."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.tokens: list[int] = []  # K/V of these ids is in the cache at positions 0..len-1
+        self.ring_low = 0  # the sliding-window rings hold positions ring_low..len(tokens)-1
+        cfg = backend.config
+        self.window = cfg.sliding_window
+        self.has_rings = any(not cfg.is_global_layer(i) for i in range(cfg.num_layers))
+        self.last: ReusePlan | None = None
+
+    def forget(self) -> None:
+        """Treat the cache as empty (the next prompt is prefilled from position 0)."""
+        self.tokens, self.ring_low = [], 0
+
+    def plan(self, ids: Sequence[int]) -> ReusePlan:
+        """Where the prefill of `ids` starts: after the common prefix with the cache, if the
+        sliding-window rings still hold the window before that position, else at 0."""
+        if not ids:
+            raise ValueError("an empty prompt has nothing to resume")
+        # the last prompt id always runs: its logits give the first token
+        p = min(common_prefix(self.tokens, ids), len(ids) - 1)
+        need = max(0, p - self.window + 1)
+        if p > 0 and self.has_rings and self.ring_low > need:
+            note = (
+                f"prefix reuse: re-prefilled {len(ids)} tokens from position 0 instead of resuming at {p}: "
+                f"the sliding-window layers' rings ({self.backend.kv_ring_slots} slots) hold positions from "
+                f"{self.ring_low} on, resuming needs them from {need} (a rollback longer than the rings' slack)"
+            )
+            log.info(note)
+            plan = ReusePlan(0, len(ids), note)
+        else:
+            plan = ReusePlan(p, len(ids) - p)
+        self.last = plan
+        return plan
+
+    def generate(
+        self,
+        model: LoadedModel,
+        ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int,
+        plan: ReusePlan,
+        cancel: CancelCheck | None = None,
+    ) -> Generator[int, None, None]:
+        """`generate_step` from `plan.reused` on; afterwards the cache records the prompt and every
+        answer token that was fed back (all yielded ids but the last)."""
+        from phoenix_chat.engine.generate import generate_step
+
+        backend = model.backend
+        if backend is not self.backend:
+            raise ValueError("this PromptCache belongs to another backend")
+        start = plan.reused
+        self.tokens = list(ids[:start])  # what stays valid whatever happens below
+        backend.kv_high_water = start
+        last: int | None = None
+        try:
+            for token in generate_step(model, ids, params, max_tokens, reuse=start, cancel=cancel):
+                if last is None:
+                    self.tokens = list(ids)  # the prompt is in, its first token sampled
+                else:
+                    self.tokens.append(last)  # asking for this token fed the previous one
+                last = token
+                yield token
+        finally:
+            # every position written from `start` to the high-water mark evicted the one a ring
+            # length before it; what lay below `start` and above that stays
+            self.ring_low = max(min(self.ring_low, start), backend.kv_high_water - backend.kv_ring_slots, 0)
