@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK
 from phoenix_chat.engine.generate import prompt_ids_for, stream_generate
 from phoenix_chat.engine.prompt_cache import PromptCache, common_prefix
 from phoenix_chat.engine.sampling import SamplingParams
@@ -82,7 +83,7 @@ def test_turns_reuse_the_cache_and_match_full_prefills(cpu_model, monkeypatch):
     ids4 = prompt_ids_for(model, edited)
     assert last4.prompt_reused == common_prefix(ids2, ids4) and 0 < last4.prompt_reused < 8
     assert counter.take()[0] == (last4.prompt_reused, len(ids4) - last4.prompt_reused)
-    assert cache.last is not None and cache.last.note == ""  # the rings (768 slots) held it all
+    assert cache.last is not None and cache.last.note == ""  # the rings (window + PREFILL_CHUNK slots) held it all
 
     full2, _ = answer(model, turn2)  # references: no cache, prefilled from position 0
     assert counter.take()[0] == (0, len(ids2))
@@ -94,7 +95,7 @@ def test_turns_reuse_the_cache_and_match_full_prefills(cpu_model, monkeypatch):
 
 def test_rollback_beyond_the_rings_slack_re_prefills_from_zero_and_says_so(cpu_model, monkeypatch):
     """An edit ~400 tokens back in a ~830-token conversation: the local layers' rings (512 window +
-    256 slack) no longer hold the window before the edit, so resuming there would be wrong (shown
+    PREFILL_CHUNK slack) no longer hold the window before the edit, so resuming there would be wrong (shown
     below by doing it); the cache re-prefills from 0, reports it, and matches the full prefill."""
     model = cpu_model
     backend = model.backend
@@ -103,7 +104,7 @@ def test_rollback_beyond_the_rings_slack_re_prefills_from_zero_and_says_so(cpu_m
     first = [{"role": "user", "content": text}]
     answer(model, first, cache, max_tokens=2)
     ids = prompt_ids_for(model, first)
-    assert len(ids) > backend.kv_ring_slots == 768
+    assert len(ids) > backend.kv_ring_slots == backend.config.sliding_window + PREFILL_CHUNK
     edited = [{"role": "user", "content": text.replace("the dog woke", "the cat woke")}]
     ids_e = prompt_ids_for(model, edited)
     p = common_prefix(ids, ids_e)
@@ -188,7 +189,9 @@ def test_ring_boundary_is_exact_to_the_position(kind, tmp_path):
     backend = _tiny_backend(kind, write(tmp_path / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3), 1024)
     try:
         window, ring = backend.config.sliding_window, backend.kv_ring_slots
-        assert window == 32 and ring == {"cpu": 32 + 256, "vulkan": 32 + 512}[kind]
+        from phoenix_chat.engine.backends.vulkan.plan import PREFILL_CHUNK as VULKAN_CHUNK
+
+        assert window == 32 and ring == 32 + (PREFILL_CHUNK if kind == "cpu" else VULKAN_CHUNK)
         ids = np.random.default_rng(0).integers(3, 4096, 800).tolist()
         cache = PromptCache(backend)
         list(cache.generate(_Model(backend), ids, GREEDY, 1, cache.plan(ids)))
