@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text")
     _add_model_args(p, backend=False)
 
-    p = sub.add_parser("info", help="architecture, parameters, tensor types, context, file size")
+    p = sub.add_parser("info", help="architecture, parameters, tensor types, context, file size, memory fit")
     _add_model_args(p, backend=False)
+    p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length for the memory estimate")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("perplexity", help="llama.cpp-style perplexity of a text file")
@@ -192,11 +193,15 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from phoenix_chat.engine.fit import fit_advice
+    from phoenix_chat.engine.loader import AUTO_CONTEXT_FLOOR
     from phoenix_chat.engine.weights import embedded_model_path, open_weights
 
     path = args.model or embedded_model_path()
     w = open_weights(path)
     cfg = w.config
+    # without --ctx: at the smallest context "auto" may pick (loader.AUTO_CONTEXT_FLOOR)
+    fit = fit_advice(w, min(args.ctx or AUTO_CONTEXT_FLOOR, cfg.context_length))
     info: dict[str, Any] = {
         "path": str(path),
         "name": cfg.name,
@@ -214,6 +219,17 @@ def cmd_info(args) -> int:
         "tensor_types": w.tensor_types(),
         "file_size": w.file_size,
         "chat_template": bool(w.chat_template),
+        "fit": {
+            "context_length": fit.context_length,
+            "need_bytes": fit.need,
+            "weights_bytes": fit.weights,
+            "kv_cache_bytes": fit.kv_cache,
+            "available_bytes": fit.available,
+            "total_bytes": fit.total,
+            "fits": fit.fits,
+            "suggestion": fit.suggestion.name if fit.suggestion else None,
+            "line": fit.line(),
+        },
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -229,6 +245,7 @@ def cmd_info(args) -> int:
     print("tensor types:   " + ", ".join(f"{k} ×{v}" for k, v in sorted(info["tensor_types"].items())))
     print(f"file size:      {w.file_size / 2**20:.1f} MiB")
     print(f"chat template:  {'yes' if w.chat_template else 'no (Gemma 3 format used)'}")
+    print(f"memory:         {fit.line()}")
     return 0
 
 

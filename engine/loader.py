@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import DeviceUnavailableError, OutOfMemoryError, PhoenixError
+from phoenix_chat.engine.fit import fit_advice
 from phoenix_chat.engine.quantization import WeightQuant, quant_name
 from phoenix_chat.engine.weights import embedded_model_path, open_weights
 from phoenix_chat.engine.weights.base import WeightSource
@@ -48,6 +49,7 @@ class ModelDescription(TypedDict):
     backend_note: str
     is_instruction_tuned: bool
     load_s: float
+    fit: str
 
 
 @dataclass
@@ -62,6 +64,7 @@ class LoadedModel:
     backend_note: str = ""  # why `auto` picked what it picked (shown in logs and the UI)
     load_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    fit: str = ""  # engine/fit.py's line: memory needed at this context vs the machine's
 
     def describe(self) -> ModelDescription:
         """What was loaded, where, and how (plain values: the GUI's "About this model")."""
@@ -83,6 +86,7 @@ class LoadedModel:
             "backend_note": self.backend_note,
             "is_instruction_tuned": self.is_instruction_tuned,
             "load_s": self.load_seconds,
+            "fit": self.fit,
         }
 
     def close(self) -> None:
@@ -137,8 +141,11 @@ def load(
     timings["open_s"] = time.perf_counter() - started
     cfg = weights.config
     ctx = min(context_length, cfg.context_length) if context_length else None
+    # what it needs vs what the machine has, before any allocation ("auto": at the smallest it may pick)
+    fit = fit_advice(weights, ctx if ctx is not None else min(AUTO_CONTEXT_FLOOR, cfg.context_length))
+    log.info("%s", fit.line())
+    report(0.02, fit.line())
     t = time.perf_counter()
-    report(0.02, "loading tokenizer (built once, then cached)")
     tokenizer = weights.tokenizer()
     timings["tokenizer_s"] = time.perf_counter() - t
     chat = ChatFormat(
@@ -151,7 +158,12 @@ def load(
     t = time.perf_counter()
     report(0.1, "loading weights")
     scaled = (lambda fraction, message: report(0.1 + 0.9 * fraction, message)) if progress else None
-    engine_backend, note = _make_backend(backend, weights, ctx, wanted, device, scaled, cancel)
+    try:
+        engine_backend, note = _make_backend(backend, weights, ctx, wanted, device, scaled, cancel)
+    except OutOfMemoryError as exc:
+        if fit.suggestion is None:
+            raise
+        raise OutOfMemoryError(f"{exc}; at {fit.suggestion.name} weights it would fit the machine") from None
     report(1.0, "ready")
     timings["backend_s"] = time.perf_counter() - t
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
@@ -166,6 +178,7 @@ def load(
         backend_note=note,
         load_seconds=time.perf_counter() - started,
         timings=timings,
+        fit=fit.line(),
     )
 
 

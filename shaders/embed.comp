@@ -11,8 +11,9 @@
 // 2-byte aligned and a range's size need not be a multiple of 4 (a 32-bit view would lose its
 // last bytes).
 //
-// -D: WTYPE_F32 / F16 / BF16 / Q8_0 / Q4_0 (below), Q5_0 / Q4_K / Q5_K / Q6_K (through
-// include/gemm_dequant.glsl; K-quants need hidden % 256 == 0).
+// -D: WTYPE_F32 / F16 / BF16 / Q8_0 / Q4_0 (below), every other block type (Q4_1, Q5_0, Q5_1,
+// IQ4_NL, IQ4_XS, Q2_K .. Q6_K) through include/gemm_dequant.glsl (256-weight types need
+// hidden % 256 == 0).
 // Bindings: 0 step, 1 tokens (u32), 2 table range, 3 out (f32 [tokens][hidden]).
 // Push: hidden, row_start, rows, row_bytes, scale.   Dispatch: (tokens recorded, 1, 1).
 layout(local_size_x_id = 0) in;
@@ -33,7 +34,7 @@ uint byte_at(uint b) { return (u16_at(b & ~1u) >> ((b & 1u) * 8u)) & 0xFFu; }
 float f16_at(uint b) { return unpackHalf2x16(u16_at(b)).x; }
 int i8_at(uint b) { return int(byte_at(b) << 24) >> 24; }
 
-#if defined(WTYPE_Q5_0) || defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K) || defined(WTYPE_Q6_K)
+#if !defined(WTYPE_F32) && !defined(WTYPE_F16) && !defined(WTYPE_BF16) && !defined(WTYPE_Q8_0) && !defined(WTYPE_Q4_0)
 #define W16 tw
 #define FN(n) PASTE(n, _t)
 #include "include/gemm_dequant.glsl"

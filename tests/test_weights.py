@@ -125,8 +125,8 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    path = tiny_gguf(tmp_path / "q2k.gguf", types={"blk.0.ffn_up.weight": QType.Q4_1}, cfg=dict(hidden=256, ffn=256))
-    with pytest.raises(UnsupportedModelError, match="blk.0.ffn_up.weight.*unsupported type Q4_1"):
+    path = tiny_gguf(tmp_path / "tq2.gguf", types={"blk.0.ffn_up.weight": QType.TQ2_0}, cfg=dict(hidden=256, ffn=256))
+    with pytest.raises(UnsupportedModelError, match="blk.0.ffn_up.weight.*unsupported type TQ2_0"):
         open_weights(path)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -27,51 +28,103 @@ SHAPES = {
     "12b": (48, 3840, 16, 8, 256, 15360, 262208, 1024, 8.0, 256),
     "27b": (62, 5376, 32, 16, 128, 21504, 262208, 1024, 8.0, 168),
 }
-TYPES = {"q4_0": QType.Q4_0, "q8_0": QType.Q8_0, "q5_0": QType.Q5_0, "f16": QType.F16}
+QUANT_TYPES = (
+    QType.Q8_0,
+    QType.Q4_0,
+    QType.Q4_1,
+    QType.Q5_0,
+    QType.Q5_1,
+    QType.IQ4_NL,
+    QType.IQ4_XS,
+    QType.Q2_K,
+    QType.Q3_K,
+    QType.Q4_K,
+    QType.Q5_K,
+    QType.Q6_K,
+)
+TYPES = {"f16": QType.F16, **{t.name.lower(): t for t in QUANT_TYPES}}
 _POOL_BLOCKS = 1 << 20
 
+# byte offsets of each block's f16 scale fields (ggml-common.h): random bytes there could be
+# inf / NaN, so random blocks get modest positive scales in them and random bits elsewhere
+F16_FIELDS = {
+    QType.Q8_0: (0,),
+    QType.Q4_0: (0,),
+    QType.Q4_1: (0, 2),  # d, m
+    QType.Q5_0: (0,),
+    QType.Q5_1: (0, 2),
+    QType.IQ4_NL: (0,),
+    QType.IQ4_XS: (0,),
+    QType.Q2_K: (80, 82),  # scales[16], qs[64], d, dmin
+    QType.Q3_K: (108,),  # hmask[32], qs[64], scales[12], d
+    QType.Q4_K: (0, 2),
+    QType.Q5_K: (0, 2),
+    QType.Q6_K: (208,),
+}
 
-def _pool(qtype: QType, rng) -> np.ndarray:
+
+def random_blocks(qtype: QType, n_blocks: int, rng, lo: float = 0.002, hi: float = 0.02) -> np.ndarray:
+    """n_blocks random valid blocks of a quantized type, uint8 [n_blocks, block bytes]: every
+    bit pattern of the quants and sub-scales, f16 scales drawn from [lo, hi]."""
+    _block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        raw[:, off : off + 2] = rng.uniform(lo, hi, n_blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+def _pool(qtype: QType, rng, n_blocks: int = _POOL_BLOCKS) -> np.ndarray:
     """Random valid blocks (finite f16 scales) to tile tensors from."""
-    block, size = GGML_QUANT_SIZES[qtype]
     if qtype == QType.F16:
-        return (rng.standard_normal(_POOL_BLOCKS * 32) * 0.02).astype(np.float16).view(np.uint8)
-    raw = rng.integers(0, 256, (_POOL_BLOCKS, size), dtype=np.uint8)
-    raw[:, 0:2] = rng.uniform(0.001, 0.01, _POOL_BLOCKS).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return raw.reshape(-1)
+        return (rng.standard_normal(n_blocks * 32) * 0.02).astype(np.float16).view(np.uint8)
+    return random_blocks(qtype, n_blocks, rng, 0.001, 0.01).reshape(-1)
 
 
-def tensors(shape: str, wtype: QType, etype: QType):
-    """(gguf name, (rows, cols), type) in file order."""
+def tensors(shape: str, wtype: QType, etype: QType, roles: Mapping[str, QType] | None = None):
+    """(gguf name, (rows, cols), type) in file order; `roles` gives some matrices (attn_q,
+    ffn_down, ...) a type of their own, as llama.cpp's mixed recipes (Q3_K_M, ...) do."""
     L, H, nh, nkv, hd, inter, vocab, *_ = SHAPES[shape]
+    roles = roles or {}
     out = [("token_embd.weight", (vocab, H), etype), ("output_norm.weight", (H,), QType.F32)]
     for i in range(L):
         b = f"blk.{i}."
         out += [
             (b + "attn_norm.weight", (H,), QType.F32),
-            (b + "attn_q.weight", (nh * hd, H), wtype),
-            (b + "attn_k.weight", (nkv * hd, H), wtype),
-            (b + "attn_v.weight", (nkv * hd, H), wtype),
+            (b + "attn_q.weight", (nh * hd, H), roles.get("attn_q", wtype)),
+            (b + "attn_k.weight", (nkv * hd, H), roles.get("attn_k", wtype)),
+            (b + "attn_v.weight", (nkv * hd, H), roles.get("attn_v", wtype)),
             (b + "attn_q_norm.weight", (hd,), QType.F32),
             (b + "attn_k_norm.weight", (hd,), QType.F32),
-            (b + "attn_output.weight", (H, nh * hd), wtype),
+            (b + "attn_output.weight", (H, nh * hd), roles.get("attn_output", wtype)),
             (b + "post_attention_norm.weight", (H,), QType.F32),
             (b + "ffn_norm.weight", (H,), QType.F32),
-            (b + "ffn_gate.weight", (inter, H), wtype),
-            (b + "ffn_up.weight", (inter, H), wtype),
-            (b + "ffn_down.weight", (H, inter), wtype),
+            (b + "ffn_gate.weight", (inter, H), roles.get("ffn_gate", wtype)),
+            (b + "ffn_up.weight", (inter, H), roles.get("ffn_up", wtype)),
+            (b + "ffn_down.weight", (H, inter), roles.get("ffn_down", wtype)),
             (b + "post_ffw_norm.weight", (H,), QType.F32),
         ]
     return out
 
 
 def write(
-    path, shape: str = "270m", wtype: str = "q4_0", etype: str = "q8_0", seed: int = 0, context_length: int = 32768
+    path,
+    shape: str = "270m",
+    wtype: str = "q4_0",
+    etype: str = "q8_0",
+    seed: int = 0,
+    context_length: int = 32768,
+    roles: Mapping[str, str] | None = None,
 ) -> Path:
+    """roles: {"attn_output": "iq4_nl", ...} matrices of another type than `wtype`."""
     L, H, nh, nkv, hd, inter, vocab, window, rope_scale, qpas = SHAPES[shape]
     wt, et = TYPES[wtype], TYPES[etype]
     rng = np.random.default_rng(seed)
-    pools = {t: _pool(t, rng) for t in {wt, et}}
+    plan = tensors(shape, wt, et, {r: TYPES[t] for r, t in (roles or {}).items()})
+    blocks: dict[QType, int] = {}  # the largest tensor of each type, in blocks: pool no bigger than that
+    for _n, shp, t in plan:
+        if t != QType.F32:
+            blocks[t] = max(blocks.get(t, 0), int(np.prod(shp)) // GGML_QUANT_SIZES[t][0])
+    pools = {t: _pool(t, rng, min(n, _POOL_BLOCKS)) for t, n in blocks.items()}
     w = GGUFWriter(str(path), "gemma3")
     w.add_name(f"synthetic Gemma 3 {shape} {wtype}")
     w.add_context_length(context_length)
@@ -93,7 +146,6 @@ def write(
     w.add_tokenizer_model("none")  # ids only: llama.cpp loads it without a vocabulary (bench side by side)
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
-    plan = tensors(shape, wt, et)
     for name, shp, t in plan:
         if t == QType.F32:
             w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)

@@ -37,8 +37,25 @@ MAX_KV = 100_000
 MAX_DIMS = 4
 
 # Types this engine can run; anything else is refused at open time with the tensor named.
+# (the low-bit types of popular GGUF releases, Q2_K .. IQ4_XS, included: gguf-py dequantizes them all)
 SUPPORTED_TYPES = frozenset(
-    {QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q5_0, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+    {
+        QType.F32,
+        QType.F16,
+        QType.BF16,
+        QType.Q8_0,
+        QType.Q4_0,
+        QType.Q4_1,
+        QType.Q5_0,
+        QType.Q5_1,
+        QType.IQ4_NL,
+        QType.IQ4_XS,
+        QType.Q2_K,
+        QType.Q3_K,
+        QType.Q4_K,
+        QType.Q5_K,
+        QType.Q6_K,
+    }
 )
 
 # GGUF value type ids → (struct format, size)

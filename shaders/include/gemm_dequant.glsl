@@ -7,6 +7,9 @@
 // Needs include/common.glsl (half_lo, bf16, 16-bit storage).
 
 #include "gguf_bytes.glsl"
+#if defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+#include "iq4_values.glsl"
+#endif
 
 #if (defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)) && !defined(KQ_BW)
 #if defined(WTYPE_Q4_K)
@@ -41,6 +44,40 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     uint q = FN(byte)(2u * w + 6u + (j & 15u));
     q = (j < 16u ? (q & 15u) : (q >> 4)) | (((qh >> j) & 1u) << 4);
     return half_lo(W16[w]) * (float(q) - 16.0);
+#elif defined(WTYPE_Q4_1)
+    uint w = (row * (n_cols >> 5) + (col >> 5)) * 10u;          // 20 B: d, m, 16 B of nibbles
+    uint j = col & 31u;
+    uint q = FN(byte)(2u * w + 4u + (j & 15u));
+    return half_lo(W16[w]) * float(j < 16u ? (q & 15u) : (q >> 4)) + half_lo(W16[w + 1u]);
+#elif defined(WTYPE_Q5_1)
+    uint w = (row * (n_cols >> 5) + (col >> 5)) * 12u;          // 24 B: d, m, qh[4], 16 B
+    uint j = col & 31u;
+    uint qh = uint(W16[w + 2u]) | (uint(W16[w + 3u]) << 16);
+    uint q = FN(byte)(2u * w + 8u + (j & 15u));
+    q = (j < 16u ? (q & 15u) : (q >> 4)) | (((qh >> j) & 1u) << 4);
+    return half_lo(W16[w]) * float(q) + half_lo(W16[w + 1u]);
+#elif defined(WTYPE_IQ4_NL)
+    uint w = (row * (n_cols >> 5) + (col >> 5)) * 9u;           // 18 B: d, 16 B of level indexes
+    uint j = col & 31u;
+    uint q = FN(byte)(2u * w + 2u + (j & 15u));
+    return half_lo(W16[w]) * IQ4_KV[j < 16u ? (q & 15u) : (q >> 4)];
+#elif defined(WTYPE_IQ4_XS)
+    uint w = (row * (n_cols >> 8) + (col >> 8)) * 68u;          // 136 B: d, scales_h, scales_l[4], qs[128]
+    uint e = col & 255u, ib = e >> 5, j = e & 31u;
+    uint q = FN(byte)(2u * w + 8u + 16u * ib + (j & 15u));
+    return half_lo(W16[w]) * FN(iq4xs_scale)(w, ib) * IQ4_KV[j < 16u ? (q & 15u) : (q >> 4)];
+#elif defined(WTYPE_Q2_K)
+    uint w = (row * (n_cols >> 8) + (col >> 8)) * 42u;          // 84 B: scales[16], qs[64], d, dmin
+    uint e = col & 255u, h = e >> 7, j = (e & 127u) >> 5, l = e & 31u;
+    uint sc = FN(byte)(2u * w + (e >> 4));                      // sub-block of 16: scale | min << 4
+    uint q = (FN(byte)(2u * w + 16u + 32u * h + l) >> (2u * j)) & 3u;
+    return half_lo(W16[w + 40u]) * float(sc & 15u) * float(q) - half_lo(W16[w + 41u]) * float(sc >> 4);
+#elif defined(WTYPE_Q3_K)
+    uint w = (row * (n_cols >> 8) + (col >> 8)) * 55u;          // 110 B: hmask[32], qs[64], scales[12], d
+    uint e = col & 255u, h = e >> 7, j = (e & 127u) >> 5, l = e & 31u;
+    uint q = (FN(byte)(2u * w + 32u + 32u * h + l) >> (2u * j)) & 3u;
+    uint hb = (FN(byte)(2u * w + l) >> (e >> 5)) & 1u;          // high bit set: no -4
+    return half_lo(W16[w + 54u]) * FN(q3k_scale)(2u * w + 96u, e >> 4) * float(int(q | (hb << 2)) - 4);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     uint w = (row * (n_cols >> 8) + (col >> 8)) * KQ_BW;
     uint e = col & 255u, j = e >> 5, l = e & 31u;
@@ -105,6 +142,71 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
         const uint q = uint(W16[w + 3u + i]) >> (j0 >> 2);
         v[2 * i] = d * (float((q & 15u) | (((qh >> (2u * i)) & 1u) << 4)) - 16.0);
         v[2 * i + 1] = d * (float(((q >> 8) & 15u) | (((qh >> (2u * i + 1u)) & 1u) << 4)) - 16.0);
+    }
+#elif defined(WTYPE_Q4_1) || defined(WTYPE_IQ4_NL)
+#if defined(WTYPE_Q4_1)
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 10u;   // 20 B: d, m, 16 B of nibbles
+    const float m = half_lo(W16[w + 1u]);
+    const uint qo = w + 2u;
+#else
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 9u;    // 18 B: d, 16 B of level indexes
+    const uint qo = w + 1u;
+#endif
+    const float d = half_lo(W16[w]);
+    const uint shift = (col0 & 16u) >> 2;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[qo + i]) >> shift;
+#if defined(WTYPE_Q4_1)
+        v[2 * i] = d * float(q & 15u) + m;
+        v[2 * i + 1] = d * float((q >> 8) & 15u) + m;
+#else
+        v[2 * i] = d * IQ4_KV[q & 15u];
+        v[2 * i + 1] = d * IQ4_KV[(q >> 8) & 15u];
+#endif
+    }
+#elif defined(WTYPE_Q5_1)
+    const uint w = (row * (n_cols >> 5) + (col0 >> 5)) * 12u;   // 24 B: d, m, qh[4], 16 B of nibbles
+    const float d = half_lo(W16[w]), m = half_lo(W16[w + 1u]);
+    const uint j0 = col0 & 16u;
+    const uint qh = (uint(W16[w + 2u]) | (uint(W16[w + 3u]) << 16)) >> j0;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[w + 4u + i]) >> (j0 >> 2);
+        v[2 * i] = d * float((q & 15u) | (((qh >> (2u * i)) & 1u) << 4)) + m;
+        v[2 * i + 1] = d * float(((q >> 8) & 15u) | (((qh >> (2u * i + 1u)) & 1u) << 4)) + m;
+    }
+#elif defined(WTYPE_IQ4_XS)
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * 68u;
+    const uint e = col0 & 255u, ib = e >> 5;
+    const float d = half_lo(W16[w]) * FN(iq4xs_scale)(w, ib);
+    const uint qo = w + 4u + 8u * ib, shift = (e & 16u) >> 2;
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[qo + i]) >> shift;
+        v[2 * i] = d * IQ4_KV[q & 15u];
+        v[2 * i + 1] = d * IQ4_KV[(q >> 8) & 15u];
+    }
+#elif defined(WTYPE_Q2_K) || defined(WTYPE_Q3_K)
+    // a run of 16 is one sub-block: one scale; its 16 quants are 2 bits of 16 consecutive bytes
+    const uint e = col0 & 255u, h = e >> 7, j = (e & 127u) >> 5, l0 = e & 31u;
+#if defined(WTYPE_Q2_K)
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * 42u;
+    const uint sc = FN(byte)(2u * w + (e >> 4));
+    const float d = half_lo(W16[w + 40u]) * float(sc & 15u), dm = half_lo(W16[w + 41u]) * float(sc >> 4);
+    const uint qo = w + 8u + 16u * h + l0 / 2u;
+#else
+    const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * 55u;
+    const float d = half_lo(W16[w + 54u]) * FN(q3k_scale)(2u * w + 96u, e >> 4);
+    const uint qo = w + 16u + 16u * h + l0 / 2u, ho = w + l0 / 2u, hs = e >> 5;
+#endif
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        const uint q = uint(W16[qo + i]) >> (2u * j);
+#if defined(WTYPE_Q2_K)
+        v[2 * i] = d * float(q & 3u) - dm;
+        v[2 * i + 1] = d * float((q >> 8) & 3u) - dm;
+#else
+        const uint hb = uint(W16[ho + i]) >> hs;
+        v[2 * i] = d * float(int((q & 3u) | ((hb & 1u) << 2)) - 4);
+        v[2 * i + 1] = d * float(int(((q >> 8) & 3u) | (((hb >> 8) & 1u) << 2)) - 4);
+#endif
     }
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * KQ_BW;

@@ -7,9 +7,18 @@
 //   Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]}              144 B   256 weights, 8 x 32
 //   Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}   176 B
 //   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}         210 B   16 x 16
+//   Q4_1 {f16 d, m; u8 qs[16]}                                  20 B   w = d q + m
+//   Q5_1 {f16 d, m; u8 qh[4]; u8 qs[16]}                        24 B
+//   IQ4_NL {f16 d; u8 qs[16]}                                   18 B   w = d IQ4_KV[nibble]
+//   IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}   136 B   8 x 32, 6-bit scales
+//   Q2_K {u8 scales[16]; u8 qs[64]; f16 d, dmin}                84 B   16 x 16, 2-bit q, 4-bit sc / m
+//   Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}       110 B   16 x 16, 3-bit q - 4
 // All sizes are even, so every block is read through 16-bit loads.
 
 #include "gguf_bytes.glsl"
+#if defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+#include "iq4_values.glsl"
+#endif
 
 // x of the f32 path: XF(i) is x[i] of the chunk, XARG the parameter it comes from (by default the
 // chunk's offset in xf; include/matvec_dot_regs.glsl builds the same decoders over 32 values
@@ -71,6 +80,92 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, XARG) {
              + (float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) - 16.0) * XF(k + 17u);
     }
     return d * acc;
+#elif defined(WTYPE_Q4_1) || defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+    // 16 words of 2 bytes: low nibbles are weights 2j, 2j+1, high ones 2j+16, 2j+17
+#if defined(WTYPE_Q4_1)
+    uint b = (row * (n_cols >> 5) + c) * 10u;
+    float d = half_lo(W16[b]);
+    uint qo = b + 2u;
+#elif defined(WTYPE_IQ4_NL)
+    uint b = (row * (n_cols >> 5) + c) * 9u;
+    float d = half_lo(W16[b]);
+    uint qo = b + 1u;
+#else
+    uint b = (row * (n_cols >> 8) + (c >> 3)) * 68u;
+    float d = half_lo(W16[b]) * FN(iq4xs_scale)(b, c & 7u);
+    uint qo = b + 4u + 8u * (c & 7u);
+#endif
+    float sx = 0.0;
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint u = uint(W16[qo + j]);
+        float x0 = XF(2u * j), x1 = XF(2u * j + 1u), x2 = XF(2u * j + 16u), x3 = XF(2u * j + 17u);
+#if defined(WTYPE_Q4_1)
+        acc += float(u & 0xFu) * x0 + float((u >> 8) & 0xFu) * x1 + float((u >> 4) & 0xFu) * x2
+             + float((u >> 12) & 0xFu) * x3;
+        sx += (x0 + x1) + (x2 + x3);
+#else
+        acc += IQ4_KV[u & 0xFu] * x0 + IQ4_KV[(u >> 8) & 0xFu] * x1 + IQ4_KV[(u >> 4) & 0xFu] * x2
+             + IQ4_KV[(u >> 12) & 0xFu] * x3;
+#endif
+    }
+#if defined(WTYPE_Q4_1)
+    return d * acc + half_lo(W16[b + 1u]) * sx;
+#else
+    return d * acc;
+#endif
+#elif defined(WTYPE_Q5_1)
+    uint b = (row * (n_cols >> 5) + c) * 12u;
+    float d = half_lo(W16[b]);
+    uint qh = uint(W16[b + 2u]) | (uint(W16[b + 3u]) << 16);
+    float sx = 0.0;
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint u = uint(W16[b + 4u + j]);
+        uint k = 2u * j;
+        float x0 = XF(k), x1 = XF(k + 1u), x2 = XF(k + 16u), x3 = XF(k + 17u);
+        acc += float((u & 0xFu) | (((qh >> k) & 1u) << 4)) * x0
+             + float(((u >> 8) & 0xFu) | (((qh >> (k + 1u)) & 1u) << 4)) * x1
+             + float(((u >> 4) & 0xFu) | (((qh >> (k + 16u)) & 1u) << 4)) * x2
+             + float(((u >> 12) & 0xFu) | (((qh >> (k + 17u)) & 1u) << 4)) * x3;
+        sx += (x0 + x1) + (x2 + x3);
+    }
+    return d * acc + half_lo(W16[b + 1u]) * sx;
+#elif defined(WTYPE_Q2_K) || defined(WTYPE_Q3_K)
+    // chunk c of a super-block: 32 weights, 2 bits each of 32 consecutive bytes (shift 2 * (c & 3)),
+    // two sub-blocks of 16 with their own scales; Q3_K adds a high bit from hmask (bit c & 7)
+    uint ib = c & 7u, h = ib >> 2, sh = 2u * (ib & 3u);
+#if defined(WTYPE_Q2_K)
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * 42u;
+    uint qo = w0 + 8u + 16u * h;
+#else
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * 55u;
+    uint qo = w0 + 16u + 16u * h;
+#endif
+    [[unroll]] for (uint half_ = 0u; half_ < 2u; half_++) {
+        float part = 0.0, sx = 0.0;
+        [[unroll]] for (uint l = half_ * 16u; l < half_ * 16u + 16u; l += 2u) {
+            uint u = uint(W16[qo + l / 2u]) >> sh;
+            float x0 = XF(l), x1 = XF(l + 1u);
+#if defined(WTYPE_Q2_K)
+            part += float(u & 3u) * x0 + float((u >> 8) & 3u) * x1;
+            sx += x0 + x1;
+#else
+            uint hb = uint(W16[w0 + l / 2u]) >> ib;
+            part += float(int((u & 3u) | ((hb & 1u) << 2)) - 4) * x0
+                  + float(int(((u >> 8) & 3u) | (((hb >> 8) & 1u) << 2)) - 4) * x1;
+#endif
+        }
+#if defined(WTYPE_Q2_K)
+        uint sc = FN(byte)(2u * w0 + 2u * ib + half_);
+        acc += float(sc & 15u) * part * half_lo(W16[w0 + 40u]) - float(sc >> 4) * sx * half_lo(W16[w0 + 41u]);
+#else
+        acc += FN(q3k_scale)(2u * w0 + 96u, 2u * ib + half_) * part;
+#endif
+    }
+#if defined(WTYPE_Q2_K)
+    return acc;
+#else
+    return half_lo(W16[w0 + 54u]) * acc;
+#endif
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
 #if defined(WTYPE_Q4_K)
     const uint BW = 72u;          // u16 words per block
@@ -168,6 +263,85 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
         acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, xq[xb + 4u + i], 0);
     }
     return d * (dx * float(acc) - 16.0 * sx);
+#elif defined(WTYPE_Q4_1) || defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+#if defined(WTYPE_Q4_1)
+    uint b = (row * (n_cols >> 5) + c) * 10u;
+    float d = half_lo(W16[b]);
+    uint qo = b + 2u;
+#elif defined(WTYPE_IQ4_NL)
+    uint b = (row * (n_cols >> 5) + c) * 9u;
+    float d = half_lo(W16[b]);
+    uint qo = b + 1u;
+#else
+    uint b = (row * (n_cols >> 8) + (c >> 3)) * 68u;
+    float d = half_lo(W16[b]) * FN(iq4xs_scale)(b, c & 7u);
+    uint qo = b + 4u + 8u * (c & 7u);
+#endif
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint w = uint(W16[qo + 2u * i]) | (uint(W16[qo + 2u * i + 1u]) << 16);
+#if defined(WTYPE_Q4_1)
+        acc += sdot4x8(w & 0x0F0F0F0Fu, xq[xb + i], 0);
+        acc += sdot4x8((w >> 4) & 0x0F0F0F0Fu, xq[xb + 4u + i], 0);
+#else
+        acc += sdot4x8(iq4_bytes(w), xq[xb + i], 0);
+        acc += sdot4x8(iq4_bytes(w >> 4), xq[xb + 4u + i], 0);
+#endif
+    }
+#if defined(WTYPE_Q4_1)
+    return d * dx * float(acc) + half_lo(W16[b + 1u]) * sx;
+#else
+    return d * dx * float(acc);
+#endif
+#elif defined(WTYPE_Q5_1)
+    uint b = (row * (n_cols >> 5) + c) * 12u;
+    float d = half_lo(W16[b]);
+    uint qh = uint(W16[b + 2u]) | (uint(W16[b + 3u]) << 16);
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint w = uint(W16[b + 4u + 2u * i]) | (uint(W16[b + 5u + 2u * i]) << 16);
+        uint hl = qh >> (4u * i);
+        uint hh = qh >> (4u * i + 16u);
+        uint bl = ((hl & 1u) << 4) | ((hl & 2u) << 11) | ((hl & 4u) << 18) | ((hl & 8u) << 25);
+        uint bh = ((hh & 1u) << 4) | ((hh & 2u) << 11) | ((hh & 4u) << 18) | ((hh & 8u) << 25);
+        acc += sdot4x8((w & 0x0F0F0F0Fu) | bl, xq[xb + i], 0);
+        acc += sdot4x8(((w >> 4) & 0x0F0F0F0Fu) | bh, xq[xb + 4u + i], 0);
+    }
+    return d * dx * float(acc) + half_lo(W16[b + 1u]) * sx;
+#elif defined(WTYPE_Q2_K) || defined(WTYPE_Q3_K)
+    // two sub-blocks of 16 (4 words of xq each) with their own scales; sum(xq) per half through a
+    // dot with ones: Q2_K's mins, Q3_K's -4 offset (q = (2 low bits | high bit << 2) - 4)
+    uint ib = c & 7u, h = ib >> 2, sh = 2u * (ib & 3u);
+#if defined(WTYPE_Q2_K)
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * 42u;
+    uint qo = w0 + 8u + 16u * h;
+#else
+    uint w0 = (row * (n_cols >> 8) + (c >> 3)) * 55u;
+    uint qo = w0 + 16u + 16u * h;
+#endif
+    float r = 0.0;
+    [[unroll]] for (uint half_ = 0u; half_ < 2u; half_++) {
+        int a = 0, sq = 0;
+        [[unroll]] for (uint k = half_ * 4u; k < half_ * 4u + 4u; k++) {
+            uint lw = uint(W16[qo + 2u * k]) | (uint(W16[qo + 2u * k + 1u]) << 16);
+            uint u = (lw >> sh) & 0x03030303u;
+#if defined(WTYPE_Q3_K)
+            uint hw = uint(W16[w0 + 2u * k]) | (uint(W16[w0 + 2u * k + 1u]) << 16);
+            u |= ((hw >> ib) & 0x01010101u) << 2;
+#endif
+            a += sdot4x8(u, xq[xb + k], 0);
+            sq += sdot4x8(0x01010101u, xq[xb + k], 0);
+        }
+#if defined(WTYPE_Q2_K)
+        uint sc = FN(byte)(2u * w0 + 2u * ib + half_);
+        r += half_lo(W16[w0 + 40u]) * float(sc & 15u) * float(a) - half_lo(W16[w0 + 41u]) * float(sc >> 4) * float(sq);
+#else
+        r += FN(q3k_scale)(2u * w0 + 96u, 2u * ib + half_) * float(a - 4 * sq);
+#endif
+    }
+#if defined(WTYPE_Q2_K)
+    return dx * r;
+#else
+    return half_lo(W16[w0 + 54u]) * dx * r;
+#endif
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     // sub-block j: 32 nibbles (low or high half of 32 bytes), scale d * sc, offset dmin * m:
     // sum(w x) = d sc dx sum(q xq) - dmin m sx

@@ -11,6 +11,12 @@
 #undef WTYPE_Q4_K
 #undef WTYPE_Q5_K
 #undef WTYPE_Q6_K
+#undef WTYPE_Q4_1
+#undef WTYPE_Q5_1
+#undef WTYPE_IQ4_NL
+#undef WTYPE_IQ4_XS
+#undef WTYPE_Q2_K
+#undef WTYPE_Q3_K
 #undef HAS_PAIRS
 #undef PAIR_WORDS
 #undef QWORDS

@@ -13,25 +13,22 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
 from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_matvec, record_quantize
+from tools.make_synthetic_gguf import random_blocks
 
 F32_NMSE = 1e-9
 INT8_NMSE = 2e-4
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+QUANT_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.F32, Q.F16, Q.BF16, *QUANT_TYPES]
+# gguf-py cannot quantize these: random valid blocks (every bit pattern, sane f16 scales)
+RANDOM_BLOCK_TYPES = {Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
 def make_weights(qtype: Q, rows: int, cols: int, seed: int = 0):
     """(raw bytes as stored, f32 dequantized reference)."""
     rng = np.random.default_rng(seed)
-    if qtype in K_SCALE_OFFSETS:
-        block, size = GGML_QUANT_SIZES[qtype]
-        nblocks = rows * cols // block
-        raw = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
-        for off in K_SCALE_OFFSETS[qtype]:  # finite, modest f16 super-block scales
-            raw[:, off : off + 2] = (
-                rng.uniform(0.002, 0.02, nblocks).astype(np.float16).view(np.uint8).reshape(nblocks, 2)
-            )
-        raw = raw.reshape(rows, -1)
+    if qtype in RANDOM_BLOCK_TYPES:
+        block, _size = GGML_QUANT_SIZES[qtype]
+        raw = random_blocks(qtype, rows * cols // block, rng).reshape(rows, -1)
     else:
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         raw = w if qtype == Q.F32 else quants.quantize(w, qtype)
@@ -79,7 +76,7 @@ def run(dev, mats, x, *, epilogue=None, res=None, int_dot=False, n_out=None, spe
 
 
 def shapes_for(qtype):
-    if qtype in K_SCALE_OFFSETS:
+    if GGML_QUANT_SIZES[qtype][0] == 256:
         return [(1, 256), (37, 1024), (130, 2048)]
     if qtype in (Q.F32, Q.F16, Q.BF16):
         return [(1, 32), (19, 1000), (65, 640)]
@@ -100,7 +97,7 @@ def test_matvec_every_type(vk_device, qtype, spec):
 
 
 @SPECS
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
 def test_matvec_int8_dot_path(vk_device, qtype, spec):
     if not vk_device.caps.int_dot:
         pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")

@@ -59,7 +59,9 @@ def test_embed(vk_device, wtype, hidden, vocab, pos, n_tokens, max_tokens, split
     assert np.all(got[n_tokens:] == 7.0), "rows beyond step.n_tokens must stay untouched"
 
 
-@pytest.mark.parametrize("wtype", ["Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize(
+    "wtype", ["Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"]
+)
 @pytest.mark.parametrize("hidden,vocab,split_bytes", [(512, 900, None), (768, 2000, 32 * 1024)])
 def test_embed_more_types(vk_device, wtype, hidden, vocab, split_bytes):
     """Tables in the other GGUF types (random blocks, checked against gguf's dequantize)."""

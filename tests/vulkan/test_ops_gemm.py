@@ -14,9 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
 from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, is_coopmat, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
-
-# byte offsets of the f16 scale fields inside one block (set to sane values in random blocks)
-_F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+from tools.make_synthetic_gguf import random_blocks
 
 
 def random_weight(wtype, rows, cols, rng):
@@ -26,12 +24,8 @@ def random_weight(wtype, rows, cols, rng):
         w = (rng.standard_normal((rows, cols)) * 0.5).astype(np.float32)
         raw = w if wtype == "F32" else quants.quantize(w, qt)
     else:
-        block, size = GGML_QUANT_SIZES[qt]
-        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-        for off in _F16_FIELDS[wtype]:
-            d = (rng.uniform(0.002, 0.02, (rows, cols // block))).astype(np.float16)
-            raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
-        raw = raw.reshape(rows, -1)
+        block, _size = GGML_QUANT_SIZES[qt]
+        raw = random_blocks(qt, rows * cols // block, rng).reshape(rows, -1)
     raw = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
     deq = quants.dequantize(raw, qt).reshape(rows, cols).astype(np.float64)
     return raw, deq
@@ -41,7 +35,8 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K"]
+TYPES += ["Q5_K", "Q6_K"]
 EVERY_KERNEL = pytest.mark.parametrize("kern", KERNELS)
 
 
@@ -72,7 +67,7 @@ def test_gemm(vk_device, wtype, m, n, k, kern):
     check_gemm(vk_device, wtype, m, n, k, kern, seed=m * 131 + n + k)
 
 
-@pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K"])
+@pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"])
 @EVERY_KERNEL
 def test_gemm_geglu_strides(vk_device, wtype, kern):
     dev = vk_device

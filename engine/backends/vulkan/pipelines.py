@@ -42,8 +42,22 @@ if TYPE_CHECKING:
 #           `_rope` adds 6 step, 7 q_norm w, 8 k_norm w, 9 k cache, 10 v cache, 11 per-head arrival;
 #           `_norm` adds 6 w_post, 7 w_next, 8 h (f32 out), 9 h's q8_1 blocks, 10 arrival counter.
 
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
-INT_DOT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")  # types with an int8 x int8 dot-product kernel
+QUANT_KERNEL_TYPES = (
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)  # the block types every kernel family (matvec f32 and int8, GEMM, embedding) reads
+WEIGHT_TYPES = ("F32", "F16", "BF16", *QUANT_KERNEL_TYPES)
+INT_DOT_TYPES = QUANT_KERNEL_TYPES  # types with an int8 x int8 dot-product kernel
 PAIR_TYPES = ("Q8_0", "Q4_0")  # block-pair kernels (n_cols % 64 == 0)
 # (q/k type, v type) of a fused QKV whose v differs: what llama.cpp's Q4_K_M makes of Gemma 3
 # (rows of 640 / 1152 are no whole K-quant super-blocks: Q5_0 q/k, Q8_0 v; else Q6_K v beside Q4_K)
