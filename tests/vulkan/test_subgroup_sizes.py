@@ -46,3 +46,7 @@ def test_kernels_and_model_at_subgroup_size(vk_device, cpu_ppl, size):
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"subgroup size {size}:\n{tail}"
     assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail
+    if size > 16:  # tests/vulkan/test_any_subgroup_size.lavapipe_lane_bug: expected there, and only there
+        assert " xfailed" in tail, tail
+    else:
+        assert "xfail" not in tail, tail
