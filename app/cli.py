@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="what compute is available")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("doctor", help="what to paste into a bug report: system, GPUs, kernel paths, NPU, a self-test")
+    p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    p.add_argument("--out", help="also write the report to this file")
+    p.add_argument("--no-self-test", action="store_true", help="skip running kernels on each device")
+
     p = sub.add_parser("export", help="print every saved conversation")
     p.add_argument("--format", choices=["json", "markdown"], default="json")
 
@@ -291,6 +296,18 @@ def cmd_devices(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from phoenix_chat.engine import doctor
+
+    rep = doctor.report(self_test=not args.no_self_test)
+    text = json.dumps(rep, indent=1, default=str) + "\n" if args.json else doctor.markdown(rep)
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
+
+
 def cmd_export(args) -> int:
     from phoenix_chat.app.store import export_all
 
@@ -327,6 +344,7 @@ COMMANDS = {
     "info": cmd_info,
     "perplexity": cmd_perplexity,
     "devices": cmd_devices,
+    "doctor": cmd_doctor,
     "export": cmd_export,
     "bench": cmd_bench,
     None: cmd_gui,

@@ -37,6 +37,7 @@ from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.device import Capabilities
     from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
     from phoenix_chat.engine.backends.vulkan.resident import Layer
 
@@ -165,20 +166,29 @@ def matvec_cases(graph: Gemma3Graph) -> dict[str, MatvecCase]:
     return cases
 
 
+def matvec_candidates(caps: Capabilities) -> list[Spec]:
+    """The matvec workgroup shapes timed at load, in the device's subgroup size: whole
+    workgroups per row group (at least one full subgroup), and subgroups owning rows, 4, 2 or
+    1 subgroups per workgroup. At wave64 (RADV's compute default) that is 64..256 lanes; at
+    wave32 32..128. CPU devices: whole rows per invocation, one subgroup per workgroup."""
+    if caps.is_software:
+        return [{"WG": caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+    sg = max(8, min(64, caps.subgroup_size))
+    return [
+        {"WG": max(32, sg), "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+        {"WG": max(128, 2 * sg), "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+        {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
+        {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2},
+        {"WG": sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 1},
+    ]
+
+
 def autotune_matvecs(graph: Gemma3Graph) -> None:
     """Pick, per matvec shape of this model, the fastest kernel path (f32 / int8 activations)
     and workgroup shape on this device, by timing candidates on the real weights (~1 s)."""
     dev, cfg, b, tuning = graph.dev, graph.config, graph.buffers, graph.tuning
-    sg = max(8, min(64, dev.caps.subgroup_size))
-    specs: list[Spec] = [
-        {"WG": 32, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
-        {"WG": 128, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
-        {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
-        {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
-        {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2},
-    ]
-    if dev.caps.is_software:
-        specs = [{"WG": dev.caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
+    specs = matvec_candidates(dev.caps)
     cases = matvec_cases(graph)
     reps = 2 if dev.caps.is_software else 10
     # The matvecs reading h get its q8_1 blocks from the norm that writes h, the o-proj its

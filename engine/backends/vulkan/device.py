@@ -53,9 +53,10 @@ buffer, `shaders/include/step.glsl`, which the host writes through a mapped poin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,9 @@ class Capabilities:
     timestamp_bits: int  # 0: queue has no timestamps
     heaps: list[tuple[int, bool]] = field(default_factory=list)  # (size, device_local)
     uma: bool = False  # device-local memory is also host-visible (iGPU / CPU)
+    host_visible_heaps: frozenset[int] = frozenset()  # heaps (indices into `heaps`) the host can map
+    # (min, max) subgroup sizes a pipeline may ask for (VK_EXT_subgroup_size_control); (0, 0): unknown
+    subgroup_size_range: tuple[int, int] = (0, 0)
     extensions: frozenset[str] = frozenset()
 
     @property
@@ -180,8 +184,13 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
     if api >= vk.VK_MAKE_VERSION(1, 3, 0) or "VK_KHR_shader_integer_dot_product" in exts:
         idp = vk.VkPhysicalDeviceShaderIntegerDotProductProperties(pNext=chain)
         chain = idp
+    ssc = None
+    if api >= vk.VK_MAKE_VERSION(1, 3, 0) or "VK_EXT_subgroup_size_control" in exts:
+        ssc = vk.VkPhysicalDeviceSubgroupSizeControlProperties(pNext=chain)
+        chain = ssc
     drv = vk.VkPhysicalDeviceDriverProperties(pNext=chain)
     vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=drv))
+    sg_range = (int(ssc.minSubgroupSize), int(ssc.maxSubgroupSize)) if ssc is not None else (0, 0)
 
     f11 = vk.VkPhysicalDeviceVulkan11Features()
     f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
@@ -203,6 +212,11 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         h = mem.memoryHeaps[i]
         heaps.append((int(h.size), bool(h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)))
     want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+    host_visible_heaps = frozenset(
+        int(mem.memoryTypes[i].heapIndex)
+        for i in range(mem.memoryTypeCount)
+        if mem.memoryTypes[i].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+    )
     big_local = max((s for s, local in heaps if local), default=0)
     # integrated GPUs and CPU devices share system memory; a discrete card's host-visible VRAM
     # window (resizable BAR) is not UMA: its reads from the host are slow
@@ -224,6 +238,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         driver=f"{_cstr(vk, drv.driverName)} {_cstr(vk, drv.driverInfo)}".strip(),
         subgroup_size=int(sg.subgroupSize),
         subgroup_arithmetic=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
+        subgroup_size_range=sg_range,
         fp16=bool(f12.shaderFloat16),
         int8=bool(f12.shaderInt8),
         int16=bool(f2.features.shaderInt16),
@@ -257,6 +272,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         timestamp_bits=int(ts_bits),
         heaps=heaps,
         uma=uma,
+        host_visible_heaps=host_visible_heaps,
         extensions=exts,
     )
 
@@ -375,6 +391,7 @@ class Device:
         self._buffers: list[Buffer] = []  # weak bookkeeping for close(): everything we allocated
         self._closed = False
         self.allocated_bytes = 0
+        self.alloc_heap: int | None = None  # allocating_in
         # memory.py's one-shot transfers and matvec.dummy() keep these, made on first use
         self._xfer_cmd: Any = None
         self._xfer_fence: Any = None
@@ -430,12 +447,15 @@ class Device:
         return cls(vk, pds[caps.index], caps)
 
     # -- memory (see memory.py) --
-    def memory_type(self, required: int, preferred: int = 0, type_bits: int = 0xFFFFFFFF) -> int:
-        """Index of a memory type holding `required` flags, the one also holding `preferred` first."""
+    def memory_type(
+        self, required: int, preferred: int = 0, type_bits: int = 0xFFFFFFFF, heap: int | None = None
+    ) -> int:
+        """Index of a memory type holding `required` flags, the one also holding `preferred`
+        first; only types of memory heap `heap` where one is given."""
         mp = self._mem_props
         best = None
         for i in range(mp.memoryTypeCount):
-            if not type_bits & (1 << i):
+            if not type_bits & (1 << i) or (heap is not None and mp.memoryTypes[i].heapIndex != heap):
                 continue
             flags = mp.memoryTypes[i].propertyFlags
             if flags & required != required:
@@ -447,6 +467,17 @@ class Device:
         if best is None:
             raise DeviceUnavailableError(f"no Vulkan device: {self.name} has no memory type with flags {required:#x}")
         return best
+
+    @contextlib.contextmanager
+    def allocating_in(self, heap: int | None) -> Iterator[None]:
+        """Device buffers made inside go to memory heap `heap` (None: the usual heap): the
+        memory plan puts an iGPU's weights in its large host-visible heap (GTT) when the
+        device-local carve-out is too small for them (plan.place_weights)."""
+        before, self.alloc_heap = self.alloc_heap, heap
+        try:
+            yield
+        finally:
+            self.alloc_heap = before
 
     def buffer(self, nbytes: int, *, host: bool = False, name: str = "") -> Buffer:
         from phoenix_chat.engine.backends.vulkan.memory import Buffer

@@ -47,6 +47,8 @@ class Buffer:
         visible = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
         if host:
             mtype = dev.memory_type(visible, 0, req.memoryTypeBits)
+        elif dev.alloc_heap is not None:  # Device.allocating_in: an iGPU's weights in its GTT heap
+            mtype = dev.memory_type(0, visible, req.memoryTypeBits, heap=dev.alloc_heap)
         elif dev.caps.uma:
             mtype = dev.memory_type(local, visible, req.memoryTypeBits)
         else:

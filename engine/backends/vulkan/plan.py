@@ -34,6 +34,8 @@ class MemoryPlan:
     weights: int  # bytes
     kv_cache: int
     scratch: int
+    weights_heap: int | None = None  # memory heap of the weights; None: with everything else
+    weights_where: str = "device-local"  # ... in words, for stats and the doctor
 
     @property
     def budget(self) -> dict[str, int]:
@@ -79,15 +81,58 @@ def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: 
         + (context_length + 2) * 4
         + Device.STAGING_BYTES
     )
-    need = w_bytes + kv_bytes + scratch
-    heap = dev.caps.device_local_bytes
-    usable = int(heap * (0.8 if dev.caps.uma else 0.92))
-    if need > usable:
+    heaps = [Heap(size, local, i in dev.caps.host_visible_heaps) for i, (size, local) in enumerate(dev.caps.heaps)]
+    try:
+        placement = place_weights(heaps, dev.caps.uma, w_bytes, kv_bytes + scratch)
+    except OutOfMemoryError as e:
         gib = 2**30
         raise OutOfMemoryError(
-            f"{cfg.name} needs {need / gib:.2f} GiB on {dev.name} (weights {w_bytes / gib:.2f}, KV cache "
-            f"{kv_bytes / gib:.2f} for {context_length} tokens, scratch {scratch / gib:.2f}) but "
-            f"{usable / gib:.2f} GiB of its {heap / gib:.2f} GiB can be used: pick a smaller quant "
-            f"(--quant q4_0) or a shorter context (--ctx)"
-        )
-    return MemoryPlan(quant, probe.tied, slots, n_splits, w_bytes, kv_bytes, scratch)
+            f"{cfg.name} needs {(w_bytes + kv_bytes + scratch) / gib:.2f} GiB on {dev.name} (weights "
+            f"{w_bytes / gib:.2f}, KV cache {kv_bytes / gib:.2f} for {context_length} tokens, scratch "
+            f"{scratch / gib:.2f}) but {e}: pick a smaller quant (--quant q4_0) or a shorter context (--ctx)"
+        ) from None
+    return MemoryPlan(quant, probe.tied, slots, n_splits, w_bytes, kv_bytes, scratch, *placement)
+
+
+@dataclass(frozen=True)
+class Heap:
+    """One Vulkan memory heap as the plan sees it."""
+
+    size: int
+    device_local: bool
+    host_visible: bool  # some memory type on it can be mapped
+
+
+def usable_bytes(heap: Heap, uma: bool) -> int:
+    """What the plan lets itself take of a heap: shared system memory keeps a fifth free for
+    the OS and the app, a discrete card's own memory 8% (the desktop, the driver)."""
+    return int(heap.size * (0.8 if uma or not heap.device_local else 0.92))
+
+
+def place_weights(heaps: list[Heap], uma: bool, weights: int, rest: int) -> tuple[int | None, str]:
+    """Where the weights go: (heap index or None for the usual device-local heap, in words).
+
+    Everything in the largest device-local heap when it fits. On an integrated GPU (uma) whose
+    device-local heap is only the BIOS carve-out (a Radeon 780M: often 512 MB-4 GB, the rest
+    of RAM reachable as GTT), the weights go to the largest host-visible heap that is not
+    device-local, while the KV cache and scratch stay in the carve-out: the GPU reads GTT at
+    the same DDR bandwidth. A discrete card never streams weights over PCIe: it refuses.
+    Raises OutOfMemoryError naming the heaps' usable sizes."""
+    gib = 2**30
+    local = max((i for i, h in enumerate(heaps) if h.device_local), key=lambda i: heaps[i].size, default=None)
+    if local is None:
+        raise OutOfMemoryError("it reports no device-local memory heap")
+    local_ok = usable_bytes(heaps[local], uma)
+    if weights + rest <= local_ok:
+        return None, "device-local"
+    where = f"{local_ok / gib:.2f} GiB of its {heaps[local].size / gib:.2f} GiB device-local heap can be used"
+    if not uma:
+        raise OutOfMemoryError(where)
+    gtt = [i for i, h in enumerate(heaps) if h.host_visible and not h.device_local]
+    if not gtt:
+        raise OutOfMemoryError(where)
+    big = max(gtt, key=lambda i: heaps[i].size)
+    big_ok = usable_bytes(heaps[big], uma)
+    if rest <= local_ok and weights <= big_ok:
+        return big, f"host-visible heap {big} (GTT, {heaps[big].size / gib:.1f} GiB)"
+    raise OutOfMemoryError(f"{where}, and {big_ok / gib:.2f} GiB of its {heaps[big].size / gib:.2f} GiB GTT heap")

@@ -114,6 +114,7 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         "weights_bytes": budget["weights"],
         "kv_cache_bytes": budget["kv_cache"],
         "scratch_bytes": budget["scratch"],
+        "weights_heap": backend.plan.weights_where,
         "allocated_bytes": dev.allocated_bytes,
         "int_dot": backend.int_dot,
         "prefill_gemm": ops_gemm.path(dev),

@@ -79,10 +79,12 @@ def upload_weights(
             progress(done / total, f"uploading {name}")
 
     def matrix(name: str) -> WeightMatrix:
-        return _weight(dev, weights, name, plan.target_type(weights.tensors[name].qtype))
+        with dev.allocating_in(plan.weights_heap):
+            return _weight(dev, weights, name, plan.target_type(weights.tensors[name].qtype))
 
     et = weights.tensors["embed_tokens"]
-    emb = _weight(dev, weights, "embed_tokens", plan.embed_type(et.qtype))
+    with dev.allocating_in(plan.weights_heap):
+        emb = _weight(dev, weights, "embed_tokens", plan.embed_type(et.qtype))
     tick("embed_tokens")
     if plan.tied:
         lm_head = emb
