@@ -94,5 +94,5 @@ def test_auto_context_is_the_largest_that_fits(model_path, monkeypatch):
     weights = open_weights(model_path)
     room = cpu.f32_footprint(weights, 8192) / 0.9 + 1
     assert cpu.f32_footprint(weights, 16384) > room * 0.9
-    monkeypatch.setattr(cpu.psutil, "virtual_memory", lambda: SimpleNamespace(available=room))
+    monkeypatch.setattr(cpu.psutil, "virtual_memory", lambda: SimpleNamespace(available=room, total=room))
     assert engine.load(model_path, backend="cpu").backend.context_length == 8192
