@@ -429,6 +429,18 @@ def choose_qkv_rope(graph: Gemma3Graph) -> tuple[IntDot, Spec] | None:
     return (int_dot, fused_specs[k]) if fused_us[k] < sep else None
 
 
+def _best_forward_ms(backend: VulkanBackend, ids: list[int], repeats: int, *, all_logits: bool) -> float:
+    """Best of `repeats` timed forwards of `ids` at position 0, after one that records the
+    command list and builds its pipelines (not timed)."""
+    backend.forward(ids, 0, all_logits=all_logits)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        backend.forward(ids, 0, all_logits=all_logits)
+        times.append(time.perf_counter() - t)
+    return round(1e3 * min(times), 2)
+
+
 def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2) -> str | None:
     """Time a prefill forward of `tokens` through each matrix-core GEMM tile (ops_gemm.CM_TILES)
     and return the fastest kernel name, or None where the device has no matrix-core GEMM (it keeps
@@ -442,13 +454,7 @@ def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2) -> s
     for name in ops_gemm.COOPMAT_KERNELS:
         tuning.gemm_kernel = name
         backend.drop_recordings()
-        backend.forward(ids, 0)  # records it, builds the pipelines
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            backend.forward(ids, 0)
-            times.append(time.perf_counter() - t)
-        ms[name] = round(1e3 * min(times), 2)
+        ms[name] = _best_forward_ms(backend, ids, repeats, all_logits=False)
     backend.drop_recordings()
     tuning.gemm_timing = ms
     return min(ms, key=ms.__getitem__)
@@ -472,13 +478,7 @@ def choose_few_token_path(
             backend.drop_recordings()
             for T in todo:
                 ids = [backend.config.bos_token_id] * T
-                backend.forward(ids, 0, all_logits=True)  # records it, builds the pipelines
-                times = []
-                for _ in range(repeats):
-                    t = time.perf_counter()
-                    backend.forward(ids, 0, all_logits=True)
-                    times.append(time.perf_counter() - t)
-                ms.setdefault(T, {})[path + "_ms"] = round(1e3 * min(times), 2)
+                ms.setdefault(T, {})[path + "_ms"] = _best_forward_ms(backend, ids, repeats, all_logits=True)
         return {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
 
     wins = trial(sorted({counts[0], counts[-1]}))
