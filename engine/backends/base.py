@@ -6,6 +6,12 @@ keep the whole token step on the device, `generate_tokens` (prefill ending in th
 sampler: every id drawn there) and `decode_tokens` (sampling on the device, ids back). For
 prefix reuse (engine/prompt_cache.py) it says how long its sliding-window rings are
 (`kv_ring_slots`) and how far its writes reached (`kv_high_water`).
+
+Many sequences at once (engine/scheduler.py): a backend built with `slots=N` holds N independent
+K/V caches (each with its own positions, rings and global cache). `forward_slot` prefills one
+slot; `decode_batch` advances B sequences one token each in one pass over the weights (logits
+back), `decode_batch_sampled` does the same with each sequence's sampler on the device (ids
+back). Slot 0 is the cache `forward`, `generate_tokens` and `decode_tokens` use.
 """
 
 from __future__ import annotations
@@ -74,6 +80,23 @@ def forward_in_chunks(
 
 
 @dataclass(frozen=True)
+class SeqStep:
+    """One sequence's part of a batched decode step: feed `token` at `pos` in `slot`'s cache.
+    `params` and `seed` are its own sampler (device sampling draws with a counter of the
+    drawn token's position, so a sequence's tokens do not depend on who shares the batch)."""
+
+    slot: int
+    token: int
+    pos: int
+    params: SamplingParams = SamplingParams(temperature=0.0)
+    seed: int = 0
+
+
+class SlotsUnsupported(ValueError):
+    """This backend holds one sequence (or fewer slots than asked); the scheduler runs it serially."""
+
+
+@dataclass(frozen=True)
 class LiveStats:
     """What the gauges show while an engine works: the same record from every backend, so the
     worker never guesses among key names. None: this backend cannot measure it."""
@@ -88,6 +111,7 @@ class Backend(ABC):
     name: str = "?"
     device_name: str = "?"
     quant: WeightQuant | None = None  # the re-quantization applied at load; None: the file's types
+    n_slots: int = 1  # sequences whose K/V this backend holds at once (engine/scheduler.py)
 
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
@@ -155,6 +179,47 @@ class Backend(ABC):
         caller samples on the CPU from `forward` logits); a backend that has one serves every
         sampling setting or raises. The consumer stops by closing the generator.
         """
+        return None
+
+    # ---- many sequences (engine/scheduler.py) ---------------------------------------------------
+
+    def forward_slot(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """`forward` into `slot`'s cache (a prefill chunk of one sequence among many)."""
+        if slot != 0:
+            raise SlotsUnsupported(f"the {self.name} backend holds one sequence (slot 0), not slot {slot}")
+        return self.forward(token_ids, start_pos, all_logits=all_logits, cancel=cancel)
+
+    def prefill_sampled(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        params: SamplingParams,
+        seed: int,
+        cancel: CancelCheck | None = None,
+    ) -> int | None:
+        """Prefill `token_ids` into `slot` at start_pos.. and draw the next id with the device's
+        sampler (Vulkan). None: this backend samples on the host (use `forward_slot`'s logits)."""
+        return None
+
+    def decode_batch(self, steps: Sequence[SeqStep]) -> npt.NDArray[np.float32]:
+        """One decode step for every sequence in `steps` (distinct slots), one pass over the
+        weights: logits (B, vocab) in the order of `steps`."""
+        if len(steps) != 1 or steps[0].slot != 0:
+            raise SlotsUnsupported(f"the {self.name} backend decodes one sequence per step")
+        return self.forward([steps[0].token], steps[0].pos)[None, :]
+
+    def decode_batch_sampled(self, steps: Sequence[SeqStep]) -> list[int] | None:
+        """`decode_batch` with each sequence's sampler on the device: the drawn ids in the order
+        of `steps`. None: this backend samples on the host (use `decode_batch`)."""
         return None
 
     def live_stats(self) -> LiveStats:

@@ -1,0 +1,119 @@
+"""The scheduler (engine/scheduler.py) on the real embedded 270M, CPU backend: the one API every
+client uses — submit a Request, read Deltas; stop strings, cancel, the queue bound, a prompt that
+cannot fit, async clients, and a conversation's next turn reusing its prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from phoenix_chat.engine.generate import generate, prompt_ids_for
+from phoenix_chat.engine.loader import load
+from phoenix_chat.engine.requests import EngineBusy, PromptTooLong, Request
+from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.scheduler import Scheduler
+from phoenix_chat.engine.stop_strings import StopMatcher
+
+GREEDY = SamplingParams(temperature=0)
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    m = load(model_path, backend="cpu", context_length=1024)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def scheduler(model):
+    s = Scheduler(model, max_queue=2)
+    yield s
+    s.close()
+
+
+def test_greedy_answer_equals_generate(model, scheduler):
+    want = generate(model, PROMPT, GREEDY, max_tokens=12, raw=True)
+    deltas = list(scheduler.submit(Request(PROMPT, GREEDY, max_tokens=12, raw=True)))
+    assert "".join(d.text for d in deltas) == want
+    final = deltas[-1]
+    assert final.finish_reason == "length"
+    assert final.usage is not None and final.usage.completion_tokens == 12
+    assert final.usage.prompt_tokens == len(prompt_ids_for(model, PROMPT, raw=True))
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_stop_string_ends_the_answer_before_it(model, scheduler):
+    full = generate(model, PROMPT, GREEDY, max_tokens=16, raw=True)
+    word = full.split()[2]
+    stop = full[full.index(word) : full.index(word) + len(word)]
+    deltas = list(scheduler.submit(Request(PROMPT, GREEDY, max_tokens=16, raw=True, stop=(stop,))))
+    text = "".join(d.text for d in deltas)
+    assert text == full[: full.index(stop)]
+    assert deltas[-1].finish_reason == "stop"
+
+
+def test_stop_matcher_holds_back_a_partial_stop():
+    m = StopMatcher(["</end>"])
+    assert m.feed("hello </e") == "hello "
+    assert m.feed("nd> more") == ""
+    assert m.stopped
+    m2 = StopMatcher(["</end>"])
+    assert m2.feed("a </e") == "a "
+    assert m2.feed("x") == "</ex"
+    assert m2.flush() == ""
+
+
+def test_prompt_that_cannot_fit_is_refused_at_submit(scheduler):
+    with pytest.raises(PromptTooLong, match="context holds 1024"):
+        scheduler.submit(Request("word " * 1200, GREEDY, raw=True))
+    assert scheduler.waiting == 0
+
+
+def test_cancel_ends_a_running_request_and_the_engine_goes_on(scheduler):
+    stream = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=400, raw=True))
+    got = []
+    for d in stream:
+        got.append(d)
+        if len(got) == 3:
+            stream.cancel()
+    assert got[-1].finish_reason == "cancelled"
+    assert len(got) < 40
+    assert scheduler.submit(Request(PROMPT, GREEDY, max_tokens=3, raw=True)).text()
+
+
+def test_full_queue_is_refused_with_engine_busy(scheduler):
+    started = threading.Event()
+    first = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=300, raw=True))
+    it = iter(first)
+    next(it)
+    started.set()
+    waiting = [scheduler.submit(Request(PROMPT, GREEDY, max_tokens=2, raw=True)) for _ in range(2)]
+    with pytest.raises(EngineBusy, match="waiting"):
+        scheduler.submit(Request(PROMPT, GREEDY, max_tokens=2, raw=True))
+    first.cancel()
+    list(it)
+    assert all(w.text() for w in waiting)
+
+
+def test_async_client_reads_the_same_answer(model, scheduler):
+    want = generate(model, PROMPT, GREEDY, max_tokens=8, raw=True)
+
+    async def ask() -> str:
+        stream = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=8, raw=True), loop=asyncio.get_running_loop())
+        return "".join([d.text async for d in stream])
+
+    assert asyncio.run(ask()) == want
+
+
+def test_next_turn_reuses_the_conversation_prefix(scheduler):
+    chat = [{"role": "user", "content": "Name a colour."}]
+    first = list(scheduler.submit(Request(chat, GREEDY, max_tokens=6)))
+    answer = "".join(d.text for d in first)
+    chat2 = chat + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Another one."}]
+    second = list(scheduler.submit(Request(chat2, GREEDY, max_tokens=6)))
+    usage = second[-1].usage
+    assert usage is not None and usage.prompt_reused > 10
+    assert usage.prompt_reused < usage.prompt_tokens
