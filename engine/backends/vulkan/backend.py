@@ -115,6 +115,8 @@ class VulkanBackend(Backend):
         )
         if not caps.is_software:
             self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
+            few = min(autotune.FEW_TOKENS, context_length - 1)
+            self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
         if options.few_token_matvec is None and not caps.is_software:
             self.tuning.few_token_matvec = autotune.choose_few_token_path(self)
 

@@ -157,7 +157,14 @@ def _variants() -> list[Variant]:
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        for tile, tile_defs in (("", {}), ("_l", {"CM_TM": "4"})):  # 64 or 128 tokens per workgroup
+        # tokens x columns per workgroup: 64 x 128, 128 x 128, 32 x 128, 32 x 64 (ops_gemm.CM_TILES)
+        tiles: tuple[tuple[str, dict[str, str | None]], ...] = (
+            ("", {}),
+            ("_l", {"CM_TM": "4"}),
+            ("_m", {"CM_TM": "1"}),
+            ("_s", {"CM_TM": "1", "CM_TN": "1"}),
+        )
+        for tile, tile_defs in tiles:
             for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                 v.append(
                     Variant(
