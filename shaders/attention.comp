@@ -135,7 +135,7 @@ void main() {
             float d[G];
             [[unroll]] for (uint g = 0; g < G; g++) d[g] = 0.0;
             if (pr < PPP && p0 + pr < nb) {
-                const uint row = (kh * slots + (blk + p0 + pr) % slots) * (HD / 8);
+                const uint row = ((step.slot * pc.n_kv_heads + kh) * slots + (blk + p0 + pr) % slots) * (HD / 8);
                 uvec4 w[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) w[u] = kc[row + lane + u * TPP];
                 [[unroll]] for (uint u = 0; u < 4; u++) {
@@ -177,7 +177,7 @@ void main() {
         wg_reduce_g(ps, false);          // its barriers also publish sc
         [[unroll]] for (uint g = 0; g < G; g++) l[g] += ps[g];
         if (rg < RG) {
-            const uint base = kh * slots;
+            const uint base = (step.slot * pc.n_kv_heads + kh) * slots;
             for (uint j0 = rg; j0 < nb; j0 += 4 * RG) {
                 uvec4 vv[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) {

@@ -68,7 +68,7 @@ void main() {
         const uint nk = min(BC, hi + 1 - kb);
         barrier();                                    // previous tile's V reads are done
         for (uint i = tid; i < BC * D8; i += WG) {
-            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            const uint j = i / D8, c = i % D8, r = ((step.slot * pc.n_kv_heads + kh) * slots + (kb + j) % slots) * D2 + 4 * c;
             kv[i] = j < nk ? uvec4(kc[r], kc[r + 1], kc[r + 2], kc[r + 3]) : uvec4(0u);
         }
         barrier();
@@ -106,7 +106,7 @@ void main() {
             m = mx;
         }
         for (uint i = tid; i < BC * D8; i += WG) {
-            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            const uint j = i / D8, c = i % D8, r = ((step.slot * pc.n_kv_heads + kh) * slots + (kb + j) % slots) * D2 + 4 * c;
             kv[i] = j < nk ? uvec4(vc[r], vc[r + 1], vc[r + 2], vc[r + 3]) : uvec4(0u);
         }
         barrier();
