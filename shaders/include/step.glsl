@@ -20,5 +20,14 @@ struct Step {
     uint slot;           // KV slot: caches hold [slot][n_kv_heads][cache_slots][head_dim]
     uint tok_base;       // where this sequence's ids start in tokens (slot * context_length)
 };
+#define STEP_ROW_PAD 52
 
+#ifdef STEP_ROWS
+// A batched decode step (engine/backends/vulkan/batch.py): one Step per row, STEP_ROW_BYTES apart;
+// `step` is the Step of row STEP_ROW (the kernel defines it, e.g. as a workgroup index).
+struct StepRow { Step s; uint pad[STEP_ROW_PAD]; };
+#define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { StepRow step_rows[]; };
+#define step step_rows[STEP_ROW].s
+#else
 #define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { Step step; };
+#endif

@@ -4,13 +4,13 @@ token in one pass over every weight matrix (engine/scheduler.py drives it throug
 
 The matrices run as a forward of B token rows (the multi-column matvecs or the GEMMs, whichever
 the load-time timing chose for B tokens, as for a prefill chunk); the work that depends on a
-sequence runs once per row, each row bound to its own Step in `BatchRows.steps` (slot, position,
-seed, sampling values), its own attention partials and arrival counters, its own sampler
-scratch: embedding, QK-norm + RoPE + KV write into its slot at its position, decode attention
-over its slot up to its position, the repetition penalty and the sampler, which draws with the
-row's seed and the Philox counter of the drawn token's position (so a sequence's ids do not
-depend on who shares the step). One barrier separates each phase; the rows of a phase are
-independent dispatches.
+sequence reads its row's Step in `BatchRows.steps` (slot, position, seed, sampling values):
+QK-norm + RoPE + KV write into its slot at its position and decode attention over its slot up
+to its position are one dispatch each for all rows (the `_rows` kernels: a workgroup index is
+the row); the embedding, the repetition penalty and the sampler are one dispatch per row (each
+bound to its Step, its logits row and its own sampler scratch). The sampler draws with the row's
+seed and the Philox counter of the drawn token's position, so a sequence's ids do not depend on
+who shares the step. One barrier separates each phase.
 
 Recorded once per (bucket, sampler mix) and replayed: the host writes the rows' Steps and
 submits. A bucket is a power of two; its unused rows carry n_tokens 0 (the embedding and the
@@ -85,53 +85,52 @@ def record_batch(
         mark(cl, "norm")
         graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim)
         mark(cl, "qkv")
-        for r in range(B):
-            base = r * qkv_dim
-            ops_rope.rope_kv(
-                cl,
-                dev,
-                step(r),
-                b.qkv,
-                b.qkv,
-                b.qkv,
-                L.norms["self_attn.q_norm"],
-                L.norms["self_attn.k_norm"],
-                L.k_cache,
-                L.v_cache,
-                head_dim=cfg.head_dim,
-                n_heads=cfg.num_heads,
-                n_kv_heads=cfg.num_kv_heads,
-                cache_slots=L.slots,
-                theta=cfg.rope_base(i),
-                scale_factor=cfg.rope_scale(i),
-                eps=cfg.rms_norm_eps,
-                q_stride=qkv_dim,
-                kv_stride=qkv_dim,
-                q_offset=base,
-                k_offset=base + Q,
-                v_offset=base + Q + cfg.kv_dim,
-            )
+        ops_rope.rope_kv(
+            cl,
+            dev,
+            rows.steps,
+            b.qkv,
+            b.qkv,
+            b.qkv,
+            L.norms["self_attn.q_norm"],
+            L.norms["self_attn.k_norm"],
+            L.k_cache,
+            L.v_cache,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            theta=cfg.rope_base(i),
+            scale_factor=cfg.rope_scale(i),
+            eps=cfg.rms_norm_eps,
+            q_stride=qkv_dim,
+            kv_stride=qkv_dim,
+            q_offset=0,
+            k_offset=Q,
+            v_offset=Q + cfg.kv_dim,
+            rows=B,
+        )
         mark(cl, "rope_kv")
-        for r in range(B):
-            ops_attention.attention_decode(
-                cl,
-                dev,
-                step(r),
-                b.qkv,
-                L.k_cache,
-                L.v_cache,
-                row(rows.partial, r, rows.partial_stride),
-                row(rows.counters, r, rows.counters_stride),
-                row(b.attn, r, Q * f),
-                head_dim=cfg.head_dim,
-                n_heads=cfg.num_heads,
-                n_kv_heads=cfg.num_kv_heads,
-                cache_slots=L.slots,
-                window=0 if L.is_global else cfg.sliding_window,
-                scale=cfg.attn_scale,
-                n_splits=graph.n_splits,
-                q_offset=r * qkv_dim,
-            )
+        ops_attention.attention_decode(
+            cl,
+            dev,
+            rows.steps,
+            b.qkv,
+            L.k_cache,
+            L.v_cache,
+            rows.partial,
+            rows.counters,
+            b.attn,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            window=0 if L.is_global else cfg.sliding_window,
+            scale=cfg.attn_scale,
+            n_splits=graph.n_splits,
+            rows=B,
+            q_row_stride=qkv_dim,
+        )
         mark(cl, "attention")
         graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H)
         mark(cl, "o_proj")

@@ -42,14 +42,25 @@ _STEP_HEADER = """\
 // writes tokens[step.pos + 1], and the step's last kernel increments step.pos, so a replayed
 // command buffer needs nothing from the host. The host reads the new id from `tokens`.
 """
+STEP_ROW_BYTES = 256  # a batched step's rows of Steps (batch.py) lie this far apart: any storage-offset alignment
+
 _STEP_FOOTER = """
+#ifdef STEP_ROWS
+// A batched decode step (engine/backends/vulkan/batch.py): one Step per row, STEP_ROW_BYTES apart;
+// `step` is the Step of row STEP_ROW (the kernel defines it, e.g. as a workgroup index).
+struct StepRow { Step s; uint pad[STEP_ROW_PAD]; };
+#define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { StepRow step_rows[]; };
+#define step step_rows[STEP_ROW].s
+#else
 #define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { Step step; };
+#endif
 """
 
 
 def step_glsl() -> str:
     """The text of shaders/include/step.glsl (generated: edit `STEP` above, then `make shaders`)."""
-    return _STEP_HEADER + STEP.struct_glsl() + "\n" + _STEP_FOOTER
+    pad = f"#define STEP_ROW_PAD {(STEP_ROW_BYTES - STEP.size) // 4}\n"
+    return _STEP_HEADER + STEP.struct_glsl() + "\n" + pad + _STEP_FOOTER
 
 
 def pack_step(

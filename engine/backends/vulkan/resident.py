@@ -15,7 +15,7 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import SUPPORTED, WeightMatrix, q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.memory import Buffer, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, STEP_ROW_BYTES
 from phoenix_chat.engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
 from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, MemoryPlan, row_stride
 from phoenix_chat.engine.config import ModelConfig
@@ -281,7 +281,7 @@ def allocate_buffers(
 def _batch_rows(dev: Device, cfg: ModelConfig, plan: MemoryPlan) -> BatchRows:
     n = plan.batch_rows
     strides = (
-        row_stride(STEP_BYTES),
+        STEP_ROW_BYTES,  # the _rows kernels index the Steps as an array of this stride
         row_stride(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * 4),
         row_stride(4 * ops_attention.counter_words(cfg.num_kv_heads)),
         row_stride(ops_sample.scratch_bytes(cfg.vocab_size)),
