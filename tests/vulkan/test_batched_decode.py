@@ -140,3 +140,15 @@ def test_memory_plan_counts_every_slot(tiny, vk_device, monkeypatch):
     monkeypatch.setattr(vk_device.caps, "heaps", [(int(fits_one), True)])
     with pytest.raises(OutOfMemoryError, match=r"KV cache [\d.]+ for 32 x 64 tokens.*fewer slots"):
         VulkanBackend(vk.weights_source, CTX, device=vk_device, slots=32)
+
+
+def test_batched_bench_reports_every_stream_count(tiny):
+    """bench.batched_decode on the loaded backend: one record per stream count, tokens counted."""
+    from bench.batched_decode import time_batched_decode
+
+    _cpu, vk = tiny
+    out = time_batched_decode(vk, [1, 2, 4], steps=2, prompt=8, warmup=1)
+    rows = out["batched"]
+    assert [r["streams"] for r in rows] == [1, 2, 4]  # type: ignore[index]
+    assert all(r["aggregate_tok_s"] > 0 and r["p99_step_ms"] >= r["p50_step_ms"] for r in rows)  # type: ignore[index]
+    assert out["single_stream_tok_s"] > 0  # type: ignore[operator]
