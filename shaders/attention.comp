@@ -125,6 +125,7 @@ void main() {
     const uint begin = min(lo + s * chunk, pos + 1);
     const uint end = min(begin + chunk, pos + 1);
     const uint slots = pc.cache_slots;
+    const uint kvh = step.slot * pc.n_kv_heads + kh;   // this sequence's kv head kh among every slot's
 
     for (uint i = tid; i < G * HD / 4; i += WG) {
         const uint b = pc.q_offset + ROW_Q + kh * G * HD + 4 * i;
@@ -149,7 +150,7 @@ void main() {
             float d[G];
             [[unroll]] for (uint g = 0; g < G; g++) d[g] = 0.0;
             if (pr < PPP && p0 + pr < nb) {
-                const uint row = ((step.slot * pc.n_kv_heads + kh) * slots + (blk + p0 + pr) % slots) * (HD / 8);
+                const uint row = (kvh * slots + (blk + p0 + pr) % slots) * (HD / 8);
                 uvec4 w[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) w[u] = kc[row + lane + u * TPP];
                 [[unroll]] for (uint u = 0; u < 4; u++) {
@@ -191,7 +192,7 @@ void main() {
         wg_reduce_g(ps, false);          // its barriers also publish sc
         [[unroll]] for (uint g = 0; g < G; g++) l[g] += ps[g];
         if (rg < RG) {
-            const uint base = (step.slot * pc.n_kv_heads + kh) * slots;
+            const uint base = kvh * slots;
             for (uint j0 = rg; j0 < nb; j0 += 4 * RG) {
                 uvec4 vv[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) {

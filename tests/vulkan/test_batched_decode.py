@@ -152,3 +152,30 @@ def test_batched_bench_reports_every_stream_count(tiny):
     assert [r["streams"] for r in rows] == [1, 2, 4]  # type: ignore[index]
     assert all(r["aggregate_tok_s"] > 0 and r["p99_step_ms"] >= r["p50_step_ms"] for r in rows)  # type: ignore[index]
     assert out["single_stream_tok_s"] > 0  # type: ignore[operator]
+
+
+def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_device, monkeypatch):
+    """4090 ids: a row's logits at r * 4090 floats would be no legal binding offset for the row's
+    sampler; the batched step spaces the rows out, and every row still gets its own logits."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import open_weights
+    from tools import make_synthetic_gguf
+
+    tiny = make_synthetic_gguf.SHAPES["tiny"]
+    monkeypatch.setitem(make_synthetic_gguf.SHAPES, "tiny_4090", (*tiny[:6], 4090, *tiny[7:]))
+    w = open_weights(make_synthetic_gguf.write(tmp_path / "odd.gguf", "tiny_4090", "q4_0", "q8_0", seed=2))
+    vk = VulkanBackend(w, 32, device=vk_device, slots=3)
+    try:
+        seqs = {1: [5, 77, 4000, 12], 2: [9, 8, 7], 0: [3001, 2, 50, 60, 70]}
+        alone = {}
+        for s, ids in seqs.items():
+            vk.forward_slot(s, ids[:-1], 0)
+            alone[s] = vk.forward_slot(s, ids[-1:], len(ids) - 1)  # the single-sequence decode recording
+        out = vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        for row, s in zip(out, seqs, strict=True):
+            np.testing.assert_allclose(row, alone[s], atol=2e-3 * np.abs(alone[s]).max())
+        got = vk.decode_batch_sampled([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        assert got == [int(alone[s].argmax()) for s in seqs]
+    finally:
+        vk.close()
+        w.close()

@@ -45,6 +45,7 @@ from phoenix_chat.engine.backends.vulkan.plan import (
     LOGITS_CHUNK,
     PREFILL_CHUNK,
     SOFTWARE_PREFILL_CHUNK,
+    batch_logits_stride,
     plan_memory,
 )
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
@@ -326,8 +327,9 @@ class VulkanBackend(Backend):
         layout = self._write_rows(steps, list(range(len(steps))), "logits")
         cl = self._batch_recording(len(layout), "logits", (0, 0, 0), False)
         self._run_batch(cl, steps)
-        logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), self.config.vocab_size))
-        return logits[[layout.index(i) for i in range(len(steps))]]
+        V = self.config.vocab_size
+        logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), batch_logits_stride(V)))
+        return np.ascontiguousarray(logits[[layout.index(i) for i in range(len(steps))], :V])
 
     def decode_batch_sampled(self, steps: Sequence[SeqStep]) -> list[int]:
         """`decode_batch` with every row's sampler on the GPU (its params, its seed, the Philox

@@ -27,6 +27,7 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_no
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
+from phoenix_chat.engine.backends.vulkan.plan import batch_logits_stride
 from phoenix_chat.engine.backends.vulkan.profiling import mark
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import BatchRows
@@ -40,11 +41,11 @@ SamplerMix: TypeAlias = tuple[int, int, int]
 
 
 def bucket_for(n: int, max_rows: int) -> int:
-    """The smallest recorded batch size holding n sequences."""
-    for b in BUCKETS:
-        if n <= b <= max(max_rows, 2):
-            return b
-    raise ValueError(f"a batched step holds 2..{max_rows} sequences, not {n}")
+    """The smallest recorded batch size holding n sequences: a bucket, or max_rows itself (the
+    backend's slots, where they are fewer than the next bucket: its per-row scratch ends there)."""
+    if not 2 <= n <= max_rows:
+        raise ValueError(f"a batched step holds 2..{max_rows} sequences, not {n}")
+    return min([b for b in BUCKETS if n <= b <= max_rows] + [max_rows])
 
 
 def record_batch(
@@ -156,12 +157,13 @@ def record_batch(
             cl, dev, b.o, L.norms["post_feedforward_layernorm"], b.x, nxt, b.h, rows=B, n=H, eps=cfg.rms_norm_eps
         )
     mark(cl, "norm_add")
-    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=V)
+    Vs = batch_logits_stride(V)  # row r's logits at r * Vs floats
+    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs)
     if mode == "sample":
         mark(cl, "lm_head")
         if penalty:
             for r in range(B):
-                ops_sample.repetition_penalty(cl, dev, step(r), row(b.logits, r, V * f), b.tokens, vocab=V)
+                ops_sample.repetition_penalty(cl, dev, step(r), (b.logits, r * Vs * f, V * f), b.tokens, vocab=V)
             mark(cl, "penalty")
         n_argmax, n_topk, _ = mix
         for r in range(B):
@@ -169,7 +171,7 @@ def record_batch(
                 cl,
                 dev,
                 step(r),
-                row(b.logits, r, V * f),
+                (b.logits, r * Vs * f, V * f),
                 row(rows.cand, r, rows.cand_stride),
                 row(rows.counters, r, rows.counters_stride),
                 b.tokens,

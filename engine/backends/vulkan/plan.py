@@ -35,6 +35,12 @@ def row_stride(nbytes: int) -> int:
     return -(-nbytes // ROW_ALIGN) * ROW_ALIGN
 
 
+def batch_logits_stride(vocab: int) -> int:
+    """Floats between two rows' logits in a batched step: each row's sampler binds its own row,
+    at an offset every device accepts (a vocabulary that is no multiple of 64 gets a gap)."""
+    return row_stride(vocab * 4) // 4
+
+
 def batch_scratch_bytes(cfg: ModelConfig, n_splits: int, rows: int) -> int:
     """Per-row scratch of a batched decode step (batch.py): each row's step, attention partials and
     arrival counters, and sampler candidates, so rows never share scratch within a step."""
@@ -44,7 +50,8 @@ def batch_scratch_bytes(cfg: ModelConfig, n_splits: int, rows: int) -> int:
         + row_stride(4 * ops_attention.counter_words(cfg.num_kv_heads))
         + row_stride(ops_sample.scratch_bytes(cfg.vocab_size))
     )
-    return rows * per_row
+    extra_logits = max(0, rows * batch_logits_stride(cfg.vocab_size) - LOGITS_CHUNK * cfg.vocab_size) * 4
+    return rows * per_row + extra_logits
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,13 @@ from phoenix_chat.engine.backends.vulkan.matvec import SUPPORTED, WeightMatrix, 
 from phoenix_chat.engine.backends.vulkan.memory import Buffer, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, STEP_ROW_BYTES
 from phoenix_chat.engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
-from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, MemoryPlan, row_stride
+from phoenix_chat.engine.backends.vulkan.plan import (
+    LOGITS_CHUNK,
+    PREFILL_CHUNK,
+    MemoryPlan,
+    batch_logits_stride,
+    row_stride,
+)
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import UnsupportedModelError
 from phoenix_chat.engine.weights.base import WeightSource
@@ -233,7 +239,8 @@ def allocate_buffers(
     # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
     mv_arrival = dev.buffer(16, name="matvec_arrival")
     dev.upload(mv_arrival, np.zeros(4, np.uint32))
-    logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
+    batch_logits = plan.batch_rows * batch_logits_stride(cfg.vocab_size)  # batched rows, each aligned
+    logits = dev.buffer(max(LOGITS_CHUNK * cfg.vocab_size, batch_logits) * f, name="logits")
     partial = dev.buffer(
         ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * f, name="attn_partial"
     )
