@@ -124,7 +124,9 @@ def test_slot_misuse_is_refused(tiny):
     with pytest.raises(ValueError, match="distinct slots"):
         vk.decode_batch([SeqStep(1, 5, 3), SeqStep(1, 6, 4)])
     with pytest.raises(ValueError, match="past the context"):
-        vk.decode_batch([SeqStep(0, 5, CTX - 1), SeqStep(1, 6, 4)])
+        vk.decode_batch([SeqStep(0, 5, CTX), SeqStep(1, 6, 4)])
+    with pytest.raises(ValueError, match="past the context"):  # its draw would be at CTX
+        vk.decode_batch_sampled([SeqStep(0, 5, CTX - 1), SeqStep(1, 6, 4)])
 
 
 def test_memory_plan_counts_every_slot(tiny, vk_device, monkeypatch):

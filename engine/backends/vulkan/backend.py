@@ -320,7 +320,7 @@ class VulkanBackend(Backend):
     def decode_batch(self, steps: Sequence[SeqStep]) -> npt.NDArray[np.float32]:
         """One step of every sequence in `steps`: logits (B, vocab). One sequence runs the
         single-sequence decode recording; more run a recorded batched step (batch.py)."""
-        self._check_steps(steps)
+        self._check_steps(steps, room=0)
         if len(steps) == 1:
             st = steps[0]
             return self.forward_slot(st.slot, [st.token], st.pos)[None, :]
@@ -334,7 +334,7 @@ class VulkanBackend(Backend):
     def decode_batch_sampled(self, steps: Sequence[SeqStep]) -> list[int]:
         """`decode_batch` with every row's sampler on the GPU (its params, its seed, the Philox
         counter of the drawn token's position): the ids, in the order of `steps`."""
-        self._check_steps(steps)
+        self._check_steps(steps, room=1)
         if len(steps) == 1:
             st = steps[0]
             return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
@@ -351,7 +351,9 @@ class VulkanBackend(Backend):
         tokens = self.buffers.tokens_view
         return [int(tokens[self._slot_fields(st.slot)["tok_base"] + st.pos + 1]) for st in steps]
 
-    def _check_steps(self, steps: Sequence[SeqStep]) -> None:
+    def _check_steps(self, steps: Sequence[SeqStep], room: int) -> None:
+        """Distinct slots of this backend, positions inside the context (room: positions after the
+        fed one that must exist too: the drawn token's)."""
         if not steps:
             raise ValueError("a decode step needs at least one sequence")
         if len({st.slot for st in steps}) != len(steps):
@@ -360,7 +362,7 @@ class VulkanBackend(Backend):
             raise SlotsUnsupported("this backend was built with one KV slot: no batched decode step")
         for st in steps:
             self._check_slot(st.slot)
-            if not 0 <= st.pos < self.context_length - 1:
+            if not 0 <= st.pos < self.context_length - room:
                 raise ValueError(f"slot {st.slot}: position {st.pos} is past the context of {self.context_length}")
 
     def _write_rows(self, steps: Sequence[SeqStep], order: list[int], mode: BatchMode) -> list[int | None]:
@@ -483,8 +485,8 @@ class VulkanBackend(Backend):
     def stats(self) -> dict[str, Any]:
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
-        many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full)."""
-        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled)}
+        many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
+        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
 
     def close(self) -> None:
         dev = getattr(self, "dev", None)
