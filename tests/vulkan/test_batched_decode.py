@@ -181,3 +181,33 @@ def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_dev
     finally:
         vk.close()
         w.close()
+
+
+def test_embedded_270m_batched_greedy_equals_each_alone(vk_device):
+    """The real 270M: two prompts decoded together (slots 0 and 1) draw the greedy ids each draws
+    alone through generate_tokens, and the batched logits are each one's decode logits."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
+    w = open_weights(embedded_model_path())
+    vk = VulkanBackend(w, 40, device=vk_device, slots=2)
+    try:
+        tok = w.tokenizer()
+        prompts = [tok.encode("The capital of France is")[:8], tok.encode("One, two, three, four,")[:10]]
+        greedy = SamplingParams(temperature=0.0)
+        alone = [list(vk.generate_tokens(p, 0, greedy, 4)) for p in prompts]
+        got = [[vk.prefill_sampled(s, p, 0, greedy, 0)] for s, p in enumerate(prompts)]
+        for i in range(3):
+            steps = [SeqStep(s, got[s][-1], len(prompts[s]) + i) for s in range(2)]
+            for s, t in enumerate(vk.decode_batch_sampled(steps)):
+                got[s].append(t)
+        assert got == alone
+        # one more step as logits: each row is what its slot's single-sequence decode gives
+        steps = [SeqStep(s, got[s][-1], len(prompts[s]) + 3) for s in range(2)]
+        batched = vk.decode_batch(steps)
+        for s, row in enumerate(batched):
+            ref = vk.forward_slot(s, [got[s][-1]], len(prompts[s]) + 3)
+            np.testing.assert_allclose(row, ref, atol=2e-3 * np.abs(ref).max())
+    finally:
+        vk.close()
+        w.close()
