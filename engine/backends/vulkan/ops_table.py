@@ -132,7 +132,17 @@ def _variants() -> list[Variant]:
             norm_spec,
         ),
         Variant("rope_f32_f16", "rope.comp", 8, ROPE_PUSH, {}, {"WG": (0, 64)}),
+        # a batched decode step's rows (batch.py): one Step per row, each its own slot and position
+        Variant("rope_f32_f16_rows", "rope.comp", 8, ROPE_PUSH, {"STEP_ROWS": None}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, ATTN_PUSH, {}, attn_spec),
+        Variant(
+            "attention_decode_f16_f32_rows",
+            "attention.comp",
+            7,
+            ATTN_PUSH,
+            {"STEP_ROWS": None},
+            {**attn_spec, "QROW": (3, 0)},
+        ),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
         Variant("attention_decode_f16_f32_q8_1", "attention.comp", 8, ATTN_PUSH, {"ATTN_Q8_1": None}, attn_spec),
         Variant(
