@@ -123,7 +123,10 @@ class CpuBackend(Backend):
             self._check_slot(s.slot)
             if s.slot == 0:
                 self.wrote_kv(s.pos + 1)
-        return self.model.decode_batch([s.token for s in steps], [s.pos for s in steps], [s.slot for s in steps])
+        # one slot never batches: no padding, one row decodes as `forward` does (same bits)
+        return self.model.decode_batch(
+            [s.token for s in steps], [s.pos for s in steps], [s.slot for s in steps], pad_single=self.n_slots > 1
+        )
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.n_slots:

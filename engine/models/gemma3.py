@@ -144,18 +144,22 @@ class Gemma3Model:
         logits = x @ self.embed.T
         return logits if all_logits else logits[0]
 
-    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> F32:
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], *, pad_single: bool = True
+    ) -> F32:
         """One token for each of B sequences (distinct slots) in one pass over the weights:
         every matrix multiplies all B rows at once, attention runs per sequence over its own
         cache. Logits (B, vocab).
 
-        A single row is padded to two: BLAS computes one row with a matrix-vector kernel whose
-        sums differ in the last bits from its matrix-matrix kernel, and with at least two rows
-        each row's result does not depend on the other rows — so a sequence's logits are the
-        same bits whoever shares its step (tests/test_batching.py)."""
+        pad_single: a single row is padded to two. BLAS computes one row with a matrix-vector
+        kernel whose sums differ in the last bits from its matrix-matrix kernel, and with at
+        least two rows each row's result does not depend on the other rows — so a sequence's
+        logits are the same bits whoever shares its step (tests/test_batching.py). The price:
+        with few rows the matrix-matrix kernel costs ~3x a matrix-vector pass (it packs the
+        weights), so a one-slot backend, which never batches, does not pad."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a batched step feeds each slot once, got slots {list(slots)}")
-        pad = len(tokens) == 1
+        pad = pad_single and len(tokens) == 1
         ids = list(tokens) * 2 if pad else list(tokens)
         segments = [(self._cache_for(s), np.array([p], np.int64), i) for i, (s, p) in enumerate(zip(slots, positions))]
         x = self._layers(ids, segments, None)
