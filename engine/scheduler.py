@@ -18,6 +18,13 @@ Prefix reuse per slot: a new request goes to the free slot holding its longest u
 prefix (a conversation's earlier turns, a shared system prompt; the sliding-window rule of
 engine/prompt_cache.py, with each slot's writes tracked by a `SlotPrefix`), else to the least
 recently used free slot; only the rest of the prompt is prefilled.
+
+A one-slot backend has nothing to batch: each request runs through `generate_step` with the
+model's `PromptCache`, one token per step, so a backend that keeps the whole token step on the
+device (Vulkan's `generate_tokens`) keeps doing so.
+
+The scheduler must be the only writer to its model's K/V: a forward it does not see makes its
+record of what a slot holds wrong.
 """
 
 from __future__ import annotations
@@ -28,13 +35,14 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, SeqStep
 from phoenix_chat.engine.errors import CancelledError
 from phoenix_chat.engine.generate import prompt_ids_for
-from phoenix_chat.engine.prompt_cache import ReusePlan, SlotPrefix
+from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
 from phoenix_chat.engine.requests import Delta, EngineBusy, FinishReason, PromptTooLong, Request, RequestStream, Usage
 from phoenix_chat.engine.sampling import Sampler
 from phoenix_chat.engine.stop_strings import StopMatcher
@@ -68,6 +76,7 @@ class _Seq:
     history: list[int] = field(default_factory=list)  # prompt + answer ids (repetition penalty)
     unsent: list[int] = field(default_factory=list)  # ids not yet handed out in a delta
     first_at: float | None = None
+    tokens: Generator[int, None, None] | None = None  # a one-slot backend's generate_step
 
     @property
     def pos(self) -> int:
@@ -92,6 +101,8 @@ class Scheduler:
         self.backend = model.backend
         self.max_queue = max_queue
         self.slots = [_Slot(i, SlotPrefix()) for i in range(self.backend.n_slots)]
+        # one slot: nothing to batch, requests run through generate_step and this cache
+        self.cache = PromptCache(self.backend) if len(self.slots) == 1 else None
         self._eos = set(model.config.eos_token_ids)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -162,23 +173,26 @@ class Scheduler:
                     pending, self._pending = list(self._pending), collections.deque()
                     break
                 cancelled = set(self._cancelled)
-                admit: list[tuple[RequestStream, list[int], float]] = []
-                dropped: list[RequestStream] = []
-                free = sum(1 for s in self.slots if s.seq is None)
-                while self._pending and len(admit) < free:
-                    item = self._pending.popleft()
-                    if item[0].id in cancelled:
-                        dropped.append(item[0])
-                    else:
-                        admit.append(item)
+                # a cancelled request leaves the queue at once, slot or no slot
+                dropped = [item[0] for item in self._pending if item[0].id in cancelled]
+                if dropped:
+                    self._pending = collections.deque(i for i in self._pending if i[0].id not in cancelled)
                 for stream in dropped:
                     self._done_with(stream.id)
+                free = sum(1 for s in self.slots if s.seq is None)
+                admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             for stream in dropped:
                 stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))
             for seq in [s for s in self._running if s.stream.id in cancelled]:
                 self._finish(seq, "cancelled")
             for stream, ids, queued_at in admit:
-                self._admit(stream, ids, queued_at)
+                try:
+                    self._admit(stream, ids, queued_at)
+                except Exception as err:  # a bug: this request ends, the engine goes on
+                    log.exception("request %s could not be admitted", stream.id)
+                    with self._lock:
+                        self._done_with(stream.id)
+                    stream.put(Delta(stream.id, "", finish_reason="error", error=f"{type(err).__name__}: {err}"))
             self._step()
         for seq in list(self._running):
             self._finish(seq, "cancelled")
@@ -198,8 +212,11 @@ class Scheduler:
         recently used free one) and plan its prefill."""
         from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
-        slot, plan = self._pick_slot(ids)
         req = stream.request
+        if self.cache is not None:
+            slot, plan = self.slots[0], self.cache.plan(ids)
+        else:
+            slot, plan = self._pick_slot(ids)
         seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
         seq = _Seq(
             stream=stream,
@@ -216,7 +233,12 @@ class Scheduler:
             history=list(ids),
         )
         slot.seq = seq
-        slot.prefix.begin(ids, plan.reused)
+        if self.cache is not None:
+            seq.tokens = self.cache.generate(
+                self.model, ids, req.params, seq.budget, plan, cancel=lambda: self._is_cancelled(stream.id)
+            )
+        else:
+            slot.prefix.begin(ids, plan.reused)
         self._running.append(seq)
 
     def _pick_slot(self, ids: list[int]) -> tuple[_Slot, ReusePlan]:
@@ -238,6 +260,9 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------------
 
     def _step(self) -> None:
+        if self.cache is not None:
+            self._serial_step()
+            return
         decoding = [s for s in self._running if s.token is not None]
         reading = next((s for s in self._running if s.token is None), None)
         if reading is not None:
@@ -255,6 +280,28 @@ class Scheduler:
                 log.exception("a decode step of %d sequences failed", len(decoding))
                 for seq in decoding:
                     self._fail(seq, err)
+
+    def _serial_step(self) -> None:
+        """One token of the one running request (one-slot backend)."""
+        if not self._running:
+            return
+        seq = self._running[0]
+        assert seq.tokens is not None
+        try:
+            token = next(seq.tokens)
+        except StopIteration:  # generate_step ends at the budget, which _took ends first
+            self._finish(seq, "length")
+            return
+        except CancelledError:
+            self._finish(seq, "cancelled")
+            return
+        except Exception as err:
+            log.exception("request %s failed", seq.stream.id)
+            self._fail(seq, err)
+            return
+        if seq.first_at is None:
+            seq.first_at = time.perf_counter()
+        self._took(seq, token)
 
     def _prefill_chunk(self, seq: _Seq) -> None:
         """Feed the next chunk of `seq`'s prompt; the last chunk's logits give its first token."""
@@ -342,13 +389,18 @@ class Scheduler:
             return  # it ended before the failure
         self._release(seq)
         seq.slot.prefix.forget()  # what a failed pass left in the slot is unknown
+        if self.cache is not None:
+            self.cache.forget()
         seq.stream.put(Delta(seq.stream.id, "", finish_reason="error", error=f"{type(err).__name__}: {err}"))
 
     def _release(self, seq: _Seq) -> None:
         if seq not in self._running:
             return
         self._running.remove(seq)
-        seq.slot.prefix.end(self.backend.kv_ring_slots)
+        if seq.tokens is not None:
+            seq.tokens.close()  # the PromptCache records what the slot holds
+        else:
+            seq.slot.prefix.end(self.backend.kv_ring_slots)
         seq.slot.seq = None
         seq.slot.used_at = time.perf_counter()
         with self._lock:

@@ -208,10 +208,16 @@ def test_queue_bound_counts_requests_waiting_for_a_slot(model):
         waiting = s.submit(Request("Hello", GREEDY, max_tokens=2, raw=True))
         with pytest.raises(EngineBusy, match="waiting"):
             s.submit(Request("Hello", GREEDY, max_tokens=2, raw=True))
+        waiting.cancel()  # leaves the queue within a step though no slot is free
+        deadline = time.monotonic() + 30
+        while s.waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.waiting == 0 and list(waiting)[-1].finish_reason == "cancelled"
+        after = s.submit(Request("Hello", GREEDY, max_tokens=2, raw=True))  # room again
         for r in running:
             r.cancel()
         assert all(list(r)[-1].finish_reason == "cancelled" for r in running)
-        assert waiting.text()  # it got a slot once they left
+        assert after.text()  # it got a slot once they left
     finally:
         s.close()
 
