@@ -355,6 +355,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.streams:
+        from phoenix_chat.engine.bench_streams import run_streams_cli
+
+        return run_streams_cli(args)
     from phoenix_chat.engine.bench import run_bench_cli
 
     return run_bench_cli(args)

@@ -227,12 +227,11 @@ def run_bench(
     )
 
 
-def run_bench_cli(args: argparse.Namespace) -> int:
-    """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
+def bench_backend(args: argparse.Namespace) -> str:
+    """The backend a bench runs on: "auto" is a Vulkan device if one opens, else the CPU."""
     from phoenix_chat.engine.errors import PhoenixError
-    from phoenix_chat.engine.weights import embedded_model_path
 
-    backend = args.backend
+    backend: str = args.backend
     if backend == "auto":
         try:
             from phoenix_chat.engine.backends.vulkan.device import Device
@@ -243,8 +242,14 @@ def run_bench_cli(args: argparse.Namespace) -> int:
             backend = "cpu"
     if backend not in ("cpu", "vulkan"):
         raise PhoenixError(f"bench runs the cpu and vulkan backends, not {backend}")
-    if getattr(args, "streams", None):
-        return _streams_cli(args, backend)
+    return backend
+
+
+def run_bench_cli(args: argparse.Namespace) -> int:
+    """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
+    from phoenix_chat.engine.weights import embedded_model_path
+
+    backend = bench_backend(args)
     r = run_bench(
         args.model or embedded_model_path(),
         backend,
@@ -254,39 +259,5 @@ def run_bench_cli(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         gen_tokens=args.gen_tokens,
     )
-    print(json.dumps(asdict(r), indent=1) if args.json else r.table())
-    return 0
-
-
-def parse_streams(text: str) -> list[int]:
-    """ "1,2,4,8" -> [1, 2, 4, 8] (each at least 1)."""
-    from phoenix_chat.engine.errors import PhoenixError
-
-    try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PhoenixError(f"--streams takes comma-separated counts such as 1,2,4,8, not {text!r}") from None
-    if not counts or min(counts) < 1:
-        raise PhoenixError(f"--streams takes counts of at least 1, not {text!r}")
-    return counts
-
-
-def _streams_cli(args: argparse.Namespace, backend: str) -> int:
-    """`bench --streams`: the model loaded with one slot per stream of the largest count, then
-    engine/bench_streams.py."""
-    from phoenix_chat import engine
-    from phoenix_chat.engine.bench_streams import run_streams_bench
-
-    counts = parse_streams(args.streams)
-    turns = args.chat_turns
-    # room for the longest request: one stream's prompt and answer, or the whole scripted chat
-    ctx = args.ctx or max(args.prompt_tokens + args.gen_tokens, args.prompt_tokens + turns * (64 + 8)) + 8
-    model = engine.load(
-        args.model, backend=backend, context_length=ctx, quant=args.quant, device=args.device, slots=max(counts)
-    )
-    try:
-        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, turns)
-    finally:
-        model.close()
     print(json.dumps(asdict(r), indent=1) if args.json else r.table())
     return 0

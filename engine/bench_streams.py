@@ -10,14 +10,16 @@ engine/bench.py), so it also runs on synthetic GGUFs.
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from phoenix_chat.engine.bench import bench_prompt
+from phoenix_chat.engine.bench import bench_backend, bench_prompt
 from phoenix_chat.engine.generate import PromptIds
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
@@ -181,3 +183,37 @@ def run_streams_bench(
         finally:
             s.close()
     return result
+
+
+def parse_streams(text: str) -> list[int]:
+    """Parse '1,2,4,8' into [1, 2, 4, 8] (each at least 1)."""
+    from phoenix_chat.engine.errors import PhoenixError
+
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PhoenixError(f"--streams takes comma-separated counts such as 1,2,4,8, not {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise PhoenixError(f"--streams takes counts of at least 1, not {text!r}")
+    return counts
+
+
+def run_streams_cli(args: argparse.Namespace) -> int:
+    """`phoenix-chat bench --streams`: the model loaded with one slot per stream of the largest
+    count, then `run_streams_bench`."""
+    from phoenix_chat.engine.loader import load
+
+    counts = parse_streams(args.streams)
+    backend = bench_backend(args)
+    turns = args.chat_turns
+    # room for the longest request: one stream's prompt and answer, or the whole scripted chat
+    ctx = args.ctx or max(args.prompt_tokens + args.gen_tokens, args.prompt_tokens + turns * (64 + 8)) + 8
+    model = load(
+        args.model, backend=backend, context_length=ctx, quant=args.quant, device=args.device, slots=max(counts)
+    )
+    try:
+        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, turns)
+    finally:
+        model.close()
+    print(json.dumps(asdict(r), indent=1) if args.json else r.table())
+    return 0
