@@ -125,12 +125,17 @@ def measure_streams(
     )
 
 
-def scripted_chat(
-    scheduler: Scheduler, cfg: ModelConfig, turns: int, first_tokens: int, answer_tokens: int = 8
-) -> tuple[list[float], list[int]]:
-    """A conversation of `turns` turns: each prompt is the previous prompt, its answer and a new
-    64-token message. TTFT (ms) and reused prompt tokens per turn."""
-    ids = bench_prompt(cfg, first_tokens, seed=1000)
+CHAT_MESSAGE_TOKENS = 64  # every turn of the scripted chat adds a message this long
+CHAT_ANSWER_TOKENS = 8
+
+
+def scripted_chat(scheduler: Scheduler, cfg: ModelConfig, turns: int) -> tuple[list[float], list[int]]:
+    """A conversation of `turns` turns: the first prompt is <bos> and a 64-token message, each
+    next one the previous prompt, its answer and a new 64-token message — so every turn computes
+    about the same number of new tokens, and TTFT growth is what the history costs. TTFT (ms)
+    and reused prompt tokens per turn."""
+    answer_tokens = CHAT_ANSWER_TOKENS
+    ids = bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=1000)
     ttft: list[float] = []
     reused: list[int] = []
     for turn in range(turns):
@@ -142,7 +147,7 @@ def scripted_chat(
         ttft.append(usage.ttft_s * 1000)
         reused.append(usage.prompt_reused)
         answer = [t for d in deltas for t in d.token_ids]
-        ids = ids + answer + bench_prompt(cfg, 65, seed=2000 + turn)[1:]  # without the second <bos>
+        ids = ids + answer + bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=2000 + turn)[1:]  # no second <bos>
     return ttft, reused
 
 
@@ -179,7 +184,7 @@ def run_streams_bench(
     if chat_turns > 0:
         s = Scheduler(model)
         try:
-            result.chat_ttft_ms, result.chat_reused = scripted_chat(s, cfg, chat_turns, prompt_tokens)
+            result.chat_ttft_ms, result.chat_reused = scripted_chat(s, cfg, chat_turns)
         finally:
             s.close()
     return result
@@ -207,7 +212,8 @@ def run_streams_cli(args: argparse.Namespace) -> int:
     backend = bench_backend(args)
     turns = args.chat_turns
     # room for the longest request: one stream's prompt and answer, or the whole scripted chat
-    ctx = args.ctx or max(args.prompt_tokens + args.gen_tokens, args.prompt_tokens + turns * (64 + 8)) + 8
+    chat = (turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS)
+    ctx = args.ctx or max(args.prompt_tokens + args.gen_tokens, chat) + 8
     model = load(
         args.model, backend=backend, context_length=ctx, quant=args.quant, device=args.device, slots=max(counts)
     )

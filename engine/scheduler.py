@@ -287,6 +287,7 @@ class Scheduler:
             return
         seq = self._running[0]
         assert seq.tokens is not None
+        self.max_batch = max(self.max_batch, 1)
         try:
             token = next(seq.tokens)
         except StopIteration:  # generate_step ends at the budget, which _took ends first
