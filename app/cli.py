@@ -159,12 +159,12 @@ def cmd_run(args) -> int:
                 sys.stdout.flush()
     finally:
         scheduler.close()
-    sys.stdout.write("\n")
     final, usage = stream.final, stream.final.usage if stream.final else None
-    if final is None or usage is None:
+    if final is None or usage is None:  # finish_reason "error": its one line, as any PhoenixError
         from phoenix_chat.engine.errors import PhoenixError
 
-        raise PhoenixError(f"generation failed: {final.error if final else 'no answer'}")
+        raise PhoenixError(final.error if final and final.error else "the engine ended without an answer")
+    sys.stdout.write("\n")
     ttft = "-" if usage.ttft_s is None else f"{usage.ttft_s * 1000:.0f}"
     prompt_tps = (usage.prompt_tokens - usage.prompt_reused) / usage.ttft_s if usage.ttft_s else 0.0
     print(

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, SeqStep
-from phoenix_chat.engine.errors import CancelledError
+from phoenix_chat.engine.errors import CancelledError, PhoenixError
 from phoenix_chat.engine.generate import prompt_ids_for
 from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
 from phoenix_chat.engine.requests import Delta, EngineBusy, FinishReason, PromptTooLong, Request, RequestStream, Usage
@@ -54,6 +54,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("phoenix.engine")
 
 DEFAULT_MAX_QUEUE = 64
+
+
+def error_text(err: Exception) -> str:
+    """The one line a failed request ends with: a PhoenixError's own message (what the user can
+    act on, as the CLI and GUI show it), else the exception's type and message (a bug)."""
+    return str(err) if isinstance(err, PhoenixError) else f"{type(err).__name__}: {err}"
+
+
+def _log_failure(err: Exception, msg: str, *args: object) -> None:
+    """A device or user-facing failure is logged as a line (the client shows it); a bug with its traceback."""
+    if isinstance(err, PhoenixError):
+        log.info(msg + ": %s", *args, err)
+    else:
+        log.exception(msg, *args)
 
 
 @dataclass
@@ -189,10 +203,10 @@ class Scheduler:
                 try:
                     self._admit(stream, ids, queued_at)
                 except Exception as err:  # a bug: this request ends, the engine goes on
-                    log.exception("request %s could not be admitted", stream.id)
+                    _log_failure(err, "request %s could not be admitted", stream.id)
                     with self._lock:
                         self._done_with(stream.id)
-                    stream.put(Delta(stream.id, "", finish_reason="error", error=f"{type(err).__name__}: {err}"))
+                    stream.put(Delta(stream.id, "", finish_reason="error", error=error_text(err)))
             self._step()
         for seq in list(self._running):
             self._finish(seq, "cancelled")
@@ -271,13 +285,13 @@ class Scheduler:
             except CancelledError:
                 self._finish(reading, "cancelled")
             except Exception as err:  # a bug or a device failure: this request ends, the engine goes on
-                log.exception("request %s failed in prefill", reading.stream.id)
+                _log_failure(err, "request %s failed in prefill", reading.stream.id)
                 self._fail(reading, err)
         if decoding:
             try:
                 self._decode(decoding)
             except Exception as err:
-                log.exception("a decode step of %d sequences failed", len(decoding))
+                _log_failure(err, "a decode step of %d sequences failed", len(decoding))
                 for seq in decoding:
                     self._fail(seq, err)
 
@@ -297,7 +311,7 @@ class Scheduler:
             self._finish(seq, "cancelled")
             return
         except Exception as err:
-            log.exception("request %s failed", seq.stream.id)
+            _log_failure(err, "request %s failed", seq.stream.id)
             self._fail(seq, err)
             return
         if seq.first_at is None:
@@ -392,7 +406,7 @@ class Scheduler:
         seq.slot.prefix.forget()  # what a failed pass left in the slot is unknown
         if self.cache is not None:
             self.cache.forget()
-        seq.stream.put(Delta(seq.stream.id, "", finish_reason="error", error=f"{type(err).__name__}: {err}"))
+        seq.stream.put(Delta(seq.stream.id, "", finish_reason="error", error=error_text(err)))
 
     def _release(self, seq: _Seq) -> None:
         if seq not in self._running:
