@@ -96,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument(
+        "--streams",
+        metavar="N,N,...",
+        default=None,
+        help="many-stream mode: N concurrent requests through the scheduler for each count "
+        "(aggregate and per-stream tok/s, p50/p99 inter-token latency), then a scripted chat's TTFT",
+    )
+    p.add_argument(
+        "--chat-turns", type=int, default=10, metavar="N", help="with --streams: turns of the scripted chat (0: none)"
+    )
     return parser
 
 
@@ -133,21 +143,52 @@ def _messages(system, prompt):
 
 
 def cmd_run(args) -> int:
+    model = _load(args)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
+    if args.draft:
+        return _run_speculative(args, model, prompt)
+    from phoenix_chat.engine.requests import Request
+    from phoenix_chat.engine.scheduler import Scheduler
+
+    scheduler = Scheduler(model)  # the one engine API (engine/requests.py), as every client
+    try:
+        stream = scheduler.submit(Request(prompt, _sampling(args), args.max_tokens, raw=args.raw))
+        for d in stream:
+            if d.text:
+                sys.stdout.write(d.text)
+                sys.stdout.flush()
+    finally:
+        scheduler.close()
+    final, usage = stream.final, stream.final.usage if stream.final else None
+    if final is None or usage is None:  # finish_reason "error": its one line, as any PhoenixError
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError(final.error if final and final.error else "the engine ended without an answer")
+    sys.stdout.write("\n")
+    ttft = "-" if usage.ttft_s is None else f"{usage.ttft_s * 1000:.0f}"
+    prompt_tps = (usage.prompt_tokens - usage.prompt_reused) / usage.ttft_s if usage.ttft_s else 0.0
+    print(
+        f"[{model.backend.name}: prompt {usage.prompt_tokens} tok at {prompt_tps:.1f} tok/s, "
+        f"generated {usage.completion_tokens} tok at {usage.generation_tps:.1f} tok/s, "
+        f"ttft {ttft} ms, finish: {final.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run_speculative(args, model, prompt) -> int:
+    """`run --draft`: speculative decoding through stream_generate (the scheduler serves one
+    model; a draft's own cache is outside its slots)."""
+    from phoenix_chat import engine
     from phoenix_chat.engine.generate import stream_generate
     from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
 
-    model = _load(args)
-    draft = spec = None
-    if args.draft:
-        from phoenix_chat import engine
-
-        on = "auto" if args.backend == "npu-hybrid" else args.backend  # the draft decodes, it prefills little
-        draft = engine.load(
-            args.draft, backend=on, context_length=model.backend.context_length, quant=args.quant, device=args.device
-        )
-        check_draft(model, draft)
-        spec = SpeculativeStats()
-    prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
+    on = "auto" if args.backend == "npu-hybrid" else args.backend  # the draft decodes, it prefills little
+    draft = engine.load(
+        args.draft, backend=on, context_length=model.backend.context_length, quant=args.quant, device=args.device
+    )
+    check_draft(model, draft)
+    spec = SpeculativeStats()
     last = None
     for r in stream_generate(
         model,
@@ -169,8 +210,6 @@ def cmd_run(args) -> int:
         f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
         f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
         f"{spec.tokens_per_round:.2f} tok per target pass"
-        if draft and spec
-        else ""
     )
     ttft = "-" if last.ttft_s is None else f"{last.ttft_s * 1000:.0f}"
     print(
@@ -316,6 +355,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.streams:
+        from phoenix_chat.engine.bench_streams import run_streams_cli
+
+        return run_streams_cli(args)
     from phoenix_chat.engine.bench import run_bench_cli
 
     return run_bench_cli(args)
