@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from phoenix_chat.engine.generate import PromptIds
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.scheduler import Scheduler
@@ -24,13 +23,13 @@ def tiny_model(model_path, vk_device):
 
 
 def _requests() -> list[Request]:
-    prompts = [[5, 17, 99, 1000, 7], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [2000, 31, 7]]
+    prompts = ["The capital of France is", "Once upon a time, in a small village by the sea, there", "1, 2, 3,"]
     params = [
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=1.3, top_k=0, top_p=1.0, seed=11),
         SamplingParams(temperature=0.9, top_k=20, seed=5),
     ]
-    return [Request(PromptIds(tuple(p)), s, max_tokens=5) for p, s in zip(prompts, params, strict=True)]
+    return [Request(p, s, max_tokens=5, raw=True) for p, s in zip(prompts, params, strict=True)]
 
 
 def _ids(stream) -> tuple[list[int], str | None]:
@@ -48,7 +47,7 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
     try:
         assert tiny_model.backend.n_slots == SLOTS
         alone = [_ids(sched.submit(r))[0] for r in reqs]
-        streams = [sched.submit(Request(r.prompt, r.params, r.max_tokens)) for r in reqs]
+        streams = [sched.submit(Request(r.prompt, r.params, r.max_tokens, raw=True)) for r in reqs]
         together = [_ids(s) for s in streams]
         shared = sched.max_batch
     finally:
