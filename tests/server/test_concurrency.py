@@ -95,3 +95,19 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(client, server, 
     wait_idle(scheduler)
     assert server.state.counters.cancelled_on_disconnect == before + 1
     still_serves(client, server.state.model_id)
+
+
+def test_stopping_the_server_mid_stream_cancels_its_request(scheduler):
+    """The GUI or CLI stops the server while a client streams: the server ends within its grace
+    period and the engine is freed (the model stays loaded for whoever hosts it)."""
+    from phoenix_chat.app.server.config import ServerConfig
+    from phoenix_chat.app.server.running import GRACEFUL_SHUTDOWN_S, start_server
+
+    running = start_server(scheduler, ServerConfig(port=0))
+    conn, resp = _open_stream(running.port, 10_000)
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    started = time.monotonic()
+    running.stop()
+    assert time.monotonic() - started < GRACEFUL_SHUTDOWN_S + 5
+    wait_idle(scheduler)
+    conn.close()
