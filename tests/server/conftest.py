@@ -23,8 +23,9 @@ MAX_QUEUE = 2
 KEY = "test-key-0123456789"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model(model_path):
+    """Loaded once for tests/server; each module gets its own scheduler and server on it."""
     m = load(model_path, backend="cpu", context_length=CONTEXT)
     yield m
     m.close()
