@@ -76,7 +76,8 @@ class RunningServer:
         self.stop()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket, or a one-line ServerConfigError (port in use, no such address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -94,7 +95,7 @@ def start_server(scheduler: Scheduler, config: ServerConfig, access_log: bool = 
     """Check `config` (a non-loopback bind without a key is refused), bind, serve on a thread."""
     config.check()
     state = ServerState(scheduler, config)
-    sock = _bind(config.host, config.port)
+    sock = bind_socket(config.host, config.port)
     uv_config = uvicorn.Config(
         build_app(state),
         log_level="info" if access_log else "warning",

@@ -13,7 +13,7 @@ from typing import Any
 from phoenix_chat.engine.errors import PhoenixError
 
 from .config import ServerConfig
-from .running import start_server
+from .running import bind_socket, start_server
 
 
 def config_from_args(args: Any) -> ServerConfig:
@@ -45,6 +45,8 @@ def serve(args: Any, load_fn: Callable[..., Any]) -> int:
 
     config = config_from_args(args)
     config.check()
+    if config.port:
+        bind_socket(config.host, config.port).close()  # a port in use fails now, not after the load
     model = load_fn(args, **slots_kwargs(args.parallel))
     scheduler = Scheduler(model)
     try:
