@@ -44,6 +44,19 @@ def _add_sampling_args(p):
     p.add_argument("--system", default=None, help="system prompt (folded into the first user turn)")
 
 
+def _add_serve_args(p):
+    from phoenix_chat.app.server.config import DEFAULT_HOST, DEFAULT_PORT
+
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (another than loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="clients must send Authorization: Bearer KEY")
+    p.add_argument(
+        "--parallel", type=int, default=1, metavar="N", help="requests the engine runs at once (its scheduler's slots)"
+    )
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="a web origin allowed to call")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="another name for the Host header")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phoenix-chat", description="Local Gemma 3 chat. No arguments: open the app.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -79,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("perplexity", help="llama.cpp-style perplexity of a text file")
     p.add_argument("file")
     _add_model_args(p)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on this machine (headless)")
+    _add_model_args(p)
+    _add_serve_args(p)
 
     p = sub.add_parser("devices", help="what compute is available")
     p.add_argument("--json", action="store_true")
@@ -322,6 +339,12 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from phoenix_chat.app.server.serve import serve
+
+    return serve(args, _load)
+
+
 def cmd_devices(args) -> int:
     from phoenix_chat.engine.devices import list_devices
 
@@ -386,6 +409,7 @@ COMMANDS = {
     "tokenize": cmd_tokenize,
     "info": cmd_info,
     "perplexity": cmd_perplexity,
+    "serve": cmd_serve,
     "devices": cmd_devices,
     "doctor": cmd_doctor,
     "export": cmd_export,
