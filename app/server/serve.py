@@ -3,7 +3,6 @@ SIGTERM. Settings are checked before the model loads, so an unsafe bind fails at
 
 from __future__ import annotations
 
-import inspect
 import signal
 import sys
 import threading
@@ -27,17 +26,11 @@ def config_from_args(args: Any) -> ServerConfig:
 
 
 def slots_kwargs(parallel: int) -> dict[str, int]:
-    """`slots=` for engine.load when the engine can run several requests at once; with a serial
-    engine --parallel above 1 is refused rather than ignored."""
-    from phoenix_chat import engine
-
+    """`slots=` for engine.load: --parallel N requests share the engine's decode steps (each in
+    its own KV slot; engine/scheduler.py)."""
     if parallel < 1:
         raise PhoenixError("--parallel must be 1 or more")
-    if "slots" in inspect.signature(engine.load).parameters:
-        return {"slots": parallel}
-    if parallel > 1:
-        raise PhoenixError("this engine runs one request at a time: --parallel above 1 needs the batching scheduler")
-    return {}
+    return {"slots": parallel}
 
 
 def serve(args: Any, load_fn: Callable[..., Any]) -> int:

@@ -5,7 +5,6 @@ context refused), --host/--port (where it listens), --api-key (required), --cors
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -14,9 +13,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from phoenix_chat import engine
 from phoenix_chat.app.cli import build_parser
 from phoenix_chat.app.server.config import DEFAULT_PORT
 
@@ -132,15 +128,6 @@ def test_a_port_in_use_exits_2_with_the_reason_before_loading():
     assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in err and "Traceback" not in err
 
 
-@pytest.mark.skipif("slots" in inspect.signature(engine.load).parameters, reason="the engine takes slots now")
-def test_parallel_above_1_is_refused_while_the_engine_is_serial():
-    """Until engine.load takes `slots=` (the batching scheduler), --parallel 2 would be a lie."""
-    proc = _serve("--backend", "cpu", "--ctx", "64", "--port", str(_free_port()), "--parallel", "2")
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "--parallel above 1 needs the batching scheduler" in err
-
-
-@pytest.mark.skipif("slots" not in inspect.signature(engine.load).parameters, reason="engine.load takes no slots yet")
 def test_parallel_sets_the_engines_slots():
     port = _free_port()
     proc = _serve("--backend", "cpu", "--ctx", "64", "--port", str(port), "--parallel", "3")
