@@ -34,6 +34,7 @@ _ENGINE_SAMPLING = SamplingParams()
 @dataclass
 class Settings:
     model_path: str | None = None  # None: the embedded Gemma 3 270M
+    draft_model: str | None = None  # Model → Draft model: speculative decoding with this file (None: off)
     recent_models: list[str] = field(default_factory=list)
     quant: str = AS_IN_FILE  # a QUANT_CHOICES value, handed to the engine as is
     backend: str = "auto"  # "auto" | "cpu" | "vulkan:<device index>"
@@ -80,6 +81,7 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "backend": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("vulkan")),
     "context_length": lambda v: v is None or (isinstance(v, int) and v > 0),
     "max_tokens": lambda v: isinstance(v, int) and v > 0,
+    "draft_model": lambda v: v is None or isinstance(v, str),
 }
 
 

@@ -25,7 +25,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: conversations.mode
 DB_NAME = "history.sqlite3"
 
 _SCHEMA = """
@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
-    sampling      TEXT NOT NULL DEFAULT '{}'
+    sampling      TEXT NOT NULL DEFAULT '{}',
+    mode          TEXT  -- "chat" | "completion"; NULL: the model's default (completion for a base model)
 );
 CREATE TABLE IF NOT EXISTS messages (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: late writes cannot hit a newer message
@@ -49,6 +50,7 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
+_UPGRADES = {2: "ALTER TABLE conversations ADD COLUMN mode TEXT;"}  # version → the step that reaches it
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Conversation:
     updated_at: float
     system_prompt: str = ""
     sampling: dict = field(default_factory=dict)
+    mode: str | None = None  # "chat" | "completion"; None: the model's default
 
 
 @dataclass
@@ -99,8 +102,11 @@ class Store:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} was written by a newer Phoenix Chat (schema {version})")
-            if version < SCHEMA_VERSION:
+            if version == 0:
                 self._db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+            elif version < SCHEMA_VERSION:
+                steps = "".join(_UPGRADES[v] for v in range(version + 1, SCHEMA_VERSION + 1))
+                self._db.executescript("BEGIN;" + steps + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
 
     def _tx(self):
         return _Transaction(self._db, self._lock)
@@ -161,6 +167,13 @@ class Store:
                 db.execute(
                     "UPDATE conversations SET sampling = ? WHERE id = ?", (json.dumps(sampling), conversation_id)
                 )
+
+    def set_conversation_mode(self, conversation_id: int, mode: str | None) -> None:
+        """Chat or completion mode for this conversation (None: the model's default)."""
+        if mode not in (None, "chat", "completion"):
+            raise ValueError(f"mode must be 'chat', 'completion' or None, not {mode!r}")
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET mode = ? WHERE id = ?", (mode, conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._tx() as db:
@@ -331,6 +344,7 @@ class StoreThread:
     create_conversation = _waited(Store.create_conversation)
     rename_conversation = _waited(Store.rename_conversation)
     update_conversation_settings = _waited(Store.update_conversation_settings)
+    set_conversation_mode = _waited(Store.set_conversation_mode)
     delete_conversation = _waited(Store.delete_conversation)
     messages = _waited(Store.messages)
     add_message = _waited(Store.add_message)
@@ -376,6 +390,7 @@ def _conversation(row) -> Conversation:
         row["updated_at"],
         row["system_prompt"],
         json.loads(row["sampling"] or "{}"),
+        row["mode"],
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -66,6 +67,7 @@ class ChatView(QWidget):
     edit_requested = Signal(int)  # message id
     edit_cancelled = Signal()
     settings_requested = Signal()
+    completion_toggled = Signal(bool)  # the chat's mode switch: True for completion, False for chat
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -140,9 +142,21 @@ class ChatView(QWidget):
         self.settings_button.setObjectName("chatSettingsButton")
         self.settings_button.setToolTip("System prompt and sampling for this conversation")
         self.settings_button.clicked.connect(self.settings_requested)
+        # completion mode (the chat as one text the model continues) or chat mode (the template)
+        self.completion_switch = QCheckBox("Completion mode")
+        self.completion_switch.setObjectName("completionSwitch")
+        self.completion_switch.setToolTip(
+            "On: the model continues the conversation as one text (no chat template), stopping at a "
+            "blank line. Off: chat mode, through the model's chat template. Kept per chat."
+        )
+        self.completion_switch.clicked.connect(self.completion_toggled)
+        self.mode_line = QLabel(wordWrap=True)  # one line on what the chat's mode means for this model
+        self.mode_line.setObjectName("modeLine")
+        self.mode_line.hide()
 
         buttons = QHBoxLayout()
         buttons.addWidget(self.settings_button)
+        buttons.addWidget(self.completion_switch)
         buttons.addStretch(1)
         buttons.addWidget(self.continue_button)
         buttons.addWidget(self.regenerate_button)
@@ -152,6 +166,7 @@ class ChatView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addLayout(notice_row)
+        layout.addWidget(self.mode_line)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
         layout.addWidget(self.hint)
@@ -195,6 +210,12 @@ class ChatView(QWidget):
         self.continue_button.setEnabled(continue_)
         self.hint.setText(hint)
         self.hint.setVisible(bool(hint))
+
+    def set_mode(self, completion: bool, line: str) -> None:
+        """The chat's mode on the switch, and the line that says what it means (empty: hidden)."""
+        self.completion_switch.setChecked(completion)
+        self.mode_line.setText(line)
+        self.mode_line.setVisible(bool(line))
 
     def show_notice(self, text_html: str, kind: str = "info") -> None:
         self.notice.setProperty("kind", kind)
