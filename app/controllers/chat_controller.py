@@ -33,7 +33,7 @@ SAVE_INTERVAL_MS = 500
 TITLE_CHARS = 48
 FINISH_NOTES = {
     "cancelled": "Stopped.",
-    "length": "Stopped at the answer length limit (Chat settings → Max answer tokens).",
+    "length": "Stopped at the answer length limit (Chat settings → Max answer tokens): Continue goes on.",
     "context": "Stopped: the conversation filled the model's context window. Start a new chat "
     "or raise Devices → Context length.",
 }
