@@ -81,6 +81,7 @@ def test_stop_mid_answer_keeps_the_partial_answer(qtbot, make_app, home):
     app = make_app()
     wait_loaded(qtbot, app)
     with qtbot.waitSignal(app.worker.tokens_changed, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
         app.chat.send("Tell me a long story about a dragon.")
     assert app.window.chat.stop_button.isEnabled()
     with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
