@@ -41,12 +41,10 @@ INTERRUPTED_NOTE = "Interrupted: Phoenix Chat closed before this answer finished
 CONTINUABLE = ("interrupted", "length", "cancelled", "crashed")  # finish reasons Continue can go on from
 STOPPING_NOTE = "stopping…"
 MODE_LINES = {  # (mode, base model?) → the one line above the transcript
-    ("completion", True): "Completion mode: this is a base model, so it continues your text as written "
-    "(no chat template) and stops at a blank line. Untick Completion mode to chat through the template.",
-    ("completion", False): "Completion mode: the model continues your text as written (no chat template) "
-    "and stops at a blank line.",
-    ("chat", True): "Chat mode on a base model: it was not instruction-tuned, so answers through the chat "
-    "template are often poor; Completion mode suits it.",
+    ("completion", True): "Completion mode: this base model continues your text (no chat template) up to a blank line.",
+    ("completion", False): "Completion mode: the model continues your text (no chat template) up to a blank line.",
+    ("chat", True): "Chat mode on a base model: it was not instruction-tuned, so its answers through "
+    "the chat template are often poor.",
 }
 STAT_FIELDS = frozenset(GenerationStats.__dataclass_fields__)
 

@@ -156,7 +156,6 @@ class ChatView(QWidget):
 
         buttons = QHBoxLayout()
         buttons.addWidget(self.settings_button)
-        buttons.addWidget(self.completion_switch)
         buttons.addStretch(1)
         buttons.addWidget(self.continue_button)
         buttons.addWidget(self.regenerate_button)
@@ -166,7 +165,12 @@ class ChatView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addLayout(notice_row)
-        layout.addWidget(self.mode_line)
+        mode_row = QHBoxLayout()  # the chat's mode: what it means, and the switch
+        mode_row.setContentsMargins(0, 0, 0, 0)
+        mode_row.addWidget(self.mode_line, 1)
+        mode_row.addStretch(0)
+        mode_row.addWidget(self.completion_switch, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(mode_row)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
         layout.addWidget(self.hint)

@@ -94,7 +94,7 @@ def test_a_base_model_gets_completion_mode_and_one_line_instead_of_a_banner(qtbo
     app.models._on_model("load-x", info)
     assert not view.notice.isVisible()
     assert view.completion_switch.isChecked() and view.mode_line.isVisible()
-    assert view.mode_line.text().startswith("Completion mode: this is a base model")
+    assert view.mode_line.text().startswith("Completion mode: this base model")
     assert chat.chat_mode() == "completion" and "base model" in app.window.model_label.text()
     first = chat.conversation_id
     qtbot.mouseClick(view.completion_switch, Qt.LeftButton)  # this chat → chat mode, saved with it
