@@ -34,6 +34,7 @@ _ENGINE_SAMPLING = SamplingParams()
 @dataclass
 class Settings:
     model_path: str | None = None  # None: the embedded Gemma 3 270M
+    draft_model: str | None = None  # Model → Draft model: speculative decoding with this file (None: off)
     recent_models: list[str] = field(default_factory=list)
     quant: str = AS_IN_FILE  # a QUANT_CHOICES value, handed to the engine as is
     backend: str = "auto"  # "auto" | "cpu" | "vulkan:<device index>"
@@ -92,6 +93,7 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "top_p": _in_range(0.0, 1.0),
     "min_p": _in_range(0.0, 1.0),
     "repetition_penalty": _in_range(1.0, 2.0),
+    "draft_model": lambda v: v is None or isinstance(v, str),
 }
 
 

@@ -25,7 +25,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
 
-SCHEMA_VERSION = 2  # 2: earlier versions of a regenerated answer (message_versions, messages.version)
+# 2: earlier versions of a regenerated answer (message_versions, messages.version);
+# 3: conversations.mode (chat or completion, per chat)
+SCHEMA_VERSION = 3
 EXPORT_VERSION = 1  # the export format's own version (it shows each answer's shown version only)
 DB_NAME = "history.sqlite3"
 
@@ -46,6 +48,7 @@ CREATE TABLE IF NOT EXISTS message_versions (
 # version → the script that brings a database of the version before up to it
 _MIGRATIONS = {
     2: "ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1;" + _VERSIONS_TABLE,
+    3: "ALTER TABLE conversations ADD COLUMN mode TEXT;",
 }
 _SCHEMA = (
     """
@@ -55,7 +58,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
-    sampling      TEXT NOT NULL DEFAULT '{}'
+    sampling      TEXT NOT NULL DEFAULT '{}',
+    mode          TEXT  -- "chat" | "completion"; NULL: the model's default (completion for a base model)
 );
 CREATE TABLE IF NOT EXISTS messages (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: late writes cannot hit a newer message
@@ -82,6 +86,7 @@ class Conversation:
     updated_at: float
     system_prompt: str = ""
     sampling: dict = field(default_factory=dict)
+    mode: str | None = None  # "chat" | "completion"; None: the model's default
 
 
 @dataclass
@@ -189,6 +194,13 @@ class Store:
                 db.execute(
                     "UPDATE conversations SET sampling = ? WHERE id = ?", (json.dumps(sampling), conversation_id)
                 )
+
+    def set_conversation_mode(self, conversation_id: int, mode: str | None) -> None:
+        """Chat or completion mode for this conversation (None: the model's default)."""
+        if mode not in (None, "chat", "completion"):
+            raise ValueError(f"mode must be 'chat', 'completion' or None, not {mode!r}")
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET mode = ? WHERE id = ?", (mode, conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._tx() as db:
@@ -410,6 +422,7 @@ class StoreThread:
     create_conversation = _waited(Store.create_conversation)
     rename_conversation = _waited(Store.rename_conversation)
     update_conversation_settings = _waited(Store.update_conversation_settings)
+    set_conversation_mode = _waited(Store.set_conversation_mode)
     delete_conversation = _waited(Store.delete_conversation)
     messages = _waited(Store.messages)
     add_message = _waited(Store.add_message)
@@ -457,6 +470,7 @@ def _conversation(row) -> Conversation:
         row["updated_at"],
         row["system_prompt"],
         json.loads(row["sampling"] or "{}"),
+        row["mode"],
     )
 
 

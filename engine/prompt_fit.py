@@ -35,6 +35,7 @@ class FittedPrompt:
     total_tokens: int  # the whole conversation, before fitting
     dropped_messages: int = 0  # messages left out
     cut_tokens: int = 0  # tokens cut from the middle of a message
+    cut_from: str = "middle"  # where they were cut: "middle" (of a message) or "start" (of a completion text)
 
     @property
     def changed(self) -> bool:

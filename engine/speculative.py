@@ -19,8 +19,10 @@ start of its next forward (`Backend.forward`), and the caches' local rings keep 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +33,9 @@ from phoenix_chat.engine.sampling import SamplingParams, candidates
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.base import CancelCheck
+    from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.loader import LoadedModel
+    from phoenix_chat.engine.tokenizer import Tokenizer
 
 MAX_DRAFT_TOKENS = 16  # a verify pass (draft + 1) fits one forward chunk, so rings hold it (models/kv_plan.py)
 
@@ -54,10 +58,36 @@ class SpeculativeStats:
 
 def check_draft(target: LoadedModel, draft: LoadedModel) -> None:
     """The draft must speak the target's vocabulary, or its guesses mean nothing."""
-    if target.tokenizer != draft.tokenizer:
+    _check_tokenizer(target, draft.path, draft.tokenizer)
+
+
+def check_draft_file(target: LoadedModel, path: str | os.PathLike[str]) -> ModelConfig:
+    """`check_draft` before loading anything: the file's tokenizer must be the target's, and the
+    file must hold fewer parameters (a draft as big as the target cannot make it faster). Reads
+    only the metadata (a second or two for a 262k-token vocabulary); returns the draft's config."""
+    from phoenix_chat.engine.weights import open_weights
+
+    weights = open_weights(path)
+    try:
+        tokenizer, config = weights.tokenizer(), weights.config
+    finally:
+        weights.close()
+    size = config.parameter_count()
+    _check_tokenizer(target, Path(path), tokenizer)
+    target_size = target.config.parameter_count()
+    if size >= target_size:
         raise PhoenixError(
-            f"draft model {draft.path.name} does not share the tokenizer of {target.path.name} "
-            f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} tokens): "
+            f"draft model {Path(path).name} ({size / 1e6:,.0f}M parameters) is not smaller than "
+            f"{target.path.name} ({target_size / 1e6:,.0f}M): it cannot make it faster"
+        )
+    return config
+
+
+def _check_tokenizer(target: LoadedModel, draft_path: Path, tokenizer: Tokenizer) -> None:
+    if target.tokenizer != tokenizer:
+        raise PhoenixError(
+            f"draft model {draft_path.name} does not share the tokenizer of {target.path.name} "
+            f"({tokenizer.vocab_size} vs {target.tokenizer.vocab_size} tokens): "
             "use a model of the same family (Gemma 3 270M / 1B for Gemma 3 4B–27B)"
         )
 

@@ -34,13 +34,19 @@ SAVE_INTERVAL_MS = 500
 TITLE_CHARS = 48
 FINISH_NOTES = {
     "cancelled": "Stopped.",
-    "length": "Stopped at the answer length limit (Chat settings → Max answer tokens).",
+    "length": "Stopped at the answer length limit (Chat settings → Max answer tokens): Continue goes on.",
     "context": "Stopped: the conversation filled the model's context window. Start a new chat "
     "or raise Devices → Context length.",
 }
 INTERRUPTED_NOTE = "Interrupted: Phoenix Chat closed before this answer finished. Continue or Regenerate it below."
 CONTINUABLE = ("interrupted", "length", "cancelled", "crashed")  # finish reasons Continue can go on from
 STOPPING_NOTE = "stopping…"
+MODE_LINES = {  # (mode, base model?) → the one line above the transcript
+    ("completion", True): "Completion mode: this base model continues your text (no chat template) up to a blank line.",
+    ("completion", False): "Completion mode: the model continues your text (no chat template) up to a blank line.",
+    ("chat", True): "Chat mode on a base model: it was not instruction-tuned, so its answers through "
+    "the chat template are often poor.",
+}
 STAT_FIELDS = frozenset(GenerationStats.__dataclass_fields__)
 
 
@@ -75,6 +81,7 @@ class ChatController(QObject):
         self.stopping = False
         self.queue: list[int] = []  # chats whose sent message waits for the running answer
         self.live_stats: GenerationStats | None = None
+        self.model_is_base: bool | None = None  # of the last model that loaded (None: none yet)
         self._tasks: set[asyncio.Task] = set()
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
@@ -89,6 +96,7 @@ class ChatController(QObject):
             version_requested=self.show_version,
             edit_cancelled=self.cancel_edit,
             settings_requested=self._edit_chat_settings,
+            completion_toggled=self._on_completion_toggled,
         )
         connect(
             self.list_view,
@@ -154,6 +162,7 @@ class ChatController(QObject):
         if self._answering_here() and self.answer_id is not None:
             self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
         self._show_chat_stats()
+        self._show_mode()
         self._sync_controls()
         self.refresh_list()
         self.view.input.setFocus()
@@ -221,6 +230,28 @@ class ChatController(QObject):
     def set_chat_settings(self, system_prompt: str, sampling: dict) -> None:
         self.store.update_conversation_settings(self._open_id(), system_prompt=system_prompt, sampling=sampling)
         self._show_messages()
+
+    # -- chat or completion mode --------------------------------------------------------------
+    def chat_mode(self, conversation_id: int | None = None) -> str:
+        """ "chat" or "completion" for a conversation (default: the open one): its own choice, else
+        the model's default — completion for a base model, which answers poorly through a template."""
+        conv_id = self.conversation_id if conversation_id is None else conversation_id
+        conv = self.store.conversation(conv_id) if conv_id is not None else None
+        if conv is not None and conv.mode:
+            return conv.mode
+        return "completion" if self.model_is_base else "chat"
+
+    def set_chat_mode(self, mode: str) -> None:
+        """Switch the open chat to "chat" or "completion" mode (saved with the chat)."""
+        self.store.set_conversation_mode(self._open_id(), mode)
+        self._show_mode()
+
+    def _on_completion_toggled(self, completion: bool) -> None:
+        self.set_chat_mode("completion" if completion else "chat")
+
+    def _show_mode(self) -> None:
+        mode = self.chat_mode()
+        self.view.set_mode(mode == "completion", MODE_LINES.get((mode, bool(self.model_is_base)), ""))
 
     # -- export ---------------------------------------------------------------------------
     def export_current(self, fmt: str, path: str | Path) -> None:
@@ -386,6 +417,7 @@ class ChatController(QObject):
             max_tokens,
             overflow=self.settings.values.context_overflow,
             continue_answer=continuing,
+            mode=self.chat_mode(conv_id),
         )
         self._save_timer.start()
 
@@ -396,7 +428,9 @@ class ChatController(QObject):
         left_out = []
         if info["dropped_messages"]:
             left_out.append(f"{info['dropped_messages']} earlier messages")
-        if info["cut_tokens"]:
+        if info["cut_tokens"] and info.get("cut_from") == "start":
+            left_out.append(f"the first {info['cut_tokens']:,} tokens of the text")
+        elif info["cut_tokens"]:
             left_out.append(f"{info['cut_tokens']:,} tokens from the middle of a long message")
         self.fit_note = (
             f"This chat ({info['total_tokens']:,} tokens) is longer than the model's context "
@@ -525,6 +559,8 @@ class ChatController(QObject):
         )
 
     def _on_model_ready(self, info: dict) -> None:
+        self.model_is_base = not info.get("is_instruction_tuned", True)
+        self._show_mode()
         self.window.set_auto_context(
             info.get("context_length") if self.settings.values.context_length is None else None
         )
@@ -567,9 +603,15 @@ class ChatController(QObject):
     def _show_stats(self, stats: GenerationStats | None) -> None:
         w = self.window
         if stats is None:
-            for label in (w.tps_label, w.ttft_label, w.context_label):
+            for label in (w.tps_label, w.draft_label, w.ttft_label, w.context_label):
                 label.setText("")
             return
+        draft = ""
+        if stats.draft_acceptance is not None:
+            draft = f"draft {stats.draft_acceptance:.0%} accepted"
+            if stats.draft_speedup is not None:
+                draft += f", {stats.draft_speedup:.2f}× speed"
+        w.draft_label.setText(draft)
         w.tps_label.setText(f"{stats.generation_tps:.1f} tok/s" if stats.generation_tps else "")
         w.ttft_label.setText(f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s is not None else "")
         used, limit = stats.prompt_tokens + stats.generation_tokens, stats.context_limit

@@ -31,12 +31,6 @@ from phoenix_chat.app.worker.client import WorkerClient
 
 RELOAD_KEYS = ("model_path", "quant", "backend", "npu", "context_length")
 EMBEDDED_NAME = "Gemma 3 270M (embedded)"
-BASE_MODEL_NOTICE = (
-    "<b>This is a base model, not a chat model.</b> It was not instruction-tuned, so it "
-    "continues your text rather than answering it, and often repeats the prompt. "
-    "That is how the model is, not a fault. Open an instruction-tuned Gemma 3 "
-    "(a “-it” file) from the File menu for real answers."
-)
 CHANGE_NAMES = {  # what the reload question says about the change
     "reload": "Reload model loads the model again.",
     "model_path": "The model you opened loads in place of the current one.",
@@ -57,7 +51,6 @@ class ModelController(QObject):
         self.info: dict | None = None
         self.load_id: str | None = None
         self._load_future: asyncio.Future | None = None
-        self._base_notice_shown_for: set[str] = set()
         self.devices: list[dict] = []
         self.npu: dict = {"present": False, "reason": "not detected yet"}
         self.loaded: dict | None = None  # the RELOAD_KEYS values of the last model that loaded
@@ -157,15 +150,11 @@ class ModelController(QObject):
             self.settings.add_recent_model(path)  # only files that loaded are offered again
         self.window.show_loading(None)
         self._set_model_label()
-        shown = info.get("path") or "<embedded>"
         if self._after_rollback is not None:
             self.window.chat.show_notice(html.escape(self._after_rollback), "error")
             self._after_rollback = None
-        elif not info.get("is_instruction_tuned", True) and shown not in self._base_notice_shown_for:
-            self._base_notice_shown_for.add(shown)
-            self.window.chat.show_notice(BASE_MODEL_NOTICE, "info")
-        elif info.get("is_instruction_tuned", True) or self.window.chat.notice_kind() in ("error", "warning"):
-            self.window.chat.hide_notice()  # a model works now: earlier errors no longer apply
+        else:  # a model works now: earlier errors no longer apply (a base model's line is the chat's mode line)
+            self.window.chat.hide_notice()
         if self._load_future is not None and not self._load_future.done():
             self._load_future.set_result(True)
         self.model_ready.emit(info)

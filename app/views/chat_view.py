@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -70,6 +71,7 @@ class ChatView(QWidget):
     version_requested = Signal(int, int)  # answer message id, -1 (‹ older) or +1 (› newer)
     edit_cancelled = Signal()
     settings_requested = Signal()
+    completion_toggled = Signal(bool)  # the chat's mode switch: True for completion, False for chat
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -144,6 +146,17 @@ class ChatView(QWidget):
         self.settings_button.setObjectName("chatSettingsButton")
         self.settings_button.setToolTip("System prompt and sampling for this conversation")
         self.settings_button.clicked.connect(self.settings_requested)
+        # completion mode (the chat as one text the model continues) or chat mode (the template)
+        self.completion_switch = QCheckBox("Completion mode")
+        self.completion_switch.setObjectName("completionSwitch")
+        self.completion_switch.setToolTip(
+            "On: the model continues the conversation as one text (no chat template), stopping at a "
+            "blank line. Off: chat mode, through the model's chat template. Kept per chat."
+        )
+        self.completion_switch.clicked.connect(self.completion_toggled)
+        self.mode_line = QLabel(wordWrap=True)  # one line on what the chat's mode means for this model
+        self.mode_line.setObjectName("modeLine")
+        self.mode_line.hide()
 
         buttons = QHBoxLayout()
         buttons.addWidget(self.settings_button)
@@ -156,6 +169,12 @@ class ChatView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addLayout(notice_row)
+        mode_row = QHBoxLayout()  # the chat's mode: what it means, and the switch
+        mode_row.setContentsMargins(0, 0, 0, 0)
+        mode_row.addWidget(self.mode_line, 1)
+        mode_row.addStretch(0)
+        mode_row.addWidget(self.completion_switch, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(mode_row)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
         layout.addWidget(self.hint)
@@ -199,6 +218,12 @@ class ChatView(QWidget):
         self.continue_button.setEnabled(continue_)
         self.hint.setText(hint)
         self.hint.setVisible(bool(hint))
+
+    def set_mode(self, completion: bool, line: str) -> None:
+        """The chat's mode on the switch, and the line that says what it means (empty: hidden)."""
+        self.completion_switch.setChecked(completion)
+        self.mode_line.setText(line)
+        self.mode_line.setVisible(bool(line))
 
     def show_notice(self, text_html: str, kind: str = "info") -> None:
         self.notice.setProperty("kind", kind)

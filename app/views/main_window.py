@@ -77,11 +77,13 @@ class MainWindow(QMainWindow):
         self.ttft_label.setObjectName("ttftLabel")
         self.context_label = QLabel("context —")
         self.context_label.setObjectName("contextLabel")
+        self.draft_label = QLabel("")  # speculative decoding: acceptance and speed-up
+        self.draft_label.setObjectName("draftLabel")
         bar.addWidget(self.model_label, 1)
         bar.addPermanentWidget(self.load_message)
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.load_cancel)
-        for w in (self.tps_label, self.ttft_label, self.context_label):
+        for w in (self.tps_label, self.draft_label, self.ttft_label, self.context_label):
             bar.addPermanentWidget(w)
         self.show_loading(None)
 
@@ -124,6 +126,15 @@ class MainWindow(QMainWindow):
             a.setData(q)
             self.quant_group.addAction(a)
             self.quant_actions[q] = a
+        self.draft_menu = model_menu.addMenu("Draft model")
+        self.draft_menu.setToolTipsVisible(True)
+        self.draft_group = QActionGroup(self)
+        self.draft_none_action = self.draft_menu.addAction("None")
+        self.draft_none_action.setCheckable(True)
+        self.draft_group.addAction(self.draft_none_action)
+        self.draft_actions: dict[str, QAction] = {}
+        self._draft_end = self.draft_menu.addSeparator()  # the candidates go above it
+        self.draft_open_action = self.draft_menu.addAction("Open…")
         model_menu.addSeparator()
         self.reload_action = model_menu.addAction("Reload model")
         self.model_info_action = model_menu.addAction("About this model…")
@@ -187,6 +198,24 @@ class MainWindow(QMainWindow):
         """Show what "Auto" came to for the loaded model (None: not known yet)."""
         label = AUTO_CONTEXT_LABEL if tokens is None else f"Auto — {tokens:,} tokens (the largest that fits)"
         self.context_actions[None].setText(label)
+
+    def set_draft_choices(self, choices: list[tuple[str, str]], current: str | None) -> list[QAction]:
+        """(path, label) per model that could draft for the loaded one; `current`: the draft in use."""
+        for a in self.draft_actions.values():
+            self.draft_group.removeAction(a)
+            self.draft_menu.removeAction(a)
+        self.draft_actions = {}
+        if current is not None and current not in dict(choices):
+            choices = [*choices, (current, current)]  # opened with Open…: shown while in use
+        for path, label in choices:
+            a = QAction(label, self.draft_menu, checkable=True)
+            a.setData(path)
+            a.setToolTip(path)
+            self.draft_menu.insertAction(self._draft_end, a)
+            self.draft_group.addAction(a)
+            self.draft_actions[path] = a
+        self.draft_actions.get(current or "", self.draft_none_action).setChecked(True)
+        return list(self.draft_actions.values())
 
     def set_backend_choices(self, choices: list[tuple[str, str]]) -> None:
         """(id, label) per backend entry: Auto, each Vulkan device by name, CPU."""

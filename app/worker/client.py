@@ -30,12 +30,16 @@ class WorkerClient(QObject):
     model_changed = Signal(str, dict)  # load id, model info
     load_failed = Signal(str, str, bool, object)  # load id, message, cancelled, info of the model kept (or None)
     generation_started = Signal(str, dict)  # generation id, {params, max_tokens, prompt}: what the engine got
+    prompt_ready = Signal(str, str, list)  # generation id, mode ("chat" | "completion"), prompt ids
     prompt_fitted = Signal(str, dict)  # generation id, {dropped_messages, cut_tokens, total_tokens, context_limit}
     tokens_changed = Signal(str, str)  # generation id, text delta
     stats_changed = Signal(str, object)  # generation id, GenerationStats
     generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
     error_raised = Signal(str, str)  # request id, message
     worker_died = Signal(str)  # what we know about why
+    draft_changed = Signal(str, object)  # request id, the draft's info (None: no draft)
+    draft_failed = Signal(str, str)  # request id, message
+    draft_candidates_changed = Signal(str, list)  # the target's path, [{path, name, parameters}]
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -144,8 +148,10 @@ class WorkerClient(QObject):
         *,
         overflow: str = "drop_oldest",
         continue_answer: bool = False,
+        mode: str = "chat",
     ) -> str:
-        """continue_answer: the last message is a partial answer the model goes on writing."""
+        """continue_answer: the last message is a partial answer the model goes on writing;
+        mode "completion": the conversation is one text the model continues (engine/completion.py)."""
         gen_id = P.new_id("gen")
         self.generations.add(gen_id)
         self.send(
@@ -156,6 +162,7 @@ class WorkerClient(QObject):
             max_tokens=max_tokens,
             overflow=overflow,
             continue_answer=continue_answer,
+            mode=mode,
         )
         return gen_id
 
@@ -165,6 +172,15 @@ class WorkerClient(QObject):
 
     def request_devices(self) -> None:
         self.send(P.DEVICES_REQUESTED)
+
+    def request_draft(self, path: str | None) -> str:
+        """Load `path` as the draft model for speculative decoding (None: drop the draft)."""
+        draft_id = P.new_id("draft")
+        self.send(P.DRAFT_REQUESTED, id=draft_id, path=path)
+        return draft_id
+
+    def request_draft_candidates(self, paths: list[str]) -> None:
+        self.send(P.DRAFT_CANDIDATES_REQUESTED, id=P.new_id("drafts"), paths=paths)
 
     # -- events ---------------------------------------------------------------------------
     def _read(self, conn, generation: int, loop) -> None:
@@ -220,6 +236,14 @@ class WorkerClient(QObject):
             self.generation_started.emit(
                 msg["id"], {"params": msg["params"], "max_tokens": msg["max_tokens"], "prompt": msg["prompt"]}
             )
+        elif kind == P.PROMPT_READY:
+            self.prompt_ready.emit(msg["id"], msg["mode"], msg["ids"])
+        elif kind == P.DRAFT_CHANGED:
+            self.draft_changed.emit(msg["id"], msg["info"])
+        elif kind == P.DRAFT_FAILED:
+            self.draft_failed.emit(msg["id"], msg["message"])
+        elif kind == P.DRAFT_CANDIDATES_CHANGED:
+            self.draft_candidates_changed.emit(msg["target"] or "", msg["candidates"])
         elif kind == P.PROMPT_FITTED:
             self.prompt_fitted.emit(msg["id"], {k: v for k, v in msg.items() if k not in ("type", "id", "_generation")})
         elif kind == P.TOKENS_CHANGED:

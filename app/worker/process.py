@@ -20,6 +20,7 @@ from phoenix_chat.app.worker import protocol as P
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
 DELTA_INTERVAL_S = 0.03  # coalesce token deltas to ~30 messages/s
 PROGRESS_INTERVAL_S = 0.05
+BASELINE_TOKENS = 16  # the target alone decodes this many tokens when a draft loads: the speed-up's base
 
 
 def worker_main(conn) -> None:
@@ -40,7 +41,11 @@ class Worker:
         ] = {}  # Stop: asked by the engine between prefill layers/chunks and tokens
         self.load_cancels: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
+        self.send_lock = threading.Lock()  # the draft-candidates scan sends from its own thread
         self.model = None
+        self.load_args: dict = {}  # backend, device, quant of the loaded model: a draft loads the same way
+        self.draft = None  # a smaller model with the same tokenizer: speculative decoding (engine/speculative.py)
+        self.draft_baseline_tps: float | None = None  # the target's own decode speed, measured with the draft
         self.model_info: dict | None = None
         self.prompt_cache = None  # the loaded model's engine.prompt_cache.PromptCache: chats reuse their KV
         self.engine = None
@@ -48,7 +53,8 @@ class Worker:
     # -- plumbing -------------------------------------------------------------------------
     def send(self, type_: str, **fields) -> None:
         try:
-            self.conn.send({"type": type_, **fields})
+            with self.send_lock:
+                self.conn.send({"type": type_, **fields})
         except (BrokenPipeError, OSError):
             os._exit(0)  # the GUI is gone
 
@@ -76,6 +82,8 @@ class Worker:
             P.LOAD_REQUESTED: self.load,
             P.GENERATE_REQUESTED: self.generate,
             P.DEVICES_REQUESTED: self.devices,
+            P.DRAFT_REQUESTED: self.load_draft,
+            P.DRAFT_CANDIDATES_REQUESTED: self.draft_candidates,
         }
         while True:
             msg = self.commands.get()
@@ -159,6 +167,8 @@ class Worker:
             with self.lock:
                 self.load_cancels.pop(load_id, None)
         self.model = model
+        self.load_args = {"backend": "auto" if backend == "npu-hybrid" else backend, "device": msg.get("device")}
+        self.load_args["quant"] = msg.get("quant")
         self.prompt_cache = importlib.import_module(f"{engine.__name__}.prompt_cache").PromptCache(model.backend)
         self.model_info = describe_model(model)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
@@ -180,7 +190,9 @@ class Worker:
         from phoenix_chat.engine.sampling import SamplingParams
 
         stream_generate = importlib.import_module(f"{self._engine().__name__}.generate").stream_generate
+        from phoenix_chat.engine.completion import ParagraphStop, fit_completion
         from phoenix_chat.engine.prompt_fit import fit_chat
+        from phoenix_chat.engine.speculative import SpeculativeStats
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
@@ -194,13 +206,19 @@ class Worker:
         reason = None
         gen = None
         max_tokens = int(msg.get("max_tokens") or 256)
+        completion = msg.get("mode") == "completion"
+        overflow = msg.get("overflow") or "drop_oldest"
+        stop = ParagraphStop() if completion else None  # a completion ends at a blank line
+        spec = SpeculativeStats() if self.draft is not None else None
         try:
-            fitted = fit_chat(
-                self.model,
-                msg["messages"],
-                msg.get("overflow") or "drop_oldest",
-                max_tokens,
-                continue_final=bool(msg.get("continue_answer")),
+            if completion:  # the conversation as one text the model continues (no chat template)
+                fitted = fit_completion(self.model, msg["messages"], overflow, max_tokens)
+            else:
+                fitted = fit_chat(
+                    self.model, msg["messages"], overflow, max_tokens, continue_final=bool(msg.get("continue_answer"))
+                )
+            self.send(
+                P.PROMPT_READY, id=gen_id, mode="completion" if completion else "chat", ids=list(fitted.prompt.ids)
             )
             if fitted.changed:
                 self.send(
@@ -208,22 +226,32 @@ class Worker:
                     id=gen_id,
                     dropped_messages=fitted.dropped_messages,
                     cut_tokens=fitted.cut_tokens,
+                    cut_from=fitted.cut_from,
                     total_tokens=fitted.total_tokens,
                     context_limit=self.model.backend.context_length,
                 )
             self._report_start(gen_id, fitted.prompt.ids, params, max_tokens)
+            if self.draft is not None and self.prompt_cache is not None:
+                # A draft does not combine with prefix reuse: the whole prompt is read again, and
+                # the target's KV no longer holds what the prompt cache recorded.
+                self.prompt_cache.forget()
             gen = stream_generate(
                 self.model,
                 fitted.prompt,
                 params=params,
                 max_tokens=max_tokens,
                 cancel=cancel.is_set,
-                cache=self.prompt_cache,
+                cache=None if self.draft is not None else self.prompt_cache,
+                draft=self.draft,
+                spec_stats=spec,
             )
             for record in gen:
-                if record.text:
-                    pending.append(record.text)
-                    text.append(record.text)
+                piece = stop.feed(record.text) if stop is not None else record.text
+                if stop is not None and record.finish_reason:
+                    piece += stop.flush()  # the end: held-back text was not a blank line after all
+                if piece:
+                    pending.append(piece)
+                    text.append(piece)
                 now = time.monotonic()
                 first = len(text) == 1 and bool(pending)
                 if pending and (first or now - last_delta >= DELTA_INTERVAL_S):
@@ -231,8 +259,11 @@ class Worker:
                     pending.clear()
                     last_delta = now
                 if now - last_stats >= STATS_INTERVAL_S:
-                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record).to_dict())
+                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record, spec).to_dict())
                     last_stats = now
+                if stop is not None and stop.stopped:
+                    reason = "stop"  # the blank line: the paragraph is complete
+                    break
                 if record.finish_reason:
                     reason = record.finish_reason
                     break
@@ -250,10 +281,86 @@ class Worker:
                 self.gen_cancels.pop(gen_id, None)
         if pending:
             self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
-        stats = self._stats(record).idle() if record is not None else P.GenerationStats()
+        stats = self._stats(record, spec).idle() if record is not None else P.GenerationStats()
         self.send(
             P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats.to_dict(), text="".join(text)
         )
+
+    def load_draft(self, msg: dict) -> None:
+        """Load (path) or drop (None) the draft model for speculative decoding: it must share the
+        loaded model's tokenizer and be smaller; it loads on the same backend, device and
+        quantization, and the target alone decodes BASELINE_TOKENS to measure the speed-up against."""
+        draft_id, path = msg["id"], msg.get("path")
+        self._close_draft()
+        if path is None:
+            self.send(P.DRAFT_CHANGED, id=draft_id, info=None)
+            return
+        target = self.model
+        if target is None:
+            self.send(P.DRAFT_FAILED, id=draft_id, message="no model is loaded to draft for")
+            return
+        from phoenix_chat.engine.errors import PhoenixError
+        from phoenix_chat.engine.generate import PromptIds, stream_generate
+        from phoenix_chat.engine.sampling import SamplingParams
+        from phoenix_chat.engine.speculative import check_draft, check_draft_file
+
+        draft = None
+        try:
+            check_draft_file(target, path)  # refused before a weight is read
+            draft = self._engine().load(path=path, context_length=target.backend.context_length, **self.load_args)
+            check_draft(target, draft)
+            probe = PromptIds(tuple(target.tokenizer.encode("The", add_bos=True)))
+            *_, last = stream_generate(target, probe, SamplingParams(temperature=0.0), BASELINE_TOKENS)
+            if self.prompt_cache is not None:
+                self.prompt_cache.forget()  # the probe overwrote the K/V the cache recorded
+        except Exception as exc:  # noqa: BLE001 — reported to the user; the target stays loaded
+            if draft is not None:
+                draft.close()
+            if not isinstance(exc, PhoenixError):
+                traceback.print_exc()
+            message = str(exc) if isinstance(exc, PhoenixError) else f"{type(exc).__name__}: {exc}"
+            self.send(P.DRAFT_FAILED, id=draft_id, message=message)
+            return
+        self.draft = draft
+        self.draft_baseline_tps = last.generation_tps or None
+        info = {**describe_model(draft), "baseline_tps": self.draft_baseline_tps}
+        self.send(P.DRAFT_CHANGED, id=draft_id, info=info)
+
+    def draft_candidates(self, msg: dict) -> None:
+        """Which of `paths` could draft for the loaded model (same tokenizer, fewer parameters).
+        Reading a tokenizer takes a second or two a file, so a thread does it and answers
+        DRAFT_CANDIDATES_CHANGED while the worker goes on with its commands."""
+        target = self.model
+        if target is None:
+            self.send(P.DRAFT_CANDIDATES_CHANGED, id=msg["id"], target=None, candidates=[])
+            return
+        threading.Thread(
+            target=self._scan_drafts, args=(msg["id"], target, list(msg.get("paths") or [])), daemon=True
+        ).start()
+
+    def _scan_drafts(self, request_id: str, target, paths: list[str]) -> None:
+        from phoenix_chat.engine.errors import PhoenixError
+        from phoenix_chat.engine.speculative import check_draft_file
+
+        found = []
+        for path in paths:
+            if path == str(target.path):
+                continue
+            try:
+                config = check_draft_file(target, path)
+            except (PhoenixError, OSError):  # another tokenizer, too big, or a file that cannot be read
+                continue
+            found.append({"path": path, "name": config.name, "parameters": config.parameter_count()})
+        self.send(P.DRAFT_CANDIDATES_CHANGED, id=request_id, target=str(target.path), candidates=found)
+
+    def _close_draft(self) -> None:
+        if self.draft is not None:
+            try:
+                self.draft.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.draft = None
+            self.draft_baseline_tps = None
 
     # -- helpers --------------------------------------------------------------------------
     def _report_start(self, gen_id: str, prompt_ids, params, max_tokens: int) -> None:
@@ -262,8 +369,9 @@ class Worker:
         prompt = self.model.tokenizer.decode(prompt_ids)
         self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
 
-    def _stats(self, r) -> P.GenerationStats:
-        """`r`: the engine's latest GenerationResponse; the busy gauges from the backend."""
+    def _stats(self, r, spec=None) -> P.GenerationStats:
+        """`r`: the engine's latest GenerationResponse; the busy gauges from the backend;
+        `spec`: the SpeculativeStats of a generation with the draft model."""
         assert self.model is not None  # generate() returns early without one
         backend = self.model.backend
         live = backend.live_stats()
@@ -278,9 +386,16 @@ class Worker:
             gpu_busy=live.gpu_busy,
             npu_busy=live.npu_busy,
             kv_cache_bytes=live.kv_cache_bytes,
+            draft_acceptance=spec.acceptance if spec is not None and spec.proposed else None,
+            draft_speedup=(
+                r.generation_tps / self.draft_baseline_tps
+                if spec is not None and self.draft_baseline_tps and r.generation_tps
+                else None
+            ),
         )
 
     def _close_model(self) -> None:
+        self._close_draft()  # it drafted for this model; the GUI asks again after a load
         if self.model is not None:
             try:
                 self.model.backend.close()

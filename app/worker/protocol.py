@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass, replace
 LOAD_REQUESTED = "load_requested"  # id, path, backend, device, quant, context_length, npu
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
 # id, messages, params, max_tokens, overflow ("drop_oldest" | "truncate_middle"), continue_answer
-# (the last message is a partial answer to go on with)
+# (the last message is a partial answer to go on with), mode ("chat" | "completion": engine/completion.py)
 GENERATE_REQUESTED = "generate_requested"
 CANCEL_REQUESTED = "cancel_requested"  # id
 DEVICES_REQUESTED = "devices_requested"
+DRAFT_REQUESTED = "draft_requested"  # id, path (None: no draft model)
+DRAFT_CANDIDATES_REQUESTED = "draft_candidates_requested"  # id, paths (which could draft for the loaded model)
 SHUTDOWN_REQUESTED = "shutdown_requested"
 
 # worker → GUI
@@ -30,11 +32,15 @@ LOAD_FAILED = "load_failed"  # id, message, cancelled, kept (info of the model s
 # id, params (the SamplingParams fields applied), max_tokens, prompt (the text the model reads,
 # decoded from its fitted prompt ids): what the engine really got, not what the GUI asked for
 GENERATION_STARTED = "generation_started"
-PROMPT_FITTED = "prompt_fitted"  # id, dropped_messages, cut_tokens, total_tokens, context_limit
+PROMPT_READY = "prompt_ready"  # id, mode ("chat" | "completion"), ids (the prompt ids the model reads)
+PROMPT_FITTED = "prompt_fitted"  # id, dropped_messages, cut_tokens, cut_from, total_tokens, context_limit
 TOKENS_CHANGED = "tokens_changed"  # id, text (a delta; several tokens may be coalesced)
 STATS_CHANGED = "stats_changed"  # id, stats: GenerationStats (throttled to ~4 Hz)
 GENERATION_FINISHED = "generation_finished"  # id, finish_reason, stats: GenerationStats, text
 ERROR_RAISED = "error_raised"  # id, message
+DRAFT_CHANGED = "draft_changed"  # id, info (the draft's model info + baseline_tps, or None: no draft)
+DRAFT_FAILED = "draft_failed"  # id, message (no draft is loaded now)
+DRAFT_CANDIDATES_CHANGED = "draft_candidates_changed"  # id, target (path), candidates: [{path, name, parameters}]
 WORKER_DIED = "worker_died"  # made up by the GUI side when the pipe breaks
 
 # Sampling fields the worker accepts from the GUI (engine.sampling.SamplingParams).
@@ -57,6 +63,8 @@ class GenerationStats:
     gpu_busy: float | None = None  # share of the last second the GPU worked for the engine
     npu_busy: float | None = None
     kv_cache_bytes: int = 0
+    draft_acceptance: float | None = None  # speculative decoding: share of the draft's tokens the model kept
+    draft_speedup: float | None = None  # decode speed over the model's own without the draft
 
     def to_dict(self) -> dict:
         return asdict(self)

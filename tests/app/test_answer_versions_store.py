@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from phoenix_chat.app.store import Store, db_path
+from phoenix_chat.app.store import SCHEMA_VERSION, Store, db_path
 
 # The schema as version 1 of the store wrote it (no versions table, no messages.version).
 SCHEMA_V1 = """
@@ -95,7 +95,7 @@ def test_a_version_1_history_is_migrated_in_place(home):
     old.commit()
     old.close()
     s = Store(home=home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     msgs = s.messages(1)
     assert [(m.content, m.version, m.versions) for m in msgs] == [("Hi", 1, 1), ("Hello", 1, 1)]
     s.add_version(msgs[1].id)

@@ -39,7 +39,9 @@ def test_send_streams_tokens_into_the_view_and_saves_the_answer(qtbot, make_app,
     qtbot.waitUntil(lambda: w.focusWidget() is w.chat.input, timeout=5_000)
     info = wait_loaded(qtbot, app)
     assert info["is_instruction_tuned"] is False
-    assert w.chat.notice.isVisible() and "base model" in w.chat.notice.text()
+    # a base model: completion mode by default, said in one line (no warning banner)
+    assert w.chat.completion_switch.isChecked() and "base model" in w.chat.mode_line.text()
+    assert not w.chat.notice.isVisible()
     deltas = []
     app.worker.tokens_changed.connect(lambda _id, text: deltas.append(text))
     qtbot.keyClicks(w.chat.input, "The capital of France is")
@@ -79,6 +81,7 @@ def test_stop_mid_answer_keeps_the_partial_answer(qtbot, make_app, home):
     app = make_app()
     wait_loaded(qtbot, app)
     with qtbot.waitSignal(app.worker.tokens_changed, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
         app.chat.send("Tell me a long story about a dragon.")
     assert app.window.chat.stop_button.isEnabled()
     with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:

@@ -106,6 +106,7 @@ def test_a_real_generations_stats_record_reaches_the_gauges(qtbot, make_app, hom
     wait_loaded(qtbot, app)
     records = []
     app.worker.stats_changed.connect(lambda _id, stats: records.append(stats))
+    app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
     with qtbot.waitSignal(app.worker.generation_finished, timeout=ANSWER_TIMEOUT_MS) as done:
         app.chat.send("Hello")
     final = done.args[2]

@@ -244,6 +244,7 @@ def test_a_choice_whose_load_is_cancelled_or_kills_the_engine_is_not_kept(qtbot,
 
 
 def long_answer(qtbot, app):
+    app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
     app.chat.send("Tell me a long story about a phoenix.")
     qtbot.waitUntil(lambda: bool(app.worker.generations) and app.chat.answer_text != "", timeout=ANSWER_TIMEOUT_MS)
 

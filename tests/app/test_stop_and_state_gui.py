@@ -85,6 +85,7 @@ def test_an_answer_cut_off_by_quitting_is_interrupted_after_a_restart(qtbot, mak
     app = make_app()
     wait_loaded(qtbot, app)
     with qtbot.waitSignal(app.worker.tokens_changed, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
         app.chat.send("Tell me a long story about a phoenix.")
     qtbot.waitUntil(lambda: len(app.chat.answer_text) > 20, timeout=ANSWER_TIMEOUT_MS)
     app.shutdown()  # a clean quit mid-answer (kill -9 leaves the same row: complete=0)
@@ -112,6 +113,7 @@ def test_a_chat_longer_than_the_context_keeps_working(qtbot, make_app, home):
     preset(home, backend="cpu", context_length=1024, max_tokens=4, temperature=0.0)
     app = make_app()
     wait_loaded(qtbot, app)
+    app.chat.set_chat_mode("chat")  # the chat template's messages (completion mode: tests/test_completion.py)
     assert app.window.overflow_actions["drop_oldest"].isChecked()
     paste = "BEGIN " + "a pasted log line with some numbers 12345 " * 960 + " END"
     assert len(paste) > 40_000
@@ -150,6 +152,7 @@ def test_a_second_chat_waits_its_turn_and_figures_stay_with_their_chat(qtbot, ma
     a_figures = (w.tps_label.text(), w.ttft_label.text(), w.context_label.text())
     assert all(a_figures)
     with qtbot.waitSignal(app.worker.tokens_changed, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
         app.chat.send("Tell me a long story about a dragon.")
 
     second = app.chat.new_conversation()

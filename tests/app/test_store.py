@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phoenix_chat.app.store import Store, db_path, export_all
+from phoenix_chat.app.store import SCHEMA_VERSION, Store, db_path, export_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,39 @@ def test_wal_mode_and_schema_version(home):
     assert store.path == home / "history.sqlite3"
     store.close()
     db = sqlite3.connect(db_path(home))
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_a_chats_mode_is_kept_and_a_version_1_file_is_upgraded(home):
+    """Completion or chat mode is per chat, saved with it; a history written before the mode
+    existed (schema 1) gains the column and keeps its conversations, all on the model's default."""
+    path = db_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,"
+        " created_at REAL NOT NULL, updated_at REAL NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',"
+        " sampling TEXT NOT NULL DEFAULT '{}');"
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL"
+        " REFERENCES conversations(id) ON DELETE CASCADE, position INTEGER NOT NULL, role TEXT NOT NULL,"
+        " content TEXT NOT NULL, complete INTEGER NOT NULL DEFAULT 1, created_at REAL NOT NULL,"
+        " stats TEXT NOT NULL DEFAULT '{}');"
+        "INSERT INTO conversations (title, created_at, updated_at) VALUES ('old chat', 1, 1);"
+        "PRAGMA user_version=1;"
+    )
+    old.close()
+    s = Store(home=home)
+    (conv,) = s.list_conversations()
+    assert conv.title == "old chat" and conv.mode is None
+    s.set_conversation_mode(conv.id, "chat")
+    new = s.create_conversation("new")
+    s.set_conversation_mode(new.id, "completion")
+    with pytest.raises(ValueError):
+        s.set_conversation_mode(new.id, "poem")
+    s.close()
+    again = Store(home=home)
+    assert again.conversation(conv.id).mode == "chat" and again.conversation(new.id).mode == "completion"
+    again.close()
 
 
 def test_conversations_messages_edit_search_delete(home):

@@ -4,6 +4,7 @@ conversation list operations, the base-model notice, chat settings."""
 from __future__ import annotations
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from phoenix_chat.app.views.action_links import ActionLinks
@@ -75,7 +76,9 @@ def test_conversations_new_rename_search_delete(qtbot, qloop, make_app, home):
     assert app.store.conversation(first).sampling["max_tokens"] == 5
 
 
-def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
+def test_a_base_model_gets_completion_mode_and_one_line_instead_of_a_banner(qtbot, qloop, make_app):
+    """Issue 24: the embedded base model defaults to completion mode, said in one line; the
+    switch is per chat and saved with it; an instruction-tuned model keeps chat mode."""
     app = make_app(autoload=False)
     info = {
         "name": "Gemma 3 270m",
@@ -86,14 +89,27 @@ def test_base_model_notice_is_shown_once(qtbot, qloop, make_app):
         "device": "CPU",
         "context_length": 4096,
     }
+    chat, view = app.chat, app.window.chat
     app.models.load_id = "load-x"
     app.models._on_model("load-x", info)
-    assert app.window.chat.notice.isVisible() and "base model" in app.window.chat.notice.text()
-    app.window.chat.hide_notice()
+    assert not view.notice.isVisible()
+    assert view.completion_switch.isChecked() and view.mode_line.isVisible()
+    assert view.mode_line.text().startswith("Completion mode: this base model")
+    assert chat.chat_mode() == "completion" and "base model" in app.window.model_label.text()
+    first = chat.conversation_id
+    qtbot.mouseClick(view.completion_switch, Qt.LeftButton)  # this chat → chat mode, saved with it
+    assert app.store.conversation(first).mode == "chat" and chat.chat_mode() == "chat"
+    assert view.mode_line.text().startswith("Chat mode on a base model")
+    second = chat.new_conversation()  # a new chat follows the model again
+    assert view.completion_switch.isChecked() and chat.chat_mode() == "completion"
+    chat.open_conversation(first)
+    assert not view.completion_switch.isChecked()
+    # an instruction-tuned model: chat mode, and no line to read
     app.models.load_id = "load-y"
-    app.models._on_model("load-y", info)
-    assert not app.window.chat.notice.isVisible()
-    assert "base model" in app.window.model_label.text()
+    app.models._on_model("load-y", {**info, "is_instruction_tuned": True})
+    assert chat.chat_mode(second) == "chat" and not view.mode_line.isVisible()
+    chat.open_conversation(second)
+    assert not view.completion_switch.isChecked()
 
 
 def test_export_current_conversation(qtbot, qloop, make_app, home, tmp_path):

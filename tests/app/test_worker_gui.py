@@ -61,6 +61,7 @@ def test_killing_the_worker_mid_answer_keeps_history_and_recovers(qtbot, make_ap
     text = []
     app.worker.tokens_changed.connect(lambda _id, t: text.append(t))
     with qtbot.waitSignal(app.worker.tokens_changed, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.set_chat_mode("chat")  # completion mode (the base model's default) would end at a blank line
         app.chat.send("Tell me a long story about a phoenix.")
     # The growing answer reaches the database while it streams (saved every 0.5 s).
     db = sqlite3.connect(db_path(home))
