@@ -65,8 +65,8 @@ def lavapipe_lane_bug(dev) -> bool:
     everything right at 4, 8, 16), while the cooperative shape (lanes from gl_LocalInvocationID,
     same loop and subgroupAdd) is right. On real 32-lane hardware (the H100, 2026-11-25) every
     case of this module passes, the subgroup-row matvecs included, which points at lavapipe for 32
-    lanes; 64 lanes (RADV wave64) is still unchecked on hardware: the kernel cases run and xfail (`expect_lane_bug`; one that passes there fails, so a
-    fix on either side shows); the model case is skipped as xfail there (a minute of garbage)."""
+    lanes; 64 lanes (RADV wave64) is still unchecked on hardware. Here the kernel cases run and
+    xfail (`expect_lane_bug`; one that passes there fails, so a fix on either side shows); the model case is skipped as xfail there (a minute of garbage)."""
     return dev.caps.subgroup_size > 16 and "llvmpipe" in dev.caps.driver.lower()
 
 
