@@ -66,7 +66,8 @@ def lavapipe_lane_bug(dev) -> bool:
     same loop and subgroupAdd) is right. On real 32-lane hardware (the H100, 2026-11-25) every
     case of this module passes, the subgroup-row matvecs included, which points at lavapipe for 32
     lanes; 64 lanes (RADV wave64) is still unchecked on hardware. Here the kernel cases run and
-    xfail (`expect_lane_bug`; one that passes there fails, so a fix on either side shows); the model case is skipped as xfail there (a minute of garbage)."""
+    xfail (`expect_lane_bug`; one that passes there fails, so a fix on either side shows); the
+    model case is skipped as xfail there (a minute of garbage)."""
     return dev.caps.subgroup_size > 16 and "llvmpipe" in dev.caps.driver.lower()
 
 
