@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same",
     )
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft proposes per round")
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a picture (PNG, JPEG, WebP, GIF) placed before PROMPT; repeat for several "
+        "(Gemma 3 4B/12B/27B multimodal models, CPU backend for now)",
+    )
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(p)
@@ -127,8 +135,11 @@ def _load(args, **kw):
     )
 
 
-def _messages(system, prompt):
+def _messages(system, prompt, images=()):
     msgs = [{"role": "system", "content": system}] if system else []
+    if images:  # the pictures first, then the question (as Gemma 3's model card writes it)
+        parts = [{"type": "image", "image": path} for path in images] + [{"type": "text", "text": prompt}]
+        return msgs + [{"role": "user", "content": parts}]
     return msgs + [{"role": "user", "content": prompt}]
 
 
@@ -136,6 +147,10 @@ def cmd_run(args) -> int:
     from phoenix_chat.engine.generate import stream_generate
     from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
 
+    if args.image and args.raw:
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError("--image needs the chat format: leave out --raw")
     model = _load(args)
     draft = spec = None
     if args.draft:
@@ -147,7 +162,7 @@ def cmd_run(args) -> int:
         )
         check_draft(model, draft)
         spec = SpeculativeStats()
-    prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image)
     last = None
     for r in stream_generate(
         model,

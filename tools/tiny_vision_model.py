@@ -22,6 +22,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ BOI_TOKEN_ID = 255999
 EOI_TOKEN_ID = 256000
 MM_TOKENS = 16
 
-TEXT = {
+TEXT: dict[str, Any] = {
     "model_type": "gemma3_text",
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -51,7 +52,7 @@ TEXT = {
     "final_logit_softcapping": None,
     "attn_logit_softcapping": None,
 }
-VISION = {
+VISION: dict[str, Any] = {
     "model_type": "siglip_vision_model",
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -137,14 +138,19 @@ def tensors(seed: int = 0) -> dict[str, np.ndarray]:
     def normal(name: str, shape: tuple[int, ...], std: float, mean: float = 0.0) -> None:
         out[name] = (mean + rng.normal(0.0, std, shape)).astype(np.float32)
 
-    h, hd, ffn = int(t["hidden_size"]), int(t["head_dim"]), int(t["intermediate_size"])  # type: ignore[call-overload]
-    q, kv = int(t["num_attention_heads"]) * hd, int(t["num_key_value_heads"]) * hd  # type: ignore[call-overload]
+    h, hd, ffn = int(t["hidden_size"]), int(t["head_dim"]), int(t["intermediate_size"])
+    q, kv = int(t["num_attention_heads"]) * hd, int(t["num_key_value_heads"]) * hd
     lm = "model.language_model."
-    normal(lm + "embed_tokens.weight", (int(t["vocab_size"]), h), 0.1)  # type: ignore[call-overload]
+    normal(lm + "embed_tokens.weight", (int(t["vocab_size"]), h), 0.1)
     normal(lm + "norm.weight", (h,), 0.1)
-    for i in range(int(t["num_hidden_layers"])):  # type: ignore[call-overload]
+    for i in range(int(t["num_hidden_layers"])):
         p = f"{lm}layers.{i}."
-        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        for n in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
             normal(p + n + ".weight", (h,), 0.1)
         normal(p + "self_attn.q_norm.weight", (hd,), 0.1)
         normal(p + "self_attn.k_norm.weight", (hd,), 0.1)
@@ -156,13 +162,13 @@ def tensors(seed: int = 0) -> dict[str, np.ndarray]:
         normal(p + "mlp.up_proj.weight", (ffn, h), 0.2)
         normal(p + "mlp.down_proj.weight", (h, ffn), 0.2)
 
-    vw, vffn, patch = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["patch_size"])  # type: ignore[call-overload]
-    patches = (int(v["image_size"]) // patch) ** 2  # type: ignore[call-overload]
+    vw, vffn, patch = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["patch_size"])
+    patches = (int(v["image_size"]) // patch) ** 2
     vt = "model.vision_tower.vision_model."
     normal(vt + "embeddings.patch_embedding.weight", (vw, 3, patch, patch), 0.05)
     normal(vt + "embeddings.patch_embedding.bias", (vw,), 0.1)
     normal(vt + "embeddings.position_embedding.weight", (patches, vw), 0.5)
-    for i in range(int(v["num_hidden_layers"])):  # type: ignore[call-overload]
+    for i in range(int(v["num_hidden_layers"])):
         p = f"{vt}encoder.layers.{i}."
         for n in ("layer_norm1", "layer_norm2"):
             normal(p + n + ".weight", (vw,), 0.1, 1.0)

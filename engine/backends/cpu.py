@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import psutil
 
-from phoenix_chat.engine.backends.base import PREFILL_CHUNK, Backend, CancelCheck, LiveStats, forward_in_chunks
+from phoenix_chat.engine.backends.base import (
+    PREFILL_CHUNK,
+    Backend,
+    CancelCheck,
+    LiveStats,
+    check_cancel,
+    forward_in_chunks,
+    image_chunks,
+)
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
 from phoenix_chat.engine.models.kv_plan import layer_slots, ring_slots
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
 from phoenix_chat.engine.weights.requantized import RequantizedWeights
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 
 def f32_footprint(weights: WeightSource, context_length: int) -> int:
@@ -73,6 +84,25 @@ class CpuBackend(Backend):
     ) -> npt.NDArray[np.float32]:
         self.wrote_kv(start_pos + len(token_ids))  # before: a forward cut short wrote part of it
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits, cancel=cancel)
+
+    def forward_images(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        ids = list(token_ids)
+        self.wrote_kv(start_pos + len(ids))
+        outs: list[npt.NDArray[np.float32]] = []
+        for i, j in image_chunks(len(ids), start_pos, images, PREFILL_CHUNK):
+            check_cancel(cancel)
+            out = self.model.forward(ids[i:j], start_pos + i, all_logits=all_logits, cancel=cancel, images=images)
+            if all_logits or j == len(ids):
+                outs.append(out)
+        return np.concatenate(outs) if all_logits else outs[-1]
 
     def weight_types(self) -> dict[str, int]:
         return dict(self._types)

@@ -3,13 +3,17 @@
 This is the reference every other backend is checked against, so it favours being plainly
 right over being fast: f32 everywhere, the Hugging Face formulation step by step.
 Linear layers go through `linear()`, the one hook a hybrid plan (NPU prefill) overrides.
+Pictures (engine/vision/): a forward may carry image spans, whose soft tokens replace the
+placeholders' embeddings (unscaled, as transformers' masked_scatter) and whose positions attend
+to each other both ways — on local layers still within the window's lower bound, as
+transformers' AND(sliding window, OR(causal, block)). A span must lie whole in one forward.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +22,9 @@ from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import CancelledError
 from phoenix_chat.engine.models.kv_plan import layer_slots
 from phoenix_chat.engine.weights.base import WeightSource
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -129,27 +136,40 @@ class Gemma3Model:
         start_pos: int,
         all_logits: bool = False,
         cancel: Callable[[], bool] | None = None,
+        images: Sequence[ImageSpan] = (),
     ) -> F32:
         """Logits of the last (or every) position. `cancel` is asked before each layer: on a
         small CPU one chunk of a long prompt takes seconds, a layer of it a fraction of one, and
         a cancelled pass leaves only positions ≥ start_pos half-written (never read: the next
-        forward starts at or before them)."""
+        forward starts at or before them). `images`: spans (absolute positions) whose soft
+        tokens this forward's positions take; each one met must lie whole inside it."""
         cfg = self.config
         ids = np.asarray(token_ids, dtype=np.int64)
         positions = np.arange(start_pos, start_pos + len(ids))
         x = self.embed[ids] * self.embed_scale
+        blocks = np.full(len(ids), -1, np.int64)  # which image span each position is in (-1: text)
+        end = start_pos + len(ids)
+        for b, span in enumerate(images):
+            if span.end <= start_pos or span.start >= end:
+                continue
+            if span.start < start_pos or span.end > end:
+                raise ValueError(f"image span {span.start}..{span.end} cut by the forward {start_pos}..{end}")
+            x[span.start - start_pos : span.end - start_pos] = span.embeddings
+            blocks[span.start - start_pos : span.end - start_pos] = b
         for layer in range(cfg.num_layers):
             if cancel is not None and cancel():
                 raise CancelledError("stopped")
-            x = self._block(layer, x, positions)
+            x = self._block(layer, x, positions, blocks)
         x = rms_norm(x if all_logits else x[-1:], self.w["norm"], cfg.rms_norm_eps)
         logits = x @ self.embed.T
         return logits if all_logits else logits[0]
 
-    def _block(self, layer: int, x: F32, positions: npt.NDArray[np.int64]) -> F32:
+    def _block(
+        self, layer: int, x: F32, positions: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64] | None = None
+    ) -> F32:
         cfg, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "input_layernorm"], cfg.rms_norm_eps)
-        attn = self._attention(layer, h, positions)
+        attn = self._attention(layer, h, positions, blocks)
         x = x + rms_norm(attn, self.w[p + "post_attention_layernorm"], cfg.rms_norm_eps)
         h = rms_norm(x, self.w[p + "pre_feedforward_layernorm"], cfg.rms_norm_eps)
         mlp = gelu_tanh(self.linear(h, p + "mlp.gate_proj")) * self.linear(h, p + "mlp.up_proj")
@@ -157,7 +177,9 @@ class Gemma3Model:
             self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps
         )
 
-    def _attention(self, layer: int, h: F32, positions: npt.NDArray[np.int64]) -> F32:
+    def _attention(
+        self, layer: int, h: F32, positions: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64] | None = None
+    ) -> F32:
         cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(positions)
         q = self.linear(h, p + "q_proj").reshape(n, cfg.num_heads, cfg.head_dim)
         k = self.linear(h, p + "k_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
@@ -185,6 +207,9 @@ class Gemma3Model:
         cache.write(layer, positions[-len(held) :], k[-len(held) :], v[-len(held) :])
 
         mask = key_pos[None, :] <= positions[:, None]
+        if blocks is not None and (blocks >= 0).any():  # a picture's tokens see each other both ways
+            key_blocks = np.concatenate([np.full(len(key_pos) - n, -1, np.int64), blocks])
+            mask |= (blocks[:, None] >= 0) & (blocks[:, None] == key_blocks[None, :])
         if window is not None:
             mask &= key_pos[None, :] > positions[:, None] - window
         group = cfg.num_heads // cfg.num_kv_heads
