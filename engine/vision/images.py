@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import TypeAlias
 
@@ -47,10 +48,12 @@ def open_image(source: ImageInput) -> Image.Image:
     name = describe(source)
     data = source if isinstance(source, bytes) else _read(Path(source))
     try:
-        img = Image.open(io.BytesIO(data), formats=FORMATS)
+        with warnings.catch_warnings():  # Pillow only warns between its two limits: refuse there too
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:
         raise ImageError(f"{name}: not an image Phoenix Chat reads ({', '.join(FORMATS)})") from None
-    except Image.DecompressionBombError as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f"{name}: refused as a decompression bomb ({exc})") from None
     except OSError as exc:
         raise ImageError(f"{name}: unreadable image ({exc})") from None
