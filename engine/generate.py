@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from phoenix_chat.engine.errors import CancelledError, ContextFull
+from phoenix_chat.engine.errors import CancelledError, ContextFull, PhoenixError
 from phoenix_chat.engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def stream_generate(
         if cache is not None:
             raise ValueError("prefix reuse (cache) does not combine with a draft model (its cache is not tracked)")
         if images:
-            raise ValueError("speculative decoding does not take pictures yet")
+            raise PhoenixError("speculative decoding (--draft) does not take pictures yet")
         steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats, cancel)
     elif cache is not None:
         plan = cache.plan(ids, images)
