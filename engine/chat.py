@@ -59,7 +59,7 @@ class _Part:
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """How one image sits in the prompt (engine/vision/config.py has the model's values)."""
+    """How one image sits in the prompt (engine/vision_config.py has the model's values)."""
 
     boi_id: int  # <start_of_image>
     eoi_id: int  # <end_of_image>

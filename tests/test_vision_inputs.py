@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from phoenix_chat.engine.vision import images
-from phoenix_chat.engine.vision.config import VisionConfig
 from phoenix_chat.engine.vision.images import ImageError, load_pixels, open_image
+from phoenix_chat.engine.vision_config import VisionConfig
 
 from .test_cli import cli
 

@@ -14,7 +14,7 @@ from typing import cast
 import numpy as np
 
 from phoenix_chat.engine.models.gemma3 import F32, gelu_tanh
-from phoenix_chat.engine.vision.config import VisionConfig
+from phoenix_chat.engine.vision_config import VisionConfig
 
 PREFIX = "vision_tower.vision_model."
 

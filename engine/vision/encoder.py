@@ -14,9 +14,9 @@ import numpy as np
 from phoenix_chat.engine.errors import ModelFileError
 from phoenix_chat.engine.models.gemma3 import F32
 from phoenix_chat.engine.models.siglip import SiglipVisionTower
-from phoenix_chat.engine.vision.config import VisionConfig
 from phoenix_chat.engine.vision.images import ImageInput, load_pixels
 from phoenix_chat.engine.vision.projector import project
+from phoenix_chat.engine.vision_config import VisionConfig
 from phoenix_chat.engine.weights.base import WeightSource
 
 PROJECTION = "multi_modal_projector.mm_input_projection_weight"

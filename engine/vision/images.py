@@ -24,7 +24,7 @@ import numpy.typing as npt
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from phoenix_chat.engine.errors import PhoenixError
-from phoenix_chat.engine.vision.config import VisionConfig
+from phoenix_chat.engine.vision_config import VisionConfig
 
 # a path to a picture, or its bytes (a paste, an upload)
 ImageInput: TypeAlias = str | os.PathLike[str] | bytes

@@ -10,7 +10,7 @@ from typing import cast
 import numpy as np
 
 from phoenix_chat.engine.models.gemma3 import F32, rms_norm
-from phoenix_chat.engine.vision.config import VisionConfig
+from phoenix_chat.engine.vision_config import VisionConfig
 
 
 def average_pool(tower_out: F32, cfg: VisionConfig) -> F32:

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QType
 if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.tokenizer import Tokenizer
-    from phoenix_chat.engine.vision.config import VisionConfig
+    from phoenix_chat.engine.vision_config import VisionConfig
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
-from phoenix_chat.engine.vision.config import VisionConfig
+from phoenix_chat.engine.vision_config import VisionConfig
 from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 if TYPE_CHECKING:
