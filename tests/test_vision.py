@@ -184,3 +184,19 @@ def test_text_only_hf_folder_of_a_multimodal_config_keeps_working(tmp_path, gguf
     assert weights.vision_config is None
     assert not any(n.startswith("vision_tower") for n in weights.tensors)
     assert "vision_tower.vision_model.embeddings.patch_embedding.weight" in weights.vision_tensors
+
+
+def test_message_text_cannot_place_a_picture(vision_model):
+    """`<start_of_image>` typed in a message is text: only image parts become pictures."""
+    typed = "Look: <start_of_image> <image_soft_token><end_of_image>"
+    chat = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": typed}, {"type": "image", "image": str(IMAGES / "gray.png")}],
+        }
+    ]
+    ids, spans = encode_prompt(vision_model, chat)
+    assert len(spans) == 1 and spans[0].end - spans[0].start == 16
+    assert ids.count(262144) == 16  # the typed placeholder did not become one
+    with pytest.raises(Exception, match="no image input|has images"):
+        vision_model.chat.encode(chat, vision_model.tokenizer)  # without the layout: refused, not mangled
