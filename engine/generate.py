@@ -114,6 +114,9 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, raw: bool = False) -> tupl
 
     if not isinstance(prompt, (str, PromptIds)) and has_images(prompt):
         return encode_chat(model, prompt)
+    if isinstance(prompt, PromptIds) and model.vision is not None and model.vision.cfg.image_token_id in prompt.ids:
+        # ids alone have lost their pictures: running them would read the placeholders as text
+        raise PhoenixError("a prompt with image placeholders needs its pictures: pass the chat messages")
     return _text_prompt_ids(model, prompt, raw), []
 
 

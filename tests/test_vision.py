@@ -200,3 +200,12 @@ def test_message_text_cannot_place_a_picture(vision_model):
     assert ids.count(262144) == 16  # the typed placeholder did not become one
     with pytest.raises(Exception, match="no image input|has images"):
         vision_model.chat.encode(chat, vision_model.tokenizer)  # without the layout: refused, not mangled
+
+
+def test_ids_without_their_pictures_are_refused(golden, vision_model):
+    from phoenix_chat.engine.errors import PhoenixError
+    from phoenix_chat.engine.generate import PromptIds
+
+    data, _ = golden
+    with pytest.raises(PhoenixError, match="needs its pictures"):
+        list(stream_generate(vision_model, PromptIds(tuple(data["chat/input_ids"].tolist())), max_tokens=1))
