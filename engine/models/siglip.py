@@ -84,9 +84,11 @@ class SiglipVisionTower:
         q = self._linear(h, p + "q_proj").reshape(n, heads, d)
         k = self._linear(h, p + "k_proj").reshape(n, heads, d)
         v = self._linear(h, p + "v_proj").reshape(n, heads, d)
-        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d**-0.5)  # every patch sees every patch
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
-        return self._linear(out, p + "out_proj")
+        out = np.empty((n, heads, d), np.float32)
+        for head in range(heads):  # one head at a time: 4,096 patches make a 64 MiB score matrix each
+            scores = q[:, head] @ k[:, head].T * np.float32(d**-0.5)  # every patch sees every patch
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[:, head] = probs @ v[:, head]
+        return self._linear(out.reshape(n, heads * d), p + "out_proj")
