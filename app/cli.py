@@ -239,6 +239,7 @@ def cmd_info(args) -> int:
         "tensor_types": w.tensor_types(),
         "file_size": w.file_size,
         "chat_template": bool(w.chat_template),
+        "image_input": _image_input(w),
         "fit": {
             "context_length": fit.context_length,
             "need_bytes": fit.need,
@@ -265,8 +266,20 @@ def cmd_info(args) -> int:
     print("tensor types:   " + ", ".join(f"{k} ×{v}" for k, v in sorted(info["tensor_types"].items())))
     print(f"file size:      {w.file_size / 2**20:.1f} MiB")
     print(f"chat template:  {'yes' if w.chat_template else 'no (Gemma 3 format used)'}")
+    print(f"image input:    {info['image_input'] or 'no (text-only model)'}")
     print(f"memory:         {fit.line()}")
     return 0
+
+
+def _image_input(weights) -> str | None:
+    """One line on the vision tower, or None for a text-only model."""
+    v = weights.vision_config
+    if v is None:
+        return None
+    return (
+        f"yes: SigLIP {v.image_size} px, patch {v.patch_size}, {v.num_layers} layers, width {v.hidden_size}, "
+        f"{v.mm_tokens_per_image} tokens per image"
+    )
 
 
 def cmd_perplexity(args) -> int:

@@ -4,6 +4,7 @@ oversized files; and the CLI's `run --image` reaches the model (or says the mode
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -137,3 +138,12 @@ def test_cli_run_images_reach_the_model(tmp_path):
     assert proc.stdout == expected + "\n"
     assert f"prompt {len(ids)} tok" in proc.stderr
     assert other.stdout != proc.stdout
+
+
+def test_cli_info_says_whether_a_model_takes_images(tmp_path):
+    folder = _tiny_folder(tmp_path)
+    proc = cli("info", "--model", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert "image input:    yes: SigLIP 112 px, patch 14, 2 layers, width 32, 16 tokens per image" in proc.stdout
+    assert json.loads(cli("info", "--model", str(folder), "--json").stdout)["image_input"].startswith("yes")
+    assert json.loads(cli("info", "--json").stdout)["image_input"] is None  # the embedded 270M
