@@ -44,6 +44,19 @@ def _add_sampling_args(p):
     p.add_argument("--system", default=None, help="system prompt (folded into the first user turn)")
 
 
+def _add_serve_args(p):
+    from phoenix_chat.app.server.config import DEFAULT_HOST, DEFAULT_PORT
+
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (another than loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="clients must send Authorization: Bearer KEY")
+    p.add_argument(
+        "--parallel", type=int, default=1, metavar="N", help="requests the engine runs at once (its scheduler's slots)"
+    )
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="a web origin allowed to call")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="another name for the Host header")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phoenix-chat", description="Local Gemma 3 chat. No arguments: open the app.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -88,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     _add_model_args(p)
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on this machine (headless)")
+    _add_model_args(p)
+    _add_serve_args(p)
+
     p = sub.add_parser("devices", help="what compute is available")
     p.add_argument("--json", action="store_true")
 
@@ -104,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument(
+        "--streams",
+        metavar="N,N,...",
+        default=None,
+        help="many-stream mode: N concurrent requests through the scheduler for each count "
+        "(aggregate and per-stream tok/s, p50/p99 inter-token latency), then a scripted chat's TTFT",
+    )
+    p.add_argument(
+        "--chat-turns", type=int, default=10, metavar="N", help="with --streams: turns of the scripted chat (0: none)"
+    )
     return parser
 
 
@@ -144,14 +171,51 @@ def _messages(system, prompt, images=()):
 
 
 def cmd_run(args) -> int:
-    from phoenix_chat.engine.generate import stream_generate
-    from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
-
     if args.image and args.raw:
         from phoenix_chat.engine.errors import PhoenixError
 
         raise PhoenixError("--image needs the chat format: leave out --raw")
     model = _load(args)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image)
+    if args.draft or args.image:
+        # the scheduler carries no pictures yet (it refuses them: engine/scheduler.py), so
+        # --image goes through stream_generate, as --draft does
+        return _run_direct(args, model, prompt)
+    from phoenix_chat.engine.requests import Request
+    from phoenix_chat.engine.scheduler import Scheduler
+
+    scheduler = Scheduler(model)  # the one engine API (engine/requests.py), as every client
+    try:
+        stream = scheduler.submit(Request(prompt, _sampling(args), args.max_tokens, raw=args.raw))
+        for d in stream:
+            if d.text:
+                sys.stdout.write(d.text)
+                sys.stdout.flush()
+    finally:
+        scheduler.close()
+    final, usage = stream.final, stream.final.usage if stream.final else None
+    if final is None or usage is None:  # finish_reason "error": its one line, as any PhoenixError
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError(final.error if final and final.error else "the engine ended without an answer")
+    sys.stdout.write("\n")
+    ttft = "-" if usage.ttft_s is None else f"{usage.ttft_s * 1000:.0f}"
+    prompt_tps = (usage.prompt_tokens - usage.prompt_reused) / usage.ttft_s if usage.ttft_s else 0.0
+    print(
+        f"[{model.backend.name}: prompt {usage.prompt_tokens} tok at {prompt_tps:.1f} tok/s, "
+        f"generated {usage.completion_tokens} tok at {usage.generation_tps:.1f} tok/s, "
+        f"ttft {ttft} ms, finish: {final.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run_direct(args, model, prompt) -> int:
+    """`run --draft` / `run --image`: through stream_generate, not the scheduler (it serves one
+    model, and a draft's own cache is outside its slots; it carries no pictures)."""
+    from phoenix_chat.engine.generate import stream_generate
+    from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
+
     draft = spec = None
     if args.draft:
         from phoenix_chat import engine
@@ -162,7 +226,6 @@ def cmd_run(args) -> int:
         )
         check_draft(model, draft)
         spec = SpeculativeStats()
-    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image)
     last = None
     for r in stream_generate(
         model,
@@ -311,6 +374,12 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from phoenix_chat.app.server.serve import serve
+
+    return serve(args, _load)
+
+
 def cmd_devices(args) -> int:
     from phoenix_chat.engine.devices import list_devices
 
@@ -344,6 +413,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.streams:
+        from phoenix_chat.engine.bench_streams import run_streams_cli
+
+        return run_streams_cli(args)
     from phoenix_chat.engine.bench import run_bench_cli
 
     return run_bench_cli(args)
@@ -371,6 +444,7 @@ COMMANDS = {
     "tokenize": cmd_tokenize,
     "info": cmd_info,
     "perplexity": cmd_perplexity,
+    "serve": cmd_serve,
     "devices": cmd_devices,
     "doctor": cmd_doctor,
     "export": cmd_export,

@@ -69,6 +69,11 @@ def _quant_spelling(value: object) -> object:
     return value.lower() if isinstance(value, str) and value.lower() in QUANT_CHOICES else value
 
 
+def _in_range(low: float, high: float) -> Callable[[object], bool]:
+    """A check that a value is a number (not a bool) from `low` to `high`."""
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
+
+
 # Applied to a value before it is checked, on `set` and on reading the file: old spellings migrate.
 _NORMALIZERS: dict[str, Callable[[object], object]] = {"quant": _quant_spelling}
 
@@ -80,6 +85,13 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "backend": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("vulkan")),
     "context_length": lambda v: v is None or (isinstance(v, int) and v > 0),
     "max_tokens": lambda v: isinstance(v, int) and v > 0,
+    # the defaults for new chats (Settings → Defaults for new chats…): a bad hand edit is ignored
+    "system_prompt": lambda v: isinstance(v, str),
+    "temperature": _in_range(0.0, 2.0),
+    "top_k": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "top_p": _in_range(0.0, 1.0),
+    "min_p": _in_range(0.0, 1.0),
+    "repetition_penalty": _in_range(1.0, 2.0),
 }
 
 
@@ -107,6 +119,20 @@ class SettingsModel:
         self.save()
         for listener in list(self._listeners):
             listener(name, value)
+
+    def set_new_chat_defaults(self, system_prompt: str, sampling: dict) -> None:
+        """The system prompt and `sampling_defaults()` fields a new chat starts with (chats
+        already made keep their own copy). All are checked before any is stored."""
+        values = {"system_prompt": system_prompt, **sampling}
+        unknown = set(values) - {"system_prompt", *self.values.sampling_defaults()}
+        if unknown:
+            raise KeyError(", ".join(sorted(unknown)))
+        for name, value in values.items():
+            check = _VALIDATORS.get(name)
+            if check and not check(value):
+                raise ValueError(f"bad value for {name}: {value!r}")
+        for name, value in values.items():
+            self.set(name, value)
 
     def add_recent_model(self, path: str) -> None:
         recent = [path] + [p for p in self.values.recent_models if p != path]

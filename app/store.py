@@ -25,10 +25,30 @@ from typing import Concatenate, ParamSpec, TypeVar
 from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: earlier versions of a regenerated answer (message_versions, messages.version)
+EXPORT_VERSION = 1  # the export format's own version (it shows each answer's shown version only)
 DB_NAME = "history.sqlite3"
 
-_SCHEMA = """
+# The versions of an answer not on show (Regenerate keeps the old one here); the shown one is
+# the messages row, so history, search and export read only what the user sees.
+_VERSIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS message_versions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id  INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    version     INTEGER NOT NULL,
+    content     TEXT NOT NULL,
+    complete    INTEGER NOT NULL,
+    stats       TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    UNIQUE (message_id, version)
+);
+"""
+# version → the script that brings a database of the version before up to it
+_MIGRATIONS = {
+    2: "ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1;" + _VERSIONS_TABLE,
+}
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS conversations (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     title         TEXT NOT NULL,
@@ -45,10 +65,13 @@ CREATE TABLE IF NOT EXISTS messages (
     content         TEXT NOT NULL,
     complete        INTEGER NOT NULL DEFAULT 1,
     created_at      REAL NOT NULL,
-    stats           TEXT NOT NULL DEFAULT '{}'
+    stats           TEXT NOT NULL DEFAULT '{}',
+    version         INTEGER NOT NULL DEFAULT 1  -- which version of this answer is shown (1-based)
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
+    + _VERSIONS_TABLE
+)
 
 
 @dataclass
@@ -70,6 +93,8 @@ class Message:
     content: str
     complete: bool = True
     stats: dict = field(default_factory=dict)
+    version: int = 1  # the version of this answer on show (Regenerate adds one)
+    versions: int = 1  # how many versions it has
 
 
 def db_path(home=None) -> Path:
@@ -99,8 +124,11 @@ class Store:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} was written by a newer Phoenix Chat (schema {version})")
-            if version < SCHEMA_VERSION:
+            if version == 0:  # a new file: today's schema at once
                 self._db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+                return
+            for step in range(version + 1, SCHEMA_VERSION + 1):  # each in its own transaction
+                self._db.executescript("BEGIN;" + _MIGRATIONS[step] + f"PRAGMA user_version={step};COMMIT;")
 
     def _tx(self):
         return _Transaction(self._db, self._lock)
@@ -170,7 +198,9 @@ class Store:
     def messages(self, conversation_id: int) -> list[Message]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", (conversation_id,)
+                "SELECT m.*, 1 + (SELECT COUNT(*) FROM message_versions v WHERE v.message_id = m.id) AS versions"
+                " FROM messages m WHERE conversation_id = ? ORDER BY position",
+                (conversation_id,),
             ).fetchall()
         return [_message(r) for r in rows]
 
@@ -200,6 +230,55 @@ class Store:
                 db.execute("UPDATE messages SET complete = ? WHERE id = ?", (int(complete), message_id))
             if stats is not None:
                 db.execute("UPDATE messages SET stats = ? WHERE id = ?", (json.dumps(stats), message_id))
+
+    def add_version(self, message_id: int) -> Message:
+        """Regenerate: keep the answer's shown text as an earlier version and empty the row
+        (complete=0) for the new version, which becomes the shown one and is numbered last."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None or row["role"] != "assistant":
+                raise ValueError(f"message {message_id} is not an answer")
+            db.execute(
+                "INSERT INTO message_versions (message_id, version, content, complete, stats, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (message_id, row["version"], row["content"], row["complete"], row["stats"], row["created_at"]),
+            )
+            count = db.execute("SELECT COUNT(*) FROM message_versions WHERE message_id = ?", (message_id,)).fetchone()
+            number = count[0] + 1
+            db.execute(
+                "UPDATE messages SET content = '', complete = 0, stats = '{}', version = ?, created_at = ? "
+                "WHERE id = ?",
+                (number, time.time(), message_id),
+            )
+        return Message(message_id, row["conversation_id"], row["position"], "assistant", "", False, {}, number, number)
+
+    def show_version(self, message_id: int, version: int) -> bool:
+        """Put version `version` of an answer on show (the one shown goes back among the
+        others); False when there is no such version."""
+        with self._tx() as db:
+            other = db.execute(
+                "SELECT * FROM message_versions WHERE message_id = ? AND version = ?", (message_id, version)
+            ).fetchone()
+            shown = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if other is None or shown is None:
+                return False
+            db.execute(
+                "UPDATE message_versions SET version = ?, content = ?, complete = ?, stats = ?, created_at = ? "
+                "WHERE id = ?",
+                (
+                    shown["version"],
+                    shown["content"],
+                    shown["complete"],
+                    shown["stats"],
+                    shown["created_at"],
+                    other["id"],
+                ),
+            )
+            db.execute(
+                "UPDATE messages SET version = ?, content = ?, complete = ?, stats = ?, created_at = ? WHERE id = ?",
+                (version, other["content"], other["complete"], other["stats"], other["created_at"], message_id),
+            )
+        return True
 
     def close_unfinished_answers(self, note: str) -> list[int]:
         """Mark every answer still saved as unfinished (complete=0: the app was killed or quit
@@ -243,7 +322,7 @@ class Store:
                 json.dumps(
                     {
                         "format": "phoenix-chat",
-                        "version": SCHEMA_VERSION,
+                        "version": EXPORT_VERSION,
                         "conversations": [
                             {
                                 "id": c.id,
@@ -336,6 +415,8 @@ class StoreThread:
     add_message = _waited(Store.add_message)
     edit_message = _waited(Store.edit_message)
     truncate_after = _waited(Store.truncate_after)
+    add_version = _waited(Store.add_version)
+    show_version = _waited(Store.show_version)
     close_unfinished_answers = _waited(Store.close_unfinished_answers)
     export = _waited(Store.export)
     update_message = _queued(Store.update_message)
@@ -388,4 +469,6 @@ def _message(row) -> Message:
         row["content"],
         bool(row["complete"]),
         json.loads(row["stats"] or "{}"),
+        row["version"],
+        row["versions"] if "versions" in row.keys() else 1,
     )

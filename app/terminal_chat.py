@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import sys
 
-from phoenix_chat.engine.generate import stream_generate
-from phoenix_chat.engine.prompt_cache import PromptCache
+from phoenix_chat.engine.requests import Request
+from phoenix_chat.engine.scheduler import Scheduler
 
 HELP = "Type a message and press Enter. Commands: /reset (new conversation), /quit."
 
 
 def terminal_chat(model, params, max_tokens: int, system: str | None = None, stdin=None, stdout=None) -> int:
-    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    """Through the engine's one API (engine/scheduler.py): its slot keeps the conversation's
+    K/V, so each turn prefills only what the last one did not."""
+    scheduler = Scheduler(model)
+    try:
+        return _chat_loop(scheduler, model, params, max_tokens, system, stdin or sys.stdin, stdout or sys.stdout)
+    finally:
+        scheduler.close()
+
+
+def _chat_loop(scheduler, model, params, max_tokens: int, system: str | None, stdin, stdout) -> int:
     print(f"Phoenix Chat — {model.config.name} on {model.backend.device_name}. {HELP}", file=stdout)
     if not model.is_instruction_tuned:
         print(
@@ -20,7 +29,6 @@ def terminal_chat(model, params, max_tokens: int, system: str | None = None, std
             file=stdout,
         )
     history = [{"role": "system", "content": system}] if system else []
-    cache = PromptCache(model.backend)  # each turn prefills only what the last one did not
     while True:
         stdout.write("> ")
         stdout.flush()
@@ -39,13 +47,14 @@ def terminal_chat(model, params, max_tokens: int, system: str | None = None, std
             continue
         history.append({"role": "user", "content": text})
         answer = []
-        last = None
-        for r in stream_generate(model, history, params, max_tokens, cache=cache):
-            stdout.write(r.text)
+        stream = scheduler.submit(Request(list(history), params, max_tokens))
+        for d in stream:
+            stdout.write(d.text)
             stdout.flush()
-            answer.append(r.text)
-            last = r
+            answer.append(d.text)
         history.append({"role": "assistant", "content": "".join(answer)})
         stdout.write("\n")
-        if last and last.finish_reason == "context":
+        if stream.final is not None and stream.final.finish_reason == "context":
             print("(context full: /reset to start over)", file=stdout)
+        elif stream.final is not None and stream.final.finish_reason == "error":
+            print(f"(error: {stream.final.error})", file=stdout)

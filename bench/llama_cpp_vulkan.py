@@ -13,6 +13,7 @@ The GPU machine reaches no network, so the work is in three steps:
                                                     # glslc, Vulkan 1.4 headers, SPIR-V headers)
     python -m bench.llama_cpp_vulkan build          # GPU machine: .peer/ -> BUILD/bin/llama-bench
     python -m bench.llama_cpp_vulkan bench A.gguf   # llama-bench, full build and KHR-only
+    python -m bench.llama_cpp_vulkan batched A.gguf # llama-batched-bench: decode at 1..32 streams
 
 `bench.run --llama-vulkan BUILD/bin/llama-bench` runs the peer beside our engine in the same run.
 Pitfall (shared/DESIGN.md): CMake puts the folder of Vulkan_LIBRARY on the binary's RUNPATH; if
@@ -137,7 +138,8 @@ def build(jobs: int | None = None, configure_only: bool = False) -> Path:
             raise SystemExit(f"glslc does not support {ext}: that build would be the weakened peer")
     if configure_only:
         return out
-    subprocess.run(["ninja", "-C", str(out), *(["-j", str(jobs)] if jobs else []), "llama-bench"], check=True)
+    targets = ["llama-bench", "llama-batched-bench"]  # the batched one: many-stream decode (issue 19)
+    subprocess.run(["ninja", "-C", str(out), *(["-j", str(jobs)] if jobs else []), *targets], check=True)
     binary = out / "bin" / "llama-bench"
     print(binary)
     return binary
@@ -183,6 +185,62 @@ def run_llama_bench(
     )
 
 
+@dataclass
+class PeerBatched:
+    """llama-batched-bench at one stream count: `streams` sequences of `prompt_tokens` prefilled
+    then `gen_tokens` decoded together (its S_TG: aggregate decode tok/s)."""
+
+    model: str
+    mode: str
+    flash_attn: str
+    streams: int
+    prompt_tokens: int
+    gen_tokens: int
+    decode_tok_s: float  # aggregate over all streams
+    prefill_tok_s: float
+
+
+def run_batched_bench(
+    binary: Path,
+    model: Path,
+    streams: list[int],
+    prompt_tokens: int = 128,
+    gen_tokens: int = 128,
+    mode: str = "full",
+    flash_attn: str = "on",
+) -> list[PeerBatched]:
+    """llama.cpp's own many-sequence decode figure (tools/batched-bench), each sequence with its
+    own prompt (no -pps), on the same GPU and file as ours."""
+    env = {**os.environ, **(KHR_ONLY if mode == "khr" else {})}
+    ctx = max(streams) * (prompt_tokens + gen_tokens) + 64
+    cmd = [str(binary), "-m", str(model), "-ngl", "99", "-c", str(ctx), "-b", "2048", "-ub", "512"]
+    cmd += ["-npp", str(prompt_tokens), "-ntg", str(gen_tokens), "-npl", ",".join(map(str, streams))]
+    cmd += ["-fa", flash_attn, "--output-format", "jsonl"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise RuntimeError(f"llama-batched-bench failed ({r.returncode}): {r.stderr[-2000:]}")
+    out = []
+    for line in (r.stdout + "\n" + r.stderr).splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            rec = json.loads(line)
+            out.append(
+                PeerBatched(
+                    model=str(model),
+                    mode=mode,
+                    flash_attn=flash_attn,
+                    streams=int(rec["pl"]),
+                    prompt_tokens=int(rec["pp"]),
+                    gen_tokens=int(rec["tg"]),
+                    decode_tok_s=float(rec["speed_tg"]),
+                    prefill_tok_s=float(rec["speed_pp"]),
+                )
+            )
+    if not out:
+        raise RuntimeError(f"llama-batched-bench printed no results: {r.stdout[-1000:]} {r.stderr[-1000:]}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -197,7 +255,28 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("-n", "--gen-tokens", type=int, default=128)
     r.add_argument("--repeats", type=int, default=5)
     r.add_argument("--json")
+    bb = sub.add_parser("batched")
+    bb.add_argument("models", nargs="+", type=Path)
+    bb.add_argument("--binary", type=Path, default=BUILD / "build/bin/llama-batched-bench")
+    bb.add_argument("--streams", default="1,2,4,8,16,32")
+    bb.add_argument("-p", "--prompt-tokens", type=int, default=128)
+    bb.add_argument("-n", "--gen-tokens", type=int, default=128)
+    bb.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.step == "batched":
+        found = []
+        for model in args.models:
+            for mode in ("full", "khr"):
+                for fa in ("off", "on"):
+                    streams = [int(n) for n in args.streams.split(",")]
+                    for rec in run_batched_bench(
+                        args.binary, model, streams, args.prompt_tokens, args.gen_tokens, mode, fa
+                    ):
+                        print(f"{model.name} [{mode} fa={fa}] B={rec.streams}: decode {rec.decode_tok_s:.1f} tok/s")
+                        found.append(asdict(rec))
+        if args.json:
+            Path(args.json).write_text(json.dumps(found, indent=1))
+        return 0
     if args.step == "prepare":
         prepare()
     elif args.step == "build":

@@ -7,6 +7,8 @@ into --workdir. With --llama-vulkan PATH/llama-bench (built by bench/llama_cpp_v
 its cooperative-matrix and integer-dot shaders), llama.cpp's Vulkan backend runs on every file
 in the same run, on the same device, full build and KHR-coopmat-only, and the ratios are printed.
 No figure of the peer is quoted from elsewhere: a ratio exists only for a peer measured here.
+With --streams 1,2,4,... the many-stream bench (engine/bench_streams.py: the scheduler over that
+many slots) runs per file and backend too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (llama-cpp-python) on the same file")
     ap.add_argument("--llama-vulkan", type=Path, help="llama-bench of a fair Vulkan build (bench/llama_cpp_vulkan.py)")
     ap.add_argument("--peer-repeats", type=int, default=5)
+    ap.add_argument(
+        "--streams",
+        default="",
+        help="also the many-stream bench per file and backend, e.g. 1,2,4,8,16,32 (engine/bench_streams.py)",
+    )
+    ap.add_argument("--chat-turns", type=int, default=10, help="with --streams: turns of the scripted chat")
     args = ap.parse_args(argv)
 
     runs = []
@@ -63,6 +71,10 @@ def main(argv=None) -> int:
             results.append(d)
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
+            if args.streams:
+                results.append(_streams(label, path, backend, args))
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=1))
         if args.llama_vulkan:
             results.extend(_llama_vulkan_side_by_side(label, path, args, [d for d in results if d["label"] == label]))
             if args.json:
@@ -72,6 +84,27 @@ def main(argv=None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _streams(label, path, backend, args) -> dict:
+    """The scheduler under N concurrent streams on one backend (slots = the largest N)."""
+    from phoenix_chat.engine.bench_streams import (
+        CHAT_ANSWER_TOKENS,
+        CHAT_MESSAGE_TOKENS,
+        parse_streams,
+        run_streams_bench,
+    )
+    from phoenix_chat.engine.loader import load
+
+    counts = parse_streams(args.streams)
+    ctx = max(args.prompt_tokens + args.gen_tokens, (args.chat_turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS))
+    model = load(path, backend=backend, context_length=ctx + 8, slots=max(counts))
+    try:
+        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, args.chat_turns)
+    finally:
+        model.close()
+    print(r.table(), flush=True)
+    return {"label": label, "kind": "streams", **asdict(r)}
 
 
 def _llama_vulkan_side_by_side(label, path, args, ours) -> list[dict]:

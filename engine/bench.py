@@ -227,12 +227,11 @@ def run_bench(
     )
 
 
-def run_bench_cli(args: argparse.Namespace) -> int:
-    """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
+def bench_backend(args: argparse.Namespace) -> str:
+    """The backend a bench runs on: "auto" is a Vulkan device if one opens, else the CPU."""
     from phoenix_chat.engine.errors import PhoenixError
-    from phoenix_chat.engine.weights import embedded_model_path
 
-    backend = args.backend
+    backend: str = args.backend
     if backend == "auto":
         try:
             from phoenix_chat.engine.backends.vulkan.device import Device
@@ -243,6 +242,14 @@ def run_bench_cli(args: argparse.Namespace) -> int:
             backend = "cpu"
     if backend not in ("cpu", "vulkan"):
         raise PhoenixError(f"bench runs the cpu and vulkan backends, not {backend}")
+    return backend
+
+
+def run_bench_cli(args: argparse.Namespace) -> int:
+    """`phoenix-chat bench`: args carry model, backend, device, ctx, quant, json, prompt/gen tokens."""
+    from phoenix_chat.engine.weights import embedded_model_path
+
+    backend = bench_backend(args)
     r = run_bench(
         args.model or embedded_model_path(),
         backend,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import DeviceUnavailableError, OutOfMemoryError, PhoenixError
@@ -119,6 +119,7 @@ def load(
     device: int | None = None,
     progress: Callable[[float, str], None] | None = None,
     cancel: threading.Event | None = None,
+    slots: int = 1,
 ) -> LoadedModel:
     """Open a GGUF file or Hugging Face folder (default: the embedded 270M) on a backend.
 
@@ -130,10 +131,17 @@ def load(
     computes with in f32), and `describe()` reports what was applied.
     context_length None ("auto"): the largest the model and the backend's memory budget allow.
     progress(fraction, message) is called during long work; cancel is an Event-like object.
+    slots: sequences the backend holds K/V for at once (engine/scheduler.py batches their decode
+    steps); each takes a whole context of KV memory, refused with OutOfMemoryError when they do
+    not fit. npu-hybrid holds one.
     """
     from phoenix_chat.engine.chat import ChatFormat
 
     wanted = _check_choices(backend, quant)
+    if slots < 1:
+        raise PhoenixError(f"slots must be at least 1, not {slots}")
+    if slots > 1 and backend == "npu-hybrid":
+        raise PhoenixError("the npu-hybrid backend holds one sequence: use --backend cpu or vulkan for several slots")
     started = time.perf_counter()
     timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
@@ -161,7 +169,7 @@ def load(
     report(0.1, "loading weights")
     scaled = (lambda fraction, message: report(0.1 + 0.9 * fraction, message)) if progress else None
     try:
-        engine_backend, note = _make_backend(backend, weights, ctx, wanted, device, scaled, cancel)
+        engine_backend, note = _make_backend(backend, weights, ctx, wanted, device, scaled, cancel, slots)
     except OutOfMemoryError as exc:
         if fit.suggestion is None:
             raise
@@ -219,14 +227,17 @@ def _make_backend(
     device: int | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
+    slots: int = 1,
 ) -> tuple[Backend, str]:
     model_max = weights.config.context_length
+    # `slots=` only when asked for: a Vulkan backend without slot support keeps working for one
+    many: dict[str, Any] = {"slots": slots} if slots > 1 else {}
     if kind == "auto":
         try:
             from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
             options = VulkanOptions(device_index=device, quant=quant)
-            backend = _sized(lambda n: VulkanBackend(weights, n, options, progress=progress), ctx, model_max)
+            backend = _sized(lambda n: VulkanBackend(weights, n, options, progress=progress, **many), ctx, model_max)
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
             note = f"auto: CPU backend, because {exc}"
@@ -234,14 +245,14 @@ def _make_backend(
         except ImportError as exc:
             note = f"auto: CPU backend, because the Vulkan backend is not built ({exc})"
             log.warning(note)
-        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel), ctx, model_max), note
+        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel, slots), ctx, model_max), note
     if kind == "cpu":
-        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel), ctx, model_max), ""
+        return _sized(lambda n: _cpu(weights, n, quant, progress, cancel, slots), ctx, model_max), ""
     if kind == "vulkan":
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
         options = VulkanOptions(device_index=device, allow_software=True, quant=quant)
-        return _sized(lambda n: VulkanBackend(weights, n, options, progress=progress), ctx, model_max), ""
+        return _sized(lambda n: VulkanBackend(weights, n, options, progress=progress, **many), ctx, model_max), ""
     return _sized(lambda n: _npu_hybrid(weights, n, quant, device, progress, cancel), ctx, model_max)
 
 
@@ -278,10 +289,11 @@ def _cpu(
     quant: WeightQuant | None,
     progress: Callable[[float, str], None] | None,
     cancel: threading.Event | None,
+    slots: int = 1,
 ) -> CpuBackend:
     from phoenix_chat.engine.backends.cpu import CpuBackend
 
-    return CpuBackend(weights, ctx, progress=progress, cancel=cancel, quant=quant)
+    return CpuBackend(weights, ctx, progress=progress, cancel=cancel, quant=quant, slots=slots)
 
 
 def _looks_instruction_tuned(weights: WeightSource, path: Path) -> bool:

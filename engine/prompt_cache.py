@@ -58,6 +58,72 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def plan_reuse(
+    held: Sequence[int], ring_low: int, ids: Sequence[int], backend: Backend, images: Sequence[ImageSpan] = ()
+) -> ReusePlan:
+    """Where the prefill of `ids` starts in a cache holding the K/V of `held` at 0..len-1 whose
+    sliding-window rings hold positions from `ring_low` on: after the common prefix, if the
+    rings still hold the window before that position, else at 0 (with the reason in `note`).
+    With pictures `held` is keyed by picture (`cache_keys`), the comparison is too, and the
+    start never falls inside a picture (its tokens attend to each other both ways)."""
+    if not ids:
+        raise ValueError("an empty prompt has nothing to resume")
+    cfg = backend.config
+    has_rings = any(not cfg.is_global_layer(i) for i in range(cfg.num_layers))
+    # the last prompt id always runs: its logits give the first token
+    p = min(common_prefix(held, cache_keys(ids, images)), len(ids) - 1)
+    inside = span_containing(images, p)
+    if inside is not None:
+        p = inside.start
+    need = max(0, p - cfg.sliding_window + 1)
+    if p > 0 and has_rings and ring_low > need:
+        note = (
+            f"prefix reuse: re-prefilled {len(ids)} tokens from position 0 instead of resuming at {p}: "
+            f"the sliding-window layers' rings ({backend.kv_ring_slots} slots) hold positions from "
+            f"{ring_low} on, resuming needs them from {need} (a rollback longer than the rings' slack)"
+        )
+        log.info(note)
+        return ReusePlan(0, len(ids), note)
+    return ReusePlan(p, len(ids) - p)
+
+
+class SlotPrefix:
+    """What one K/V slot of a many-slot backend holds (engine/scheduler.py), kept by the one
+    caller that writes it: `PromptCache`'s record and rule, per slot, with the writes' extent
+    told by the caller (`begin`, `wrote`, `fed`) instead of read from the backend."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # K/V of these ids is in the slot at positions 0..len-1
+        self.ring_low = 0  # the slot's sliding-window rings hold positions ring_low..len(tokens)-1
+        self._start = 0
+        self._high = 0
+
+    def plan(self, ids: Sequence[int], backend: Backend) -> ReusePlan:
+        return plan_reuse(self.tokens, self.ring_low, ids, backend)
+
+    def begin(self, ids: Sequence[int], start: int) -> None:
+        """A prefill of `ids` from position `start` begins: only ids[:start] stay valid."""
+        self.tokens = list(ids[:start])
+        self._start = self._high = start
+
+    def wrote(self, end: int) -> None:
+        """A forward writes K/V up to `end` (exclusive); told before the work, as a pass cut
+        short may have written part of it."""
+        self._high = max(self._high, end)
+
+    def fed(self, tokens: Sequence[int]) -> None:
+        """These ids' K/V is now complete after what the slot held."""
+        self.tokens.extend(tokens)
+
+    def end(self, ring_slots: int) -> None:
+        """The request is done: the writes from `start` to the high-water mark evicted the
+        positions a ring length before them."""
+        self.ring_low = max(min(self.ring_low, self._start), self._high - ring_slots, 0)
+
+    def forget(self) -> None:
+        self.tokens, self.ring_low = [], 0
+
+
 class PromptCache:
     """The token ids whose K/V one backend holds, and the rule for resuming from them."""
 
@@ -65,9 +131,6 @@ class PromptCache:
         self.backend = backend
         self.tokens: list[int] = []  # K/V of these ids is in the cache at positions 0..len-1
         self.ring_low = 0  # the sliding-window rings hold positions ring_low..len(tokens)-1
-        cfg = backend.config
-        self.window = cfg.sliding_window
-        self.has_rings = any(not cfg.is_global_layer(i) for i in range(cfg.num_layers))
         self.last: ReusePlan | None = None
 
     def forget(self) -> None:
@@ -79,26 +142,8 @@ class PromptCache:
         sliding-window rings still hold the window before that position, else at 0. With
         pictures the comparison is by picture (their placeholders keyed by hash), and never
         resumes inside one (its tokens attend to each other both ways)."""
-        if not ids:
-            raise ValueError("an empty prompt has nothing to resume")
-        # the last prompt id always runs: its logits give the first token
-        p = min(common_prefix(self.tokens, cache_keys(ids, images)), len(ids) - 1)
-        inside = span_containing(images, p)
-        if inside is not None:
-            p = inside.start
-        need = max(0, p - self.window + 1)
-        if p > 0 and self.has_rings and self.ring_low > need:
-            note = (
-                f"prefix reuse: re-prefilled {len(ids)} tokens from position 0 instead of resuming at {p}: "
-                f"the sliding-window layers' rings ({self.backend.kv_ring_slots} slots) hold positions from "
-                f"{self.ring_low} on, resuming needs them from {need} (a rollback longer than the rings' slack)"
-            )
-            log.info(note)
-            plan = ReusePlan(0, len(ids), note)
-        else:
-            plan = ReusePlan(p, len(ids) - p)
-        self.last = plan
-        return plan
+        self.last = plan_reuse(self.tokens, self.ring_low, ids, self.backend, images)
+        return self.last
 
     def generate(
         self,

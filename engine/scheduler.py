@@ -1,12 +1,30 @@
-"""The scheduler: owns one loaded model and serves `Request`s (engine/requests.py) from a queue.
+"""The scheduler: owns one loaded model and serves `Request`s (engine/requests.py) by continuous
+batching over the backend's K/V slots.
 
 Every client — the GUI worker, the CLI, the bench, the local server — submits here and reads a
-`RequestStream`. A bounded queue holds what waits: a full queue refuses at once (`EngineBusy`),
-and a prompt that cannot fit the context is refused before it waits (`PromptTooLong`).
+`RequestStream`. A bounded queue holds what waits for a slot: a full queue refuses at once
+(`EngineBusy`), and a prompt that cannot fit the context is refused before it waits or takes a
+slot (`PromptTooLong`).
 
-This version serves one request at a time on its own thread through the model's `PromptCache`
-(so a conversation's next turn prefills only its new tokens); many slots and batched decode
-steps come with the backends' `n_slots` (engine/backends/base.py).
+One thread runs steps. A step (1) ends cancelled requests, freeing their slots, and admits
+waiting ones into free slots; (2) prefills one chunk (PREFILL_CHUNK tokens) of the oldest prompt
+still being read, so a long prompt never freezes the others for more than a chunk; (3) advances
+every sequence that is generating by one token in one `decode_batch` (or `decode_batch_sampled`
+where the device samples): one pass over the weights for all of them. Sequences join and leave
+between steps; each samples with its own params and seeded `Sampler`, so a seeded request's
+tokens do not depend on who shares its steps.
+
+Prefix reuse per slot: a new request goes to the free slot holding its longest usable common
+prefix (a conversation's earlier turns, a shared system prompt; the sliding-window rule of
+engine/prompt_cache.py, with each slot's writes tracked by a `SlotPrefix`), else to the least
+recently used free slot; only the rest of the prompt is prefilled.
+
+A one-slot backend has nothing to batch: each request runs through `generate_step` with the
+model's `PromptCache`, one token per step, so a backend that keeps the whole token step on the
+device (Vulkan's `generate_tokens`) keeps doing so.
+
+The scheduler must be the only writer to its model's K/V: a forward it does not see makes its
+record of what a slot holds wrong.
 """
 
 from __future__ import annotations
@@ -14,37 +32,100 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import threading
 import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from phoenix_chat.engine.generate import PromptIds, prompt_ids_for, stream_generate
-from phoenix_chat.engine.prompt_cache import PromptCache
-from phoenix_chat.engine.requests import Delta, EngineBusy, PromptTooLong, Request, RequestStream, Usage
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, SeqStep
+from phoenix_chat.engine.errors import CancelledError, PhoenixError
+from phoenix_chat.engine.generate import prompt_ids_for
+from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
+from phoenix_chat.engine.requests import Delta, EngineBusy, FinishReason, PromptTooLong, Request, RequestStream, Usage
+from phoenix_chat.engine.sampling import Sampler
 from phoenix_chat.engine.stop_strings import StopMatcher
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
+    from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
 log = logging.getLogger("phoenix.engine")
 
 DEFAULT_MAX_QUEUE = 64
 
 
+def error_text(err: Exception) -> str:
+    """The one line a failed request ends with: a PhoenixError's own message (what the user can
+    act on, as the CLI and GUI show it), else the exception's type and message (a bug)."""
+    return str(err) if isinstance(err, PhoenixError) else f"{type(err).__name__}: {err}"
+
+
+def _log_failure(err: Exception, msg: str, *args: object) -> None:
+    """A device or user-facing failure is logged as a line (the client shows it); a bug with its traceback."""
+    if isinstance(err, PhoenixError):
+        log.info(msg + ": %s", *args, err)
+    else:
+        log.exception(msg, *args)
+
+
+@dataclass
+class _Seq:
+    """One admitted request: its prompt, where its prefill stands, and its sampler."""
+
+    stream: RequestStream
+    ids: list[int]
+    queued_at: float
+    slot: _Slot
+    sampler: Sampler
+    seed: int
+    detok: StreamingDetokenizer
+    stops: StopMatcher
+    budget: int  # answer tokens at most (max_tokens bounded by the context)
+    reused: int  # prompt ids whose K/V the slot already held
+    prefilled: int  # prompt ids whose K/V is in the slot
+    token: int | None = None  # sampled, not yet fed: the next decode step feeds it
+    count: int = 0  # answer tokens produced (the eos excluded)
+    history: list[int] = field(default_factory=list)  # prompt + answer ids (repetition penalty)
+    unsent: list[int] = field(default_factory=list)  # ids not yet handed out in a delta
+    first_at: float | None = None
+    tokens: Generator[int, None, None] | None = None  # a one-slot backend's generate_step
+
+    @property
+    def pos(self) -> int:
+        """Where the pending token is fed."""
+        return len(self.ids) + self.count - 1
+
+
+@dataclass
+class _Slot:
+    index: int
+    prefix: SlotPrefix
+    used_at: float = 0.0  # when a request last left it (least recently used is evicted first)
+    seq: _Seq | None = None
+
+
 class Scheduler:
-    """Serves requests for one model on a thread of its own; `close()` ends it (pending requests
-    end "cancelled")."""
+    """Serves requests for one model on a thread of its own; `close()` ends it (pending and
+    running requests end "cancelled")."""
 
     def __init__(self, model: LoadedModel, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
         self.model = model
+        self.backend = model.backend
         self.max_queue = max_queue
-        self.cache = PromptCache(model.backend)
+        self.slots = [_Slot(i, SlotPrefix()) for i in range(self.backend.n_slots)]
+        # one slot: nothing to batch, requests run through generate_step and this cache
+        self.cache = PromptCache(self.backend) if len(self.slots) == 1 else None
+        self._eos = set(model.config.eos_token_ids)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: collections.deque[tuple[RequestStream, list[int], float]] = collections.deque()
+        self._live: set[str] = set()  # ids waiting or running (cancel ignores others)
         self._cancelled: set[str] = set()
-        self._running: RequestStream | None = None
+        self._running: list[_Seq] = []  # admission order
         self._closed = False
+        self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
         self._thread = threading.Thread(target=self._serve, name="phoenix-scheduler", daemon=True)
         self._thread.start()
 
@@ -53,31 +134,43 @@ class Scheduler:
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Queue `request`; its deltas arrive on the returned stream (async when `loop` is given).
         Raises PromptTooLong before queueing a prompt that leaves no room for an answer, and
-        EngineBusy when `max_queue` requests already wait."""
+        EngineBusy when `max_queue` requests already wait for a slot. A chat with pictures is
+        refused (PhoenixError): slots carry no image spans yet, and their ids alone would read
+        the placeholders as text (`run --image` goes through stream_generate)."""
+        from phoenix_chat.engine.vision.prompt import has_images
+
+        if has_images(request.prompt):
+            raise PhoenixError("the scheduler does not take pictures yet: send the chat through stream_generate")
         ids = prompt_ids_for(self.model, request.prompt, request.raw)
-        limit = self.model.backend.context_length
+        limit = self.backend.context_length
         if len(ids) >= limit:
             raise PromptTooLong(len(ids), limit)
+        if not ids:
+            raise ValueError("an empty prompt has nothing to answer")
         stream = RequestStream(request, loop, self.cancel)
         with self._lock:
             if self._closed:
                 raise EngineBusy("the engine is shutting down")
-            if len(self._pending) >= self.max_queue:
+            # a burst of submits may outrun the admitting thread: free slots count as room too
+            room = self.max_queue + max(0, len(self.slots) - len(self._running))
+            if len(self._pending) >= room:
                 raise EngineBusy(f"{len(self._pending)} requests are waiting (the limit): try again shortly")
             self._pending.append((stream, ids, time.perf_counter()))
+            self._live.add(stream.id)
             self._wake.notify()
         return stream
 
     def cancel(self, request_id: str) -> None:
-        """Stop a waiting or running request (it ends with finish_reason "cancelled")."""
+        """Stop a waiting or running request (it ends with finish_reason "cancelled" within one step)."""
         with self._lock:
-            self._cancelled.add(request_id)
-            self._wake.notify()
+            if request_id in self._live:
+                self._cancelled.add(request_id)
+                self._wake.notify()
 
     @property
     def active(self) -> int:
-        """Requests running now."""
-        return 1 if self._running is not None else 0
+        """Requests holding a slot now."""
+        return len(self._running)
 
     @property
     def waiting(self) -> int:
@@ -94,62 +187,242 @@ class Scheduler:
     def _serve(self) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._running and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     pending, self._pending = list(self._pending), collections.deque()
                     break
-                stream, ids, queued_at = self._pending.popleft()
-                self._running = stream
-            try:
-                self._run(stream, ids, queued_at)
-            except Exception as err:  # a bug or a device failure: this request ends, the engine goes on
-                log.exception("request %s failed", stream.id)
-                stream.put(Delta(stream.id, "", finish_reason="error", error=f"{type(err).__name__}: {err}"))
-                self.cache.forget()
-            finally:
-                with self._lock:
-                    self._running = None
-                    self._cancelled.discard(stream.id)
+                cancelled = set(self._cancelled)
+                # a cancelled request leaves the queue at once, slot or no slot
+                dropped = [item[0] for item in self._pending if item[0].id in cancelled]
+                if dropped:
+                    self._pending = collections.deque(i for i in self._pending if i[0].id not in cancelled)
+                for stream in dropped:
+                    self._done_with(stream.id)
+                free = sum(1 for s in self.slots if s.seq is None)
+                admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
+            for stream in dropped:
+                stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))
+            for seq in [s for s in self._running if s.stream.id in cancelled]:
+                self._finish(seq, "cancelled")
+            for stream, ids, queued_at in admit:
+                try:
+                    self._admit(stream, ids, queued_at)
+                except Exception as err:  # a bug: this request ends, the engine goes on
+                    _log_failure(err, "request %s could not be admitted", stream.id)
+                    with self._lock:
+                        self._done_with(stream.id)
+                    stream.put(Delta(stream.id, "", finish_reason="error", error=error_text(err)))
+            self._step()
+        for seq in list(self._running):
+            self._finish(seq, "cancelled")
         for stream, _, _ in pending:
             stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))
+
+    def _done_with(self, request_id: str) -> None:
+        """(lock held) forget a request that ended."""
+        self._live.discard(request_id)
+        self._cancelled.discard(request_id)
 
     def _is_cancelled(self, request_id: str) -> bool:
         return request_id in self._cancelled or self._closed
 
-    def _run(self, stream: RequestStream, ids: list[int], queued_at: float) -> None:
+    def _admit(self, stream: RequestStream, ids: list[int], queued_at: float) -> None:
+        """Give a waiting request the free slot with its longest usable prefix (else the least
+        recently used free one) and plan its prefill."""
+        from phoenix_chat.engine.tokenizer import StreamingDetokenizer
+
         req = stream.request
-        stops = StopMatcher(req.stop)
-        count = 0
-        first_at: float | None = None
-        last = None
-        for rec in stream_generate(
-            self.model,
-            PromptIds(tuple(ids)),
-            req.params,
-            req.max_tokens,
-            cancel=lambda: self._is_cancelled(stream.id),
-            cache=self.cache,
-        ):
-            last = rec
-            if rec.token is not None:
-                count += 1
-                if first_at is None:
-                    first_at = time.perf_counter()
-            text = stops.feed(rec.text)
-            if text and rec.finish_reason is None:
-                stream.put(Delta(stream.id, text, (rec.token,) if rec.token is not None else ()))
-            elif text:
-                stream.put(Delta(stream.id, text))
-            if stops.stopped:
-                break
-        reason = "stop" if stops.stopped else (last.finish_reason if last is not None else "error")
-        tail = stops.flush()
-        usage = Usage(
-            prompt_tokens=len(ids),
-            completion_tokens=last.generation_tokens if last is not None else 0,
-            prompt_reused=last.prompt_reused if last is not None else 0,
-            ttft_s=None if first_at is None else first_at - queued_at,
-            generation_tps=last.generation_tps if last is not None else 0.0,
+        if self.cache is not None:
+            slot, plan = self.slots[0], self.cache.plan(ids)
+        else:
+            slot, plan = self._pick_slot(ids)
+        seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
+        seq = _Seq(
+            stream=stream,
+            ids=ids,
+            queued_at=queued_at,
+            slot=slot,
+            sampler=Sampler(req.params),
+            seed=seed,
+            detok=StreamingDetokenizer(self.model.tokenizer),
+            stops=StopMatcher(req.stop),
+            budget=min(req.max_tokens, self.backend.context_length - len(ids)),
+            reused=plan.reused,
+            prefilled=plan.reused,
+            history=list(ids),
         )
-        stream.put(Delta(stream.id, tail, finish_reason=reason, usage=usage))  # type: ignore[arg-type]
+        slot.seq = seq
+        if self.cache is not None:
+            seq.tokens = self.cache.generate(
+                self.model, ids, req.params, seq.budget, plan, cancel=lambda: self._is_cancelled(stream.id)
+            )
+        else:
+            slot.prefix.begin(ids, plan.reused)
+        self._running.append(seq)
+
+    def _pick_slot(self, ids: list[int]) -> tuple[_Slot, ReusePlan]:
+        """The free slot to serve `ids` from. A slot continues when the prompt keeps at least
+        half of what it holds (its conversation's next turn, a regenerate; an empty slot
+        trivially): the continuing slot with the longest reuse wins. Otherwise the least
+        recently used free slot is evicted — a conversation's prefix is not thrown away to
+        save a few shared template tokens of another (llama.cpp's server picks by the same
+        kind of similarity)."""
+        free = [s for s in self.slots if s.seq is None]
+        plans = {s.index: s.prefix.plan(ids, self.backend) for s in free}
+        continuing = [s for s in free if 2 * plans[s.index].reused >= len(s.prefix.tokens)]
+        if continuing:
+            slot = max(continuing, key=lambda s: (plans[s.index].reused, -s.used_at))
+        else:
+            slot = min(free, key=lambda s: s.used_at)
+        return slot, plans[slot.index]
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        if self.cache is not None:
+            self._serial_step()
+            return
+        decoding = [s for s in self._running if s.token is not None]
+        reading = next((s for s in self._running if s.token is None), None)
+        if reading is not None:
+            try:
+                self._prefill_chunk(reading)
+            except CancelledError:
+                self._finish(reading, "cancelled")
+            except Exception as err:  # a bug or a device failure: this request ends, the engine goes on
+                _log_failure(err, "request %s failed in prefill", reading.stream.id)
+                self._fail(reading, err)
+        if decoding:
+            try:
+                self._decode(decoding)
+            except Exception as err:
+                _log_failure(err, "a decode step of %d sequences failed", len(decoding))
+                for seq in decoding:
+                    self._fail(seq, err)
+
+    def _serial_step(self) -> None:
+        """One token of the one running request (one-slot backend)."""
+        if not self._running:
+            return
+        seq = self._running[0]
+        assert seq.tokens is not None
+        self.max_batch = max(self.max_batch, 1)
+        try:
+            token = next(seq.tokens)
+        except StopIteration:  # generate_step ends at the budget, which _took ends first
+            self._finish(seq, "length")
+            return
+        except CancelledError:
+            self._finish(seq, "cancelled")
+            return
+        except Exception as err:
+            _log_failure(err, "request %s failed", seq.stream.id)
+            self._fail(seq, err)
+            return
+        if seq.first_at is None:
+            seq.first_at = time.perf_counter()
+        self._took(seq, token)
+
+    def _prefill_chunk(self, seq: _Seq) -> None:
+        """Feed the next chunk of `seq`'s prompt; the last chunk's logits give its first token."""
+        a = seq.prefilled
+        b = min(a + PREFILL_CHUNK, len(seq.ids))
+        chunk = seq.ids[a:b]
+        slot, params = seq.slot, seq.stream.request.params
+        seq.slot.prefix.wrote(b)
+
+        def cancel() -> bool:
+            return self._is_cancelled(seq.stream.id)
+
+        token: int | None = None
+        if b == len(seq.ids):
+            token = self.backend.prefill_sampled(slot.index, chunk, a, params, seq.seed, cancel)
+        if token is None:
+            logits = self.backend.forward_slot(slot.index, chunk, a, cancel=cancel)
+            if b == len(seq.ids):
+                token = seq.sampler(logits, seq.history)
+        seq.prefilled = b
+        slot.prefix.fed(chunk)
+        if token is not None:
+            seq.first_at = time.perf_counter()
+            self._took(seq, token)
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        steps = []
+        for seq in seqs:
+            assert seq.token is not None
+            steps.append(SeqStep(seq.slot.index, seq.token, seq.pos, seq.stream.request.params, seq.seed))
+            seq.slot.prefix.wrote(seq.pos + 1)
+        self.max_batch = max(self.max_batch, len(steps))
+        drawn = self.backend.decode_batch_sampled(steps)
+        if drawn is None:
+            logits = self.backend.decode_batch(steps)
+            drawn = []
+            for seq, row in zip(seqs, logits):
+                seq.history.append(seq.token)  # type: ignore[arg-type]
+                drawn.append(seq.sampler(row, seq.history))
+        else:
+            for seq in seqs:
+                seq.history.append(seq.token)  # type: ignore[arg-type]
+        for seq, token in zip(seqs, drawn):
+            seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
+            self._took(seq, token)
+
+    def _took(self, seq: _Seq, token: int) -> None:
+        """`token` was sampled for `seq`: hand out its text, end the sequence or queue it to be fed."""
+        if token in self._eos:
+            self._finish(seq, "stop")
+            return
+        seq.count += 1
+        seq.unsent.append(token)
+        text = seq.stops.feed(seq.detok.add(token))
+        if seq.stops.stopped:
+            self._finish(seq, "stop", text)
+            return
+        if text:
+            seq.stream.put(Delta(seq.stream.id, text, tuple(seq.unsent)))
+            seq.unsent = []
+        if seq.count >= seq.budget:
+            full = len(seq.ids) + seq.count >= self.backend.context_length
+            self._finish(seq, "context" if full else "length")
+            return
+        seq.token = token
+
+    def _finish(self, seq: _Seq, reason: FinishReason, text: str = "") -> None:
+        """End `seq`: its last delta (held-back text, usage) and its slot freed."""
+        if not seq.stops.stopped:
+            text += seq.stops.feed(seq.detok.flush()) + seq.stops.flush()
+        now = time.perf_counter()
+        decode_s = now - seq.first_at if seq.first_at is not None else 0.0
+        usage = Usage(
+            prompt_tokens=len(seq.ids),
+            completion_tokens=seq.count,
+            prompt_reused=seq.reused,
+            ttft_s=None if seq.first_at is None else seq.first_at - seq.queued_at,
+            generation_tps=(seq.count - 1) / decode_s if seq.count > 1 and decode_s > 0 else 0.0,
+        )
+        self._release(seq)
+        seq.stream.put(Delta(seq.stream.id, text, tuple(seq.unsent), finish_reason=reason, usage=usage))
+
+    def _fail(self, seq: _Seq, err: Exception) -> None:
+        if seq not in self._running:
+            return  # it ended before the failure
+        self._release(seq)
+        seq.slot.prefix.forget()  # what a failed pass left in the slot is unknown
+        if self.cache is not None:
+            self.cache.forget()
+        seq.stream.put(Delta(seq.stream.id, "", finish_reason="error", error=error_text(err)))
+
+    def _release(self, seq: _Seq) -> None:
+        if seq not in self._running:
+            return
+        self._running.remove(seq)
+        if seq.tokens is not None:
+            seq.tokens.close()  # the PromptCache records what the slot holds
+        else:
+            seq.slot.prefix.end(self.backend.kv_ring_slots)
+        seq.slot.seq = None
+        seq.slot.used_at = time.perf_counter()
+        with self._lock:
+            self._done_with(seq.stream.id)

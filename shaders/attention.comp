@@ -16,6 +16,10 @@
 //             7 (ATTN_Q8_1 only: attention_decode_f16_f32_q8_1) out's q8_1 blocks (n_heads * D / 32
 //               blocks of 8 packed int8 words, d, d * sum(q)).
 //   Dispatch: (n_splits, n_kv_heads, 1).
+// STEP_ROWS (attention_decode_f16_f32_rows, a batched decode step): dispatch (n_splits,
+// n_kv_heads, rows); row r is one sequence at its own position and slot (step = the row's
+// Step), its q at q_offset + r * QROW, its partials, arrival counters and output rows after
+// those of rows 0..r-1 (as if its heads were heads r * n_heads.. of one wider query).
 // ATTN_Q8_1: the combining workgroup also quantizes the G output rows it wrote (whole blocks:
 // D is a multiple of 64) from shared memory, through quantize_q8_1.comp's encoder, so the
 // blocks are bit-identical to a quantize dispatch on `out` and an int8 o-proj matvec needs none.
@@ -57,6 +61,15 @@ void visible(uint pos, out uint lo, out uint n, out uint chunk) {
     chunk = max((n + pc.n_splits - 1) / pc.n_splits, MIN_CHUNK);
 }
 
+#ifdef STEP_ROWS
+#define STEP_ROW gl_WorkGroupID.z
+layout(constant_id = 3) const uint QROW = 0;    // floats from one row's q to the next
+#define ROW_Q (gl_WorkGroupID.z * QROW)
+#define ROW_KV (gl_WorkGroupID.z * pc.n_kv_heads)
+#else
+#define ROW_Q 0u
+#define ROW_KV 0u
+#endif
 #include "include/step.glsl"
 STEP_BUFFER(0)
 #include "include/wg_reduce.glsl"
@@ -104,6 +117,7 @@ void wg_reduce_g(inout float v[G], bool is_max) {
 
 void main() {
     const uint s = gl_WorkGroupID.x, kh = gl_WorkGroupID.y;
+    const uint kx = ROW_KV + kh;   // this row's kv head among every row's: partials, counter, output
     const uint tid = gl_LocalInvocationID.x;
     const uint pos = step.pos;
     uint lo, n, chunk;
@@ -111,9 +125,10 @@ void main() {
     const uint begin = min(lo + s * chunk, pos + 1);
     const uint end = min(begin + chunk, pos + 1);
     const uint slots = pc.cache_slots;
+    const uint kvh = step.slot * pc.n_kv_heads + kh;   // this sequence's kv head kh among every slot's
 
     for (uint i = tid; i < G * HD / 4; i += WG) {
-        const uint b = pc.q_offset + kh * G * HD + 4 * i;
+        const uint b = pc.q_offset + ROW_Q + kh * G * HD + 4 * i;
         qs[i] = vec4(q[b], q[b + 1], q[b + 2], q[b + 3]) * pc.scale;
     }
     barrier();
@@ -135,7 +150,7 @@ void main() {
             float d[G];
             [[unroll]] for (uint g = 0; g < G; g++) d[g] = 0.0;
             if (pr < PPP && p0 + pr < nb) {
-                const uint row = (kh * slots + (blk + p0 + pr) % slots) * (HD / 8);
+                const uint row = (kvh * slots + (blk + p0 + pr) % slots) * (HD / 8);
                 uvec4 w[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) w[u] = kc[row + lane + u * TPP];
                 [[unroll]] for (uint u = 0; u < 4; u++) {
@@ -177,7 +192,7 @@ void main() {
         wg_reduce_g(ps, false);          // its barriers also publish sc
         [[unroll]] for (uint g = 0; g < G; g++) l[g] += ps[g];
         if (rg < RG) {
-            const uint base = kh * slots;
+            const uint base = kvh * slots;
             for (uint j0 = rg; j0 < nb; j0 += 4 * RG) {
                 uvec4 vv[4];
                 [[unroll]] for (uint u = 0; u < 4; u++) {
@@ -212,14 +227,14 @@ void main() {
     }
     for (uint i = tid; i < G * HD / 4; i += WG) {
         const uint g = i / (HD / 4), d4 = i % (HD / 4);
-        part[((kh * G + g) * pc.n_splits + s) * REC + d4] = qs[i];
+        part[((kx * G + g) * pc.n_splits + s) * REC + d4] = qs[i];
     }
     if (tid == 0) {
         [[unroll]] for (uint g = 0; g < G; g++)
-            part[((kh * G + g) * pc.n_splits + s) * REC + HD / 4] = vec4(m[g], l[g], 0.0, 0.0);
+            part[((kx * G + g) * pc.n_splits + s) * REC + HD / 4] = vec4(m[g], l[g], 0.0, 0.0);
     }
 
-    if (!arrive_last(kh, pc.n_splits)) return;
+    if (!arrive_last(kx, pc.n_splits)) return;
 
     // ---- the last workgroup of kv head kh: combine the used splits of its G query heads ----
     const uint S = (n + chunk - 1) / chunk;      // splits that hold positions (>= 1)
@@ -229,7 +244,7 @@ void main() {
     [[unroll]] for (uint g = 0; g < G; g++) { M[g] = -1e30; mine[g] = vec2(-1e30, 0.0); }
     for (uint sp = tid; sp < S; sp += WG)
         [[unroll]] for (uint g = 0; g < G; g++) {
-            const vec2 ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
+            const vec2 ml = part[((kx * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
             if (sp == tid) mine[g] = ml;
             M[g] = max(M[g], ml.x);
         }
@@ -239,7 +254,7 @@ void main() {
     for (uint sp = tid; sp < S; sp += WG) {
         [[unroll]] for (uint g = 0; g < G; g++) {
             vec2 ml = mine[g];
-            if (sp != tid) ml = part[((kh * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
+            if (sp != tid) ml = part[((kx * G + g) * pc.n_splits + sp) * REC + HD / 4].xy;
             const float w = exp(ml.x - M[g]);
             wsh[g * SMAX + sp] = w;
             L[g] += ml.y * w;
@@ -255,7 +270,7 @@ void main() {
     for (uint i = tid; i < NC4 * SG; i += WG) {
         const uint c4 = i % NC4, sg = i / NC4;
         const uint g = c4 / (HD / 4);
-        const uint base = (kh * G + g) * pc.n_splits * REC + c4 % (HD / 4);
+        const uint base = (kx * G + g) * pc.n_splits * REC + c4 % (HD / 4);
         vec4 acc4[4] = vec4[4](vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0));
         for (uint sp = sg; sp < S; sp += COMBINE_LOADS * SG) {
             vec4 a[COMBINE_LOADS];
@@ -275,7 +290,7 @@ void main() {
         if (SG == 1) {
             float inv_l = 0.0;
             [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
-            outp[kh * NC4 + c4] = o * inv_l;
+            outp[kx * NC4 + c4] = o * inv_l;
 #ifdef ATTN_Q8_1
             qs[c4] = o * inv_l;          // qs is free again: the output rows, for the q8_1 step
 #endif
@@ -291,7 +306,7 @@ void main() {
             const uint g = c4 / (HD / 4);
             float inv_l = 0.0;
             [[unroll]] for (uint gg = 0; gg < G; gg++) if (gg == g) inv_l = 1.0 / L[gg];
-            outp[kh * NC4 + c4] = o * inv_l;
+            outp[kx * NC4 + c4] = o * inv_l;
 #ifdef ATTN_Q8_1
             qs[c4] = o * inv_l;
 #endif

@@ -48,6 +48,7 @@ void main() {
     const uint pos0 = step.pos + t0;                  // position of query row 0
     const uint kh = h / (pc.n_heads / pc.n_kv_heads);
     const uint slots = pc.cache_slots;
+    const uint kvh = step.slot * pc.n_kv_heads + kh;   // this sequence's kv head kh among every slot's
     const uint W = pc.window;
 
     for (uint i = tid; i < BQ * D / 4; i += WG) {
@@ -68,7 +69,7 @@ void main() {
         const uint nk = min(BC, hi + 1 - kb);
         barrier();                                    // previous tile's V reads are done
         for (uint i = tid; i < BC * D8; i += WG) {
-            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            const uint j = i / D8, c = i % D8, r = (kvh * slots + (kb + j) % slots) * D2 + 4 * c;
             kv[i] = j < nk ? uvec4(kc[r], kc[r + 1], kc[r + 2], kc[r + 3]) : uvec4(0u);
         }
         barrier();
@@ -106,7 +107,7 @@ void main() {
             m = mx;
         }
         for (uint i = tid; i < BC * D8; i += WG) {
-            const uint j = i / D8, c = i % D8, r = (kh * slots + (kb + j) % slots) * D2 + 4 * c;
+            const uint j = i / D8, c = i % D8, r = (kvh * slots + (kb + j) % slots) * D2 + 4 * c;
             kv[i] = j < nk ? uvec4(vc[r], vc[r + 1], vc[r + 2], vc[r + 3]) : uvec4(0u);
         }
         barrier();

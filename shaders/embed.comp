@@ -65,7 +65,7 @@ float element(uint rb, uint e) {
 void main() {
     const uint t = gl_WorkGroupID.x;
     if (t >= step.n_tokens) return;
-    const uint id = tokens[step.pos + t];
+    const uint id = tokens[step.tok_base + step.pos + t];
     if (id < pc.row_start || id - pc.row_start >= pc.rows) return;   // another range has it
     const uint rb = (id - pc.row_start) * pc.row_bytes;
     uint e = gl_LocalInvocationID.x;

@@ -5,11 +5,13 @@
 // cooperative matrices.
 //
 // Tile: BM = 64 tokens (CM_TM = 2) or 128 (CM_TM = 4: the "_l" variants, which dequantize
-// each weight tile once per 128 tokens instead of 64) x BN = 128 output columns per workgroup,
+// each weight tile once per 128 tokens instead of 64) x BN = 128 output columns per workgroup;
+// for a few tokens (a short turn's prefill, a batched decode step) BM = 32 (CM_TM = 1, "_m"),
+// and BN = 64 as well (CM_TN = 1, "_s": twice the workgroups over the same weights),
 // K in steps of BK = 32 (K must be a multiple of 32, as every GGUF block type makes it). Each
 // step stages x (converted to f16) and the dequantized W tile (f16) in shared memory; the
-// workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning CM_TM x 2 accumulators
-// (16 CM_TM x 32). The backend picks the tile by timing both at load (autotune.choose_gemm_tile).
+// workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning CM_TM x CM_TN accumulators
+// (16 CM_TM x 16 CM_TN). The backend picks the tile by timing both at load (autotune.choose_gemm_tile).
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
 // normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
 // saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
@@ -17,7 +19,7 @@
 // own the 2 x 4 tile grid; if a driver runs narrower waves, the extra subgroups only stage data.
 // (Wider waves than reported would leave tiles unowned: no driver we know does that.)
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
-// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / 128), ceil(m / BM), 1).
+// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / BN), ceil(m / BM), 1).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -31,9 +33,12 @@ layout(constant_id = 0) const uint WG = 256;
 #endif
 #define C16 16
 #define TM CM_TM             // accumulator tiles per subgroup along M ...
-#define TN 2                 // ... and along N
+#ifndef CM_TN
+#define CM_TN 2
+#endif
+#define TN CM_TN             // ... and along N
 #define BM (2 * TM * C16)
-#define BN 128
+#define BN (4 * TN * C16)
 #define BK 32
 #define SK (BK + 8)          // shared row stride in halves: 80 bytes, a multiple of 16
 #define SK4 (SK / 4)         // ... in f16vec4s: shared memory is written 4 halves at a time

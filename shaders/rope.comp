@@ -14,7 +14,13 @@
 // Bindings: 0 step, 1 q (f32, read-write), 2 k (f32), 3 v (f32), 4 q_norm w, 5 k_norm w,
 //           6 k cache, 7 v cache.
 // Dispatch: (n_heads + n_kv_heads, tokens recorded, 1).
+// STEP_ROWS (rope_f32_f16_rows, a batched decode step): workgroup (head, row): row r is one
+// sequence's token at its own position and slot (step = the row's Step); q/k/v of row r at
+// offset + r * stride; a row with n_tokens 0 (a pad row) does nothing.
 #extension GL_GOOGLE_include_directive : require
+#ifdef STEP_ROWS
+#define STEP_ROW gl_WorkGroupID.y
+#endif
 #include "include/step.glsl"
 STEP_BUFFER(0)
 #include "include/wg_reduce.glsl"
@@ -43,10 +49,15 @@ layout(std430, binding = 7) writeonly buffer VC { uint vc[]; };
 
 void main() {
     const uint t = gl_WorkGroupID.y;
+#ifdef STEP_ROWS
+    if (step.n_tokens == 0u) return;              // a pad row
+    const uint pos = step.pos;
+#else
     if (t >= step.n_tokens) return;               // uniform over the workgroup
+    const uint pos = step.pos + t;
+#endif
     const uint D = pc.head_dim;
     const uint h = gl_WorkGroupID.x;
-    const uint pos = step.pos + t;
     if (h < pc.n_heads) {
         rope_q_head(pc.q_offset + t * pc.q_stride + h * D, pos);
     } else {

@@ -125,7 +125,7 @@ void main() {
     const uvec2 best = wg_argmax(bk, bi);
     if (tid == 0) {
         const uint q = step.pos + step.n_tokens;
-        for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = best.y;
+        for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = best.y;
         if (pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
     }
 }
@@ -362,7 +362,7 @@ void main() {
             c += prob[i];
             if (u < c) { chosen = i; break; }
         }
-        tokens[q + d] = sel[chosen].y;
+        tokens[step.tok_base + q + d] = sel[chosen].y;
     }
     barrier();   // every invocation has read step before it may change
     if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
@@ -440,7 +440,7 @@ void main() {
     for (uint b = tid; b < NB; b += WG) if (cand[b * BLOCK].x == M) nb = max(nb, ~b);
     const uint btop = ~wg_max_u(nb);
     if (st.temperature <= 0.0) {   // greedy: the argmax (ties -> lowest id)
-        if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[q + d] = cand[btop * BLOCK].y;
+        if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = cand[btop * BLOCK].y;
         barrier();
         if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
         return;
@@ -541,7 +541,7 @@ void main() {
             }
             j = l2;
         }
-        tokens[q + d] = cand[b * BLOCK + j].y;
+        tokens[step.tok_base + q + d] = cand[b * BLOCK + j].y;
     }
     barrier();   // every invocation has read step before it may change
     if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
@@ -559,9 +559,9 @@ void main() {
     const uint q = st.pos + st.n_tokens;
     const uint lo = q > st.rep_window ? q - st.rep_window : 0u;
     for (uint i = lo + gl_LocalInvocationID.x; i < q; i += WG) {
-        const uint id = tokens[i];
+        const uint id = tokens[st.tok_base + i];
         bool first = id < pc.vocab;
-        for (uint j = lo; j < i && first; j++) first = tokens[j] != id;   // penalize each id once
+        for (uint j = lo; j < i && first; j++) first = tokens[st.tok_base + j] != id;   // penalize each id once
         if (first) {
             const float l = logits[id];
             logits[id] = l > 0.0 ? l / st.rep_penalty : l * st.rep_penalty;

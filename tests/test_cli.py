@@ -125,3 +125,33 @@ def test_perplexity_prints_ppl_last():
 def test_perplexity_of_missing_file_is_a_clean_error(tmp_path):
     proc = cli("perplexity", str(tmp_path / "nope.txt"), "--backend", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nope.txt" in proc.stderr
+
+
+def test_bench_streams_batches_each_count_and_times_the_scripted_chat():
+    proc = cli(
+        "bench",
+        "--backend",
+        "cpu",
+        "--streams",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "5",
+        "--chat-turns",
+        "3",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["slots"] == 3  # the model was loaded with one slot per stream of the largest count
+    assert [p["streams"] for p in r["points"]] == [1, 3]
+    assert [p["max_batch"] for p in r["points"]] == [1, 3]  # three streams shared decode steps
+    assert all(p["aggregate_tok_s"] > 0 and p["itl_p99_ms"] >= p["itl_p50_ms"] > 0 for p in r["points"])
+    assert len(r["chat_ttft_ms"]) == 3 and r["chat_turns"] == 3
+    assert r["chat_reused"][0] == 0 and 0 < r["chat_reused"][1] < r["chat_reused"][2]  # each turn kept the last
+
+
+def test_bench_streams_refuses_a_bad_count():
+    proc = cli("bench", "--backend", "cpu", "--streams", "2,0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--streams" in proc.stderr

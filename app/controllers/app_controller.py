@@ -12,6 +12,7 @@ from PySide6.QtCore import QByteArray, QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
 from phoenix_chat.app.controllers.chat_controller import ChatController
+from phoenix_chat.app.controllers.defaults_controller import DefaultsController
 from phoenix_chat.app.controllers.gauges_controller import GaugesController
 from phoenix_chat.app.controllers.model_controller import ModelController
 from phoenix_chat.app.controllers.wiring import choice_sets
@@ -39,6 +40,7 @@ class AppController(QObject):
         self.models = ModelController(self.window, self.worker, self.settings)
         self.chat = ChatController(self.window, self.worker, self.store, self.settings, self.models)
         self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
+        self.defaults = DefaultsController(self.window, self.settings)
         self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
 
         s = self.settings.values

@@ -24,6 +24,7 @@ from phoenix_chat.app.controllers.model_controller import ModelController
 from phoenix_chat.app.controllers.wiring import choice_sets, connect, connect_actions
 from phoenix_chat.app.settings import SettingsModel
 from phoenix_chat.app.store import Message, StoreThread
+from phoenix_chat.app.views.answer_figures import answer_figures
 from phoenix_chat.app.views.chat_view import ShownMessage
 from phoenix_chat.app.views.main_window import MainWindow
 from phoenix_chat.app.worker.client import WorkerClient
@@ -85,6 +86,7 @@ class ChatController(QObject):
             regenerate_requested=self.regenerate,
             continue_requested=self.continue_answer,
             edit_requested=self.begin_edit,
+            version_requested=self.show_version,
             edit_cancelled=self.cancel_edit,
             settings_requested=self._edit_chat_settings,
         )
@@ -271,15 +273,24 @@ class ChatController(QObject):
         self._start_answer(conv_id)
 
     def regenerate(self) -> None:
-        """Answer the last user message again (its old answer is replaced)."""
+        """Answer the last user message again; the old answer is kept as an earlier version (‹ ›)."""
         if self.busy or not self.messages:
             return
-        last = self.messages[-1]
-        if last.role == "assistant":
-            self.store.truncate_after(last.id, inclusive=True)
+        self._start_answer(self._open_id(), regenerating=self.messages[-1].role == "assistant")
+
+    def show_version(self, message_id: int, step: int) -> None:
+        """‹ ›: show the previous (-1) or next (+1) version of an answer; the conversation goes
+        on from the version shown (it is what the next prompt holds)."""
+        if self._answering_here():
+            return
+        msg = next((m for m in self.messages if m.id == message_id and m.role == "assistant"), None)
+        if msg is None or not 1 <= msg.version + step <= msg.versions:
+            return
+        if self.store.show_version(message_id, msg.version + step):
             self.messages = self.store.messages(self._open_id())
-        if self.messages and self.messages[-1].role == "user":
-            self._start_answer(self._open_id())
+            self._show_messages()
+            self._show_chat_stats()
+            self._sync_controls()
 
     def continue_answer(self) -> None:
         """Go on writing the last answer where it stopped (interrupted, stopped, length limit)."""
@@ -322,7 +333,7 @@ class ChatController(QObject):
         self.view.schedule_render(now=True)  # acknowledged now, not at the next coalesced redraw
         self._sync_controls()
 
-    def _start_answer(self, conv_id: int, continuing: bool = False) -> None:
+    def _start_answer(self, conv_id: int, continuing: bool = False, regenerating: bool = False) -> None:
         self.busy = True
         self.stopping = False
         self.gen_conversation = conv_id
@@ -331,15 +342,15 @@ class ChatController(QObject):
         self.fit_note = ""
         self.live_stats = None
         if conv_id == self.conversation_id:
-            self._show_messages(pending=not continuing)
+            self._show_messages(pending=not continuing, replacing=regenerating)
             self._show_chat_stats()
         self._sync_controls()
         self.refresh_list()
-        task = asyncio.get_event_loop().create_task(self._answer(conv_id, continuing))
+        task = asyncio.get_event_loop().create_task(self._answer(conv_id, continuing, regenerating))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, conv_id: int, continuing: bool) -> None:
+    async def _answer(self, conv_id: int, continuing: bool, regenerating: bool = False) -> None:
         if not await self.models.ensure_loaded():
             self._finish_view("The model is not loaded, so there is no answer. See the message above.")
             return
@@ -348,6 +359,8 @@ class ChatController(QObject):
             return
         conv = self.store.conversation(conv_id)
         history = self.store.messages(conv_id)
+        # Regenerate: the prompt ends before the answer it replaces, which stays as a version
+        redo = history.pop() if regenerating and history and history[-1].role == "assistant" else None
         sampling = {**self.settings.values.sampling_defaults(), **(conv.sampling if conv else {})}
         max_tokens = int(sampling.pop("max_tokens", self.settings.values.max_tokens))
         prompt = []
@@ -358,6 +371,11 @@ class ChatController(QObject):
             answer = history[-1]
             self.answer_prefix = self.answer_text = answer.content
             self.store.update_message(answer.id, answer.content, complete=False)
+        elif redo is not None and redo.content:
+            answer = self.store.add_version(redo.id)
+        elif redo is not None:  # an empty answer (it failed at once) is not worth keeping as a version
+            answer = redo
+            self.store.update_message(redo.id, "", complete=False, stats={})
         else:
             answer = self.store.add_message(conv_id, "assistant", "", complete=False)
         self.answer_id = answer.id
@@ -511,19 +529,24 @@ class ChatController(QObject):
             info.get("context_length") if self.settings.values.context_length is None else None
         )
 
-    def _show_messages(self, pending: bool = False) -> None:
+    def _show_messages(self, pending: bool = False, replacing: bool = False) -> None:
+        """replacing: leave the last answer out (Regenerate writes its next version in its place)."""
         shown = []
         conv = self.store.conversation(self.conversation_id) if self.conversation_id else None
         if conv is not None and conv.system_prompt.strip():
             shown.append(ShownMessage(None, "system", conv.system_prompt))
-        for m in self.messages:
+        for m in self.messages[:-1] if replacing else self.messages:
+            answer = m.role == "assistant"
             shown.append(
                 ShownMessage(
                     m.id,
                     m.role,
                     m.content,
-                    m.complete or m.role != "assistant",
-                    m.stats.get("note", "") if m.role == "assistant" else "",
+                    m.complete or not answer,
+                    m.stats.get("note", "") if answer else "",
+                    answer_figures(m.stats) if answer else "",
+                    m.version,
+                    m.versions,
                 )
             )
         if pending:

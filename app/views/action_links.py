@@ -12,7 +12,7 @@ import re
 import secrets
 
 ACTION_SCHEME = "phoenix-action"
-ACTIONS = ("edit", "copy", "copymsg")
+ACTIONS = ("edit", "copy", "copymsg", "older", "newer")  # older/newer: an answer's versions (‹ ›)
 
 
 class ActionLinks:

@@ -39,6 +39,9 @@ class ShownMessage:
     content: str
     complete: bool = True
     note: str = ""  # e.g. "stopped", "error: …"
+    figures: str = ""  # an answer's tokens, tok/s, TTFT (views/answer_figures.py); "" when not measured
+    version: int = 1  # which version of a regenerated answer is shown, of `versions`
+    versions: int = 1
 
 
 class MessageInput(QPlainTextEdit):
@@ -64,6 +67,7 @@ class ChatView(QWidget):
     regenerate_requested = Signal()
     continue_requested = Signal()
     edit_requested = Signal(int)  # message id
+    version_requested = Signal(int, int)  # answer message id, -1 (‹ older) or +1 (› newer)
     edit_cancelled = Signal()
     settings_requested = Signal()
 
@@ -306,8 +310,21 @@ class ChatView(QWidget):
             note = '<p style="color:gray; font-size:small"><i>writing…</i></p>'
         return (
             f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom:6px">'
-            f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}</td></tr></table>'
+            f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}{self._footer_html(m)}</td></tr></table>'
         )
+
+    def _footer_html(self, m: ShownMessage) -> str:
+        """Under an answer: ‹ 2/3 › when it has versions, and its figures once it is finished."""
+        parts = []
+        if m.role == "assistant" and m.versions > 1 and m.id is not None:
+            older = f'<a href="{self.links.href("older", m.id)}">‹</a>' if m.version > 1 else "‹"
+            newer = f'<a href="{self.links.href("newer", m.id)}">›</a>' if m.version < m.versions else "›"
+            parts.append(f"{older}&nbsp;{m.version}/{m.versions}&nbsp;{newer}")
+        if m.role == "assistant" and m.complete and m.figures:
+            parts.append(html.escape(m.figures))
+        if not parts:
+            return ""
+        return f'<p style="color:gray; font-size:small">{"&nbsp;&nbsp;·&nbsp;&nbsp;".join(parts)}</p>'
 
     def _on_anchor(self, url: QUrl) -> None:
         """Act on this view's own action links only; any other link does nothing."""
@@ -321,6 +338,8 @@ class ChatView(QWidget):
             QGuiApplication.clipboard().setText(self._messages[arg].content)
         elif name == "edit":
             self.edit_requested.emit(arg)
+        elif name in ("older", "newer"):
+            self.version_requested.emit(arg, -1 if name == "older" else 1)
 
     def _on_escape(self) -> None:
         """Esc stops a running answer, otherwise leaves edit mode."""

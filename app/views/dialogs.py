@@ -1,4 +1,5 @@
-"""Small dialogs: per-conversation chat settings, the model card, the reload question. Layout only."""
+"""Small dialogs: chat settings (one conversation's, or the defaults for new ones), the model card,
+the reload question. Layout only."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ class ChatSettingsDialog(QDialog):
     `sampling` has every field of `values()` (the controller merges the settings' defaults
     with the conversation's own): the dialog shows what it is given and has no defaults."""
 
-    def __init__(self, system_prompt: str, sampling: dict, parent=None):
+    def __init__(
+        self, system_prompt: str, sampling: dict, parent=None, *, title: str = "Chat settings", note: str = ""
+    ):
         super().__init__(parent)
-        self.setWindowTitle("Chat settings")
+        self.setWindowTitle(title)
         self.system_prompt = QPlainTextEdit(system_prompt)
         self.system_prompt.setObjectName("systemPrompt")
         self.system_prompt.setPlaceholderText(
@@ -56,6 +59,8 @@ class ChatSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
+        if note:
+            layout.addWidget(QLabel(note, wordWrap=True))
         layout.addLayout(form)
         layout.addWidget(buttons)
 

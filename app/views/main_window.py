@@ -179,6 +179,10 @@ class MainWindow(QMainWindow):
             self.theme_group.addAction(a)
             self.theme_actions[key] = a
 
+        settings_menu = mb.addMenu("&Settings")
+        self.defaults_action = settings_menu.addAction("Defaults for new chats…")
+        self.defaults_action.setMenuRole(QAction.MenuRole.PreferencesRole)
+
     def set_auto_context(self, tokens: int | None) -> None:
         """Show what "Auto" came to for the loaded model (None: not known yet)."""
         label = AUTO_CONTEXT_LABEL if tokens is None else f"Auto — {tokens:,} tokens (the largest that fits)"

@@ -29,6 +29,7 @@ class WorkerClient(QObject):
     loading_changed = Signal(str, float, str)  # load id, fraction, message
     model_changed = Signal(str, dict)  # load id, model info
     load_failed = Signal(str, str, bool, object)  # load id, message, cancelled, info of the model kept (or None)
+    generation_started = Signal(str, dict)  # generation id, {params, max_tokens, prompt}: what the engine got
     prompt_fitted = Signal(str, dict)  # generation id, {dropped_messages, cut_tokens, total_tokens, context_limit}
     tokens_changed = Signal(str, str)  # generation id, text delta
     stats_changed = Signal(str, object)  # generation id, GenerationStats
@@ -215,6 +216,10 @@ class WorkerClient(QObject):
         elif kind == P.LOAD_FAILED:
             self.model_info = msg["kept"]
             self.load_failed.emit(msg["id"], msg["message"], msg["cancelled"], msg["kept"])
+        elif kind == P.GENERATION_STARTED:
+            self.generation_started.emit(
+                msg["id"], {"params": msg["params"], "max_tokens": msg["max_tokens"], "prompt": msg["prompt"]}
+            )
         elif kind == P.PROMPT_FITTED:
             self.prompt_fitted.emit(msg["id"], {k: v for k, v in msg.items() if k not in ("type", "id", "_generation")})
         elif kind == P.TOKENS_CHANGED:

@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import asdict
 
 from phoenix_chat.app.worker import protocol as P
 
@@ -210,6 +211,7 @@ class Worker:
                     total_tokens=fitted.total_tokens,
                     context_limit=self.model.backend.context_length,
                 )
+            self._report_start(gen_id, fitted.prompt.ids, params, max_tokens)
             gen = stream_generate(
                 self.model,
                 fitted.prompt,
@@ -254,6 +256,12 @@ class Worker:
         )
 
     # -- helpers --------------------------------------------------------------------------
+    def _report_start(self, gen_id: str, prompt_ids, params, max_tokens: int) -> None:
+        """Tell the GUI what the engine is given: the sampling applied and the prompt as text."""
+        assert self.model is not None  # generate() returns early without one
+        prompt = self.model.tokenizer.decode(prompt_ids)
+        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
+
     def _stats(self, r) -> P.GenerationStats:
         """`r`: the engine's latest GenerationResponse; the busy gauges from the backend."""
         assert self.model is not None  # generate() returns early without one

@@ -27,6 +27,9 @@ DEVICES_CHANGED = "devices_changed"  # devices: [{id, name, kind}], npu: {presen
 LOADING_CHANGED = "loading_changed"  # id, fraction, message
 MODEL_CHANGED = "model_changed"  # id, info
 LOAD_FAILED = "load_failed"  # id, message, cancelled, kept (info of the model still loaded, or None)
+# id, params (the SamplingParams fields applied), max_tokens, prompt (the text the model reads,
+# decoded from its fitted prompt ids): what the engine really got, not what the GUI asked for
+GENERATION_STARTED = "generation_started"
 PROMPT_FITTED = "prompt_fitted"  # id, dropped_messages, cut_tokens, total_tokens, context_limit
 TOKENS_CHANGED = "tokens_changed"  # id, text (a delta; several tokens may be coalesced)
 STATS_CHANGED = "stats_changed"  # id, stats: GenerationStats (throttled to ~4 Hz)

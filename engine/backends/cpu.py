@@ -1,5 +1,9 @@
 """The numpy backend: the f32 reference forward pass behind the Backend contract.
 
+With `slots=N` it holds N independent K/V caches (engine/scheduler.py serves one sequence per
+slot) and `decode_batch` advances B of them in one pass over the weights: one GEMM over B rows
+per matrix, attention per sequence over its own cache (models/gemma3.py `decode_batch`).
+
 A quantization choice is applied to the values, not the arithmetic: with `quant` every matrix
 is rounded to that type at load (weights/requantized.py) and then computed in f32, so the
 answers are those of a Q8_0/Q4_0/F16 model while memory and speed stay those of f32."""
@@ -19,6 +23,8 @@ from phoenix_chat.engine.backends.base import (
     Backend,
     CancelCheck,
     LiveStats,
+    SeqStep,
+    SlotsUnsupported,
     check_cancel,
     forward_in_chunks,
     image_chunks,
@@ -34,12 +40,16 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.vision.spans import ImageSpan
 
 
-def f32_footprint(weights: WeightSource, context_length: int) -> int:
-    """Bytes the reference needs: every weight in f32 plus an f32 KV cache."""
+def f32_kv_bytes(weights: WeightSource, context_length: int) -> int:
+    """Bytes of one sequence's f32 K and V cache (whole context on global layers, rings elsewhere)."""
     cfg = weights.config
+    return sum(layer_slots(cfg, context_length, PREFILL_CHUNK)) * cfg.kv_dim * 4 * 2
+
+
+def f32_footprint(weights: WeightSource, context_length: int, slots: int = 1) -> int:
+    """Bytes the reference needs: every weight in f32 plus `slots` f32 KV caches."""
     params = sum(int(np.prod(t.shape)) for t in weights.tensors.values())
-    kv_slots = sum(layer_slots(cfg, context_length, PREFILL_CHUNK))
-    return params * 4 + kv_slots * cfg.kv_dim * 4 * 2
+    return params * 4 + slots * f32_kv_bytes(weights, context_length)
 
 
 class CpuBackend(Backend):
@@ -53,8 +63,12 @@ class CpuBackend(Backend):
         progress: Callable[[float, str], None] | None = None,
         cancel: threading.Event | None = None,
         quant: WeightQuant | None = None,
+        slots: int = 1,
     ):
         super().__init__(weights.config, context_length)
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
+        self.n_slots = slots
         self.quant = quant
         if quant is not None:
             weights = RequantizedWeights(weights, quant)
@@ -62,15 +76,19 @@ class CpuBackend(Backend):
         self._types: dict[str, int] = {}
         for t in weights.tensors.values():
             self._types[t.qtype.name] = self._types.get(t.qtype.name, 0) + 1
-        need = f32_footprint(weights, context_length)
+        need = f32_footprint(weights, context_length, slots)
         have = psutil.virtual_memory().available
         if need > have * 0.9:
+            kv = slots * f32_kv_bytes(weights, context_length)
+            many = f"{slots} sequence slots x " if slots > 1 else ""
             raise OutOfMemoryError(
-                f"the CPU backend needs {need / 2**30:.1f} GiB for f32 weights and cache, "
-                f"{have / 2**30:.1f} GiB is available: use --backend vulkan or a shorter --ctx"
+                f"the CPU backend needs {need / 2**30:.1f} GiB for f32 weights and cache "
+                f"(KV {kv / 2**30:.1f} GiB: {many}{context_length} tokens), "
+                f"{have / 2**30:.1f} GiB is available: use --backend vulkan, a shorter --ctx"
+                + (" or fewer --slots" if slots > 1 else "")
             )
         self.model = Gemma3Model(
-            weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK
+            weights, context_length, progress=progress, cancel=cancel, forward_tokens=PREFILL_CHUNK, slots=slots
         )
         self.kv_ring_slots = ring_slots(self.config, context_length, PREFILL_CHUNK)
 
@@ -104,11 +122,48 @@ class CpuBackend(Backend):
                 outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1]
 
+    def forward_slot(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        self._check_slot(slot)
+        if slot == 0:
+            return self.forward(token_ids, start_pos, all_logits=all_logits, cancel=cancel)
+
+        def fwd(
+            ids: Sequence[int], pos: int, /, *, all_logits: bool, cancel: CancelCheck | None
+        ) -> npt.NDArray[np.float32]:
+            return self.model.forward(ids, pos, all_logits=all_logits, cancel=cancel, slot=slot)
+
+        return forward_in_chunks(fwd, list(token_ids), start_pos, all_logits, cancel=cancel)
+
+    def decode_batch(self, steps: Sequence[SeqStep]) -> npt.NDArray[np.float32]:
+        for s in steps:
+            self._check_slot(s.slot)
+            if s.slot == 0:
+                self.wrote_kv(s.pos + 1)
+        # one slot never batches: no padding, one row decodes as `forward` does (same bits)
+        return self.model.decode_batch(
+            [s.token for s in steps], [s.pos for s in steps], [s.slot for s in steps], pad_single=self.n_slots > 1
+        )
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise SlotsUnsupported(f"the cpu backend holds {self.n_slots} slot(s), not slot {slot}")
+
     def weight_types(self) -> dict[str, int]:
         return dict(self._types)
 
     def live_stats(self) -> LiveStats:
-        return LiveStats(device=self.device_name, kv_cache_bytes=self.model.cache.nbytes())
+        return LiveStats(device=self.device_name, kv_cache_bytes=self._kv_bytes())
 
     def stats(self) -> dict[str, Any]:
-        return {"kv_cache_bytes": self.model.cache.nbytes()}
+        return {"kv_cache_bytes": self._kv_bytes(), "slots": self.n_slots}
+
+    def _kv_bytes(self) -> int:
+        return sum(c.nbytes() for c in self.model.caches)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -90,6 +90,16 @@ class KVCache:
         return sum(a.nbytes for a in self.k) * 2
 
 
+class Segment(NamedTuple):
+    """One sequence's run of rows in a forward: its cache, its positions, its first row, and
+    which image span each of its rows is in (-1: text; None: no picture in this run)."""
+
+    cache: KVCache
+    positions: npt.NDArray[np.int64]
+    first: int
+    blocks: npt.NDArray[np.int64] | None = None
+
+
 class Gemma3Model:
     """Weights as dense f32 arrays plus the forward pass over a chunk of tokens.
     forward_tokens: the most tokens the caller passes to one forward (sizes the KV rings)."""
@@ -102,7 +112,9 @@ class Gemma3Model:
         cancel: threading.Event | None = None,
         *,
         forward_tokens: int,
+        slots: int = 1,
     ) -> None:
+        """slots: independent K/V caches (sequences) this model serves; `cache` is slot 0's."""
         self.config = cfg = weights.config
         self.context_length = context_length
         names = [n for n in weights.tensors if n != "embed_tokens"]
@@ -118,7 +130,8 @@ class Gemma3Model:
         if progress:
             progress(1.0, "weights ready")
         self.embed_scale = np.float32(cfg.embed_scale)
-        self.cache = KVCache(cfg, context_length, forward_tokens)
+        self.caches = [KVCache(cfg, context_length, forward_tokens) for _ in range(max(1, slots))]
+        self.cache = self.caches[0]
         self.rope: dict[str, tuple[F32, F32]] = {}
         for kind, base, scale in (
             ("local", cfg.rope_local_theta, 1.0),
@@ -137,18 +150,29 @@ class Gemma3Model:
         all_logits: bool = False,
         cancel: Callable[[], bool] | None = None,
         images: Sequence[ImageSpan] = (),
+        slot: int = 0,
     ) -> F32:
-        """Logits of the last (or every) position. `cancel` is asked before each layer: on a
-        small CPU one chunk of a long prompt takes seconds, a layer of it a fraction of one, and
-        a cancelled pass leaves only positions ≥ start_pos half-written (never read: the next
-        forward starts at or before them). `images`: spans (absolute positions) whose soft
-        tokens this forward's positions take; each one met must lie whole inside it."""
-        cfg = self.config
+        """Logits of the last (or every) position, K/V into `slot`'s cache. `cancel` is asked
+        before each layer: on a small CPU one chunk of a long prompt takes seconds, a layer of it
+        a fraction of one, and a cancelled pass leaves only positions ≥ start_pos half-written
+        (never read: the next forward starts at or before them). `images`: spans (absolute
+        positions) whose soft tokens this forward's positions take; each one met must lie whole
+        inside it."""
         ids = np.asarray(token_ids, dtype=np.int64)
         positions = np.arange(start_pos, start_pos + len(ids))
         x = self.embed[ids] * self.embed_scale
-        blocks = np.full(len(ids), -1, np.int64)  # which image span each position is in (-1: text)
-        end = start_pos + len(ids)
+        blocks = self._place_images(x, start_pos, images) if images else None
+        x = self._layers(x, [Segment(self._cache_for(slot), positions, 0, blocks)], cancel)
+        x = rms_norm(x if all_logits else x[-1:], self.w["norm"], self.config.rms_norm_eps)
+        logits = x @ self.embed.T
+        return logits if all_logits else logits[0]
+
+    @staticmethod
+    def _place_images(x: F32, start_pos: int, images: Sequence[ImageSpan]) -> npt.NDArray[np.int64] | None:
+        """Each span met by this forward's rows writes its soft tokens over their embeddings;
+        returns which span each row is in (-1: text), or None when no span is met."""
+        blocks = np.full(len(x), -1, np.int64)
+        end = start_pos + len(x)
         for b, span in enumerate(images):
             if span.end <= start_pos or span.start >= end:
                 continue
@@ -156,20 +180,49 @@ class Gemma3Model:
                 raise ValueError(f"image span {span.start}..{span.end} cut by the forward {start_pos}..{end}")
             x[span.start - start_pos : span.end - start_pos] = span.embeddings
             blocks[span.start - start_pos : span.end - start_pos] = b
-        for layer in range(cfg.num_layers):
+        return blocks if (blocks >= 0).any() else None
+
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], *, pad_single: bool = True
+    ) -> F32:
+        """One token for each of B sequences (distinct slots) in one pass over the weights:
+        every matrix multiplies all B rows at once, attention runs per sequence over its own
+        cache. Logits (B, vocab). No pictures here: a picture's tokens are all prefill.
+
+        pad_single: a single row is padded to two. BLAS computes one row with a matrix-vector
+        kernel whose sums differ in the last bits from its matrix-matrix kernel, and with at
+        least two rows each row's result does not depend on the other rows — so a sequence's
+        logits are the same bits whoever shares its step (tests/test_batching.py). The price:
+        with few rows the matrix-matrix kernel costs ~3x a matrix-vector pass (it packs the
+        weights), so a one-slot backend, which never batches, does not pad."""
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a batched step feeds each slot once, got slots {list(slots)}")
+        pad = pad_single and len(tokens) == 1
+        ids = np.asarray(list(tokens) * 2 if pad else list(tokens), dtype=np.int64)
+        segments = [
+            Segment(self._cache_for(s), np.array([p], np.int64), i) for i, (s, p) in enumerate(zip(slots, positions))
+        ]
+        x = self._layers(self.embed[ids] * self.embed_scale, segments, None)
+        logits = rms_norm(x, self.w["norm"], self.config.rms_norm_eps) @ self.embed.T
+        return logits[:1] if pad else logits
+
+    def _cache_for(self, slot: int) -> KVCache:
+        return self.cache if slot == 0 else self.caches[slot]
+
+    def _layers(self, x: F32, segments: list[Segment], cancel: Callable[[], bool] | None) -> F32:
+        """The decoder layers over the rows of `x` (embeddings); each segment is one sequence's
+        run of rows. Rows past the segments (padding) ride along in the matrix products and are
+        never attended or written."""
+        for layer in range(self.config.num_layers):
             if cancel is not None and cancel():
                 raise CancelledError("stopped")
-            x = self._block(layer, x, positions, blocks)
-        x = rms_norm(x if all_logits else x[-1:], self.w["norm"], cfg.rms_norm_eps)
-        logits = x @ self.embed.T
-        return logits if all_logits else logits[0]
+            x = self._block(layer, x, segments)
+        return x
 
-    def _block(
-        self, layer: int, x: F32, positions: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64] | None = None
-    ) -> F32:
+    def _block(self, layer: int, x: F32, segments: list[Segment]) -> F32:
         cfg, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "input_layernorm"], cfg.rms_norm_eps)
-        attn = self._attention(layer, h, positions, blocks)
+        attn = self._attention(layer, h, segments)
         x = x + rms_norm(attn, self.w[p + "post_attention_layernorm"], cfg.rms_norm_eps)
         h = rms_norm(x, self.w[p + "pre_feedforward_layernorm"], cfg.rms_norm_eps)
         mlp = gelu_tanh(self.linear(h, p + "mlp.gate_proj")) * self.linear(h, p + "mlp.up_proj")
@@ -177,15 +230,32 @@ class Gemma3Model:
             self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps
         )
 
-    def _attention(
-        self, layer: int, h: F32, positions: npt.NDArray[np.int64], blocks: npt.NDArray[np.int64] | None = None
-    ) -> F32:
-        cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(positions)
+    def _attention(self, layer: int, h: F32, segments: list[Segment]) -> F32:
+        cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(h)
         q = self.linear(h, p + "q_proj").reshape(n, cfg.num_heads, cfg.head_dim)
         k = self.linear(h, p + "k_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
         v = self.linear(h, p + "v_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
         q = rms_norm(q, self.w[p + "q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, self.w[p + "k_norm"], cfg.rms_norm_eps)
+        out = np.zeros((n, cfg.q_dim), np.float32)
+        for cache, positions, first, blocks in segments:
+            rows = slice(first, first + len(positions))
+            out[rows] = self._attend(layer, cache, positions, q[rows], k[rows], v[rows], blocks)
+        return self.linear(out, p + "o_proj")
+
+    def _attend(
+        self,
+        layer: int,
+        cache: KVCache,
+        positions: npt.NDArray[np.int64],
+        q: F32,
+        k: F32,
+        v: F32,
+        blocks: npt.NDArray[np.int64] | None,
+    ) -> F32:
+        """One sequence's attention over its own cache (RoPE applied here), its K/V written;
+        `blocks` (the segment's) lets a picture's tokens see each other both ways."""
+        cfg, n = self.config, len(positions)
         is_global = cfg.is_global_layer(layer)
         cos, sin = self.rope["global" if is_global else "local"]
         q = apply_rope(q, cos[positions], sin[positions])
@@ -194,7 +264,6 @@ class Gemma3Model:
         # Keys visible to this chunk: earlier positions still in the cache, then the chunk itself.
         # Read them before writing the chunk, so a chunk longer than the ring cannot overwrite
         # keys that its own first queries still need.
-        cache = self.cache
         held = cache.positions[layer]
         window = None if is_global else cfg.sliding_window
         keep = (held >= 0) & (held < positions[0])
@@ -207,7 +276,7 @@ class Gemma3Model:
         cache.write(layer, positions[-len(held) :], k[-len(held) :], v[-len(held) :])
 
         mask = key_pos[None, :] <= positions[:, None]
-        if blocks is not None and (blocks >= 0).any():  # a picture's tokens see each other both ways
+        if blocks is not None:  # a picture's tokens see each other both ways
             key_blocks = np.concatenate([np.full(len(key_pos) - n, -1, np.int64), blocks])
             mask |= (blocks[:, None] >= 0) & (blocks[:, None] == key_blocks[None, :])
         if window is not None:
@@ -220,9 +289,9 @@ class Gemma3Model:
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("hqk,khd->qhd", probs, values).reshape(n, cfg.q_dim)
-        return self.linear(out, p + "o_proj")
+        return cast(F32, np.einsum("hqk,khd->qhd", probs, values).reshape(n, cfg.q_dim))
 
     def reset(self) -> None:
-        for held in self.cache.positions:
-            held[:] = -1
+        for cache in [self.cache, *self.caches[1:]]:
+            for held in cache.positions:
+                held[:] = -1

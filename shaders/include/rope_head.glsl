@@ -73,7 +73,7 @@ void rope_k_head(uint src, uint kh, uint pos) {
     const uint D = pc.head_dim, half_d = D / 2;
     float inv;
     ROPE_INV_RMS(ROPE_K, src, D)
-    const uint cache_row = (kh * pc.cache_slots + pos % pc.cache_slots) * D;   // in halves
+    const uint cache_row = ((step.slot * pc.n_kv_heads + kh) * pc.cache_slots + pos % pc.cache_slots) * D;   // in halves
     for (uint j = gl_LocalInvocationID.x; j < D / 4; j += WG) {
         const uint i0 = 2*j, i1 = 2*j + 1;
         vec2 a = vec2(ROPE_K[src + i0], ROPE_K[src + i1]);
@@ -88,7 +88,7 @@ void rope_k_head(uint src, uint kh, uint pos) {
 // value head kh at ROPE_V[src ..]: stored as f16 at its cache slot
 void copy_v_head(uint src, uint kh, uint pos) {
     const uint D = pc.head_dim;
-    const uint cache_row = (kh * pc.cache_slots + pos % pc.cache_slots) * D;
+    const uint cache_row = ((step.slot * pc.n_kv_heads + kh) * pc.cache_slots + pos % pc.cache_slots) * D;
     for (uint i = 2 * gl_LocalInvocationID.x; i < D; i += 2 * WG)
         ROPE_VC[(cache_row + i) / 2] = packHalf2x16(vec2(ROPE_V[src + i], ROPE_V[src + i + 1]));
 }

@@ -91,17 +91,17 @@ def test_stop_mid_answer_keeps_the_partial_answer(qtbot, make_app, home):
     assert app.window.chat.send_button.isEnabled() and not app.window.chat.stop_button.isEnabled()
 
 
-def test_regenerate_replaces_the_last_answer(qtbot, make_app, home):
+def test_regenerate_writes_a_new_version_of_the_last_answer(qtbot, make_app, home):
     preset(home, max_tokens=4, temperature=0.0)
     app = make_app()
     wait_loaded(qtbot, app)
     first_id, _ = finish(qtbot, app, lambda: app.chat.send("Once upon a time"))
     second_id, _ = finish(qtbot, app, lambda: qtbot.mouseClick(app.window.chat.regenerate_button, Qt.LeftButton))
-    assert second_id != first_id
+    assert second_id == first_id  # the old text is kept as version 1 (test_answer_versions_gui.py)
     app.store.flush()
     rows = db_messages(home)
     assert [r[0] for r in rows] == ["user", "assistant"]
-    assert [m.id for m in app.chat.messages][1] == second_id
+    assert [(m.id, m.version, m.versions) for m in app.chat.messages][1] == (second_id, 2, 2)
 
 
 def test_edit_an_earlier_message_and_resend(qtbot, make_app, home):

@@ -76,3 +76,23 @@ def test_sampling_defaults_are_the_engines_and_stated_nowhere_else(qtbot):
     dialog = ChatSettingsDialog("terse", defaults)
     qtbot.addWidget(dialog)
     assert dialog.values() == ("terse", defaults)
+
+
+def test_new_chat_defaults_are_checked_together_and_persist(home):
+    model = SettingsModel(home)
+    sampling = {**model.values.sampling_defaults(), "temperature": 0.3, "top_k": 7, "max_tokens": 99}
+    model.set_new_chat_defaults("Be brief.", sampling)
+    again = SettingsModel(home).values
+    assert again.system_prompt == "Be brief." and again.sampling_defaults() == sampling
+    # one bad value: nothing of the call is stored
+    with pytest.raises(ValueError):
+        model.set_new_chat_defaults("Changed", {**sampling, "top_k": 5, "top_p": 1.5})
+    with pytest.raises(KeyError):
+        model.set_new_chat_defaults("Changed", {**sampling, "seed": 1})
+    assert SettingsModel(home).values == again
+    # a bad hand edit of the file is ignored, field by field (the default instead)
+    data = json.loads((home / "settings.json").read_text())
+    (home / "settings.json").write_text(json.dumps({**data, "temperature": "hot", "top_k": -1, "min_p": 0.1}))
+    loaded = SettingsModel(home).values
+    assert (loaded.temperature, loaded.top_k) == (Settings().temperature, Settings().top_k)
+    assert loaded.min_p == 0.1 and loaded.system_prompt == "Be brief."

@@ -22,7 +22,7 @@ def test_wal_mode_and_schema_version(home):
     assert store.path == home / "history.sqlite3"
     store.close()
     db = sqlite3.connect(db_path(home))
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 def test_conversations_messages_edit_search_delete(home):

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
     from phoenix_chat.engine.backends.vulkan.resident import Layer
 
+FEW_TOKENS = 32  # forwards of at most this many tokens take tuning.gemm_kernel_few (a short turn, a batched step)
 TUNE_LAYERS = 8  # layers the load-time timing cycles through (`tuning_layers`)
 
 # a matvec workgroup shape: its specialization constants (matvec.default_spec)
@@ -82,6 +83,16 @@ class Tuning:
     # the prefill GEMM kernel (ops_gemm.KERNELS) or None: the device's own (ops_gemm.kernel)
     gemm_kernel: str | None = None
     gemm_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of one prefill chunk
+    # the GEMM kernel of forwards of at most FEW_TOKENS tokens (a short turn, a batched decode
+    # step) or None: gemm_kernel's
+    gemm_kernel_few: str | None = None
+    gemm_few_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of a FEW_TOKENS forward
+
+    def gemm_kernel_for(self, tokens: int) -> str | None:
+        """The GEMM kernel a forward of `tokens` tokens runs."""
+        if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
+            return self.gemm_kernel_few
+        return self.gemm_kernel
 
     def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
@@ -105,6 +116,9 @@ class Tuning:
         out["gemm_kernel"] = self.gemm_kernel
         if self.gemm_timing:
             out["gemm_timing"] = self.gemm_timing
+        out["gemm_kernel_few"] = self.gemm_kernel_few
+        if self.gemm_few_timing:
+            out["gemm_few_timing"] = self.gemm_few_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
@@ -441,22 +455,30 @@ def _best_forward_ms(backend: VulkanBackend, ids: list[int], repeats: int, *, al
     return round(1e3 * min(times), 2)
 
 
-def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2) -> str | None:
-    """Time a prefill forward of `tokens` through each matrix-core GEMM tile (ops_gemm.CM_TILES)
-    and return the fastest kernel name, or None where the device has no matrix-core GEMM (it keeps
+def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2, few: bool = False) -> str | None:
+    """Time a forward of `tokens` through each matrix-core GEMM tile (ops_gemm.CM_TILES) and
+    return the fastest kernel name, or None where the device has no matrix-core GEMM (it keeps
     its own kernel). A bigger tile dequantizes each weight tile for more tokens but fills fewer
-    workgroups: which wins depends on the GPU and the model's shapes, so it is measured."""
+    workgroups, and for a few tokens computes mostly padding: which wins depends on the GPU, the
+    model's shapes and the token count, so it is measured — for full prefill chunks
+    (tuning.gemm_kernel) and, with `few`, for forwards of at most FEW_TOKENS (gemm_kernel_few)."""
     if not ops_gemm.coopmat_ok(backend.dev):
         return None
     tuning = backend.tuning
     ids = [backend.config.bos_token_id] * tokens
     ms: dict[str, float] = {}
     for name in ops_gemm.COOPMAT_KERNELS:
-        tuning.gemm_kernel = name
+        if few:
+            tuning.gemm_kernel_few = name
+        else:
+            tuning.gemm_kernel = name
         backend.drop_recordings()
         ms[name] = _best_forward_ms(backend, ids, repeats, all_logits=False)
     backend.drop_recordings()
-    tuning.gemm_timing = ms
+    if few:
+        tuning.gemm_few_timing = ms
+    else:
+        tuning.gemm_timing = ms
     return min(ms, key=ms.__getitem__)
 
 

@@ -24,18 +24,28 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from phoenix_chat.engine.backends.base import Backend, CancelCheck, KvRow, LiveStats, check_cancel
+from phoenix_chat.engine.backends.base import (
+    Backend,
+    CancelCheck,
+    KvRow,
+    LiveStats,
+    SeqStep,
+    SlotsUnsupported,
+    check_cancel,
+)
 from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, bucket_for, record_batch
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
-from phoenix_chat.engine.backends.vulkan.ops_common import write_step
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, pack_step, write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
 from phoenix_chat.engine.backends.vulkan.plan import (
     LOGITS_CHUNK,
     PREFILL_CHUNK,
     SOFTWARE_PREFILL_CHUNK,
+    batch_logits_stride,
     plan_memory,
 )
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
@@ -46,6 +56,8 @@ from phoenix_chat.engine.weights.base import WeightSource
 __all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's constructor argument
 
 MAX_RECORDINGS = 8
+MAX_BATCH_RECORDINGS = 16  # batched steps: one per (bucket, sampler mix, penalty) seen lately
+SAMPLER_ORDER: tuple[ops_sample.SamplerKind, ...] = ("argmax", "topk", "full")  # rows of a batched step
 IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
 
 
@@ -60,10 +72,13 @@ class VulkanBackend(Backend):
         *,
         progress: Callable[[float, str], None] | None = None,
         device: Device | None = None,
+        slots: int = 1,
     ):
         """device: an open Device to share (tests, several backends on one GPU); else one is
-        opened from options and closed with the backend."""
+        opened from options and closed with the backend. slots: sequences whose K/V it holds
+        at once (each a whole context; the memory plan counts them all)."""
         super().__init__(weights.config, context_length)
+        self.n_slots = slots
         self.options = options
         self.quant = options.quant
         self.weights_source = weights
@@ -85,9 +100,10 @@ class VulkanBackend(Backend):
             OrderedDict()
         )
         self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
+        self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool], CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
         try:
-            self.plan = plan_memory(weights, context_length, dev, options.quant)
+            self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
             self.device_weights = upload_weights(dev, weights, self.plan, progress)
             self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
         except BaseException:
@@ -115,6 +131,8 @@ class VulkanBackend(Backend):
         )
         if not caps.is_software:
             self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
+            few = min(autotune.FEW_TOKENS, context_length - 1)
+            self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
         if options.few_token_matvec is None and not caps.is_software:
             self.tuning.few_token_matvec = autotune.choose_few_token_path(self)
 
@@ -130,7 +148,19 @@ class VulkanBackend(Backend):
     ) -> npt.NDArray[np.float32]:
         """A prompt runs in submissions of `prefill_chunk` tokens; `cancel` is asked before each
         (so Stop lands within one chunk's GPU time)."""
-        outs = self._prefill([int(t) for t in token_ids], start_pos, all_logits, cancel=cancel)
+        return self.forward_slot(0, token_ids, start_pos, all_logits=all_logits, cancel=cancel)
+
+    def forward_slot(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """`forward` into `slot`'s cache: the same recordings, the slot in the step buffer."""
+        outs = self._prefill([int(t) for t in token_ids], start_pos, all_logits, cancel=cancel, slot=slot)
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def _prefill(
@@ -140,10 +170,15 @@ class VulkanBackend(Backend):
         all_logits: bool,
         sampling: tuple[SamplingParams, int] | None = None,
         cancel: CancelCheck | None = None,
+        slot: int = 0,
     ) -> list[npt.NDArray[np.float32]]:
-        """`ids` at positions start_pos.. in chunks of recorded forwards: the logits of every
-        chunk (all_logits) or of the last position; with `sampling` (params, seed) the last
-        chunk ends in the decode step's sampler instead (the id lands in tokens[start_pos + n])."""
+        """`ids` at positions start_pos.. of `slot` in chunks of recorded forwards: the logits of
+        every chunk (all_logits) or of the last position; with `sampling` (params, seed) the last
+        chunk ends in the decode step's sampler instead (the id lands in the slot's
+        tokens[start_pos + n])."""
+        self._check_slot(slot)
+        where = self._slot_fields(slot)
+        base = where["tok_base"]
         n = len(ids)
         if n == 0:
             raise ValueError("forward needs at least one token")
@@ -151,25 +186,26 @@ class VulkanBackend(Backend):
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
         chunk = LOGITS_CHUNK if all_logits else self.prefill_chunk
-        self.wrote_kv(start_pos + n)
+        if slot == 0:
+            self.wrote_kv(start_pos + n)
         outs: list[npt.NDArray[np.float32]] = []
         for s in range(0, n, chunk):
             check_cancel(cancel)
             part = ids[s : s + chunk]
             m = len(part)
             last = s + chunk >= n
-            self.buffers.tokens_view[start_pos + s : start_pos + s + m] = part
+            self.buffers.tokens_view[base + start_pos + s : base + start_pos + s + m] = part
             mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
             if last and sampling is not None:
                 params, seed = sampling
                 kind = ops_sample.sampler_for(params)
                 mode = "sample"
                 cl = self._recording(m, mode, kind, params.repetition_penalty != 1.0)
-                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **_sampling_fields(params, seed))
+                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **where, **_sampling_fields(params, seed))
                 self.sampled[kind] += 1
             else:
                 cl = self._recording(m, mode)
-                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m)
+                write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **where)
             cl.submit(wait=True)
             self.busy.account(cl)
             if mode == "all":
@@ -257,6 +293,124 @@ class VulkanBackend(Backend):
             for cl, _ in inflight:
                 cl.wait()
 
+    # ---- many sequences: KV slots and the batched decode step (batch.py) ------------------------
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise SlotsUnsupported(f"slot {slot} is not one of this backend's {self.n_slots} KV slots")
+
+    def _slot_fields(self, slot: int) -> dict[str, int]:
+        """The step buffer's fields that place a sequence: its caches and its ids in `tokens`."""
+        return {"slot": slot, "tok_base": slot * self.buffers.tok_stride}
+
+    def prefill_sampled(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        params: SamplingParams,
+        seed: int,
+        cancel: CancelCheck | None = None,
+    ) -> int:
+        """The prefill's last chunk ends in the device sampler (as `generate_tokens` for slot 0)."""
+        n = len(token_ids)
+        if start_pos + n >= self.context_length:
+            raise ValueError(f"prefill_sampled: no room for a token after {start_pos + n} positions")
+        self._prefill([int(t) for t in token_ids], start_pos, False, (params, seed), cancel=cancel, slot=slot)
+        return int(self.buffers.tokens_view[self._slot_fields(slot)["tok_base"] + start_pos + n])
+
+    def decode_batch(self, steps: Sequence[SeqStep]) -> npt.NDArray[np.float32]:
+        """One step of every sequence in `steps`: logits (B, vocab). One sequence runs the
+        single-sequence decode recording; more run a recorded batched step (batch.py)."""
+        self._check_steps(steps, room=0)
+        if len(steps) == 1:
+            st = steps[0]
+            return self.forward_slot(st.slot, [st.token], st.pos)[None, :]
+        layout = self._write_rows(steps, list(range(len(steps))), "logits")
+        cl = self._batch_recording(len(layout), "logits", (0, 0, 0), False)
+        self._run_batch(cl, steps)
+        V = self.config.vocab_size
+        logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), batch_logits_stride(V)))
+        return np.ascontiguousarray(logits[[layout.index(i) for i in range(len(steps))], :V])
+
+    def decode_batch_sampled(self, steps: Sequence[SeqStep]) -> list[int]:
+        """`decode_batch` with every row's sampler on the GPU (its params, its seed, the Philox
+        counter of the drawn token's position): the ids, in the order of `steps`."""
+        self._check_steps(steps, room=1)
+        if len(steps) == 1:
+            st = steps[0]
+            return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
+        kinds = [ops_sample.sampler_for(st.params) for st in steps]
+        order = sorted(range(len(steps)), key=lambda i: SAMPLER_ORDER.index(kinds[i]))
+        B = len(self._write_rows(steps, order, "sample"))
+        pad = B - len(steps)
+        mix = (kinds.count("argmax") + pad, kinds.count("topk"), kinds.count("full"))
+        penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
+        cl = self._batch_recording(B, "sample", mix, penalty)
+        self._run_batch(cl, steps)
+        for k in kinds:
+            self.sampled[k] += 1
+        tokens = self.buffers.tokens_view
+        return [int(tokens[self._slot_fields(st.slot)["tok_base"] + st.pos + 1]) for st in steps]
+
+    def _check_steps(self, steps: Sequence[SeqStep], room: int) -> None:
+        """Distinct slots of this backend, positions inside the context (room: positions after the
+        fed one that must exist too: the drawn token's)."""
+        if not steps:
+            raise ValueError("a decode step needs at least one sequence")
+        if len({st.slot for st in steps}) != len(steps):
+            raise ValueError(f"a decode step advances distinct slots, not {[st.slot for st in steps]}")
+        if len(steps) > 1 and self.buffers.rows is None:
+            raise SlotsUnsupported("this backend was built with one KV slot: no batched decode step")
+        for st in steps:
+            self._check_slot(st.slot)
+            if not 0 <= st.pos < self.context_length - room:
+                raise ValueError(f"slot {st.slot}: position {st.pos} is past the context of {self.context_length}")
+
+    def _write_rows(self, steps: Sequence[SeqStep], order: list[int], mode: BatchMode) -> list[int | None]:
+        """Each row's Step (rows in `order`; argmax rows first, then the bucket's pad rows, then
+        the rest, as batch.record_batch expects) and each sequence's token; returns the rows:
+        the index in `steps` each holds (None: a pad row), as many as the bucket."""
+        rows = self.buffers.rows
+        assert rows is not None
+        B = bucket_for(len(steps), self.plan.batch_rows)
+        n_argmax = sum(ops_sample.sampler_for(steps[i].params) == "argmax" for i in order) if mode == "sample" else 0
+        layout: list[int | None] = [*order[:n_argmax], *([None] * (B - len(steps))), *order[n_argmax:]]
+        pad = pack_step(n_tokens=0, tok_base=self.n_slots * self.buffers.tok_stride)
+        mapped = rows.steps.mapped
+        assert mapped is not None
+        for r, i in enumerate(layout):
+            if i is None:
+                data = pad
+            else:
+                st = steps[i]
+                where = self._slot_fields(st.slot)
+                self.buffers.tokens_view[where["tok_base"] + st.pos] = st.token
+                data = pack_step(pos=st.pos, n_tokens=1, **where, **_sampling_fields(st.params, st.seed))
+            mapped[r * rows.step_stride : r * rows.step_stride + STEP_BYTES] = np.frombuffer(data, np.uint8)
+        return layout
+
+    def _run_batch(self, cl: CommandList, steps: Sequence[SeqStep]) -> None:
+        for st in steps:
+            if st.slot == 0:
+                self.wrote_kv(st.pos + 1)
+        cl.submit(wait=True)
+        self.busy.account(cl)
+
+    def _batch_recording(self, B: int, mode: BatchMode, mix: SamplerMix, penalty: bool) -> CommandList:
+        rows = self.buffers.rows
+        assert rows is not None
+        key = (B, mode, mix, penalty)
+        cl = self._batch_lists.get(key)
+        if cl is None:
+            cl = self._batch_lists[key] = record_batch(self.graph, rows, B, mode, mix, penalty)
+            while len(self._batch_lists) > MAX_BATCH_RECORDINGS:
+                _, old = self._batch_lists.popitem(last=False)
+                old.destroy()
+        else:
+            self._batch_lists.move_to_end(key)
+        return cl
+
     # ---- recorded command lists ---------------------------------------------------------------
 
     def _recording(
@@ -294,8 +448,11 @@ class VulkanBackend(Backend):
         for lists in self._decode_lists.values():
             for cl in lists:
                 cl.destroy()
+        for cl in self._batch_lists.values():
+            cl.destroy()
         self._recordings = OrderedDict()
         self._decode_lists = {}
+        self._batch_lists = OrderedDict()
 
     # ---- hand-off and reporting -----------------------------------------------------------------
 
@@ -330,8 +487,8 @@ class VulkanBackend(Backend):
     def stats(self) -> dict[str, Any]:
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
-        many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full)."""
-        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled)}
+        many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
+        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
 
     def close(self) -> None:
         dev = getattr(self, "dev", None)

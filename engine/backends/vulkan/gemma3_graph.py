@@ -481,7 +481,7 @@ class Gemma3Graph:
                     x_stride=x_cols,
                     y_stride=y_cols,
                     w_up=mats[1].tensor,
-                    kernel_name=self.tuning.gemm_kernel,
+                    kernel_name=self.tuning.gemm_kernel_for(T),
                 )
                 return
             assert epilogue is None
@@ -508,7 +508,7 @@ class Gemma3Graph:
                     k=x_cols,
                     x_stride=x_cols,
                     y_stride=y_cols,
-                    kernel_name=self.tuning.gemm_kernel,
+                    kernel_name=self.tuning.gemm_kernel_for(T),
                 )
                 off += m.rows
             return

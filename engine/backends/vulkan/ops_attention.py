@@ -58,12 +58,17 @@ def attention_decode(
     q_offset: int = 0,
     q: Binding | None = None,
     wg: int = 128,
+    rows: int = 0,
+    q_row_stride: int = 0,
 ) -> None:
     """out[h*D:(h+1)*D] = softmax(q_h K^T * scale) V over positions visible from step.pos
     (q_h: row h of `query`, from q_offset). partial: partial_floats(...) * 4 bytes of scratch;
     counters: counter_words(n_kv_heads) uint32s, all 0 (the kernel leaves them 0 again, so a
     recording replays as is). q: None, or q8_1_bytes(n_heads * head_dim) bytes that receive the
-    q8_1 blocks of out (the layout matvec.record_quantize writes)."""
+    q8_1 blocks of out (the layout matvec.record_quantize writes).
+    rows > 0: a batched decode step (batch.py): `step` binds that many Step rows, row r's query at
+    q_offset + r * q_row_stride floats; partial, counters and out hold `rows` times as much,
+    row after row."""
     if head_dim % 64 or head_dim > 2 * wg:
         raise ValueError(f"attention_decode: head_dim {head_dim} unsupported (multiple of 64, <= 2*WG)")
     if n_heads % n_kv_heads or n_heads // n_kv_heads > 8:
@@ -71,9 +76,13 @@ def attention_decode(
     if not 1 <= n_splits <= 256:
         raise ValueError("attention_decode: 1 <= n_splits <= 256")
     name, binds = "attention_decode_f16_f32", [step, query, k_cache, v_cache, partial, counters, out]
+    spec = dict(WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
     if q is not None:
+        assert not rows, "attention_decode: no q8_1 output for a batched step"
         name, binds = name + "_q8_1", binds + [q]
-    p = dev.pipeline(name, WG=wg, HD=head_dim, G=n_heads // n_kv_heads)
+    elif rows:
+        name, spec = name + "_rows", {**spec, "QROW": q_row_stride}
+    p = dev.pipeline(name, **spec)
     push = p.push.pack(
         head_dim=head_dim,
         n_heads=n_heads,
@@ -84,7 +93,7 @@ def attention_decode(
         scale=scale,
         n_splits=n_splits,
     )
-    cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, 1), push=push)
+    cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, max(rows, 1)), push=push)
 
 
 def attention_prefill(

@@ -26,8 +26,8 @@ STEP = PushLayout(
         ("rep_penalty", "f32", "1 = off"),
         ("rep_window", "u32", "how many earlier tokens the penalty looks at"),
         ("flags", "u32"),
-        ("pad0", "u32"),
-        ("pad1", "u32"),
+        ("slot", "u32", "KV slot: caches hold [slot][n_kv_heads][cache_slots][head_dim]"),
+        ("tok_base", "u32", "where this sequence's ids start in tokens (slot * context_length)"),
     ],
 )
 STEP_BYTES = STEP.size
@@ -36,19 +36,31 @@ _STEP_HEADER = """\
 // The per-step values of the token step. The host writes them through a mapped pointer;
 // kernels read them here, never from push constants (a recorded command buffer freezes those).
 //
-// Token flow: `tokens` (uint[context_length]) holds the ids of every position. Prefill: the host
+// Token flow: `tokens` (uint[n_slots * context_length]) holds the ids of every position of every
+// KV slot; a sequence's ids start at step.tok_base (indices below are relative to it). Prefill: the host
 // writes tokens[pos .. pos+n_tokens). Decode: the embedding reads tokens[step.pos], the sampler
 // writes tokens[step.pos + 1], and the step's last kernel increments step.pos, so a replayed
 // command buffer needs nothing from the host. The host reads the new id from `tokens`.
 """
+STEP_ROW_BYTES = 256  # a batched step's rows of Steps (batch.py) lie this far apart: any storage-offset alignment
+
 _STEP_FOOTER = """
+#ifdef STEP_ROWS
+// A batched decode step (engine/backends/vulkan/batch.py): one Step per row, STEP_ROW_BYTES apart;
+// `step` is the Step of row STEP_ROW (the kernel defines it, e.g. as a workgroup index).
+struct StepRow { Step s; uint pad[STEP_ROW_PAD]; };
+#define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { StepRow step_rows[]; };
+#define step step_rows[STEP_ROW].s
+#else
 #define STEP_BUFFER(b) layout(binding = b) buffer StepBuf { Step step; };
+#endif
 """
 
 
 def step_glsl() -> str:
     """The text of shaders/include/step.glsl (generated: edit `STEP` above, then `make shaders`)."""
-    return _STEP_HEADER + STEP.struct_glsl() + "\n" + _STEP_FOOTER
+    pad = f"#define STEP_ROW_PAD {(STEP_ROW_BYTES - STEP.size) // 4}\n"
+    return _STEP_HEADER + STEP.struct_glsl() + "\n" + pad + _STEP_FOOTER
 
 
 def pack_step(
@@ -62,6 +74,8 @@ def pack_step(
     rep_penalty: float = 1.0,
     rep_window: int = 0,
     flags: int = 0,
+    slot: int = 0,
+    tok_base: int = 0,
 ) -> bytes:
     """The bytes of one Step, to write into the mapped step buffer."""
     return STEP.pack(
@@ -75,8 +89,8 @@ def pack_step(
         rep_penalty=rep_penalty,
         rep_window=rep_window,
         flags=flags,
-        pad0=0,
-        pad1=0,
+        slot=slot,
+        tok_base=tok_base,
     )
 
 

@@ -1,9 +1,10 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
-accumulation) where the device has VK_KHR_cooperative_matrix, in two tiles ("coopmat": 64 tokens
-x 128 columns per workgroup, "coopmat_l": 128 x 128, which the backend picks between by timing
-at load, autotune.choose_gemm_tile); shaders/gemm_lanes.comp on CPU
+accumulation) where the device has VK_KHR_cooperative_matrix, in four tiles (CM_TILES: "coopmat"
+64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_m" 32 x 128, "coopmat_s"
+32 x 64; the backend picks one for full prefill chunks and one for a few tokens by timing at
+load, autotune.choose_gemm_tile); shaders/gemm_lanes.comp on CPU
 Vulkan devices (lavapipe: register tiles, no shared memory or barriers, which a CPU pays for
 lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` says which one a
 device gets; PHOENIX_VULKAN_COOPMAT=0 turns the matrix-core kernel off (for comparisons), and
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 TILE = 64  # gemm.comp: 64 tokens x 64 columns
-CM_TILES = {"coopmat": (64, 128), "coopmat_l": (128, 128)}  # gemm_coopmat.comp: kernel -> (tokens, columns)
+# gemm_coopmat.comp: kernel -> (tokens, columns) per workgroup; the "_m"/"_s" tiles serve a few
+# tokens (a short prefill, a batched decode step), where a 64- or 128-token tile computes mostly
+# padding and the narrow grid leaves most of a big GPU idle
+CM_TILES = {"coopmat": (64, 128), "coopmat_l": (128, 128), "coopmat_m": (32, 128), "coopmat_s": (32, 64)}
 CM_SUBGROUPS = 8
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
@@ -31,7 +35,7 @@ CM_SUBGROUPS = 8
 # minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
 # shader cache keeps it).
 LANES_RN, LANES_TM = 16, 16
-KERNELS = ("tiled", "coopmat", "coopmat_l", "lanes")
+KERNELS = ("tiled", *CM_TILES, "lanes")
 COOPMAT_KERNELS = tuple(CM_TILES)
 
 

@@ -41,14 +41,17 @@ def rope_kv(
     k_offset: int = 0,
     v_offset: int = 0,
     wg: int = 64,
+    rows: int = 0,
 ) -> None:
     """Normalize + rotate q in place (f32), k into k_cache, copy v into v_cache (f16).
 
     q, k, v may be the same fused QKV buffer with different offsets (floats) and strides.
+    rows > 0: a batched decode step (batch.py): `step` binds that many Step rows
+    (ops_common.STEP_ROW_BYTES apart), token t of the buffers is row t, at its row's position and slot.
     """
     if head_dim % 8:
         raise ValueError("rope_kv: head_dim must be a multiple of 8")
-    p = dev.pipeline("rope_f32_f16", WG=wg)
+    p = dev.pipeline("rope_f32_f16_rows" if rows else "rope_f32_f16", WG=wg)
     push = p.push.pack(
         head_dim=head_dim,
         n_heads=n_heads,
@@ -66,6 +69,6 @@ def rope_kv(
     cl.dispatch(
         p,
         [step, q, k, v, q_norm_w, k_norm_w, k_cache, v_cache],
-        groups=(n_heads + n_kv_heads, max_tokens, 1),
+        groups=(n_heads + n_kv_heads, rows or max_tokens, 1),
         push=push,
     )

@@ -81,7 +81,25 @@ def sample(
     p = dev.pipeline(name, **spec)
     push = p.push.pack(vocab=vocab, n_blocks=n_blocks, n_draws=n_draws, advance=int(advance))
     if penalty:
-        pen = dev.pipeline("sample_penalty_f32", **spec)
-        cl.dispatch(pen, [step, logits, tokens], groups=(1, 1, 1), push=push)
+        repetition_penalty(cl, dev, step, logits, tokens, vocab=vocab, wg=wg, block=block, kc=kc)
         cl.barrier()
     cl.dispatch(p, [step, logits, cand, tokens, counters], groups=(n_blocks, 1, 1), push=push)
+
+
+def repetition_penalty(
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    logits: Binding,
+    tokens: Binding,
+    *,
+    vocab: int,
+    wg: int = 256,
+    block: int = BLOCK,
+    kc: int = KC,
+) -> None:
+    """The penalty pass `sample(penalty=True)` runs before its sampler (a no-op where the step's
+    rep_penalty is 1): its own call so a batched step records every row's before one barrier."""
+    pen = dev.pipeline("sample_penalty_f32", WG=wg, BLOCK=block, KC=kc)
+    push = pen.push.pack(vocab=vocab, n_blocks=-(-vocab // block), n_draws=1, advance=1)
+    cl.dispatch(pen, [step, logits, tokens], groups=(1, 1, 1), push=push)

@@ -132,7 +132,17 @@ def _variants() -> list[Variant]:
             norm_spec,
         ),
         Variant("rope_f32_f16", "rope.comp", 8, ROPE_PUSH, {}, {"WG": (0, 64)}),
+        # a batched decode step's rows (batch.py): one Step per row, each its own slot and position
+        Variant("rope_f32_f16_rows", "rope.comp", 8, ROPE_PUSH, {"STEP_ROWS": None}, {"WG": (0, 64)}),
         Variant("attention_decode_f16_f32", "attention.comp", 7, ATTN_PUSH, {}, attn_spec),
+        Variant(
+            "attention_decode_f16_f32_rows",
+            "attention.comp",
+            7,
+            ATTN_PUSH,
+            {"STEP_ROWS": None},
+            {**attn_spec, "QROW": (3, 0)},
+        ),
         # + q8_1 blocks of `out` for an int8 o-proj matvec: its quantize dispatch folded in
         Variant("attention_decode_f16_f32_q8_1", "attention.comp", 8, ATTN_PUSH, {"ATTN_Q8_1": None}, attn_spec),
         Variant(
@@ -157,7 +167,14 @@ def _variants() -> list[Variant]:
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        for tile, tile_defs in (("", {}), ("_l", {"CM_TM": "4"})):  # 64 or 128 tokens per workgroup
+        # tokens x columns per workgroup: 64 x 128, 128 x 128, 32 x 128, 32 x 64 (ops_gemm.CM_TILES)
+        tiles: tuple[tuple[str, dict[str, str | None]], ...] = (
+            ("", {}),
+            ("_l", {"CM_TM": "4"}),
+            ("_m", {"CM_TM": "1"}),
+            ("_s", {"CM_TM": "1", "CM_TN": "1"}),
+        )
+        for tile, tile_defs in tiles:
             for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                 v.append(
                     Variant(

@@ -12,7 +12,9 @@ from gguf import GGMLQuantizationType as QType
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
 from phoenix_chat.engine.backends.vulkan.ops_table import EMBED_TYPES
+from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.kv_plan import layer_slots
 from phoenix_chat.engine.quantization import WeightQuant
@@ -23,19 +25,52 @@ PREFILL_CHUNK = 512  # tokens per prefill submission (GEMM rows: more reuse of e
 # and Stop is checked between submissions: smaller ones there (the buffers stay PREFILL_CHUNK-sized).
 SOFTWARE_PREFILL_CHUNK = 128
 LOGITS_CHUNK = 32  # tokens per submission when every position's logits come back
+MAX_BATCH = LOGITS_CHUNK  # sequences one batched decode step advances (their logits share `logits`)
+ROW_ALIGN = 256  # per-row scratch (step, counters, partials, candidates) starts at this alignment
+
+
+def row_stride(nbytes: int) -> int:
+    """Bytes between two rows of per-row scratch of `nbytes` each: any storage-offset alignment
+    a device may ask (the spec caps it at 256) divides it."""
+    return -(-nbytes // ROW_ALIGN) * ROW_ALIGN
+
+
+def batch_logits_stride(vocab: int) -> int:
+    """Floats between two rows' logits in a batched step: each row's sampler binds its own row,
+    at an offset every device accepts (a vocabulary that is no multiple of 64 gets a gap)."""
+    return row_stride(vocab * 4) // 4
+
+
+def batch_scratch_bytes(cfg: ModelConfig, n_splits: int, rows: int) -> int:
+    """Per-row scratch of a batched decode step (batch.py): each row's step, attention partials and
+    arrival counters, and sampler candidates, so rows never share scratch within a step."""
+    per_row = (
+        row_stride(STEP_BYTES)
+        + row_stride(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, n_splits) * 4)
+        + row_stride(4 * ops_attention.counter_words(cfg.num_kv_heads))
+        + row_stride(ops_sample.scratch_bytes(cfg.vocab_size))
+    )
+    extra_logits = max(0, rows * batch_logits_stride(cfg.vocab_size) - LOGITS_CHUNK * cfg.vocab_size) * 4
+    return rows * per_row + extra_logits
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     quant: WeightQuant | None
     tied: bool  # no lm_head tensor: the embedding is the output head
-    slots: list[int]  # KV slots per layer (models/kv_plan.py, one prefill chunk of slack)
+    slots: list[int]  # KV positions per layer and sequence (models/kv_plan.py, one prefill chunk of slack)
     n_splits: int  # decode attention's splits of the context
     weights: int  # bytes
     kv_cache: int
     scratch: int
     weights_heap: int | None = None  # memory heap of the weights; None: with everything else
     weights_where: str = "device-local"  # ... in words, for stats and the doctor
+    n_slots: int = 1  # sequences whose K/V the caches hold (each layer's cache is n_slots x slots[i])
+
+    @property
+    def batch_rows(self) -> int:
+        """Sequences one batched decode step advances at most (0: one slot, no batched step)."""
+        return min(self.n_slots, MAX_BATCH) if self.n_slots > 1 else 0
 
     @property
     def budget(self) -> dict[str, int]:
@@ -50,9 +85,13 @@ class MemoryPlan:
         return want if want.name in EMBED_TYPES else QType.Q8_0
 
 
-def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: WeightQuant | None) -> MemoryPlan:
-    """Bytes of weights + KV cache + scratch vs the device heap; raises OutOfMemoryError with
-    the numbers (and what to change) when they do not fit."""
+def plan_memory(
+    weights: WeightSource, context_length: int, dev: Device, quant: WeightQuant | None, n_slots: int = 1
+) -> MemoryPlan:
+    """Bytes of weights + n_slots x KV cache + scratch vs the device heap; raises
+    OutOfMemoryError with the numbers (and what to change) when they do not fit."""
+    if n_slots < 1:
+        raise ValueError(f"n_slots must be >= 1, not {n_slots}")
     cfg = weights.config
     probe = MemoryPlan(quant, "lm_head" not in weights.tensors, [], 0, 0, 0, 0)
     w_bytes = 0
@@ -64,7 +103,7 @@ def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: 
         block, size = GGML_QUANT_SIZES[qt]
         w_bytes += int(np.prod(t.shape)) // block * size
     slots = layer_slots(cfg, context_length, PREFILL_CHUNK)
-    kv_bytes = sum(slots) * cfg.kv_dim * 2 * 2
+    kv_bytes = n_slots * sum(slots) * cfg.kv_dim * 2 * 2
     T = PREFILL_CHUNK
     acts = (
         T * (3 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + cfg.q_dim + cfg.intermediate_size) + cfg.hidden_size
@@ -78,9 +117,11 @@ def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: 
         + q8_1_bytes(T * max(cfg.intermediate_size, cfg.q_dim, cfg.hidden_size))
         + T * q8_1_bytes(cfg.hidden_size)
         + q8_1_bytes(cfg.q_dim)
-        + (context_length + 2) * 4
+        + (n_slots + 1) * (context_length + 2) * 4  # every slot's ids and a pad row's
         + Device.STAGING_BYTES
     )
+    if n_slots > 1:
+        scratch += batch_scratch_bytes(cfg, n_splits, min(n_slots, MAX_BATCH))
     heaps = [Heap(size, local, i in dev.caps.host_visible_heaps) for i, (size, local) in enumerate(dev.caps.heaps)]
     try:
         placement = place_weights(heaps, dev.caps.uma, w_bytes, kv_bytes + scratch)
@@ -88,10 +129,11 @@ def plan_memory(weights: WeightSource, context_length: int, dev: Device, quant: 
         gib = 2**30
         raise OutOfMemoryError(
             f"{cfg.name} needs {(w_bytes + kv_bytes + scratch) / gib:.2f} GiB on {dev.name} (weights "
-            f"{w_bytes / gib:.2f}, KV cache {kv_bytes / gib:.2f} for {context_length} tokens, scratch "
-            f"{scratch / gib:.2f}) but {e}: pick a smaller quant (--quant q4_0) or a shorter context (--ctx)"
+            f"{w_bytes / gib:.2f}, KV cache {kv_bytes / gib:.2f} for {n_slots} x {context_length} tokens, "
+            f"scratch {scratch / gib:.2f}) but {e}: pick a smaller quant (--quant q4_0), a shorter context "
+            f"(--ctx){' or fewer slots' if n_slots > 1 else ''}"
         ) from None
-    return MemoryPlan(quant, probe.tied, slots, n_splits, w_bytes, kv_bytes, scratch, *placement)
+    return MemoryPlan(quant, probe.tied, slots, n_splits, w_bytes, kv_bytes, scratch, *placement, n_slots=n_slots)
 
 
 @dataclass(frozen=True)

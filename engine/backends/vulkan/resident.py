@@ -15,9 +15,15 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import SUPPORTED, WeightMatrix, q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.memory import Buffer, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, STEP_ROW_BYTES
 from phoenix_chat.engine.backends.vulkan.ops_quantize_weights import SOURCE_KINDS, quantize_tensor
-from phoenix_chat.engine.backends.vulkan.plan import LOGITS_CHUNK, PREFILL_CHUNK, MemoryPlan
+from phoenix_chat.engine.backends.vulkan.plan import (
+    LOGITS_CHUNK,
+    PREFILL_CHUNK,
+    MemoryPlan,
+    batch_logits_stride,
+    row_stride,
+)
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import UnsupportedModelError
 from phoenix_chat.engine.weights.base import WeightSource
@@ -110,7 +116,7 @@ def upload_weights(
                 f"layer {i}: gate and up projections differ in type "
                 "(the fused GEGLU kernel needs one type): load with --quant",
             )
-        kv_bytes = cfg.num_kv_heads * plan.slots[i] * cfg.head_dim * 2
+        kv_bytes = plan.n_slots * cfg.num_kv_heads * plan.slots[i] * cfg.head_dim * 2  # [slot][kv head][pos][dim]
         layers.append(
             Layer(
                 qkv=[mats["self_attn.q_proj"], mats["self_attn.k_proj"], mats["self_attn.v_proj"]],
@@ -184,6 +190,23 @@ class Buffers:
     partial: Buffer
     cand: Buffer
     counters: Buffer
+    tok_stride: int = 0  # uint ids per KV slot in `tokens` (slot s's start at s * tok_stride)
+    rows: BatchRows | None = None  # the batched decode step's per-row scratch (n_slots > 1)
+
+
+@dataclass
+class BatchRows:
+    """Per-row scratch of the batched decode step (batch.py): row r binds `stride` bytes at
+    r * stride of each, so the rows' attention and sampler never share a counter or a partial."""
+
+    steps: Buffer  # one Step per row, host-mapped
+    partial: Buffer
+    counters: Buffer
+    cand: Buffer
+    step_stride: int
+    partial_stride: int
+    counters_stride: int
+    cand_stride: int
 
 
 def allocate_buffers(
@@ -194,7 +217,9 @@ def allocate_buffers(
     f = 4
     qkv_dim = cfg.q_dim + 2 * cfg.kv_dim
     step = dev.buffer(STEP_BYTES, host=True, name="step")
-    tokens = dev.buffer((context_length + 2) * 4, host=True, name="tokens")
+    tok_stride = context_length + 2
+    # every slot's ids, then a pad row's (a batched step's unused rows draw into it)
+    tokens = dev.buffer((plan.n_slots + 1) * tok_stride * 4, host=True, name="tokens")
     x = dev.buffer(T * cfg.hidden_size * f, name="x")
     x_alt = dev.buffer(cfg.hidden_size * f, name="x_alt")
     h = dev.buffer(T * cfg.hidden_size * f, name="h")
@@ -214,7 +239,8 @@ def allocate_buffers(
     # arrival counter of the decode o-proj/down matvecs with the norm tail (they leave it 0)
     mv_arrival = dev.buffer(16, name="matvec_arrival")
     dev.upload(mv_arrival, np.zeros(4, np.uint32))
-    logits = dev.buffer(LOGITS_CHUNK * cfg.vocab_size * f, name="logits")
+    batch_logits = plan.batch_rows * batch_logits_stride(cfg.vocab_size)  # batched rows, each aligned
+    logits = dev.buffer(max(LOGITS_CHUNK * cfg.vocab_size, batch_logits) * f, name="logits")
     partial = dev.buffer(
         ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * f, name="attn_partial"
     )
@@ -222,7 +248,10 @@ def allocate_buffers(
     # arrival counters of the one-dispatch attention and sampler, shared: each leaves them 0
     counters = dev.buffer(4 * ops_attention.counter_words(cfg.num_kv_heads), name="arrival_counters")
     # zero the KV caches: attention never reads unwritten slots, but NaN garbage * 0 is NaN
+    rows = _batch_rows(dev, cfg, plan) if plan.batch_rows else None
     cl = dev.commands()
+    if rows is not None:
+        cl.fill(rows.counters, 0)
     for L in layers:
         cl.fill(L.k_cache, 0)
         cl.fill(L.v_cache, 0)
@@ -251,4 +280,23 @@ def allocate_buffers(
         partial,
         cand,
         counters,
+        tok_stride,
+        rows,
+    )
+
+
+def _batch_rows(dev: Device, cfg: ModelConfig, plan: MemoryPlan) -> BatchRows:
+    n = plan.batch_rows
+    strides = (
+        STEP_ROW_BYTES,  # the _rows kernels index the Steps as an array of this stride
+        row_stride(ops_attention.partial_floats(cfg.num_heads, cfg.head_dim, plan.n_splits) * 4),
+        row_stride(4 * ops_attention.counter_words(cfg.num_kv_heads)),
+        row_stride(ops_sample.scratch_bytes(cfg.vocab_size)),
+    )
+    return BatchRows(
+        dev.buffer(n * strides[0], host=True, name="batch_steps"),
+        dev.buffer(n * strides[1], name="batch_attn_partial"),
+        dev.buffer(n * strides[2], name="batch_arrival_counters"),
+        dev.buffer(n * strides[3], name="batch_sample_candidates"),
+        *strides,
     )

@@ -1,0 +1,228 @@
+"""OpenAI request bodies → what to generate, validated field by field (each refusal names its
+`param`, as OpenAI's do). Unknown fields are ignored (clients send many); fields we cannot honour
+(n > 1, logprobs, tools, echo, suffix) are refused rather than silently dropped.
+
+Sampling: a field left out is the engine's SamplingParams default (the model's recommended
+top_k 64 / top_p 0.95 / temperature 1). Penalties: the engine has llama.cpp's multiplicative
+`repetition_penalty` (accepted as an extra field); OpenAI's additive presence/frequency
+penalties are mapped onto it as 1 + max(presence, frequency) / 2 when positive (2.0 → 2.0,
+0.5 → 1.25); zero or negative ones mean no penalty. `max_tokens` (or
+`max_completion_tokens`) is capped at what the context leaves after the prompt; left out, the
+answer may fill the context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from phoenix_chat.engine.generate import Prompt, PromptIds
+from phoenix_chat.engine.requests import Request
+from phoenix_chat.engine.sampling import SamplingParams
+
+from .api_errors import bad_request
+
+MAX_STOP_STRINGS = 16
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+Kind = Literal["chat", "text"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One validated request: its prompt (messages, or raw text / ids), sampling and limits."""
+
+    kind: Kind
+    prompt: Prompt
+    params: SamplingParams
+    max_tokens: int | None  # None: up to the context
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    model: str | None
+
+    def to_request(self, prompt_ids: list[int], context_length: int) -> Request:
+        """The engine request for the tokenized prompt, its answer capped by the context left."""
+        room = max(context_length - len(prompt_ids), 1)  # a prompt that leaves none is refused at submit
+        wanted = room if self.max_tokens is None else min(self.max_tokens, room)
+        return Request(PromptIds(tuple(prompt_ids)), self.params, max_tokens=wanted, stop=self.stop, raw=True)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_chat(body: Mapping[str, Any]) -> Generation:
+    """POST /v1/chat/completions."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` must be a non-empty array of messages", param="messages")
+    chat = [_message(m, i) for i, m in enumerate(messages)]
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise bad_request(f"`{key}` is not supported by this server", param=key)
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise bad_request("`logprobs` is not supported by this server", param="logprobs")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad_request("only response_format {'type': 'text'} is supported", param="response_format")
+    limit = _first_present(body, "max_completion_tokens", "max_tokens")
+    return _common(body, "chat", chat, limit)
+
+
+def parse_completion(body: Mapping[str, Any]) -> Generation:
+    """POST /v1/completions: a raw prompt (text, or token ids), continued as it is — no chat
+    template; special-token text in it is parsed (the caller writes the whole prompt)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # clients often wrap one prompt in a list
+    parsed: Prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("`prompt` is empty", param="prompt")
+        parsed = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        parsed = PromptIds(tuple(prompt))
+    else:
+        raise bad_request("`prompt` must be a non-empty string or an array of token ids", param="prompt")
+    if body.get("echo"):
+        raise bad_request("`echo` is not supported by this server", param="echo")
+    if body.get("suffix"):
+        raise bad_request("`suffix` is not supported by this server", param="suffix")
+    if body.get("logprobs") is not None:
+        raise bad_request("`logprobs` is not supported by this server", param="logprobs")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad_request("`best_of` must be 1", param="best_of")
+    return _common(body, "text", parsed, body.get("max_tokens"))
+
+
+def _common(body: Mapping[str, Any], kind: Kind, prompt: Prompt, max_tokens: Any) -> Generation:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("`model` must be a string", param="model")
+    n = body.get("n")
+    if n is not None and (_int(n, "n") != 1):
+        raise bad_request("`n` must be 1: this server returns one choice per request", param="n")
+    stream = _bool(body.get("stream"), "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("`stream_options` must be an object", param="stream_options")
+    include_usage = _bool((options or {}).get("include_usage"), "stream_options.include_usage", False)
+    limit = None if max_tokens is None else _int(max_tokens, "max_tokens")
+    if limit is not None and limit < 1:
+        raise bad_request("`max_tokens` must be at least 1", param="max_tokens")
+    return Generation(
+        kind=kind,
+        prompt=prompt,
+        params=_sampling(body),
+        max_tokens=limit,
+        stop=_stop(body.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        model=model,
+    )
+
+
+def _sampling(body: Mapping[str, Any]) -> SamplingParams:
+    p = SamplingParams()
+    given: dict[str, Any] = {}
+    if (t := body.get("temperature")) is not None:
+        given["temperature"] = _number(t, "temperature", 0.0, 2.0)
+    if (v := body.get("top_p")) is not None:
+        given["top_p"] = _number(v, "top_p", 0.0, 1.0)
+    if (v := body.get("min_p")) is not None:
+        given["min_p"] = _number(v, "min_p", 0.0, 1.0)
+    if (v := body.get("top_k")) is not None:
+        given["top_k"] = _int(v, "top_k")
+        if given["top_k"] < 0:
+            raise bad_request("`top_k` must be 0 (off) or more", param="top_k")
+    if (v := body.get("seed")) is not None:
+        given["seed"] = _int(v, "seed")
+        if given["seed"] < 0:
+            raise bad_request("`seed` must be 0 or more", param="seed")
+    penalty = body.get("repetition_penalty")
+    if penalty is not None:
+        given["repetition_penalty"] = _number(penalty, "repetition_penalty", 0.01, 10.0)
+    else:
+        presence = _number(body.get("presence_penalty", 0.0), "presence_penalty", -2.0, 2.0)
+        frequency = _number(body.get("frequency_penalty", 0.0), "frequency_penalty", -2.0, 2.0)
+        strongest = max(presence, frequency)
+        if strongest > 0:
+            given["repetition_penalty"] = 1.0 + strongest / 2.0
+    return replace(p, **given)
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad_request(f"{param} must be an object with `role` and `content`", param=param)
+    role = m.get("role")
+    if role not in CHAT_ROLES:
+        raise bad_request(
+            f"{param}.role must be one of {', '.join(sorted(CHAT_ROLES))} (got {role!r})", param=f"{param}.role"
+        )
+    return {"role": CHAT_ROLES[role], "content": _content(m.get("content"), f"{param}.content")}
+
+
+def _content(content: Any, param: str) -> str:
+    """A string, or OpenAI's array of parts (text parts only: this model reads no images)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{param}: only text parts are supported", param=param)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{param} must be a string or an array of text parts", param=param)
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad_request("`stop` must be a string or an array of strings", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"`stop` takes at most {MAX_STOP_STRINGS} strings", param="stop")
+    return tuple(s for s in stop if s)
+
+
+def _first_present(body: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if body.get(key) is not None:
+            return body[key]
+    return None
+
+
+def _bool(v: Any, param: str, default: bool) -> bool:
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_request(f"`{param}` must be true or false", param=param)
+    return v
+
+
+def _int(v: Any, param: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request(f"`{param}` must be an integer", param=param)
+    return v
+
+
+def _number(v: Any, param: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad_request(f"`{param}` must be a number", param=param)
+    if not lo <= v <= hi:
+        raise bad_request(f"`{param}` must be between {lo:g} and {hi:g}", param=param)
+    return float(v)

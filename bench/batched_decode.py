@@ -1,0 +1,139 @@
+"""Aggregate decode throughput of the Vulkan backend's batched step at 1..32 streams.
+
+    python -m bench.batched_decode [--model PATH | --synthetic 27b] [--streams 1,2,4,8,16,32]
+                                   [--steps 64] [--prompt 128] [--context 512] [--sampled] [--json F]
+
+Loads the model with as many KV slots as the largest stream count, prefills every slot with its
+own prompt (engine.bench.bench_prompt, a seed per slot), then for each stream count B times
+`decode_batch_sampled` over slots 0..B-1 (each sequence at its own position, sampled on the GPU):
+aggregate tok/s (B x steps / wall time), per-stream tok/s, and the p50 / p99 step latency. The
+single-sequence pipelined decode (`decode_tokens`, the chat path) is timed beside it as the
+baseline the batched figures are a multiple of. Every stream count starts again from the
+prompts' end, so the context only needs prompt + steps + 2 positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
+
+@dataclass(frozen=True)
+class StreamsResult:
+    streams: int
+    steps: int
+    aggregate_tok_s: float
+    per_stream_tok_s: float
+    p50_step_ms: float
+    p99_step_ms: float
+
+
+def time_batched_decode(
+    backend: VulkanBackend, streams: list[int], steps: int, prompt: int, sampled: bool = False, warmup: int = 2
+) -> dict[str, object]:
+    """The figures above on a loaded backend with >= max(streams) slots (its context >= prompt +
+    warmup + steps + 2): {"single_stream_tok_s": ..., "batched": [StreamsResult as dicts]}."""
+    from phoenix_chat.engine.backends.base import SeqStep
+    from phoenix_chat.engine.bench import bench_prompt
+    from phoenix_chat.engine.sampling import SamplingParams
+
+    n_slots = max(streams)
+    if backend.n_slots < n_slots:
+        raise ValueError(f"the backend holds {backend.n_slots} slots, the bench asks {n_slots}")
+    if prompt + warmup + steps + 2 > backend.context_length:
+        raise ValueError(f"context {backend.context_length} < prompt {prompt} + {warmup + steps} steps + 2")
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95) if sampled else SamplingParams(temperature=0.0)
+    first = [
+        backend.prefill_sampled(s, bench_prompt(backend.config, prompt, seed=s), 0, params, seed=s)
+        for s in range(n_slots)
+    ]
+    # the single-sequence chat path (pipelined, several steps per submit) as the baseline; the
+    # first call records its command lists, so it is not timed
+    single_params = SamplingParams(**{**params.__dict__, "seed": 0})
+    for _ in backend.decode_tokens(first[0], prompt, single_params, warmup + 1):
+        pass
+    t = time.perf_counter()
+    n_single = sum(1 for _ in backend.decode_tokens(first[0], prompt, single_params, steps))
+    single = n_single / (time.perf_counter() - t)
+    results = []
+    for B in streams:
+        tokens = list(first[:B])
+        lat: list[float] = []
+        for i in range(warmup + steps):
+            batch = [SeqStep(s, tokens[s], prompt + i, params, seed=s) for s in range(B)]
+            t = time.perf_counter()
+            tokens = backend.decode_batch_sampled(batch)
+            if i >= warmup:
+                lat.append(time.perf_counter() - t)
+        total = sum(lat)
+        results.append(
+            StreamsResult(
+                B,
+                steps,
+                round(B * steps / total, 1),
+                round(steps / total, 1),
+                round(1e3 * float(np.percentile(lat, 50)), 3),
+                round(1e3 * float(np.percentile(lat, 99)), 3),
+            )
+        )
+    return {"single_stream_tok_s": round(single, 1), "batched": [asdict(r) for r in results]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--model", help="a GGUF (default: the embedded 270M)")
+    ap.add_argument("--synthetic", help="a shape of tools/make_synthetic_gguf.py (q4_0), e.g. 27b")
+    ap.add_argument("--streams", default="1,2,4,8,16,32")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--sampled", action="store_true", help="top-k 40 sampling instead of greedy")
+    ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
+    if args.synthetic:
+        from tools.make_synthetic_gguf import write
+
+        path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(path, args.synthetic, "q4_0", "q8_0")
+    else:
+        path = Path(args.model) if args.model else embedded_model_path()
+    streams = [int(s) for s in args.streams.split(",")]
+    weights = open_weights(path)
+    be = VulkanBackend(weights, args.context, VulkanOptions(allow_software=True), slots=max(streams))
+    try:
+        out = time_batched_decode(be, streams, args.steps, args.prompt, args.sampled)
+        out |= {"model": str(path), "device": be.device_name, "stats": be.stats()}
+    finally:
+        be.close()
+        weights.close()
+    single = float(out["single_stream_tok_s"])  # type: ignore[arg-type]
+    print(f"== {path.name} on {out['device']}: single-stream decode_tokens {single:.1f} tok/s")
+    print(f"{'streams':>7} {'aggregate tok/s':>16} {'x single':>9} {'per stream':>11} {'p50 ms':>8} {'p99 ms':>8}")
+    for r in out["batched"]:  # type: ignore[attr-defined]
+        print(
+            f"{r['streams']:7d} {r['aggregate_tok_s']:16.1f} {r['aggregate_tok_s'] / single:9.2f} "
+            f"{r['per_stream_tok_s']:11.1f} {r['p50_step_ms']:8.2f} {r['p99_step_ms']:8.2f}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

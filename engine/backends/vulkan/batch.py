@@ -1,0 +1,185 @@
+"""The batched decode step: B sequences, each in its own KV slot at its own position, advance one
+token in one pass over every weight matrix (engine/scheduler.py drives it through
+`VulkanBackend.decode_batch` / `decode_batch_sampled`).
+
+The matrices run as a forward of B token rows (the multi-column matvecs or the GEMMs, whichever
+the load-time timing chose for B tokens, as for a prefill chunk); the work that depends on a
+sequence reads its row's Step in `BatchRows.steps` (slot, position, seed, sampling values):
+QK-norm + RoPE + KV write into its slot at its position and decode attention over its slot up
+to its position are one dispatch each for all rows (the `_rows` kernels: a workgroup index is
+the row); the embedding, the repetition penalty and the sampler are one dispatch per row (each
+bound to its Step, its logits row and its own sampler scratch). The sampler draws with the row's
+seed and the Philox counter of the drawn token's position, so a sequence's ids do not depend on
+who shares the step. One barrier separates each phase.
+
+Recorded once per (bucket, sampler mix) and replayed: the host writes the rows' Steps and
+submits. A bucket is a power of two; its unused rows carry n_tokens 0 (the embedding and the
+KV write skip them) and draw into the pad row of `tokens`, so they change no slot.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_norm, ops_rope, ops_sample
+from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
+from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer
+from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
+from phoenix_chat.engine.backends.vulkan.plan import batch_logits_stride
+from phoenix_chat.engine.backends.vulkan.profiling import mark
+from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+from phoenix_chat.engine.backends.vulkan.resident import BatchRows
+
+BUCKETS = (2, 4, 8, 16, 32)  # rows of the recorded batched steps (one sequence takes the decode path)
+
+# what a recorded batched step leaves: every row's logits, or every row's sampled id in `tokens`
+BatchMode: TypeAlias = Literal["logits", "sample"]
+# the samplers of a step's rows, in row order: (argmax rows, top-k rows, full rows)
+SamplerMix: TypeAlias = tuple[int, int, int]
+
+
+def bucket_for(n: int, max_rows: int) -> int:
+    """The smallest recorded batch size holding n sequences: a bucket, or max_rows itself (the
+    backend's slots, where they are fewer than the next bucket: its per-row scratch ends there)."""
+    if not 2 <= n <= max_rows:
+        raise ValueError(f"a batched step holds 2..{max_rows} sequences, not {n}")
+    return min([b for b in BUCKETS if n <= b <= max_rows] + [max_rows])
+
+
+def record_batch(
+    graph: Gemma3Graph, rows: BatchRows, B: int, mode: BatchMode, mix: SamplerMix = (0, 0, 0), penalty: bool = False
+) -> CommandList:
+    """One decode step of B rows. mode 'sample': rows [0, mix[0]) draw the argmax, the next
+    mix[1] rows the top-k sampler, the last mix[2] the full sampler (ops_sample.sampler_for);
+    penalty: every row's repetition penalty first (a no-op where its rep_penalty is 1)."""
+    cfg, dev, b, w = graph.config, graph.dev, graph.buffers, graph.weights
+    H, V, Q, qkv_dim = cfg.hidden_size, cfg.vocab_size, cfg.q_dim, graph.qkv_dim
+    f = 4
+    busy_ts = 2 if dev.caps.timestamp_bits else 0
+    cl = dev.commands(name=f"decode_batch[{B},{mode}]", timestamps=busy_ts)
+    if busy_ts:
+        cl.timestamp(0)
+
+    def step(r: int) -> Binding:
+        return (rows.steps, r * rows.step_stride, STEP_BYTES)
+
+    def row(buf: Buffer, r: int, nbytes: int) -> Binding:
+        return (buf, r * nbytes, nbytes)
+
+    for r in range(B):
+        ops_embed.embed(
+            cl,
+            dev,
+            step(r),
+            b.tokens,
+            w.embed_table,
+            row(b.x, r, H * f),
+            wtype=w.embed_type.name,
+            hidden=H,
+            scale=float(np.float32(cfg.embed_scale)),
+        )
+    mark(cl, "embed")
+    ops_norm.norm(cl, dev, b.x, w.layers[0].norms["input_layernorm"], b.h, rows=B, n=H, eps=cfg.rms_norm_eps)
+    for i, L in enumerate(w.layers):
+        mark(cl, "norm")
+        graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim)
+        mark(cl, "qkv")
+        ops_rope.rope_kv(
+            cl,
+            dev,
+            rows.steps,
+            b.qkv,
+            b.qkv,
+            b.qkv,
+            L.norms["self_attn.q_norm"],
+            L.norms["self_attn.k_norm"],
+            L.k_cache,
+            L.v_cache,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            theta=cfg.rope_base(i),
+            scale_factor=cfg.rope_scale(i),
+            eps=cfg.rms_norm_eps,
+            q_stride=qkv_dim,
+            kv_stride=qkv_dim,
+            q_offset=0,
+            k_offset=Q,
+            v_offset=Q + cfg.kv_dim,
+            rows=B,
+        )
+        mark(cl, "rope_kv")
+        ops_attention.attention_decode(
+            cl,
+            dev,
+            rows.steps,
+            b.qkv,
+            L.k_cache,
+            L.v_cache,
+            rows.partial,
+            rows.counters,
+            b.attn,
+            head_dim=cfg.head_dim,
+            n_heads=cfg.num_heads,
+            n_kv_heads=cfg.num_kv_heads,
+            cache_slots=L.slots,
+            window=0 if L.is_global else cfg.sliding_window,
+            scale=cfg.attn_scale,
+            n_splits=graph.n_splits,
+            rows=B,
+            q_row_stride=qkv_dim,
+        )
+        mark(cl, "attention")
+        graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H)
+        mark(cl, "o_proj")
+        ops_norm.norm_add(
+            cl,
+            dev,
+            b.o,
+            L.norms["post_attention_layernorm"],
+            b.x,
+            L.norms["pre_feedforward_layernorm"],
+            b.h,
+            rows=B,
+            n=H,
+            eps=cfg.rms_norm_eps,
+        )
+        mark(cl, "norm_add")
+        graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=B, x_cols=H, y_cols=cfg.intermediate_size, epilogue="geglu")
+        mark(cl, "gate_up_geglu")
+        graph.mv(cl, [L.down], b.mlp, b.o, T=B, x_cols=cfg.intermediate_size, y_cols=H)
+        mark(cl, "down")
+        nxt = w.layers[i + 1].norms["input_layernorm"] if i + 1 < len(w.layers) else w.final_norm
+        ops_norm.norm_add(
+            cl, dev, b.o, L.norms["post_feedforward_layernorm"], b.x, nxt, b.h, rows=B, n=H, eps=cfg.rms_norm_eps
+        )
+    mark(cl, "norm_add")
+    Vs = batch_logits_stride(V)  # row r's logits at r * Vs floats
+    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs)
+    if mode == "sample":
+        mark(cl, "lm_head")
+        if penalty:
+            for r in range(B):
+                ops_sample.repetition_penalty(cl, dev, step(r), (b.logits, r * Vs * f, V * f), b.tokens, vocab=V)
+            mark(cl, "penalty")
+        n_argmax, n_topk, _ = mix
+        for r in range(B):
+            ops_sample.sample(
+                cl,
+                dev,
+                step(r),
+                (b.logits, r * Vs * f, V * f),
+                row(rows.cand, r, rows.cand_stride),
+                row(rows.counters, r, rows.counters_stride),
+                b.tokens,
+                vocab=V,
+                greedy=r < n_argmax,
+                full=r >= n_argmax + n_topk,
+            )
+    if busy_ts:
+        cl.timestamp(1)
+        cl.busy_timed = True
+    return cl.end()

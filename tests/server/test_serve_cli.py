@@ -1,0 +1,139 @@
+"""`phoenix-chat serve` in a subprocess, each flag checked for its effect on the running server:
+--model (the id it lists), --backend and --ctx (what /health reports, and a prompt past the
+context refused), --host/--port (where it listens), --api-key (required), --cors-origin,
+--allow-host, --parallel; an unsafe bind refused before the model loads; SIGTERM stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from phoenix_chat.app.cli import build_parser
+from phoenix_chat.app.server.config import DEFAULT_PORT
+
+from .conftest import KEY
+
+WELL_KNOWN_PORTS = {1234, 1337, 4891, 11434, 8080, 8000, 30000}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "phoenix_chat.app.cli", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+
+
+def _wait_listening(proc: subprocess.Popen, port: int, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError("serve did not start listening")
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None, method: str = "GET", body: dict | None = None):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.putrequest(method, path, skip_host=bool(headers and "Host" in headers))
+    data = json.dumps(body).encode() if body is not None else None
+    for k, v in {"Content-Type": "application/json", **(headers or {})}.items():
+        conn.putheader(k, v)
+    if data is not None:
+        conn.putheader("Content-Length", str(len(data)))
+    conn.endheaders(data)
+    r = conn.getresponse()
+    out = r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    conn.close()
+    return out
+
+
+def test_default_port_is_none_a_well_known_local_server_uses():
+    args = build_parser().parse_args(["serve"])
+    assert args.port == DEFAULT_PORT and DEFAULT_PORT not in WELL_KNOWN_PORTS
+    assert args.host == "127.0.0.1" and args.api_key is None
+
+
+def test_every_flag_takes_effect_on_the_running_server(tmp_path, model_path):
+    named = tmp_path / "my-gemma.gguf"
+    named.symlink_to(model_path)
+    port = _free_port()
+    origin = "http://localhost:5173"
+    proc = _serve(
+        "--model", str(named), "--backend", "cpu", "--ctx", "64", "--host", "127.0.0.1", "--port", str(port),
+        "--api-key", KEY, "--cors-origin", origin, "--allow-host", "phoenix.lan", "--parallel", "1",
+    )  # fmt: skip
+    try:
+        _wait_listening(proc, port)  # --port
+        auth = {"Authorization": f"Bearer {KEY}"}
+        status, _, body = _get(port, "/health")
+        health = json.loads(body)
+        assert health["backend"] == "cpu" and health["context_length"] == 64 and health["slots"] == 1
+        assert _get(port, "/v1/models")[0] == 401  # --api-key
+        status, _, body = _get(port, "/v1/models", auth)
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "my-gemma"  # --model
+        over = {"model": "my-gemma", "prompt": "word " * 80, "max_tokens": 1}
+        status, _, body = _get(port, "/v1/completions", auth, "POST", over)  # --ctx
+        assert status == 400 and json.loads(body)["error"]["code"] == "context_length_exceeded"
+        ok = {"model": "my-gemma", "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        status, _, body = _get(port, "/v1/completions", auth, "POST", ok)
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1
+        assert _get(port, "/v1/models", {**auth, "Host": f"phoenix.lan:{port}"})[0] == 200  # --allow-host
+        assert _get(port, "/v1/models", {**auth, "Host": f"other.lan:{port}"})[0] == 403
+        status, headers, _ = _get(port, "/v1/models", {**auth, "Origin": origin})  # --cors-origin
+        assert status == 200 and headers["access-control-allow-origin"] == origin
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "server stopped" in err
+        assert f"127.0.0.1:{port}/v1" in err and KEY not in err  # the URL is shown, the key never
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_a_non_loopback_host_without_a_key_exits_2_before_loading():
+    started = time.monotonic()
+    proc = _serve("--host", "0.0.0.0", "--port", str(_free_port()))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "set an API key" in err and "Traceback" not in err
+    assert time.monotonic() - started < 30
+
+
+def test_a_port_in_use_exits_2_with_the_reason_before_loading():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        # a model path that does not exist: had it loaded first, that would be the error
+        proc = _serve("--model", "/nonexistent/model.gguf", "--port", str(busy.getsockname()[1]))
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in err and "Traceback" not in err
+
+
+def test_parallel_sets_the_engines_slots():
+    port = _free_port()
+    proc = _serve("--backend", "cpu", "--ctx", "64", "--port", str(port), "--parallel", "3")
+    try:
+        _wait_listening(proc, port)
+        assert json.loads(_get(port, "/health")[2])["slots"] == 3
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

@@ -1,0 +1,213 @@
+"""KV slots and the batched decode step on Vulkan (engine/backends/vulkan/batch.py), on the
+6-layer synthetic Gemma 3 (tools/make_synthetic_gguf.py "tiny": a global layer and a 32-token
+sliding window, so a 40-token sequence decodes past the window) — lavapipe in CI.
+
+What each sequence of a batch gets must be what it gets alone: its logits (the CPU reference of
+its own ids, within the tolerance of the tiny model's other tests) and its drawn ids (greedy and
+seeded sampling, sequences joining and leaving between steps); one slot's writes never reach
+another's cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phoenix_chat.engine.backends.base import SeqStep, SlotsUnsupported
+from phoenix_chat.engine.errors import OutOfMemoryError
+from phoenix_chat.engine.sampling import SamplingParams
+
+CTX = 64
+SLOTS = 5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, vk_device):
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=1)
+    w = open_weights(path)
+    vk = VulkanBackend(w, CTX, device=vk_device, slots=SLOTS)
+    yield CpuBackend(w, CTX), vk
+    vk.close()
+    w.close()
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 4096, n).tolist()
+
+
+def test_decode_batch_logits_match_each_sequence_alone(tiny):
+    """Three sequences (slots 3, 0, 4; 5, 20 and 40 tokens: the last past the 32-token window)
+    decode four steps together, one leaving after the second; slot 1 holds a fourth sequence that
+    never joins. Every row's logits are its own sequence's (CPU reference of its ids)."""
+    cpu, vk = tiny
+    seqs = {3: _ids(1, 5), 0: _ids(2, 20), 4: _ids(3, 40)}
+    vk.forward_slot(1, _ids(4, 50), 0)  # a neighbour that must not leak in
+    for slot, ids in seqs.items():
+        vk.forward_slot(slot, ids[:-1], 0)
+    for step in range(4):
+        live = [s for s in seqs if not (s == 3 and step >= 2)]  # slot 3 leaves after two steps
+        out = vk.decode_batch([SeqStep(s, seqs[s][-1], len(seqs[s]) - 1) for s in live])
+        assert out.shape == (len(live), vk.config.vocab_size)
+        for row, s in zip(out, live, strict=True):
+            ref = cpu.forward(seqs[s], 0)
+            np.testing.assert_allclose(row, ref, atol=2e-3 * np.abs(ref).max())
+            assert int(row.argmax()) == int(ref.argmax())
+            seqs[s].append(int(row.argmax()))
+
+
+# the tiny model's random logits are so peaked (top-1 ~ 1.0 at temperature 1) that only high
+# temperatures make the draws depend on the seed; the test checks that they do
+SAMPLERS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=10.0, top_k=40, top_p=0.95, seed=7),
+    SamplingParams(temperature=12.0, top_k=0, top_p=0.9, seed=8),
+    SamplingParams(temperature=8.0, top_k=1000, repetition_penalty=1.3, seed=9),
+]
+
+
+def test_decode_batch_sampled_draws_what_each_sequence_draws_alone(tiny):
+    """Four sequences with four sampler settings (argmax, top-k, full, full + penalty): prefilled
+    into slots by the device sampler, then eight batched steps with the sequences joining late and
+    leaving early. Each one's ids equal what generate_tokens draws for it alone in slot 0."""
+    _cpu, vk = tiny
+    prompts = [_ids(10 + i, n) for i, n in enumerate((6, 12, 35, 9))]
+    slots = [2, 0, 1, 4]  # the penalty row reads its own history (slot 4), not slot 0's
+    n_new = 8
+    alone = [list(vk.generate_tokens(p, 0, params, n_new)) for p, params in zip(prompts, SAMPLERS, strict=True)]
+    for p, params in zip(prompts[1:], SAMPLERS[1:], strict=True):  # the seed matters at these settings
+        other = SamplingParams(**{**params.__dict__, "seed": 1000 + (params.seed or 0)})
+        assert list(vk.generate_tokens(p, 0, other, n_new)) != alone[prompts.index(p)]
+
+    got: list[list[int]] = [[] for _ in prompts]
+    joins = [0, 0, 2, 3]  # the step at which each sequence is admitted (prefilled)
+    leaves = [n_new, 5, n_new, n_new]  # how many ids each takes
+    for step in range(n_new + 3):
+        batch: list[tuple[int, SeqStep]] = []
+        for i, p in enumerate(prompts):
+            params, slot = SAMPLERS[i], slots[i]
+            if step == joins[i]:
+                got[i].append(vk.prefill_sampled(slot, p, 0, params, params.seed or 0))
+            elif joins[i] < step and len(got[i]) < leaves[i]:
+                pos = len(p) + len(got[i]) - 1
+                batch.append((i, SeqStep(slot, got[i][-1], pos, params, params.seed or 0)))
+        if batch:
+            for (i, _), tid in zip(batch, vk.decode_batch_sampled([s for _, s in batch]), strict=True):
+                got[i].append(tid)
+    for i in range(len(prompts)):
+        assert got[i] == alone[i][: leaves[i]], f"sequence {i} ({SAMPLERS[i]})"
+    assert len({tuple(g) for g in got}) == len(got)
+
+
+def test_a_slot_is_untouched_by_its_neighbours(tiny):
+    """A decode step of slot 2 gives bit-identical logits whether or not other slots were filled
+    and advanced (batched and alone) in between."""
+    _cpu, vk = tiny
+    ids = _ids(20, 30)
+    vk.forward_slot(2, ids[:-1], 0)
+    before = vk.forward_slot(2, [ids[-1]], len(ids) - 1)
+    for s in (0, 1, 3, 4):
+        vk.forward_slot(s, _ids(30 + s, 60), 0)
+    vk.decode_batch([SeqStep(s, 5, 60) for s in (0, 1, 3, 4)])
+    after = vk.forward_slot(2, [ids[-1]], len(ids) - 1)
+    np.testing.assert_array_equal(before, after)
+
+
+def test_slot_misuse_is_refused(tiny):
+    _cpu, vk = tiny
+    with pytest.raises(SlotsUnsupported):
+        vk.forward_slot(SLOTS, [1, 2], 0)
+    with pytest.raises(ValueError, match="distinct slots"):
+        vk.decode_batch([SeqStep(1, 5, 3), SeqStep(1, 6, 4)])
+    with pytest.raises(ValueError, match="past the context"):
+        vk.decode_batch([SeqStep(0, 5, CTX), SeqStep(1, 6, 4)])
+    with pytest.raises(ValueError, match="past the context"):  # its draw would be at CTX
+        vk.decode_batch_sampled([SeqStep(0, 5, CTX - 1), SeqStep(1, 6, 4)])
+
+
+def test_memory_plan_counts_every_slot(tiny, vk_device, monkeypatch):
+    """The plan's KV bytes grow with the slots; a heap that holds one slot refuses many, naming them."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.plan import plan_memory
+
+    _cpu, vk = tiny
+    one = plan_memory(vk.weights_source, CTX, vk_device, None, 1)
+    many = plan_memory(vk.weights_source, CTX, vk_device, None, 32)
+    assert many.kv_cache == 32 * one.kv_cache and many.batch_rows == 32 and one.batch_rows == 0
+    fits_one = (one.weights + one.kv_cache + one.scratch) / 0.92 * 1.05
+    monkeypatch.setattr(vk_device.caps, "heaps", [(int(fits_one), True)])
+    with pytest.raises(OutOfMemoryError, match=r"KV cache [\d.]+ for 32 x 64 tokens.*fewer slots"):
+        VulkanBackend(vk.weights_source, CTX, device=vk_device, slots=32)
+
+
+def test_batched_bench_reports_every_stream_count(tiny):
+    """bench.batched_decode on the loaded backend: one record per stream count, tokens counted."""
+    from bench.batched_decode import time_batched_decode
+
+    _cpu, vk = tiny
+    out = time_batched_decode(vk, [1, 2, 4], steps=2, prompt=8, warmup=1)
+    rows = out["batched"]
+    assert [r["streams"] for r in rows] == [1, 2, 4]  # type: ignore[index]
+    assert all(r["aggregate_tok_s"] > 0 and r["p99_step_ms"] >= r["p50_step_ms"] for r in rows)  # type: ignore[index]
+    assert out["single_stream_tok_s"] > 0  # type: ignore[operator]
+
+
+def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_device, monkeypatch):
+    """4090 ids: a row's logits at r * 4090 floats would be no legal binding offset for the row's
+    sampler; the batched step spaces the rows out, and every row still gets its own logits."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import open_weights
+    from tools import make_synthetic_gguf
+
+    tiny = make_synthetic_gguf.SHAPES["tiny"]
+    monkeypatch.setitem(make_synthetic_gguf.SHAPES, "tiny_4090", (*tiny[:6], 4090, *tiny[7:]))
+    w = open_weights(make_synthetic_gguf.write(tmp_path / "odd.gguf", "tiny_4090", "q4_0", "q8_0", seed=2))
+    vk = VulkanBackend(w, 32, device=vk_device, slots=3)
+    try:
+        seqs = {1: [5, 77, 4000, 12], 2: [9, 8, 7], 0: [3001, 2, 50, 60, 70]}
+        alone = {}
+        for s, ids in seqs.items():
+            vk.forward_slot(s, ids[:-1], 0)
+            alone[s] = vk.forward_slot(s, ids[-1:], len(ids) - 1)  # the single-sequence decode recording
+        out = vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        for row, s in zip(out, seqs, strict=True):
+            np.testing.assert_allclose(row, alone[s], atol=2e-3 * np.abs(alone[s]).max())
+        got = vk.decode_batch_sampled([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        assert got == [int(alone[s].argmax()) for s in seqs]
+    finally:
+        vk.close()
+        w.close()
+
+
+def test_embedded_270m_batched_greedy_equals_each_alone(vk_device):
+    """The real 270M: two prompts decoded together (slots 0 and 1) draw the greedy ids each draws
+    alone through generate_tokens, and the batched logits are each one's decode logits."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+
+    w = open_weights(embedded_model_path())
+    vk = VulkanBackend(w, 40, device=vk_device, slots=2)
+    try:
+        tok = w.tokenizer()
+        prompts = [tok.encode("The capital of France is")[:8], tok.encode("One, two, three, four,")[:10]]
+        greedy = SamplingParams(temperature=0.0)
+        alone = [list(vk.generate_tokens(p, 0, greedy, 4)) for p in prompts]
+        got = [[vk.prefill_sampled(s, p, 0, greedy, 0)] for s, p in enumerate(prompts)]
+        for i in range(3):
+            steps = [SeqStep(s, got[s][-1], len(prompts[s]) + i) for s in range(2)]
+            for s, t in enumerate(vk.decode_batch_sampled(steps)):
+                got[s].append(t)
+        assert got == alone
+        # one more step as logits: each row is what its slot's single-sequence decode gives
+        steps = [SeqStep(s, got[s][-1], len(prompts[s]) + 3) for s in range(2)]
+        batched = vk.decode_batch(steps)
+        for s, row in enumerate(batched):
+            ref = vk.forward_slot(s, [got[s][-1]], len(prompts[s]) + 3)
+            np.testing.assert_allclose(row, ref, atol=2e-3 * np.abs(ref).max())
+    finally:
+        vk.close()
+        w.close()
