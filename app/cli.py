@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same",
     )
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft proposes per round")
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a picture (PNG, JPEG, WebP, GIF) placed before PROMPT; repeat for several "
+        "(Gemma 3 4B/12B/27B multimodal models, CPU backend for now)",
+    )
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(p)
@@ -154,16 +162,25 @@ def _load(args, **kw):
     )
 
 
-def _messages(system, prompt):
+def _messages(system, prompt, images=()):
     msgs = [{"role": "system", "content": system}] if system else []
+    if images:  # the pictures first, then the question (as Gemma 3's model card writes it)
+        parts = [{"type": "image", "image": path} for path in images] + [{"type": "text", "text": prompt}]
+        return msgs + [{"role": "user", "content": parts}]
     return msgs + [{"role": "user", "content": prompt}]
 
 
 def cmd_run(args) -> int:
+    if args.image and args.raw:
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError("--image needs the chat format: leave out --raw")
     model = _load(args)
-    prompt = args.prompt if args.raw else _messages(args.system, args.prompt)
-    if args.draft:
-        return _run_speculative(args, model, prompt)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image)
+    if args.draft or args.image:
+        # the scheduler carries no pictures yet (it refuses them: engine/scheduler.py), so
+        # --image goes through stream_generate, as --draft does
+        return _run_direct(args, model, prompt)
     from phoenix_chat.engine.requests import Request
     from phoenix_chat.engine.scheduler import Scheduler
 
@@ -193,19 +210,22 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _run_speculative(args, model, prompt) -> int:
-    """`run --draft`: speculative decoding through stream_generate (the scheduler serves one
-    model; a draft's own cache is outside its slots)."""
-    from phoenix_chat import engine
+def _run_direct(args, model, prompt) -> int:
+    """`run --draft` / `run --image`: through stream_generate, not the scheduler (it serves one
+    model, and a draft's own cache is outside its slots; it carries no pictures)."""
     from phoenix_chat.engine.generate import stream_generate
     from phoenix_chat.engine.speculative import SpeculativeStats, check_draft
 
-    on = "auto" if args.backend == "npu-hybrid" else args.backend  # the draft decodes, it prefills little
-    draft = engine.load(
-        args.draft, backend=on, context_length=model.backend.context_length, quant=args.quant, device=args.device
-    )
-    check_draft(model, draft)
-    spec = SpeculativeStats()
+    draft = spec = None
+    if args.draft:
+        from phoenix_chat import engine
+
+        on = "auto" if args.backend == "npu-hybrid" else args.backend  # the draft decodes, it prefills little
+        draft = engine.load(
+            args.draft, backend=on, context_length=model.backend.context_length, quant=args.quant, device=args.device
+        )
+        check_draft(model, draft)
+        spec = SpeculativeStats()
     last = None
     for r in stream_generate(
         model,
@@ -227,6 +247,8 @@ def _run_speculative(args, model, prompt) -> int:
         f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
         f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
         f"{spec.tokens_per_round:.2f} tok per target pass"
+        if draft and spec
+        else ""
     )
     ttft = "-" if last.ttft_s is None else f"{last.ttft_s * 1000:.0f}"
     print(
@@ -280,6 +302,7 @@ def cmd_info(args) -> int:
         "tensor_types": w.tensor_types(),
         "file_size": w.file_size,
         "chat_template": bool(w.chat_template),
+        "image_input": _image_input(w),
         "fit": {
             "context_length": fit.context_length,
             "need_bytes": fit.need,
@@ -306,8 +329,20 @@ def cmd_info(args) -> int:
     print("tensor types:   " + ", ".join(f"{k} ×{v}" for k, v in sorted(info["tensor_types"].items())))
     print(f"file size:      {w.file_size / 2**20:.1f} MiB")
     print(f"chat template:  {'yes' if w.chat_template else 'no (Gemma 3 format used)'}")
+    print(f"image input:    {info['image_input'] or 'no (text-only model)'}")
     print(f"memory:         {fit.line()}")
     return 0
+
+
+def _image_input(weights) -> str | None:
+    """One line on the vision tower, or None for a text-only model."""
+    v = weights.vision_config
+    if v is None:
+        return None
+    return (
+        f"yes: SigLIP {v.image_size} px, patch {v.patch_size}, {v.num_layers} layers, width {v.hidden_size}, "
+        f"{v.mm_tokens_per_image} tokens per image"
+    )
 
 
 def cmd_perplexity(args) -> int:

@@ -12,11 +12,19 @@ Message text is data, not markup. `encode` never lets message content produce a 
   guard character before rendering, the rendered text is split at the special tokens that remain
   (the template's own), the guards are removed and each text run is tokenized with parsing off.
 Both give exactly llama.cpp's ids for the rendered text whenever the content holds no markers.
+
+Images: a content part `{"type": "image", "image": <path or bytes>}` renders as the template's
+`<start_of_image>` (Gemma's fallback does the same); `encode(..., images=ImageLayout(...))` then
+expands each into what Gemma 3's processor writes: "\\n\\n", `<start_of_image>`, the soft-token
+placeholders, `<end_of_image>`, "\\n\\n" — the newlines joined with the neighbouring text before
+tokenizing, as the processor's text replacement does. Only the template's own markers become
+images (message text is guarded as above).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 START_OF_TURN = "<start_of_turn>"
+START_OF_IMAGE = "<start_of_image>"
+END_OF_IMAGE = "<end_of_image>"
 END_OF_TURN = "<end_of_turn>"
 
 # U+FDD0 is a Unicode noncharacter: never valid in interchanged text, safe to drop from input
@@ -44,6 +54,17 @@ class ChatTemplateError(PhoenixError):
 class _Part:
     text: str
     marker: bool  # a control token of the template (becomes one id)
+    token_id: int | None = None  # a marker's id where it is not looked up by its text
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """How one image sits in the prompt (engine/vision_config.py has the model's values)."""
+
+    boi_id: int  # <start_of_image>
+    eoi_id: int  # <end_of_image>
+    image_id: int  # the placeholder each soft token replaces
+    tokens: int  # soft tokens per image
 
 
 class ChatFormat:
@@ -90,16 +111,23 @@ class ChatFormat:
         messages: Sequence[Mapping[str, Any]],
         tokenizer: Tokenizer | None = None,
         add_generation_prompt: bool = True,
+        images: ImageLayout | None = None,
     ) -> list[int]:
-        """Prompt ids; message content never turns into control tokens (see the module doc)."""
+        """Prompt ids; message content never turns into control tokens (see the module doc).
+        images: the model's image layout; without it a message with an image part is refused."""
         tokenizer = tokenizer or self.tokenizer
         if tokenizer is None:
             raise ValueError("ChatFormat.encode needs a tokenizer")
         messages = normalize_messages(messages)
+        wanted = count_images(messages)
+        if wanted and images is None:
+            raise ChatTemplateError("this conversation has images and this model has no image input")
         if self._template is None:
             parts = self._gemma_parts(messages, add_generation_prompt)
         else:
             parts = self._jinja_parts(messages, add_generation_prompt, tokenizer)
+        if images is not None:
+            parts = _expand_images(parts, images, wanted)
         return _encode_parts(parts, tokenizer)
 
     # -- Gemma 3 ----------------------------------------------------------------------------
@@ -126,7 +154,7 @@ class ChatFormat:
             parts += [
                 _Part(START_OF_TURN, True),
                 _Part(turn_role + "\n" + (prefix if i == 0 else ""), False),
-                _Part(_content_text(msg).strip(), False),
+                *_content_parts(msg),
                 _Part(END_OF_TURN, True),
                 _Part("\n", False),
             ]
@@ -153,7 +181,7 @@ class ChatFormat:
     def _jinja_parts(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, tokenizer: Tokenizer
     ) -> list[_Part]:
-        pattern = tokenizer.special_pattern
+        pattern = _marker_pattern(tokenizer)
 
         def guard(value: object) -> object:
             if isinstance(value, str):
@@ -165,7 +193,7 @@ class ChatFormat:
                 return [guard(v) for v in value]
             return value
 
-        rendered = self._render_jinja([guard(m) for m in messages], add_generation_prompt)
+        rendered = self._render_jinja([guard(_without_image_data(m)) for m in messages], add_generation_prompt)
         parts: list[_Part] = []
         pos = 0
         for m in pattern.finditer(rendered):
@@ -199,6 +227,58 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
+def _marker_pattern(tokenizer: Tokenizer) -> re.Pattern[str]:
+    """The special tokens, and the image markers also where the vocabulary does not flag them
+    special (GGUF-derived vocabularies): message text must never place a picture either."""
+    extra = [t for t in (START_OF_IMAGE, END_OF_IMAGE) if tokenizer.token_to_id(t) is not None]
+    if not extra:
+        return tokenizer.special_pattern
+    return re.compile("|".join([*map(re.escape, extra), tokenizer.special_pattern.pattern]))
+
+
+def is_image_part(item: object) -> bool:
+    return isinstance(item, Mapping) and item.get("type") == "image"
+
+
+def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Image parts in a conversation (content given as a list of parts)."""
+    n = 0
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, Sequence) and not isinstance(content, str):
+            n += sum(1 for item in content if is_image_part(item))
+    return n
+
+
+def _without_image_data(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The message as the template sees it: an image part's payload (a path, bytes) left out."""
+    content = message.get("content")
+    if isinstance(content, str) or not isinstance(content, Sequence):
+        return message
+    return {**message, "content": [{"type": "image"} if is_image_part(i) else i for i in content]}
+
+
+def _expand_images(parts: list[_Part], layout: ImageLayout, wanted: int) -> list[_Part]:
+    """Each `<start_of_image>` marker -> the processor's full image sequence (module doc)."""
+    out: list[_Part] = []
+    found = 0
+    for part in parts:
+        if not (part.marker and part.text == START_OF_IMAGE):
+            out.append(part)
+            continue
+        found += 1
+        out += [
+            _Part("\n\n", False),
+            _Part(START_OF_IMAGE, True, layout.boi_id),
+            *[_Part("", True, layout.image_id)] * layout.tokens,
+            _Part(END_OF_IMAGE, True, layout.eoi_id),
+            _Part("\n\n", False),
+        ]
+    if found != wanted:
+        raise ChatTemplateError(f"the chat template placed {found} image(s) for the {wanted} in the conversation")
+    return out
+
+
 def _encode_parts(parts: list[_Part], tokenizer: Tokenizer) -> list[int]:
     """Markers → their ids; each run of text between markers → ids with special parsing off."""
     ids: list[int] = []
@@ -214,12 +294,29 @@ def _encode_parts(parts: list[_Part], tokenizer: Tokenizer) -> list[int]:
             text.append(part.text)
             continue
         flush_text()
-        token_id = tokenizer.token_to_id(part.text)
+        token_id = part.token_id if part.token_id is not None else tokenizer.token_to_id(part.text)
         if token_id is None:
             raise ChatTemplateError(f"the chat format uses {part.text!r}, which this model's vocabulary lacks")
         ids.append(token_id)
     flush_text()
     return ids
+
+
+def _content_parts(message: Mapping[str, Any]) -> list[_Part]:
+    """A turn's content for Gemma's fallback format: text trimmed (per part, as Gemma 3's
+    template does), each image part as the `<start_of_image>` marker."""
+    content = message.get("content", "")
+    if isinstance(content, Sequence) and not isinstance(content, str):
+        return [
+            _Part(START_OF_IMAGE, True) if is_image_part(item) else _Part(_text_item(item), False) for item in content
+        ]
+    return [_Part(_content_text(message).strip(), False)]
+
+
+def _text_item(item: object) -> str:
+    if not isinstance(item, Mapping) or item.get("type") != "text":
+        raise ChatTemplateError("message content parts must be text or image")
+    return str(item.get("text", "")).strip()
 
 
 def _content_text(message: Mapping[str, Any]) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from phoenix_chat.engine.errors import CancelledError, ContextFull
+from phoenix_chat.engine.errors import CancelledError, ContextFull, PhoenixError
 from phoenix_chat.engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
     from phoenix_chat.engine.prompt_cache import PromptCache
     from phoenix_chat.engine.speculative import SpeculativeStats
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def generate_step(
     max_tokens: int,
     reuse: int = 0,
     cancel: CancelCheck | None = None,
+    images: Sequence[ImageSpan] = (),
 ) -> Generator[int, None, None]:
     """Prefill `prompt_ids` then yield sampled ids until max_tokens or the context is full.
 
@@ -62,6 +64,8 @@ def generate_step(
     (`generate_tokens`, Vulkan), or all but the first (`decode_tokens`, a hybrid whose prefill
     leaves logits on the host); on the CPU from logits otherwise. The caller stops early by
     closing us; `cancel` interrupts the prefill between chunks (CancelledError).
+    images: the pictures' spans in `prompt_ids` (engine/vision/prompt.py); the prefill then runs
+    through `backend.forward_images` (none may start before `reuse`) and the decode as usual.
     """
     backend = model.backend
     limit = backend.context_length
@@ -71,11 +75,17 @@ def generate_step(
         raise ValueError(f"reuse must leave at least one of the {len(prompt_ids)} prompt ids to run, not {reuse}")
     pos = len(prompt_ids)
     budget = min(max_tokens, limit - pos)
-    on_device = backend.generate_tokens(prompt_ids[reuse:], reuse, params, budget, cancel=cancel)
-    if on_device is not None:  # the prefill ends in the device's sampler: every token drawn there
-        yield from on_device
-        return
-    logits = backend.forward(prompt_ids[reuse:], reuse, cancel=cancel)
+    pending = [s for s in images if s.end > reuse]
+    if any(s.start < reuse for s in pending):
+        raise ValueError(f"reuse {reuse} cuts a picture's span")
+    if pending:
+        logits = backend.forward_images(prompt_ids[reuse:], reuse, pending, cancel=cancel)
+    else:
+        on_device = backend.generate_tokens(prompt_ids[reuse:], reuse, params, budget, cancel=cancel)
+        if on_device is not None:  # the prefill ends in the device's sampler: every token drawn there
+            yield from on_device
+            return
+        logits = backend.forward(prompt_ids[reuse:], reuse, cancel=cancel)
     sampler = Sampler(params)
     history = list(prompt_ids)
     token = sampler(logits, history)
@@ -93,7 +103,24 @@ def generate_step(
 
 
 def prompt_ids_for(model: LoadedModel, prompt: Prompt, raw: bool = False) -> list[int]:
-    """Token ids for a chat (list of messages) or a single user message / raw text."""
+    """Token ids for a chat (list of messages) or a single user message / raw text (a chat
+    with pictures: the ids with the image layout; `encode_prompt` also gives the soft tokens)."""
+    return encode_prompt(model, prompt, raw)[0]
+
+
+def encode_prompt(model: LoadedModel, prompt: Prompt, raw: bool = False) -> tuple[list[int], list[ImageSpan]]:
+    """Token ids and the pictures' spans (a text-only model refuses pictures: NoImageInput)."""
+    from phoenix_chat.engine.vision.prompt import encode_chat, has_images
+
+    if not isinstance(prompt, (str, PromptIds)) and has_images(prompt):
+        return encode_chat(model, prompt)
+    if isinstance(prompt, PromptIds) and model.vision is not None and model.vision.cfg.image_token_id in prompt.ids:
+        # ids alone have lost their pictures: running them would read the placeholders as text
+        raise PhoenixError("a prompt with image placeholders needs its pictures: pass the chat messages")
+    return _text_prompt_ids(model, prompt, raw), []
+
+
+def _text_prompt_ids(model: LoadedModel, prompt: Prompt, raw: bool) -> list[int]:
     if isinstance(prompt, PromptIds):
         return list(prompt.ids)
     if isinstance(prompt, str):
@@ -126,7 +153,7 @@ def stream_generate(
     from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
     params = params or SamplingParams()
-    ids = prompt_ids_for(model, prompt, raw)
+    ids, images = encode_prompt(model, prompt, raw)
     stops = set(model.config.eos_token_ids)
     detok = StreamingDetokenizer(model.tokenizer)
     start = time.perf_counter()
@@ -161,13 +188,15 @@ def stream_generate(
 
         if cache is not None:
             raise ValueError("prefix reuse (cache) does not combine with a draft model (its cache is not tracked)")
+        if images:
+            raise PhoenixError("speculative decoding (--draft) does not take pictures yet")
         steps = speculative_step(model, draft, ids, params, max_tokens, draft_tokens, spec_stats, cancel)
     elif cache is not None:
-        plan = cache.plan(ids)
+        plan = cache.plan(ids, images)
         reused = plan.reused
-        steps = cache.generate(model, ids, params, max_tokens, plan, cancel=cancel)
+        steps = cache.generate(model, ids, params, max_tokens, plan, cancel=cancel, images=images)
     else:
-        steps = generate_step(model, ids, params, max_tokens, cancel=cancel)
+        steps = generate_step(model, ids, params, max_tokens, cancel=cancel, images=images)
     reason = "length"
     try:
         for token in steps:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.cpu import CpuBackend
     from phoenix_chat.engine.chat import ChatFormat
     from phoenix_chat.engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.vision.encoder import ImageEncoder
 
 log = logging.getLogger("phoenix.engine")
 
@@ -65,6 +66,7 @@ class LoadedModel:
     load_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     fit: str = ""  # engine/fit.py's line: memory needed at this context vs the machine's
+    vision: ImageEncoder | None = None  # the picture encoder (CPU, f32); None: a text-only model
 
     def describe(self) -> ModelDescription:
         """What was loaded, where, and how (plain values: the GUI's "About this model")."""
@@ -172,8 +174,16 @@ def load(
         if fit.suggestion is None:
             raise
         raise OutOfMemoryError(f"{exc}; at {fit.suggestion.name} weights it would fit the machine") from None
-    report(1.0, "ready")
     timings["backend_s"] = time.perf_counter() - t
+    vision = None
+    if weights.vision_config is not None:
+        from phoenix_chat.engine.vision.encoder import ImageEncoder
+
+        t = time.perf_counter()
+        report(0.99, "loading the vision tower")
+        vision = ImageEncoder(weights, weights.vision_config)
+        timings["vision_s"] = time.perf_counter() - t
+    report(1.0, "ready")
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)
     return LoadedModel(
         path=path,
@@ -187,6 +197,7 @@ def load(
         load_seconds=time.perf_counter() - started,
         timings=timings,
         fit=fit.line(),
+        vision=vision,
     )
 
 

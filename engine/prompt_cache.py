@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.vision.spans import ImageSpan, cache_keys, span_containing
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.base import Backend, CancelCheck
@@ -57,16 +58,23 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def plan_reuse(held: Sequence[int], ring_low: int, ids: Sequence[int], backend: Backend) -> ReusePlan:
+def plan_reuse(
+    held: Sequence[int], ring_low: int, ids: Sequence[int], backend: Backend, images: Sequence[ImageSpan] = ()
+) -> ReusePlan:
     """Where the prefill of `ids` starts in a cache holding the K/V of `held` at 0..len-1 whose
     sliding-window rings hold positions from `ring_low` on: after the common prefix, if the
-    rings still hold the window before that position, else at 0 (with the reason in `note`)."""
+    rings still hold the window before that position, else at 0 (with the reason in `note`).
+    With pictures `held` is keyed by picture (`cache_keys`), the comparison is too, and the
+    start never falls inside a picture (its tokens attend to each other both ways)."""
     if not ids:
         raise ValueError("an empty prompt has nothing to resume")
     cfg = backend.config
     has_rings = any(not cfg.is_global_layer(i) for i in range(cfg.num_layers))
     # the last prompt id always runs: its logits give the first token
-    p = min(common_prefix(held, ids), len(ids) - 1)
+    p = min(common_prefix(held, cache_keys(ids, images)), len(ids) - 1)
+    inside = span_containing(images, p)
+    if inside is not None:
+        p = inside.start
     need = max(0, p - cfg.sliding_window + 1)
     if p > 0 and has_rings and ring_low > need:
         note = (
@@ -129,10 +137,12 @@ class PromptCache:
         """Treat the cache as empty (the next prompt is prefilled from position 0)."""
         self.tokens, self.ring_low = [], 0
 
-    def plan(self, ids: Sequence[int]) -> ReusePlan:
+    def plan(self, ids: Sequence[int], images: Sequence[ImageSpan] = ()) -> ReusePlan:
         """Where the prefill of `ids` starts: after the common prefix with the cache, if the
-        sliding-window rings still hold the window before that position, else at 0."""
-        self.last = plan_reuse(self.tokens, self.ring_low, ids, self.backend)
+        sliding-window rings still hold the window before that position, else at 0. With
+        pictures the comparison is by picture (their placeholders keyed by hash), and never
+        resumes inside one (its tokens attend to each other both ways)."""
+        self.last = plan_reuse(self.tokens, self.ring_low, ids, self.backend, images)
         return self.last
 
     def generate(
@@ -143,6 +153,7 @@ class PromptCache:
         max_tokens: int,
         plan: ReusePlan,
         cancel: CancelCheck | None = None,
+        images: Sequence[ImageSpan] = (),
     ) -> Generator[int, None, None]:
         """`generate_step` from `plan.reused` on; afterwards the cache records the prompt and every
         answer token that was fed back (all yielded ids but the last)."""
@@ -152,13 +163,14 @@ class PromptCache:
         if backend is not self.backend:
             raise ValueError("this PromptCache belongs to another backend")
         start = plan.reused
-        self.tokens = list(ids[:start])  # what stays valid whatever happens below
+        keyed = cache_keys(ids, images)
+        self.tokens = keyed[:start]  # what stays valid whatever happens below
         backend.kv_high_water = start
         last: int | None = None
         try:
-            for token in generate_step(model, ids, params, max_tokens, reuse=start, cancel=cancel):
+            for token in generate_step(model, ids, params, max_tokens, reuse=start, cancel=cancel, images=images):
                 if last is None:
-                    self.tokens = list(ids)  # the prompt is in, its first token sampled
+                    self.tokens = keyed  # the prompt is in, its first token sampled
                 else:
                     self.tokens.append(last)  # asking for this token fed the previous one
                 last = token

@@ -137,7 +137,13 @@ class Scheduler:
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Queue `request`; its deltas arrive on the returned stream (async when `loop` is given).
         Raises PromptTooLong before queueing a prompt that leaves no room for an answer, and
-        EngineBusy when `max_queue` requests already wait for a slot."""
+        EngineBusy when `max_queue` requests already wait for a slot. A chat with pictures is
+        refused (PhoenixError): slots carry no image spans yet, and their ids alone would read
+        the placeholders as text (`run --image` goes through stream_generate)."""
+        from phoenix_chat.engine.vision.prompt import has_images
+
+        if has_images(request.prompt):
+            raise PhoenixError("the scheduler does not take pictures yet: send the chat through stream_generate")
         ids = prompt_ids_for(self.model, request.prompt, request.raw)
         limit = self.backend.context_length
         if len(ids) >= limit:

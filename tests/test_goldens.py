@@ -68,7 +68,7 @@ def test_greedy_40_tokens_identical_to_transformers(cpu_model, golden, name):
 
 def test_hidden_states_layer_by_layer(cpu_model, golden):
     """Where a mismatch starts, if there is one: the residual stream after every block."""
-    from phoenix_chat.engine.models.gemma3 import rms_norm
+    from phoenix_chat.engine.models.gemma3 import Segment, rms_norm
 
     _, npz = golden
     ref = npz["capital_hidden_states"]
@@ -78,7 +78,7 @@ def test_hidden_states_layer_by_layer(cpu_model, golden):
     assert np.abs(x - ref[0]).max() < 1e-4
     positions = np.arange(len(ids))
     for layer in range(m.config.num_layers):
-        x = m._block(layer, x, positions)
+        x = m._block(layer, x, [Segment(m.cache, positions, 0)])
         scale = np.abs(ref[layer + 1]).max()
         assert np.abs(x - ref[layer + 1]).max() < 1e-5 * scale + 1e-4, f"block {layer}"
     assert np.abs(rms_norm(x, m.w["norm"], m.config.rms_norm_eps) - ref[19]).max() < 1e-4

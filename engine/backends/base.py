@@ -19,16 +19,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
 from phoenix_chat.engine.config import ModelConfig
-from phoenix_chat.engine.errors import CancelledError
+from phoenix_chat.engine.errors import CancelledError, PhoenixError
 from phoenix_chat.engine.models.kv_plan import ring_slots
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations and how
 # long Stop waits, since cancel is checked between chunks (docs/PERFORMANCE.md "Stop during prefill")
@@ -77,6 +80,26 @@ def forward_in_chunks(
         if all_logits or i + chunk >= len(ids):
             outs.append(out)
     return np.concatenate(outs) if all_logits else outs[-1]
+
+
+def image_chunks(n: int, start_pos: int, images: Sequence[ImageSpan], chunk: int) -> list[tuple[int, int]]:
+    """Prefill chunks [i, j) over n ids at start_pos.., at most `chunk` long unless a picture's
+    span is longer, and never cutting a span (its tokens attend to each other both ways)."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < n:
+        j = min(i + chunk, n)
+        for span in images:
+            a, b = span.start - start_pos, span.end - start_pos
+            if a < j < b:
+                j = a if a > i else b
+        out.append((i, j))
+        i = j
+    return out
+
+
+class NoImageBackend(PhoenixError):
+    """This backend cannot run a prompt with pictures yet."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +176,19 @@ class Backend(ABC):
         `cancel` is asked between chunks of a long prompt; when it says stop, CancelledError is
         raised and the positions from start_pos on hold nothing valid.
         """
+
+    def forward_images(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """`forward` for a prompt with pictures: each span's soft tokens replace its placeholders
+        and attend to each other both ways. Only the CPU reference has it so far."""
+        raise NoImageBackend(f"the {self.name} backend does not take images yet: use --backend cpu")
 
     def generate_tokens(
         self,

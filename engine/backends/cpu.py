@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,9 @@ from phoenix_chat.engine.backends.base import (
     LiveStats,
     SeqStep,
     SlotsUnsupported,
+    check_cancel,
     forward_in_chunks,
+    image_chunks,
 )
 from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.models.gemma3 import Gemma3Model
@@ -33,6 +35,9 @@ from phoenix_chat.engine.models.kv_plan import layer_slots, ring_slots
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import WeightSource
 from phoenix_chat.engine.weights.requantized import RequantizedWeights
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 
 def f32_kv_bytes(weights: WeightSource, context_length: int) -> int:
@@ -97,6 +102,25 @@ class CpuBackend(Backend):
     ) -> npt.NDArray[np.float32]:
         self.wrote_kv(start_pos + len(token_ids))  # before: a forward cut short wrote part of it
         return forward_in_chunks(self.model.forward, list(token_ids), start_pos, all_logits, cancel=cancel)
+
+    def forward_images(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        ids = list(token_ids)
+        self.wrote_kv(start_pos + len(ids))
+        outs: list[npt.NDArray[np.float32]] = []
+        for i, j in image_chunks(len(ids), start_pos, images, PREFILL_CHUNK):
+            check_cancel(cancel)
+            out = self.model.forward(ids[i:j], start_pos + i, all_logits=all_logits, cancel=cancel, images=images)
+            if all_logits or j == len(ids):
+                outs.append(out)
+        return np.concatenate(outs) if all_logits else outs[-1]
 
     def forward_slot(
         self,

@@ -3,13 +3,17 @@
 This is the reference every other backend is checked against, so it favours being plainly
 right over being fast: f32 everywhere, the Hugging Face formulation step by step.
 Linear layers go through `linear()`, the one hook a hybrid plan (NPU prefill) overrides.
+Pictures (engine/vision/): a forward may carry image spans, whose soft tokens replace the
+placeholders' embeddings (unscaled, as transformers' masked_scatter) and whose positions attend
+to each other both ways — on local layers still within the window's lower bound, as
+transformers' AND(sliding window, OR(causal, block)). A span must lie whole in one forward.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +22,9 @@ from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import CancelledError
 from phoenix_chat.engine.models.kv_plan import layer_slots
 from phoenix_chat.engine.weights.base import WeightSource
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -83,6 +90,16 @@ class KVCache:
         return sum(a.nbytes for a in self.k) * 2
 
 
+class Segment(NamedTuple):
+    """One sequence's run of rows in a forward: its cache, its positions, its first row, and
+    which image span each of its rows is in (-1: text; None: no picture in this run)."""
+
+    cache: KVCache
+    positions: npt.NDArray[np.int64]
+    first: int
+    blocks: npt.NDArray[np.int64] | None = None
+
+
 class Gemma3Model:
     """Weights as dense f32 arrays plus the forward pass over a chunk of tokens.
     forward_tokens: the most tokens the caller passes to one forward (sizes the KV rings)."""
@@ -132,24 +149,45 @@ class Gemma3Model:
         start_pos: int,
         all_logits: bool = False,
         cancel: Callable[[], bool] | None = None,
+        images: Sequence[ImageSpan] = (),
         slot: int = 0,
     ) -> F32:
         """Logits of the last (or every) position, K/V into `slot`'s cache. `cancel` is asked
         before each layer: on a small CPU one chunk of a long prompt takes seconds, a layer of it
         a fraction of one, and a cancelled pass leaves only positions ≥ start_pos half-written
-        (never read: the next forward starts at or before them)."""
-        positions = np.arange(start_pos, start_pos + len(token_ids))
-        x = self._layers(token_ids, [(self._cache_for(slot), positions, 0)], cancel)
+        (never read: the next forward starts at or before them). `images`: spans (absolute
+        positions) whose soft tokens this forward's positions take; each one met must lie whole
+        inside it."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        positions = np.arange(start_pos, start_pos + len(ids))
+        x = self.embed[ids] * self.embed_scale
+        blocks = self._place_images(x, start_pos, images) if images else None
+        x = self._layers(x, [Segment(self._cache_for(slot), positions, 0, blocks)], cancel)
         x = rms_norm(x if all_logits else x[-1:], self.w["norm"], self.config.rms_norm_eps)
         logits = x @ self.embed.T
         return logits if all_logits else logits[0]
+
+    @staticmethod
+    def _place_images(x: F32, start_pos: int, images: Sequence[ImageSpan]) -> npt.NDArray[np.int64] | None:
+        """Each span met by this forward's rows writes its soft tokens over their embeddings;
+        returns which span each row is in (-1: text), or None when no span is met."""
+        blocks = np.full(len(x), -1, np.int64)
+        end = start_pos + len(x)
+        for b, span in enumerate(images):
+            if span.end <= start_pos or span.start >= end:
+                continue
+            if span.start < start_pos or span.end > end:
+                raise ValueError(f"image span {span.start}..{span.end} cut by the forward {start_pos}..{end}")
+            x[span.start - start_pos : span.end - start_pos] = span.embeddings
+            blocks[span.start - start_pos : span.end - start_pos] = b
+        return blocks if (blocks >= 0).any() else None
 
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], *, pad_single: bool = True
     ) -> F32:
         """One token for each of B sequences (distinct slots) in one pass over the weights:
         every matrix multiplies all B rows at once, attention runs per sequence over its own
-        cache. Logits (B, vocab).
+        cache. Logits (B, vocab). No pictures here: a picture's tokens are all prefill.
 
         pad_single: a single row is padded to two. BLAS computes one row with a matrix-vector
         kernel whose sums differ in the last bits from its matrix-matrix kernel, and with at
@@ -160,33 +198,28 @@ class Gemma3Model:
         if len(set(slots)) != len(slots):
             raise ValueError(f"a batched step feeds each slot once, got slots {list(slots)}")
         pad = pad_single and len(tokens) == 1
-        ids = list(tokens) * 2 if pad else list(tokens)
-        segments = [(self._cache_for(s), np.array([p], np.int64), i) for i, (s, p) in enumerate(zip(slots, positions))]
-        x = self._layers(ids, segments, None)
+        ids = np.asarray(list(tokens) * 2 if pad else list(tokens), dtype=np.int64)
+        segments = [
+            Segment(self._cache_for(s), np.array([p], np.int64), i) for i, (s, p) in enumerate(zip(slots, positions))
+        ]
+        x = self._layers(self.embed[ids] * self.embed_scale, segments, None)
         logits = rms_norm(x, self.w["norm"], self.config.rms_norm_eps) @ self.embed.T
         return logits[:1] if pad else logits
 
     def _cache_for(self, slot: int) -> KVCache:
         return self.cache if slot == 0 else self.caches[slot]
 
-    def _layers(
-        self,
-        token_ids: Sequence[int],
-        segments: list[tuple[KVCache, npt.NDArray[np.int64], int]],
-        cancel: Callable[[], bool] | None,
-    ) -> F32:
-        """The decoder layers over the rows of `token_ids`; each segment (cache, positions, first
-        row) is one sequence's run of rows. Rows past the segments (padding) ride along in the
-        matrix products and are never attended or written."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        x = self.embed[ids] * self.embed_scale
+    def _layers(self, x: F32, segments: list[Segment], cancel: Callable[[], bool] | None) -> F32:
+        """The decoder layers over the rows of `x` (embeddings); each segment is one sequence's
+        run of rows. Rows past the segments (padding) ride along in the matrix products and are
+        never attended or written."""
         for layer in range(self.config.num_layers):
             if cancel is not None and cancel():
                 raise CancelledError("stopped")
             x = self._block(layer, x, segments)
         return x
 
-    def _block(self, layer: int, x: F32, segments: list[tuple[KVCache, npt.NDArray[np.int64], int]]) -> F32:
+    def _block(self, layer: int, x: F32, segments: list[Segment]) -> F32:
         cfg, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "input_layernorm"], cfg.rms_norm_eps)
         attn = self._attention(layer, h, segments)
@@ -197,7 +230,7 @@ class Gemma3Model:
             self.linear(mlp, p + "mlp.down_proj"), self.w[p + "post_feedforward_layernorm"], cfg.rms_norm_eps
         )
 
-    def _attention(self, layer: int, h: F32, segments: list[tuple[KVCache, npt.NDArray[np.int64], int]]) -> F32:
+    def _attention(self, layer: int, h: F32, segments: list[Segment]) -> F32:
         cfg, p, n = self.config, f"layers.{layer}.self_attn.", len(h)
         q = self.linear(h, p + "q_proj").reshape(n, cfg.num_heads, cfg.head_dim)
         k = self.linear(h, p + "k_proj").reshape(n, cfg.num_kv_heads, cfg.head_dim)
@@ -205,13 +238,23 @@ class Gemma3Model:
         q = rms_norm(q, self.w[p + "q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, self.w[p + "k_norm"], cfg.rms_norm_eps)
         out = np.zeros((n, cfg.q_dim), np.float32)
-        for cache, positions, first in segments:
+        for cache, positions, first, blocks in segments:
             rows = slice(first, first + len(positions))
-            out[rows] = self._attend(layer, cache, positions, q[rows], k[rows], v[rows])
+            out[rows] = self._attend(layer, cache, positions, q[rows], k[rows], v[rows], blocks)
         return self.linear(out, p + "o_proj")
 
-    def _attend(self, layer: int, cache: KVCache, positions: npt.NDArray[np.int64], q: F32, k: F32, v: F32) -> F32:
-        """One sequence's attention over its own cache (RoPE applied here), its K/V written."""
+    def _attend(
+        self,
+        layer: int,
+        cache: KVCache,
+        positions: npt.NDArray[np.int64],
+        q: F32,
+        k: F32,
+        v: F32,
+        blocks: npt.NDArray[np.int64] | None,
+    ) -> F32:
+        """One sequence's attention over its own cache (RoPE applied here), its K/V written;
+        `blocks` (the segment's) lets a picture's tokens see each other both ways."""
         cfg, n = self.config, len(positions)
         is_global = cfg.is_global_layer(layer)
         cos, sin = self.rope["global" if is_global else "local"]
@@ -233,6 +276,9 @@ class Gemma3Model:
         cache.write(layer, positions[-len(held) :], k[-len(held) :], v[-len(held) :])
 
         mask = key_pos[None, :] <= positions[:, None]
+        if blocks is not None:  # a picture's tokens see each other both ways
+            key_blocks = np.concatenate([np.full(len(key_pos) - n, -1, np.int64), blocks])
+            mask |= (blocks[:, None] >= 0) & (blocks[:, None] == key_blocks[None, :])
         if window is not None:
             mask &= key_pos[None, :] > positions[:, None] - window
         group = cfg.num_heads // cfg.num_kv_heads

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as QType
 if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.tokenizer import Tokenizer
+    from phoenix_chat.engine.vision_config import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class WeightSource:
     tensors: dict[str, TensorInfo]
     chat_template: str | None = None
     file_size: int = 0
+    vision_config: VisionConfig | None = None  # None: a text-only model (no image input)
 
     def raw(self, name: str) -> npt.NDArray[np.uint8]:
         """The tensor's bytes as stored (uint8, memory-mapped, no copy)."""
@@ -55,6 +57,10 @@ class WeightSource:
 
     def tokenizer(self) -> Tokenizer:
         raise NotImplementedError
+
+    def vision_tensor(self, name: str) -> npt.NDArray[np.float32]:
+        """A vision tower or projector tensor as f32 (only where `vision_config` is set)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no vision tensors")
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors of each storage type: for `info` and the GUI."""

@@ -3,7 +3,8 @@
 Each shard is memory-mapped and its JSON header parsed here (the format is 8 bytes of length and
 a JSON table), so BF16 tensors — which numpy cannot name — come out as raw bytes without a copy.
 The multimodal 4B/12B/27B checkpoints keep the text model under `language_model.`; the vision
-tower and projector are skipped.
+tower and projector are indexed apart (`vision_tensors`, read with `vision_tensor`), so the
+text backends never see them, and `vision_config` says whether the folder can take images.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
+from phoenix_chat.engine.vision_config import VisionConfig
 from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 if TYPE_CHECKING:
@@ -29,8 +31,18 @@ if TYPE_CHECKING:
 
 _DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
-_SKIP_PREFIXES = ("vision_tower", "multi_modal_projector", "model.vision_tower", "model.multi_modal_projector")
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+_SKIP_PREFIXES = _VISION_PREFIXES + tuple("model." + p for p in _VISION_PREFIXES)
+PROJECTION = "multi_modal_projector.mm_input_projection_weight"
 MAX_HEADER = 100 * 1024 * 1024
+
+
+def vision_name(hf_name: str) -> str | None:
+    """`vision_tower.…` / `multi_modal_projector.…` (the `model.` prefix of newer checkpoints
+    dropped, `.weight`/`.bias` kept: the tower has both), or None for a text-model tensor."""
+    if not hf_name.startswith(_SKIP_PREFIXES):
+        return None
+    return hf_name.removeprefix("model.")
 
 
 def canonical_name(hf_name: str) -> str | None:
@@ -54,10 +66,20 @@ class HFFolder(WeightSource):
         self._maps: list[mmap.mmap] = []
         self.tensors: dict[str, TensorInfo] = {}
         self._where: dict[str, tuple[mmap.mmap, int]] = {}
+        self.vision_tensors: dict[str, TensorInfo] = {}
         for shard in self._shards():
             self._index_shard(shard)
         self.file_size = sum(len(m) for m in self._maps)
         self._check_required()
+        self.vision_config = self._read_vision_config()
+
+    def _read_vision_config(self) -> VisionConfig | None:
+        """The vision settings when config.json has them and the projector is in the files
+        (a text-only export of a multimodal model keeps the config but not the tower)."""
+        raw = json.loads((self.path / "config.json").read_text())
+        if not isinstance(raw.get("vision_config"), dict) or PROJECTION not in self.vision_tensors:
+            return None
+        return VisionConfig.from_hf(raw, self.path)
 
     def _shards(self) -> list[Path]:
         index = self.path / "model.safetensors.index.json"
@@ -94,7 +116,8 @@ class HFFolder(WeightSource):
         for hf_name, entry in header.items():
             if hf_name == "__metadata__":
                 continue
-            name = canonical_name(hf_name)
+            vision = vision_name(hf_name)
+            name = vision or canonical_name(hf_name)
             if name is None:
                 continue
             dtype = entry.get("dtype")
@@ -112,7 +135,8 @@ class HFFolder(WeightSource):
                 raise ModelFileError(
                     shard, f"truncated file: tensor {hf_name!r} ends at byte {base + end}, file has {size}"
                 )
-            self.tensors[name] = TensorInfo(name, qtype, shape, nbytes, hf_name)
+            table = self.vision_tensors if vision else self.tensors
+            table[name] = TensorInfo(name, qtype, shape, nbytes, hf_name)
             self._where[name] = (mm, base + start)
 
     def _check_required(self) -> None:
@@ -138,7 +162,7 @@ class HFFolder(WeightSource):
             raise ModelFileError(self.path, f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
 
     def raw(self, name: str) -> npt.NDArray[np.uint8]:
-        info = self.tensors[name]
+        info = self.tensors[name] if name in self.tensors else self.vision_tensors[name]
         mm, offset = self._where[name]
         rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         return np.frombuffer(mm, dtype=np.uint8, count=info.nbytes, offset=offset).reshape(rows, -1)
@@ -151,6 +175,14 @@ class HFFolder(WeightSource):
     def dequantize_rows(self, name: str, rows: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.float32]:
         info = self.tensors[name]
         return _to_f32(self.raw(name)[np.asarray(rows)], info.qtype).reshape(len(rows), info.shape[-1])
+
+    def vision_tensor(self, name: str) -> npt.NDArray[np.float32]:
+        """A vision tower / projector tensor as f32, as stored (norm weights are w, not 1 + w:
+        the tower's LayerNorms use w as it is)."""
+        info = self.vision_tensors.get(name)
+        if info is None:
+            raise ModelFileError(self.path, f"missing vision tensor {name!r}")
+        return _to_f32(self.raw(name), info.qtype).reshape(info.shape)
 
     def tokenizer(self) -> Tokenizer:
         from phoenix_chat.engine.tokenizer import Tokenizer
