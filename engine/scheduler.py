@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, SeqStep
+from phoenix_chat.engine.batch_policy import BatchPolicy
 from phoenix_chat.engine.errors import CancelledError, PhoenixError
 from phoenix_chat.engine.generate import prompt_ids_for
 from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
@@ -126,6 +127,8 @@ class Scheduler:
         self._running: list[_Seq] = []  # admission order
         self._closed = False
         self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
+        self.policy = BatchPolicy()  # how many ready sequences a step advances (measured)
+        self._turn = 0  # where taking turns starts next (round robin)
         self._thread = threading.Thread(target=self._serve, name="phoenix-scheduler", daemon=True)
         self._thread.start()
 
@@ -342,7 +345,19 @@ class Scheduler:
             seq.first_at = time.perf_counter()
             self._took(seq, token)
 
-    def _decode(self, seqs: list[_Seq]) -> None:
+    def _decode(self, ready: list[_Seq]) -> None:
+        k = self.policy.rows(len(ready))
+        if k < len(ready):  # taking turns beats this backend's batched step: the next k in line
+            start = self._turn % len(ready)
+            seqs = (ready[start:] + ready[:start])[:k]
+            self._turn = start + k
+        else:
+            seqs = ready
+        t0 = time.perf_counter()
+        self._decode_rows(seqs)
+        self.policy.record(len(seqs), time.perf_counter() - t0)
+
+    def _decode_rows(self, seqs: list[_Seq]) -> None:
         steps = []
         for seq in seqs:
             assert seq.token is not None
