@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from phoenix_chat.app.worker import protocol as P
+from phoenix_chat.app.worker.server_host import ServerHost
 
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
 DELTA_INTERVAL_S = 0.03  # coalesce token deltas to ~30 messages/s
@@ -52,6 +53,7 @@ class Worker:
         self.streams: dict = {}  # generation id -> its engine RequestStream (Stop cancels it)
         self.answers: dict[str, threading.Thread] = {}  # generation id -> the thread pumping its answer
         self.draft_lock = threading.Lock()  # speculative answers run one at a time
+        self.server = ServerHost(lambda status: self.send(P.SERVER_CHANGED, **status))
         self.engine = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class Worker:
             P.DEVICES_REQUESTED: self.devices,
             P.DRAFT_REQUESTED: self.load_draft,
             P.DRAFT_CANDIDATES_REQUESTED: self.draft_candidates,
+            P.SERVER_REQUESTED: lambda msg: self.server.want(bool(msg.get("enabled")), int(msg.get("port") or 0)),
         }
         while True:
             msg = self.commands.get()
@@ -102,6 +105,7 @@ class Worker:
                 self.send(P.ERROR_RAISED, id=msg.get("id"), message=f"unknown command {kind!r}")
                 continue
             handler(msg)
+        self.server.close()
         self._close_model()
 
     def _engine(self):
@@ -179,6 +183,7 @@ class Worker:
         self.scheduler = importlib.import_module(f"{engine.__name__}.scheduler").Scheduler(model)
         self.model_info = describe_model(model)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
+        self.server.attach(self.scheduler)  # serves the new model when the server is on
 
     def _load_failed(self, load_id: str, message: str, cancelled: bool = False, kept: dict | None = None) -> None:
         """kept: the info of the model still loaded (the request was refused before it was
@@ -460,6 +465,7 @@ class Worker:
         )
 
     def _close_model(self) -> None:
+        self.server.detach()  # it serves this model's scheduler; a load starts it again
         self._stop_answers()
         if self.scheduler is not None:
             self.scheduler.close()
