@@ -49,7 +49,7 @@ def test_server_menu_serves_the_openai_client_and_shows_it_active(qtbot, make_ap
     def ask() -> None:
         client = openai.OpenAI(base_url=url, api_key="unused-on-loopback")
         stream = client.chat.completions.create(
-            model="any",
+            model=client.models.list().data[0].id,  # the loaded model's name
             messages=[{"role": "user", "content": "Tell me a story about a phoenix."}],
             max_tokens=40,
             temperature=0.0,
