@@ -207,7 +207,12 @@ class Scheduler:
     def _serve(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and not self._running and (not self._pending or self._paused):
+                # paused by exclusive(): only a cancelled waiting request needs the thread (to drop it)
+                while (
+                    not self._closed
+                    and not self._running
+                    and (not self._pending or self._paused and not self._cancelled)
+                ):
                     self._wake.notify_all()  # an exclusive() caller waits for this: nothing runs
                     self._wake.wait()
                 if self._closed:
