@@ -268,8 +268,8 @@ class Worker:
                 if pump.feed(delta.text, len(delta.token_ids), bool(delta.finish_reason)):
                     reason = "stop"  # the completion's blank line: the paragraph is complete
                     stream.cancel()
-                    for _ in stream:  # drain to its end: the slot is free before we report
-                        pass
+                    for rest in stream:  # drain to its end: the slot is free before we report
+                        pump.usage = rest.usage or pump.usage
                     break
                 if delta.finish_reason is not None:
                     reason = delta.finish_reason
