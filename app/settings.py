@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from phoenix_chat.app.paths import data_dir
+from phoenix_chat.app.server.config import DEFAULT_PORT
 from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
@@ -53,6 +54,8 @@ class Settings:
     repetition_penalty: float = _ENGINE_SAMPLING.repetition_penalty
     last_conversation_id: int | None = None
     window_geometry: str | None = None  # hex of QWidget.saveGeometry()
+    server_enabled: bool = False  # Server → Run local server: started at launch once the model loads
+    server_port: int = DEFAULT_PORT  # on 127.0.0.1 (0: any free port)
 
     def sampling_defaults(self) -> dict:
         return {
@@ -94,6 +97,8 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "min_p": _in_range(0.0, 1.0),
     "repetition_penalty": _in_range(1.0, 2.0),
     "draft_model": lambda v: v is None or isinstance(v, str),
+    "server_enabled": lambda v: isinstance(v, bool),
+    "server_port": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535,
 }
 
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -126,6 +127,7 @@ class Scheduler:
         self._cancelled: set[str] = set()
         self._running: list[_Seq] = []  # admission order
         self._closed = False
+        self._paused = 0  # exclusive() holders: nothing new is admitted while any holds the model
         self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
         self.policy = BatchPolicy()  # how many ready sequences a step advances (measured)
         self._turn = 0  # where taking turns starts next (round robin)
@@ -179,6 +181,27 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._pending)
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the model for work outside the scheduler (speculative decoding runs its own loop):
+        waits until no request runs, admits none meanwhile (they wait in the queue), and forgets
+        what every slot held afterwards, since that work wrote K/V the scheduler did not see."""
+        with self._lock:
+            self._paused += 1
+            self._wake.notify_all()
+            while self._running and not self._closed:
+                self._wake.wait()
+        try:
+            yield
+        finally:
+            for slot in self.slots:
+                slot.prefix.forget()
+            if self.cache is not None:
+                self.cache.forget()
+            with self._lock:
+                self._paused -= 1
+                self._wake.notify_all()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -190,7 +213,13 @@ class Scheduler:
     def _serve(self) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._running and not self._closed:
+                # paused by exclusive(): only a cancelled waiting request needs the thread (to drop it)
+                while (
+                    not self._closed
+                    and not self._running
+                    and (not self._pending or self._paused and not self._cancelled)
+                ):
+                    self._wake.notify_all()  # an exclusive() caller waits for this: nothing runs
                     self._wake.wait()
                 if self._closed:
                     pending, self._pending = list(self._pending), collections.deque()
@@ -202,7 +231,7 @@ class Scheduler:
                     self._pending = collections.deque(i for i in self._pending if i[0].id not in cancelled)
                 for stream in dropped:
                     self._done_with(stream.id)
-                free = sum(1 for s in self.slots if s.seq is None)
+                free = 0 if self._paused else sum(1 for s in self.slots if s.seq is None)
                 admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             for stream in dropped:
                 stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))

@@ -117,3 +117,38 @@ def test_next_turn_reuses_the_conversation_prefix(scheduler):
     usage = second[-1].usage
     assert usage is not None and usage.prompt_reused > 10
     assert usage.prompt_reused < usage.prompt_tokens
+
+
+def test_exclusive_waits_for_running_requests_and_holds_new_ones(model, scheduler):
+    """The GUI worker's speculative answers run outside the scheduler under exclusive(): it
+    enters only when nothing runs, a request submitted meanwhile waits (a cancelled one still
+    ends at once), and afterwards the scheduler serves again with its prefixes forgotten."""
+    running = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=40, raw=True))
+    first = next(iter(running))
+    assert first.finish_reason is None
+    entered = threading.Event()
+    release = threading.Event()
+    log: list[str] = []
+
+    def hold() -> None:
+        with scheduler.exclusive():
+            log.append("entered")
+            entered.set()
+            release.wait(30)
+            log.append("leaving")
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    rest = list(running)  # the running request is not stopped by the holder
+    assert rest[-1].finish_reason == "length"
+    assert entered.wait(30)
+    waiting = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=4, raw=True))
+    dropped = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=4, raw=True))
+    dropped.cancel()
+    assert [d.finish_reason for d in dropped] == ["cancelled"]  # dropped while the model is held
+    assert scheduler.active == 0 and scheduler.waiting == 1  # not admitted while held
+    log.append("released")
+    release.set()
+    holder.join()
+    assert waiting.text() == generate(model, PROMPT, GREEDY, max_tokens=4, raw=True)
+    assert log == ["entered", "released", "leaving"]

@@ -16,6 +16,7 @@ from phoenix_chat.app.controllers.defaults_controller import DefaultsController
 from phoenix_chat.app.controllers.draft_controller import DraftController
 from phoenix_chat.app.controllers.gauges_controller import GaugesController
 from phoenix_chat.app.controllers.model_controller import ModelController
+from phoenix_chat.app.controllers.server_controller import ServerController
 from phoenix_chat.app.controllers.wiring import choice_sets
 from phoenix_chat.app.gauges.amdgpu import DEFAULT_ROOT
 from phoenix_chat.app.gauges.sampler import GaugeSampler
@@ -43,6 +44,7 @@ class AppController(QObject):
         self.drafts = DraftController(self.window, self.worker, self.settings, self.models)
         self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
         self.defaults = DefaultsController(self.window, self.settings)
+        self.server = ServerController(self.window, self.worker, self.settings)
         self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
 
         s = self.settings.values

@@ -79,11 +79,13 @@ class MainWindow(QMainWindow):
         self.context_label.setObjectName("contextLabel")
         self.draft_label = QLabel("")  # speculative decoding: acceptance and speed-up
         self.draft_label.setObjectName("draftLabel")
+        self.server_label = QLabel("")  # the local server: its URL and active requests, or its error
+        self.server_label.setObjectName("serverLabel")
         bar.addWidget(self.model_label, 1)
         bar.addPermanentWidget(self.load_message)
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.load_cancel)
-        for w in (self.tps_label, self.draft_label, self.ttft_label, self.context_label):
+        for w in (self.server_label, self.tps_label, self.draft_label, self.ttft_label, self.context_label):
             bar.addPermanentWidget(w)
         self.show_loading(None)
 
@@ -189,6 +191,12 @@ class MainWindow(QMainWindow):
             a.setData(key)
             self.theme_group.addAction(a)
             self.theme_actions[key] = a
+
+        server_menu = mb.addMenu("Se&rver")
+        self.server_action = server_menu.addAction("Run local server (OpenAI API)")
+        self.server_action.setCheckable(True)
+        self.copy_url_action = server_menu.addAction("Copy URL")
+        self.copy_url_action.setEnabled(False)
 
         settings_menu = mb.addMenu("&Settings")
         self.defaults_action = settings_menu.addAction("Defaults for new chats…")

@@ -40,6 +40,7 @@ class WorkerClient(QObject):
     draft_changed = Signal(str, object)  # request id, the draft's info (None: no draft)
     draft_failed = Signal(str, str)  # request id, message
     draft_candidates_changed = Signal(str, list)  # the target's path, [{path, name, parameters}]
+    server_changed = Signal(dict)  # {running, wanted, url, active, error}: the local server in the worker
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -179,6 +180,10 @@ class WorkerClient(QObject):
         self.send(P.DRAFT_REQUESTED, id=draft_id, path=path)
         return draft_id
 
+    def request_server(self, enabled: bool, port: int) -> None:
+        """Run (or stop) the local OpenAI-compatible server in the worker, on 127.0.0.1:`port`."""
+        self.send(P.SERVER_REQUESTED, enabled=enabled, port=port)
+
     def request_draft_candidates(self, paths: list[str]) -> None:
         self.send(P.DRAFT_CANDIDATES_REQUESTED, id=P.new_id("drafts"), paths=paths)
 
@@ -255,6 +260,8 @@ class WorkerClient(QObject):
             self.generation_finished.emit(
                 msg["id"], msg["finish_reason"], P.GenerationStats.from_dict(msg["stats"]), msg["text"]
             )
+        elif kind == P.SERVER_CHANGED:
+            self.server_changed.emit({k: v for k, v in msg.items() if k not in ("type", "_generation")})
         elif kind == P.ERROR_RAISED:
             self.error_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.WORKER_DIED:

@@ -14,8 +14,10 @@ import threading
 import time
 import traceback
 from dataclasses import asdict
+from typing import Any
 
 from phoenix_chat.app.worker import protocol as P
+from phoenix_chat.app.worker.server_host import ServerHost
 
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
 DELTA_INTERVAL_S = 0.03  # coalesce token deltas to ~30 messages/s
@@ -47,7 +49,11 @@ class Worker:
         self.draft = None  # a smaller model with the same tokenizer: speculative decoding (engine/speculative.py)
         self.draft_baseline_tps: float | None = None  # the target's own decode speed, measured with the draft
         self.model_info: dict | None = None
-        self.prompt_cache = None  # the loaded model's engine.prompt_cache.PromptCache: chats reuse their KV
+        self.scheduler = None  # engine.scheduler.Scheduler of the loaded model: every answer goes through it
+        self.streams: dict = {}  # generation id -> its engine RequestStream (Stop cancels it)
+        self.answers: dict[str, threading.Thread] = {}  # generation id -> the thread pumping its answer
+        self.draft_lock = threading.Lock()  # speculative answers run one at a time
+        self.server = ServerHost(lambda status: self.send(P.SERVER_CHANGED, **status))
         self.engine = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -69,6 +75,9 @@ class Worker:
             if kind == P.CANCEL_REQUESTED:
                 with self.lock:
                     self.gen_cancels.setdefault(msg.get("id"), threading.Event()).set()
+                    stream = self.streams.get(msg.get("id"))
+                if stream is not None:
+                    stream.cancel()  # ends "cancelled" within one scheduler step
             elif kind == P.CANCEL_LOAD_REQUESTED:
                 with self.lock:
                     self.load_cancels.setdefault(msg.get("id"), threading.Event()).set()
@@ -84,6 +93,7 @@ class Worker:
             P.DEVICES_REQUESTED: self.devices,
             P.DRAFT_REQUESTED: self.load_draft,
             P.DRAFT_CANDIDATES_REQUESTED: self.draft_candidates,
+            P.SERVER_REQUESTED: lambda msg: self.server.want(bool(msg.get("enabled")), int(msg.get("port") or 0)),
         }
         while True:
             msg = self.commands.get()
@@ -95,6 +105,7 @@ class Worker:
                 self.send(P.ERROR_RAISED, id=msg.get("id"), message=f"unknown command {kind!r}")
                 continue
             handler(msg)
+        self.server.close()
         self._close_model()
 
     def _engine(self):
@@ -138,7 +149,7 @@ class Worker:
         except PhoenixError as exc:
             self._load_failed(load_id, str(exc), kept=self.model_info)
             return
-        self._close_model()  # one model in memory at a time: a later failure is reported as such
+        self._close_model()  # running answers stop first; one model in memory at a time
         kwargs = dict(
             path=msg.get("path"),
             backend=backend,
@@ -169,9 +180,10 @@ class Worker:
         self.model = model
         self.load_args = {"backend": "auto" if backend == "npu-hybrid" else backend, "device": msg.get("device")}
         self.load_args["quant"] = msg.get("quant")
-        self.prompt_cache = importlib.import_module(f"{engine.__name__}.prompt_cache").PromptCache(model.backend)
+        self.scheduler = importlib.import_module(f"{engine.__name__}.scheduler").Scheduler(model)
         self.model_info = describe_model(model)
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
+        self.server.attach(self.scheduler)  # serves the new model when the server is on
 
     def _load_failed(self, load_id: str, message: str, cancelled: bool = False, kept: dict | None = None) -> None:
         """kept: the info of the model still loaded (the request was refused before it was
@@ -179,37 +191,23 @@ class Worker:
         self.send(P.LOAD_FAILED, id=load_id, message=message, cancelled=cancelled, kept=kept)
 
     def generate(self, msg: dict) -> None:
+        """Fit the prompt here (quick), then answer on a thread of its own so the command loop
+        stays free: a second chat's generate queues or batches in the scheduler meanwhile."""
         gen_id = msg["id"]
-        if self.model is None:
-            self.send(P.ERROR_RAISED, id=gen_id, message="no model is loaded")
-            self.send(
-                P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats=P.GenerationStats().to_dict(), text=""
-            )
+        if self.model is None or self.scheduler is None:
+            self._finish_failed(gen_id, "no model is loaded")
             return
-        from phoenix_chat.engine.errors import PhoenixError
-        from phoenix_chat.engine.sampling import SamplingParams
-
-        stream_generate = importlib.import_module(f"{self._engine().__name__}.generate").stream_generate
         from phoenix_chat.engine.completion import ParagraphStop, fit_completion
+        from phoenix_chat.engine.errors import PhoenixError
         from phoenix_chat.engine.prompt_fit import fit_chat
-        from phoenix_chat.engine.speculative import SpeculativeStats
+        from phoenix_chat.engine.sampling import SamplingParams
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
         )
-        with self.lock:
-            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
-        text: list[str] = []
-        pending: list[str] = []
-        last_delta = last_stats = 0.0
-        record = None
-        reason = None
-        gen = None
         max_tokens = int(msg.get("max_tokens") or 256)
         completion = msg.get("mode") == "completion"
         overflow = msg.get("overflow") or "drop_oldest"
-        stop = ParagraphStop() if completion else None  # a completion ends at a blank line
-        spec = SpeculativeStats() if self.draft is not None else None
         try:
             if completion:  # the conversation as one text the model continues (no chat template)
                 fitted = fit_completion(self.model, msg["messages"], overflow, max_tokens)
@@ -217,80 +215,152 @@ class Worker:
                 fitted = fit_chat(
                     self.model, msg["messages"], overflow, max_tokens, continue_final=bool(msg.get("continue_answer"))
                 )
+        except Exception as exc:  # noqa: BLE001 — reported; the worker goes on
+            if not isinstance(exc, PhoenixError):
+                traceback.print_exc()
+            self._finish_failed(gen_id, str(exc) if isinstance(exc, PhoenixError) else f"{type(exc).__name__}: {exc}")
+            return
+        self.send(P.PROMPT_READY, id=gen_id, mode="completion" if completion else "chat", ids=list(fitted.prompt.ids))
+        if fitted.changed:
             self.send(
-                P.PROMPT_READY, id=gen_id, mode="completion" if completion else "chat", ids=list(fitted.prompt.ids)
+                P.PROMPT_FITTED,
+                id=gen_id,
+                dropped_messages=fitted.dropped_messages,
+                cut_tokens=fitted.cut_tokens,
+                cut_from=fitted.cut_from,
+                total_tokens=fitted.total_tokens,
+                context_limit=self.model.backend.context_length,
             )
-            if fitted.changed:
-                self.send(
-                    P.PROMPT_FITTED,
-                    id=gen_id,
-                    dropped_messages=fitted.dropped_messages,
-                    cut_tokens=fitted.cut_tokens,
-                    cut_from=fitted.cut_from,
-                    total_tokens=fitted.total_tokens,
-                    context_limit=self.model.backend.context_length,
+        self._report_start(gen_id, fitted.prompt.ids, params, max_tokens)
+        stop = ParagraphStop() if completion else None  # a completion ends at a blank line
+        with self.lock:
+            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
+        if self.draft is not None:
+            target = self._answer_with_draft
+        else:
+            target = self._answer_on_scheduler
+        thread = threading.Thread(
+            target=target, args=(gen_id, fitted.prompt, params, max_tokens, stop, cancel), name=f"answer-{gen_id}"
+        )
+        with self.lock:
+            self.answers[gen_id] = thread
+        thread.start()
+
+    def _answer_on_scheduler(self, gen_id: str, prompt, params, max_tokens: int, stop, cancel) -> None:
+        """Submit to the scheduler and pump its deltas to the GUI (tokens ~30/s, stats 4 Hz)."""
+        from phoenix_chat.engine.requests import Request
+
+        scheduler = self.scheduler
+        assert scheduler is not None and self.model is not None
+        pump = _AnswerPump(self, gen_id, stop)
+        reason: str | None = None
+        stream = None
+        try:
+            stream = scheduler.submit(Request(prompt, params, max_tokens))
+            with self.lock:
+                self.streams[gen_id] = stream
+            if cancel.is_set():  # Stop came before the stream existed
+                stream.cancel()
+            pump.prompt_tokens = len(prompt.ids)
+            for delta in stream:
+                if delta.usage is not None:
+                    pump.usage = delta.usage
+                if pump.feed(delta.text, len(delta.token_ids), bool(delta.finish_reason)):
+                    reason = "stop"  # the completion's blank line: the paragraph is complete
+                    stream.cancel()
+                    for rest in stream:  # drain to its end: the slot is free before we report
+                        pump.usage = rest.usage or pump.usage
+                    break
+                if delta.finish_reason is not None:
+                    reason = delta.finish_reason
+                    if delta.error:
+                        self.send(P.ERROR_RAISED, id=gen_id, message=delta.error)
+        except Exception as exc:  # noqa: BLE001 — PromptTooLong, EngineBusy, or a bug: reported
+            from phoenix_chat.engine.errors import PhoenixError
+
+            if not isinstance(exc, PhoenixError):
+                traceback.print_exc()
+            reason = "error"
+            self.send(P.ERROR_RAISED, id=gen_id, message=str(exc) if isinstance(exc, PhoenixError) else repr(exc))
+        finally:
+            with self.lock:
+                self.streams.pop(gen_id, None)
+                self.gen_cancels.pop(gen_id, None)
+                self.answers.pop(gen_id, None)
+        pump.finish(reason or "stop")
+
+    def _answer_with_draft(self, gen_id: str, prompt, params, max_tokens: int, stop, cancel) -> None:
+        """Speculative decoding runs its own loop (engine/speculative.py), one conversation at a
+        time: it holds the model exclusively (the scheduler admits nothing meanwhile and forgets
+        its prefixes afterwards, since this loop writes K/V behind its back)."""
+        from phoenix_chat.engine.generate import stream_generate
+        from phoenix_chat.engine.speculative import SpeculativeStats
+
+        assert self.scheduler is not None and self.model is not None
+        spec = SpeculativeStats()
+        pump = _AnswerPump(self, gen_id, stop)
+        reason: str | None = None
+        record = None
+        gen: Any = None
+        try:
+            with self.draft_lock, self.scheduler.exclusive():
+                gen = stream_generate(
+                    self.model,
+                    prompt,
+                    params=params,
+                    max_tokens=max_tokens,
+                    cancel=cancel.is_set,
+                    cache=None,  # a draft does not combine with prefix reuse: the whole prompt is read again
+                    draft=self.draft,
+                    spec_stats=spec,
                 )
-            self._report_start(gen_id, fitted.prompt.ids, params, max_tokens)
-            if self.draft is not None and self.prompt_cache is not None:
-                # A draft does not combine with prefix reuse: the whole prompt is read again, and
-                # the target's KV no longer holds what the prompt cache recorded.
-                self.prompt_cache.forget()
-            gen = stream_generate(
-                self.model,
-                fitted.prompt,
-                params=params,
-                max_tokens=max_tokens,
-                cancel=cancel.is_set,
-                cache=None if self.draft is not None else self.prompt_cache,
-                draft=self.draft,
-                spec_stats=spec,
-            )
-            for record in gen:
-                piece = stop.feed(record.text) if stop is not None else record.text
-                if stop is not None and record.finish_reason:
-                    piece += stop.flush()  # the end: held-back text was not a blank line after all
-                if piece:
-                    pending.append(piece)
-                    text.append(piece)
-                now = time.monotonic()
-                first = len(text) == 1 and bool(pending)
-                if pending and (first or now - last_delta >= DELTA_INTERVAL_S):
-                    self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
-                    pending.clear()
-                    last_delta = now
-                if now - last_stats >= STATS_INTERVAL_S:
-                    self.send(P.STATS_CHANGED, id=gen_id, stats=self._stats(record, spec).to_dict())
-                    last_stats = now
-                if stop is not None and stop.stopped:
-                    reason = "stop"  # the blank line: the paragraph is complete
-                    break
-                if record.finish_reason:
-                    reason = record.finish_reason
-                    break
-        except PhoenixError as exc:
-            reason = "error"
-            self.send(P.ERROR_RAISED, id=gen_id, message=str(exc))
+                for record in gen:
+                    pump.record = record
+                    pump.spec = spec
+                    if pump.feed(record.text, 1 if record.token is not None else 0, bool(record.finish_reason)):
+                        reason = "stop"
+                        break
+                    if record.finish_reason:
+                        reason = record.finish_reason
+                        break
+                gen.close()  # ends the engine's loop while the model is still held
         except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
+            from phoenix_chat.engine.errors import PhoenixError
+
+            if not isinstance(exc, PhoenixError):
+                traceback.print_exc()
             reason = "error"
-            self.send(P.ERROR_RAISED, id=gen_id, message=f"{type(exc).__name__}: {exc}")
+            message = str(exc) if isinstance(exc, PhoenixError) else f"{type(exc).__name__}: {exc}"
+            self.send(P.ERROR_RAISED, id=gen_id, message=message)
         finally:
             if gen is not None:
-                gen.close()  # cancels the engine's loop between tokens
+                gen.close()
             with self.lock:
                 self.gen_cancels.pop(gen_id, None)
-        if pending:
-            self.send(P.TOKENS_CHANGED, id=gen_id, text="".join(pending))
-        stats = self._stats(record, spec).idle() if record is not None else P.GenerationStats()
-        self.send(
-            P.GENERATION_FINISHED, id=gen_id, finish_reason=reason or "stop", stats=stats.to_dict(), text="".join(text)
-        )
+                self.answers.pop(gen_id, None)
+        pump.finish(reason or "stop")
+
+    def _finish_failed(self, gen_id: str, message: str) -> None:
+        self.send(P.ERROR_RAISED, id=gen_id, message=message)
+        self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats=P.GenerationStats().to_dict(), text="")
+
+    def _stop_answers(self) -> None:
+        """Stop every running answer and wait for each to report its end (before a reload)."""
+        with self.lock:
+            for event in self.gen_cancels.values():
+                event.set()
+            for stream in self.streams.values():
+                stream.cancel()
+            threads = list(self.answers.values())
+        for thread in threads:
+            thread.join()
 
     def load_draft(self, msg: dict) -> None:
         """Load (path) or drop (None) the draft model for speculative decoding: it must share the
         loaded model's tokenizer and be smaller; it loads on the same backend, device and
         quantization, and the target alone decodes BASELINE_TOKENS to measure the speed-up against."""
         draft_id, path = msg["id"], msg.get("path")
+        self._stop_answers()  # a speculative answer may be using the draft this replaces
         self._close_draft()
         if path is None:
             self.send(P.DRAFT_CHANGED, id=draft_id, info=None)
@@ -310,9 +380,9 @@ class Worker:
             draft = self._engine().load(path=path, context_length=target.backend.context_length, **self.load_args)
             check_draft(target, draft)
             probe = PromptIds(tuple(target.tokenizer.encode("The", add_bos=True)))
-            *_, last = stream_generate(target, probe, SamplingParams(temperature=0.0), BASELINE_TOKENS)
-            if self.prompt_cache is not None:
-                self.prompt_cache.forget()  # the probe overwrote the K/V the cache recorded
+            assert self.scheduler is not None  # built with the model
+            with self.scheduler.exclusive():  # the probe writes K/V behind the scheduler's back
+                *_, last = stream_generate(target, probe, SamplingParams(temperature=0.0), BASELINE_TOKENS)
         except Exception as exc:  # noqa: BLE001 — reported to the user; the target stays loaded
             if draft is not None:
                 draft.close()
@@ -395,6 +465,11 @@ class Worker:
         )
 
     def _close_model(self) -> None:
+        self.server.detach()  # it serves this model's scheduler; a load starts it again
+        self._stop_answers()
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         self._close_draft()  # it drafted for this model; the GUI asks again after a load
         if self.model is not None:
             try:
@@ -403,7 +478,85 @@ class Worker:
                 pass
             self.model = None
             self.model_info = None
-            self.prompt_cache = None
+
+
+class _AnswerPump:
+    """One answer's way to the GUI: text coalesced to ~30 messages/s, stats at 4 Hz, and the
+    finish. The stats are measured here from the deltas (tokens counted, TTFT at the first
+    text, tok/s after it) unless a `record` of the engine's own (speculative path) is set."""
+
+    def __init__(self, worker: Worker, gen_id: str, stop) -> None:
+        self.worker = worker
+        self.gen_id = gen_id
+        self.stop = stop  # a completion's ParagraphStop, or None
+        self.text: list[str] = []
+        self.pending: list[str] = []
+        self.last_delta = self.last_stats = 0.0
+        self.started = time.perf_counter()
+        self.first_at: float | None = None
+        self.tokens = 0
+        self.prompt_tokens = 0
+        self.usage = None  # the engine's Usage, from the final delta: its figures win
+        self.record: Any = None  # the engine's GenerationResponse (speculative path)
+        self.spec: Any = None  # its SpeculativeStats
+
+    def feed(self, text: str, tokens: int, final: bool) -> bool:
+        """Hand on `text` (`tokens` new ids); True when the completion's blank line ended it."""
+        self.tokens += tokens
+        if tokens and self.first_at is None:
+            self.first_at = time.perf_counter()
+        piece = self.stop.feed(text) if self.stop is not None else text
+        if self.stop is not None and final:
+            piece += self.stop.flush()  # the end: held-back text was not a blank line after all
+        if piece:
+            self.pending.append(piece)
+            self.text.append(piece)
+        now = time.monotonic()
+        first = len(self.text) == 1 and bool(self.pending)
+        if self.pending and (first or now - self.last_delta >= DELTA_INTERVAL_S):
+            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+            self.pending.clear()
+            self.last_delta = now
+        if now - self.last_stats >= STATS_INTERVAL_S:
+            self.worker.send(P.STATS_CHANGED, id=self.gen_id, stats=self.stats().to_dict())
+            self.last_stats = now
+        return self.stop is not None and self.stop.stopped
+
+    def stats(self) -> P.GenerationStats:
+        if self.record is not None:
+            return self.worker._stats(self.record, self.spec)
+        model = self.worker.model
+        assert model is not None
+        live = model.backend.live_stats()
+        ttft = None if self.first_at is None else self.first_at - self.started
+        decode_s = time.perf_counter() - self.first_at if self.first_at is not None else 0.0
+        tps = (self.tokens - 1) / decode_s if self.tokens > 1 and decode_s > 0 else 0.0
+        reused = 0
+        if self.usage is not None:  # the scheduler's own figures (queueing counts in its TTFT too)
+            reused, tps = self.usage.prompt_reused, self.usage.generation_tps
+            ttft = self.usage.ttft_s if self.usage.ttft_s is not None else ttft
+        computed = self.prompt_tokens - reused
+        return P.GenerationStats(
+            prompt_tokens=self.prompt_tokens,
+            prompt_reused=reused,
+            generation_tokens=self.tokens,
+            prompt_tps=computed / ttft if ttft else 0.0,
+            generation_tps=tps,
+            ttft_s=ttft,
+            context_limit=model.backend.context_length,
+            gpu_busy=live.gpu_busy,
+            npu_busy=live.npu_busy,
+            kv_cache_bytes=live.kv_cache_bytes,
+        )
+
+    def finish(self, reason: str) -> None:
+        if self.pending:
+            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+        measured = self.tokens or self.prompt_tokens or self.record is not None
+        stats = self.stats().idle() if measured else P.GenerationStats()
+        self.worker.send(
+            P.GENERATION_FINISHED, id=self.gen_id, finish_reason=reason, stats=stats.to_dict(), text="".join(self.text)
+        )
 
 
 def describe_model(model) -> dict:

@@ -21,6 +21,8 @@ CANCEL_REQUESTED = "cancel_requested"  # id
 DEVICES_REQUESTED = "devices_requested"
 DRAFT_REQUESTED = "draft_requested"  # id, path (None: no draft model)
 DRAFT_CANDIDATES_REQUESTED = "draft_candidates_requested"  # id, paths (which could draft for the loaded model)
+# enabled, port: run the local OpenAI-compatible server beside the scheduler (app/worker/server_host.py)
+SERVER_REQUESTED = "server_requested"
 SHUTDOWN_REQUESTED = "shutdown_requested"
 
 # worker → GUI
@@ -41,6 +43,8 @@ ERROR_RAISED = "error_raised"  # id, message
 DRAFT_CHANGED = "draft_changed"  # id, info (the draft's model info + baseline_tps, or None: no draft)
 DRAFT_FAILED = "draft_failed"  # id, message (no draft is loaded now)
 DRAFT_CANDIDATES_CHANGED = "draft_candidates_changed"  # id, target (path), candidates: [{path, name, parameters}]
+# running, wanted, url (the OpenAI base URL, …/v1), active (requests served or queued), error (one line)
+SERVER_CHANGED = "server_changed"
 WORKER_DIED = "worker_died"  # made up by the GUI side when the pipe breaks
 
 # Sampling fields the worker accepts from the GUI (engine.sampling.SamplingParams).
