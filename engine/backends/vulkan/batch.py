@@ -23,7 +23,7 @@ from typing import Literal, TypeAlias
 
 import numpy as np
 
-from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_norm, ops_rope, ops_sample
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_norm, ops_sample
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
@@ -86,31 +86,7 @@ def record_batch(
         mark(cl, "norm")
         graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim)
         mark(cl, "qkv")
-        ops_rope.rope_kv(
-            cl,
-            dev,
-            rows.steps,
-            b.qkv,
-            b.qkv,
-            b.qkv,
-            L.norms["self_attn.q_norm"],
-            L.norms["self_attn.k_norm"],
-            L.k_cache,
-            L.v_cache,
-            head_dim=cfg.head_dim,
-            n_heads=cfg.num_heads,
-            n_kv_heads=cfg.num_kv_heads,
-            cache_slots=L.slots,
-            theta=cfg.rope_base(i),
-            scale_factor=cfg.rope_scale(i),
-            eps=cfg.rms_norm_eps,
-            q_stride=qkv_dim,
-            kv_stride=qkv_dim,
-            q_offset=0,
-            k_offset=Q,
-            v_offset=Q + cfg.kv_dim,
-            rows=B,
-        )
+        graph.rope_kv(cl, i, B, step=rows.steps, rows=B)
         mark(cl, "rope_kv")
         ops_attention.attention_decode(
             cl,

@@ -342,13 +342,14 @@ class Gemma3Graph:
             eps=cfg.rms_norm_eps,
         )
 
-    def rope_kv(self, cl: CommandList, i: int, T: int) -> None:
-        """QK-norm + RoPE of q in place, k and v into layer i's cache (its own dispatch)."""
+    def rope_kv(self, cl: CommandList, i: int, T: int, step: Buffer | None = None, rows: int = 0) -> None:
+        """QK-norm + RoPE of q in place, k and v into layer i's cache (its own dispatch).
+        rows > 0: a batched decode step (batch.py), each token row with its own Step in `step`."""
         cfg, L, b = self.config, self.weights.layers[i], self.buffers
         ops_rope.rope_kv(
             cl,
             self.dev,
-            b.step,
+            b.step if step is None else step,
             b.qkv,
             b.qkv,
             b.qkv,
@@ -369,6 +370,7 @@ class Gemma3Graph:
             q_offset=0,
             k_offset=cfg.q_dim,
             v_offset=cfg.q_dim + cfg.kv_dim,
+            rows=rows,
         )
 
     def _attn_q8_1(self, L: Layer) -> Buffer | None:
