@@ -135,6 +135,22 @@ def test_cancel_during_a_retry_wait(double):
     assert final.finish_reason == "cancelled" and len(notices) == 1 and time.monotonic() - start < 2
 
 
+def test_stop_while_the_server_sends_nothing_is_prompt(double):
+    """Stop during a stall (as during a long prefill): the stream is closed at once, not when
+    the server's next byte or the read timeout comes."""
+    seen = []
+    start = time.monotonic()
+
+    def cancel() -> bool:
+        return len(seen) >= 2 and time.monotonic() - start > 0.3
+
+    for d in engine(double.url("stall"), timeout_s=30).stream_chat(CHAT, PARAMS, 16, cancel=cancel):
+        seen.append(d)
+    assert seen[-1].finish_reason == "cancelled" and seen[-1].error is None
+    assert "".join(d.text for d in seen) == "".join(WORDS[:2])
+    assert time.monotonic() - start < 1.5  # the double stalls for 3 s
+
+
 def test_slow_headers_time_out(double):
     start = time.monotonic()
     _, final, _ = answer(engine(double.url("slow"), timeout_s=0.5))
