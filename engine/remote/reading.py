@@ -159,6 +159,7 @@ def read_stream(
                     if not watcher.fired.is_set():
                         raise
                     cancelled = True  # the watcher shut the socket: the read failed on purpose
+                cancelled = cancelled or (watcher.fired.is_set() and finish is None)
     except Exception as exc:  # the client's errors, JSON's, ours: each one line (faults.describe)
         failure = describe(exc)
     finally:
