@@ -28,7 +28,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
 
 
 def system_section() -> dict[str, Any]:
-    from phoenix_chat.engine.devices import _cpu_model_name
+    from phoenix_chat.engine.gpu_names import cpu_model_name
 
     try:
         version = importlib.metadata.version("phoenix-chat")
@@ -37,7 +37,7 @@ def system_section() -> dict[str, Any]:
     return {
         "os": platform.platform(),
         "kernel": platform.release(),
-        "cpu": _cpu_model_name() or platform.processor() or platform.machine(),
+        "cpu": cpu_model_name() or platform.processor() or platform.machine(),
         "cores": psutil.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,
         "python": sys.version.split()[0],
@@ -60,14 +60,17 @@ def vulkan_section(self_test: bool = True) -> list[dict[str, Any]] | dict[str, A
 def _device_report(caps: Any, self_test: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": caps.index,
-        "name": caps.name,
+        "name": caps.display_name,
+        "vulkan_name": caps.name,
         "type": caps.device_type,
         "driver": caps.driver,
+        "driver_id": caps.driver_id,
         "api_version": ".".join(map(str, caps.api_version)),
         "vendor_id": f"{caps.vendor_id:#06x}",
         "software": caps.is_software,
         "subgroup_size": caps.subgroup_size,
         "subgroup_size_range": list(caps.subgroup_size_range),
+        "compute_subgroup_sizes": list(caps.compute_subgroup_sizes),
         "uma": caps.uma,
         "heaps": [
             {"index": i, "bytes": size, "device_local": local, "host_visible": i in caps.host_visible_heaps}
@@ -187,6 +190,10 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _sizes(sizes: list[int] | None) -> str:
+    return ", ".join(map(str, sizes)) if sizes else "none (no subgroup size control)"
+
+
 def markdown(rep: dict[str, Any]) -> str:
     """The report as Markdown, for pasting into an issue."""
     lines = ["# phoenix-chat doctor", "", "## System"]
@@ -199,11 +206,13 @@ def markdown(rep: dict[str, Any]) -> str:
         lines.append(f"- not available: {vk.get('error')}")
     else:
         for d in vk:
+            lo, hi = d["subgroup_size_range"]
             lines += [
                 f"### [{d['index']}] {d['name']} ({d['type']})",
-                f"- driver: {d['driver']}; API {d['api_version']}; vendor {d['vendor_id']}",
-                f"- subgroup size {d['subgroup_size']} (a pipeline may ask for "
-                f"{d['subgroup_size_range'][0]}..{d['subgroup_size_range'][1]}); UMA: {d['uma']}",
+                f"- reported as: {d.get('vulkan_name', d['name'])}; driver: {d['driver']} (id {d.get('driver_id')}); "
+                f"API {d['api_version']}; vendor {d['vendor_id']}",
+                f"- subgroup size {d['subgroup_size']} (range {lo}..{hi}; "
+                f"a compute pipeline may require {_sizes(d.get('compute_subgroup_sizes'))}); UMA: {d['uma']}",
             ]
             for h in d["heaps"]:
                 flags = [f for f in ("device_local", "host_visible") if h[f]]

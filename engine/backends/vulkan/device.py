@@ -128,6 +128,7 @@ class Capabilities:
     # in subgroup_size_range where subgroupSizeControl is on and covers compute; () where not
     compute_subgroup_sizes: tuple[int, ...] = ()
     extensions: frozenset[str] = frozenset()
+    driver_id: int = 0  # VkDriverId (3: RADV, 2: AMDVLK, 1: AMD proprietary; 0: not reported)
 
     @property
     def is_software(self) -> bool:
@@ -144,7 +145,21 @@ class Capabilities:
             flags.append("int8-dot" + ("" if self.int_dot_accelerated else " (emulated)"))
         if self.cooperative_matrix:
             flags.append("coopmat")
-        return f"[{self.index}] {self.name} ({self.device_type}; {', '.join(flags)})"
+        return f"[{self.index}] {self.display_name} ({self.device_type}; {', '.join(flags)})"
+
+    @property
+    def display_name(self) -> str:
+        """The name a user knows ("AMD Radeon 780M (RADV PHOENIX)" for "RADV PHOENIX"): gpu_names."""
+        from phoenix_chat.engine.gpu_names import cpu_model_name, gpu_name
+
+        cpu = cpu_model_name() if self.device_type == "integrated" else None
+        return gpu_name(
+            self.name,
+            self.driver_id,
+            vendor_id=self.vendor_id,
+            integrated=self.device_type == "integrated",
+            cpu_model=cpu,
+        ).display()
 
 
 # ---- instance and probing -----------------------------------------------------------
@@ -281,6 +296,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         uma=uma,
         host_visible_heaps=host_visible_heaps,
         extensions=exts,
+        driver_id=int(drv.driverID),
     )
 
 
