@@ -10,10 +10,12 @@ is wrapped: a missing piece is a line in the report, never a crash.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -171,19 +173,89 @@ def _self_test(index: int) -> dict[str, Any]:
     }
 
 
-def npu_section() -> dict[str, Any]:
-    from phoenix_chat.engine.devices import npu_entry
+def npu_section(root: Path = Path("/")) -> dict[str, Any]:
+    from phoenix_chat.engine.backends.npu_hybrid import npu_kernel_dirs
+    from phoenix_chat.npu.detect import npu_status
 
-    e = npu_entry()
-    return {"name": e.name, "available": e.available, "status": e.status, "details": e.details}
-
-
-def report(self_test: bool = True) -> dict[str, Any]:
+    fw = (root / "lib/firmware", root / "usr/lib/firmware")
+    st = npu_status(sys_root=root / "sys", dev_root=root / "dev", firmware_roots=fw, kernel_dirs=npu_kernel_dirs())
     return {
-        "system": _guarded(system_section),
-        "vulkan": _guarded(lambda: vulkan_section(self_test)),
-        "npu": _guarded(npu_section),
+        "name": st.details.get("name", "AMD XDNA NPU"),
+        "available": st.available,
+        "status": st.reason,
+        "details": st.details,
     }
+
+
+PCI_DISPLAY_CLASS = 0x03  # PCI base class "display controller"
+AMDGPU_MEMORY = ("mem_info_vram_total", "mem_info_vis_vram_total", "mem_info_gtt_total")
+
+
+def gpu_pci_section(root: Path = Path("/")) -> list[dict[str, Any]]:
+    """Display controllers on the PCI bus with the kernel driver bound to each, and for amdgpu
+    its memory split: on an APU "VRAM" is the BIOS carve-out and GTT the system memory it may
+    map. Read straight from sysfs, so it says something even where Vulkan finds no device."""
+    base = root / "sys/bus/pci/devices"
+    out: list[dict[str, Any]] = []
+    for dev in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            cls = int(_read(dev / "class") or "0", 16)
+            vendor, device = int(_read(dev / "vendor") or "0", 16), int(_read(dev / "device") or "0", 16)
+        except ValueError:
+            continue
+        if cls >> 16 != PCI_DISPLAY_CLASS:
+            continue
+        link = dev / "driver"
+        entry: dict[str, Any] = {
+            "address": dev.name,
+            "id": f"{vendor:04x}:{device:04x}",
+            "driver": os.path.basename(os.readlink(link)) if link.is_symlink() else None,
+        }
+        for f in AMDGPU_MEMORY:
+            v = _read(dev / f)
+            if v.isdigit():
+                entry[f] = int(v)
+        out.append(entry)
+    return out
+
+
+def vulkan_hint(gpus: Any, vulkan: Any) -> str | None:
+    """What to do when the kernel drives an AMD GPU but Vulkan reports no device for it."""
+    if not isinstance(gpus, list):
+        return None
+    amd = [g for g in gpus if g["id"].startswith("1002:")]
+    if not amd:
+        return None
+    if not any(g["driver"] == "amdgpu" for g in amd):
+        bound = ", ".join(f"{g['id']} ({g['driver'] or 'no driver'})" for g in amd)
+        return f"AMD GPU {bound} is not driven by amdgpu, which RADV needs: check the kernel (amdgpu module, firmware)"
+    hardware = isinstance(vulkan, list) and any(not d.get("software") for d in vulkan)
+    if hardware:
+        return None
+    return (
+        "amdgpu drives the GPU but Vulkan lists no hardware device: install Mesa's RADV driver "
+        "(Debian/Ubuntu/Fedora: mesa-vulkan-drivers; Arch: vulkan-radeon) and check VK_ICD_FILENAMES is unset"
+    )
+
+
+def report(self_test: bool = True, root: str | Path = "/") -> dict[str, Any]:
+    """The whole report. `root`: where /sys, /dev and /lib/firmware are (a copied tree; tests)."""
+    root = Path(root)
+    rep = {
+        "system": _guarded(system_section),
+        "gpus": _guarded(lambda: gpu_pci_section(root)),
+        "vulkan": _guarded(lambda: vulkan_section(self_test)),
+        "npu": _guarded(lambda: npu_section(root)),
+    }
+    rep["hint"] = _guarded(lambda: vulkan_hint(rep["gpus"], rep["vulkan"]))
+    return rep
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _gib(n: int) -> str:
@@ -200,7 +272,18 @@ def markdown(rep: dict[str, Any]) -> str:
     sysr = rep["system"]
     for k, v in sysr.items():
         lines.append(f"- {k}: {_gib(v) if k == 'ram_bytes' else v}")
+    lines += ["", "## GPUs on the PCI bus"]
+    gpus = rep.get("gpus", [])
+    if isinstance(gpus, dict):
+        lines.append(f"- not readable: {gpus.get('error')}")
+    for g in gpus if isinstance(gpus, list) else []:
+        mem = "; ".join(f"{k.removeprefix('mem_info_')}: {_gib(v)}" for k, v in g.items() if k.startswith("mem_info_"))
+        lines.append(f"- {g['address']} {g['id']}: driver {g['driver'] or 'none'}" + (f"; {mem}" if mem else ""))
+    if not gpus:
+        lines.append("- none found (no display controller under /sys/bus/pci/devices)")
     lines += ["", "## Vulkan"]
+    if rep.get("hint"):
+        lines.append(f"- **what to do:** {rep['hint']}")
     vk = rep["vulkan"]
     if isinstance(vk, dict):
         lines.append(f"- not available: {vk.get('error')}")
