@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
     p.add_argument("--out", help="also write the report to this file")
     p.add_argument("--no-self-test", action="store_true", help="skip running kernels on each device")
+    p.add_argument("--root", default="/", help="read sys/, dev/ and lib/firmware/ under this folder (a copied tree)")
 
     p = sub.add_parser("export", help="print every saved conversation")
     p.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -412,7 +413,7 @@ def cmd_devices(args) -> int:
 def cmd_doctor(args) -> int:
     from phoenix_chat.engine import doctor
 
-    rep = doctor.report(self_test=not args.no_self_test)
+    rep = doctor.report(self_test=not args.no_self_test, root=args.root)
     text = json.dumps(rep, indent=1, default=str) + "\n" if args.json else doctor.markdown(rep)
     sys.stdout.write(text)
     if args.out:

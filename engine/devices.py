@@ -13,6 +13,8 @@ from typing import Any
 
 import psutil
 
+from phoenix_chat.engine.gpu_names import cpu_model_name
+
 
 @dataclass
 class DeviceEntry:
@@ -28,7 +30,7 @@ class DeviceEntry:
 
 
 def cpu_entry() -> DeviceEntry:
-    name = _cpu_model_name() or platform.processor() or platform.machine()
+    name = cpu_model_name() or platform.processor() or platform.machine()
     mem = psutil.virtual_memory()
     return DeviceEntry(
         "cpu",
@@ -56,8 +58,10 @@ def vulkan_entries() -> list[DeviceEntry]:
             else "ready"
         )
         details = {
+            "vulkan_name": caps.name,
             "type": caps.device_type,
             "driver": caps.driver,
+            "driver_id": caps.driver_id,
             "summary": caps.summary(),
             "device_local_bytes": caps.device_local_bytes,
             "uma": caps.uma,
@@ -66,7 +70,7 @@ def vulkan_entries() -> list[DeviceEntry]:
             "cooperative_matrix": caps.cooperative_matrix,
             "software": caps.is_software,
         }
-        entries.append(DeviceEntry("vulkan", caps.name, True, status, index=caps.index, details=details))
+        entries.append(DeviceEntry("vulkan", caps.display_name, True, status, index=caps.index, details=details))
     return entries
 
 
@@ -84,14 +88,3 @@ def npu_entry() -> DeviceEntry:
 
 def list_devices() -> list[DeviceEntry]:
     return [cpu_entry(), *vulkan_entries(), npu_entry()]
-
-
-def _cpu_model_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None

@@ -10,10 +10,12 @@ is wrapped: a missing piece is a line in the report, never a crash.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
 
 
 def system_section() -> dict[str, Any]:
-    from phoenix_chat.engine.devices import _cpu_model_name
+    from phoenix_chat.engine.gpu_names import cpu_model_name
 
     try:
         version = importlib.metadata.version("phoenix-chat")
@@ -37,7 +39,7 @@ def system_section() -> dict[str, Any]:
     return {
         "os": platform.platform(),
         "kernel": platform.release(),
-        "cpu": _cpu_model_name() or platform.processor() or platform.machine(),
+        "cpu": cpu_model_name() or platform.processor() or platform.machine(),
         "cores": psutil.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,
         "python": sys.version.split()[0],
@@ -60,14 +62,17 @@ def vulkan_section(self_test: bool = True) -> list[dict[str, Any]] | dict[str, A
 def _device_report(caps: Any, self_test: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": caps.index,
-        "name": caps.name,
+        "name": caps.display_name,
+        "vulkan_name": caps.name,
         "type": caps.device_type,
         "driver": caps.driver,
+        "driver_id": caps.driver_id,
         "api_version": ".".join(map(str, caps.api_version)),
         "vendor_id": f"{caps.vendor_id:#06x}",
         "software": caps.is_software,
         "subgroup_size": caps.subgroup_size,
         "subgroup_size_range": list(caps.subgroup_size_range),
+        "compute_subgroup_sizes": list(caps.compute_subgroup_sizes),
         "uma": caps.uma,
         "heaps": [
             {"index": i, "bytes": size, "device_local": local, "host_visible": i in caps.host_visible_heaps}
@@ -168,23 +173,97 @@ def _self_test(index: int) -> dict[str, Any]:
     }
 
 
-def npu_section() -> dict[str, Any]:
-    from phoenix_chat.engine.devices import npu_entry
+def npu_section(root: Path = Path("/")) -> dict[str, Any]:
+    from phoenix_chat.engine.backends.npu_hybrid import npu_kernel_dirs
+    from phoenix_chat.npu.detect import npu_status
 
-    e = npu_entry()
-    return {"name": e.name, "available": e.available, "status": e.status, "details": e.details}
-
-
-def report(self_test: bool = True) -> dict[str, Any]:
+    fw = (root / "lib/firmware", root / "usr/lib/firmware")
+    st = npu_status(sys_root=root / "sys", dev_root=root / "dev", firmware_roots=fw, kernel_dirs=npu_kernel_dirs())
     return {
-        "system": _guarded(system_section),
-        "vulkan": _guarded(lambda: vulkan_section(self_test)),
-        "npu": _guarded(npu_section),
+        "name": st.details.get("name", "AMD XDNA NPU"),
+        "available": st.available,
+        "status": st.reason,
+        "details": st.details,
     }
+
+
+PCI_DISPLAY_CLASS = 0x03  # PCI base class "display controller"
+AMDGPU_MEMORY = ("mem_info_vram_total", "mem_info_vis_vram_total", "mem_info_gtt_total")
+
+
+def gpu_pci_section(root: Path = Path("/")) -> list[dict[str, Any]]:
+    """Display controllers on the PCI bus with the kernel driver bound to each, and for amdgpu
+    its memory split: on an APU "VRAM" is the BIOS carve-out and GTT the system memory it may
+    map. Read straight from sysfs, so it says something even where Vulkan finds no device."""
+    base = root / "sys/bus/pci/devices"
+    out: list[dict[str, Any]] = []
+    for dev in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            cls = int(_read(dev / "class") or "0", 16)
+            vendor, device = int(_read(dev / "vendor") or "0", 16), int(_read(dev / "device") or "0", 16)
+        except ValueError:
+            continue
+        if cls >> 16 != PCI_DISPLAY_CLASS:
+            continue
+        link = dev / "driver"
+        entry: dict[str, Any] = {
+            "address": dev.name,
+            "id": f"{vendor:04x}:{device:04x}",
+            "driver": os.path.basename(os.readlink(link)) if link.is_symlink() else None,
+        }
+        for f in AMDGPU_MEMORY:
+            v = _read(dev / f)
+            if v.isdigit():
+                entry[f] = int(v)
+        out.append(entry)
+    return out
+
+
+def vulkan_hint(gpus: Any, vulkan: Any) -> str | None:
+    """What to do when the kernel drives an AMD GPU but Vulkan reports no device for it."""
+    if not isinstance(gpus, list):
+        return None
+    amd = [g for g in gpus if g["id"].startswith("1002:")]
+    if not amd:
+        return None
+    if not any(g["driver"] == "amdgpu" for g in amd):
+        bound = ", ".join(f"{g['id']} ({g['driver'] or 'no driver'})" for g in amd)
+        return f"AMD GPU {bound} is not driven by amdgpu, which RADV needs: check the kernel (amdgpu module, firmware)"
+    hardware = isinstance(vulkan, list) and any(not d.get("software") for d in vulkan)
+    if hardware:
+        return None
+    return (
+        "amdgpu drives the GPU but Vulkan lists no hardware device: install Mesa's RADV driver "
+        "(Debian/Ubuntu/Fedora: mesa-vulkan-drivers; Arch: vulkan-radeon) and check VK_ICD_FILENAMES is unset"
+    )
+
+
+def report(self_test: bool = True, root: str | Path = "/") -> dict[str, Any]:
+    """The whole report. `root`: where /sys, /dev and /lib/firmware are (a copied tree; tests)."""
+    root = Path(root)
+    rep = {
+        "system": _guarded(system_section),
+        "gpus": _guarded(lambda: gpu_pci_section(root)),
+        "vulkan": _guarded(lambda: vulkan_section(self_test)),
+        "npu": _guarded(lambda: npu_section(root)),
+    }
+    rep["hint"] = _guarded(lambda: vulkan_hint(rep["gpus"], rep["vulkan"]))
+    return rep
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def _sizes(sizes: list[int] | None) -> str:
+    return ", ".join(map(str, sizes)) if sizes else "none (no subgroup size control)"
 
 
 def markdown(rep: dict[str, Any]) -> str:
@@ -193,17 +272,30 @@ def markdown(rep: dict[str, Any]) -> str:
     sysr = rep["system"]
     for k, v in sysr.items():
         lines.append(f"- {k}: {_gib(v) if k == 'ram_bytes' else v}")
+    lines += ["", "## GPUs on the PCI bus"]
+    gpus = rep.get("gpus", [])
+    if isinstance(gpus, dict):
+        lines.append(f"- not readable: {gpus.get('error')}")
+    for g in gpus if isinstance(gpus, list) else []:
+        mem = "; ".join(f"{k.removeprefix('mem_info_')}: {_gib(v)}" for k, v in g.items() if k.startswith("mem_info_"))
+        lines.append(f"- {g['address']} {g['id']}: driver {g['driver'] or 'none'}" + (f"; {mem}" if mem else ""))
+    if not gpus:
+        lines.append("- none found (no display controller under /sys/bus/pci/devices)")
     lines += ["", "## Vulkan"]
+    if rep.get("hint"):
+        lines.append(f"- **what to do:** {rep['hint']}")
     vk = rep["vulkan"]
     if isinstance(vk, dict):
         lines.append(f"- not available: {vk.get('error')}")
     else:
         for d in vk:
+            lo, hi = d["subgroup_size_range"]
             lines += [
                 f"### [{d['index']}] {d['name']} ({d['type']})",
-                f"- driver: {d['driver']}; API {d['api_version']}; vendor {d['vendor_id']}",
-                f"- subgroup size {d['subgroup_size']} (a pipeline may ask for "
-                f"{d['subgroup_size_range'][0]}..{d['subgroup_size_range'][1]}); UMA: {d['uma']}",
+                f"- reported as: {d.get('vulkan_name', d['name'])}; driver: {d['driver']} (id {d.get('driver_id')}); "
+                f"API {d['api_version']}; vendor {d['vendor_id']}",
+                f"- subgroup size {d['subgroup_size']} (range {lo}..{hi}; "
+                f"a compute pipeline may require {_sizes(d.get('compute_subgroup_sizes'))}); UMA: {d['uma']}",
             ]
             for h in d["heaps"]:
                 flags = [f for f in ("device_local", "host_visible") if h[f]]

@@ -292,6 +292,13 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
     }
 }
 
+// Invocations this subgroup really has, lane ids 0..n-1 (call in the subgroup's uniform control
+// flow). gl_SubgroupSize is only the most it may have: a partial subgroup (a workgroup narrower
+// than the subgroup, e.g. 32 invocations at RADV's wave64; Vulkan promises full subgroups only
+// under REQUIRE_FULL_SUBGROUPS) has fewer, and lavapipe reporting 32 or 64 lanes runs compute
+// subgroups of at most 16. Striding rows by gl_SubgroupSize there skipped chunks (issue 23).
+uint subgroup_lanes() { return subgroupAdd(1u); }
+
 #ifndef INT_DOT
 // NCOLS vectors at once (see NCOLS): acc[i * NCOLS + j] is row first + i against vector j. A
 // chunk's weights are decoded once per vector, from the cache after the first. (The arrays are
@@ -304,6 +311,7 @@ void main_subgroup_rows_cols() {
 #else
     const uint total = pc.rows0 + pc.rows1 + pc.rows2;
 #endif
+    const uint lanes = subgroup_lanes();
     for (uint rg = gl_SubgroupID; rg < SUBGROUP_ROWS; rg += gl_NumSubgroups) {
         const uint first = (group * SUBGROUP_ROWS + rg) * ROWS;
         if (first >= total) break;
@@ -318,7 +326,7 @@ void main_subgroup_rows_cols() {
             // block pairs: each row's pair of weight blocks loaded into registers once, then
             // every vector's 64 values of x loaded once and dotted with all of the rows
             const uint n_pairs = pc.n_cols >> 6;
-            for (uint p = gl_SubgroupInvocationID; p < n_pairs; p += gl_SubgroupSize) {
+            for (uint p = gl_SubgroupInvocationID; p < n_pairs; p += lanes) {
                 float da[ROWS], db[ROWS];
                 uint qa[ROWS * QWORDS], qb[ROWS * QWORDS];
 #ifdef EPI_GEGLU
@@ -362,7 +370,7 @@ void main_subgroup_rows_cols() {
         [[unroll]] for (uint i = 0u; i < ROWS; i++) {
             const uint g = first + i;
             if (g >= total) continue;
-            for (uint c = gl_SubgroupInvocationID; c < n_chunks; c += gl_SubgroupSize) {
+            for (uint c = gl_SubgroupInvocationID; c < n_chunks; c += lanes) {
                 [[unroll]] for (uint j = 0u; j < NCOLS; j++) {
                     const uint xb = pc.x_off + j * pc.x_stride + c * 32u;
 #ifdef EPI_GEGLU
@@ -394,8 +402,8 @@ void main_subgroup_rows_cols() {
 
 // SUBGROUP_ROWS = RG > 0: each subgroup owns its own ROWS rows (RG row groups per workgroup),
 // reduced with subgroupAdd alone: no shared memory, no barrier. Short rows (a few hundred
-// blocks) keep every lane busy this way. Correct for any actual subgroup size: a subgroup
-// takes row groups sid, sid + nsg, ... < RG.
+// blocks) keep every lane busy this way. Correct for any actual subgroup size, full or partial:
+// a subgroup takes row groups sid, sid + nsg, ... < RG; its lanes stride by subgroup_lanes().
 void main_subgroup_rows() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
@@ -408,12 +416,13 @@ void main_subgroup_rows() {
     uint x_off = pc.x_off + tok * pc.x_stride;
     uint y_off = pc.y_off + tok * pc.y_stride;
     uint res_off = pc.res_off + tok * pc.y_stride;
+    const uint lanes = subgroup_lanes();
     for (uint rg = gl_SubgroupID; rg < SUBGROUP_ROWS; rg += gl_NumSubgroups) {
         uint first = (group * SUBGROUP_ROWS + rg) * ROWS;
         if (first >= total) break;
         float acc[ROWS];
         float acc_up[ROWS];
-        accumulate(first, gl_SubgroupInvocationID, gl_SubgroupSize, total, x_off, n_chunks, acc, acc_up);
+        accumulate(first, gl_SubgroupInvocationID, lanes, total, x_off, n_chunks, acc, acc_up);
         [[unroll]] for (uint i = 0u; i < ROWS; i++) {
             float s = subgroupAdd(acc[i]);
 #ifdef EPI_GEGLU

@@ -67,3 +67,17 @@ def test_forward_matches_the_source_model(hf_folder, gguf):
     from_gguf = CpuBackend(_Truncated(gguf), 64).forward(ids, 0, all_logits=True)
     assert np.max(np.abs(from_hf - from_gguf)) < 2e-3
     assert (from_hf.argmax(-1) == from_gguf.argmax(-1)).all()
+
+
+def test_released_pages_read_back_the_same(hf_folder):
+    """release_pages (after a Vulkan upload) per tensor and for every shard: reads fault back in."""
+    hf = open_weights(hf_folder)
+    try:
+        names = ("layers.1.self_attn.q_proj", "embed_tokens")
+        before = {n: hf.raw(n).copy() for n in names}
+        hf.release_pages(names[0])
+        hf.release_pages()
+        for n in names:
+            assert np.array_equal(hf.raw(n), before[n]), n
+    finally:
+        hf.close()

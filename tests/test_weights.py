@@ -179,3 +179,17 @@ def test_cli_reports_one_line_and_exit_2(tmp_path, content):
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("phoenix-chat: error: ") and str(bad) in lines[0]
+
+
+def test_released_pages_read_back_the_same(model_path):
+    """After release_pages (the Vulkan upload's: MADV_DONTNEED + POSIX_FADV_DONTNEED) a read
+    faults the bytes back in from the file, unchanged."""
+    w = open_weights(model_path)
+    try:
+        before = {n: w.raw(n).copy() for n in ("embed_tokens", "layers.0.mlp.down_proj", "norm")}
+        w.release_pages("layers.0.mlp.down_proj")
+        w.release_pages()
+        for n, b in before.items():
+            assert np.array_equal(w.raw(n), b), n
+    finally:
+        w.close()

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from phoenix_chat.app.controllers.chat_controller import ChatController
 from phoenix_chat.app.controllers.defaults_controller import DefaultsController
+from phoenix_chat.app.controllers.diagnostics_controller import DiagnosticsController
 from phoenix_chat.app.controllers.draft_controller import DraftController
 from phoenix_chat.app.controllers.gauges_controller import GaugesController
 from phoenix_chat.app.controllers.model_controller import ModelController
@@ -44,6 +45,7 @@ class AppController(QObject):
         self.drafts = DraftController(self.window, self.worker, self.settings, self.models)
         self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
         self.defaults = DefaultsController(self.window, self.settings)
+        self.diagnostics = DiagnosticsController(self.window)
         self.server = ServerController(self.window, self.worker, self.settings)
         self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
 
@@ -98,5 +100,6 @@ class AppController(QObject):
         self.settings.set("window_geometry", self.window.saveGeometry().toHex().toStdString())
         self.chat._save_partial()
         self.gauges.stop()
+        self.diagnostics.stop()
         self.worker.stop()
         self.store.close()

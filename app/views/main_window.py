@@ -202,6 +202,9 @@ class MainWindow(QMainWindow):
         self.defaults_action = settings_menu.addAction("Defaults for new chats…")
         self.defaults_action.setMenuRole(QAction.MenuRole.PreferencesRole)
 
+        help_menu = mb.addMenu("&Help")
+        self.diagnostics_action = help_menu.addAction("Diagnostics…")  # DiagnosticsController
+
     def set_auto_context(self, tokens: int | None) -> None:
         """Show what "Auto" came to for the loaded model (None: not known yet)."""
         label = AUTO_CONTEXT_LABEL if tokens is None else f"Auto — {tokens:,} tokens (the largest that fits)"

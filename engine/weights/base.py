@@ -10,6 +10,8 @@ already store 1 + w, Hugging Face files store w, and the loaders hide that diffe
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,5 +71,33 @@ class WeightSource:
             counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
         return counts
 
+    def release_pages(self, name: str | None = None) -> None:
+        """Tensor `name` (None: every tensor) is on the device now: drop its file pages from this
+        process and from the page cache (release_file_pages). Reads after this still work: they
+        fault the pages back in from the file."""
+
     def close(self) -> None:
         pass
+
+
+def release_file_pages(m: mmap.mmap, path: Path, start: int = 0, length: int = 0) -> None:
+    """Unmap bytes [start, start + length) of `m` (length 0: to the end) from this process
+    (MADV_DONTNEED: they count in its RSS) and ask the kernel to drop those clean pages of `path`
+    from the page cache (POSIX_FADV_DONTNEED). After a GPU upload they are a second copy of the
+    weights in RAM, which on an integrated GPU is the memory the device copy lives in too. Best
+    effort: a platform without either call keeps them."""
+    end = len(m) if length == 0 else min(len(m), start + length)
+    first = start - start % mmap.PAGESIZE
+    if end <= first:
+        return
+    if hasattr(mmap, "MADV_DONTNEED"):
+        m.madvise(mmap.MADV_DONTNEED, first, end - first)
+    if hasattr(os, "posix_fadvise"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, first, end - first, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -24,7 +24,7 @@ from gguf import quants as gguf_quants
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
-from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, release_file_pages
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -331,6 +331,12 @@ class GGUFFile(WeightSource):
         from phoenix_chat.engine.tokenizer import Tokenizer, gguf_cache_key
 
         return Tokenizer.from_gguf_metadata(self.metadata, gguf_cache_key(self.path))
+
+    def release_pages(self, name: str | None = None) -> None:
+        if name is None:
+            release_file_pages(self._map, self.path)
+        else:
+            release_file_pages(self._map, self.path, self._offsets[name], self.tensors[name].nbytes)
 
     def close(self) -> None:
         self._buf.release()

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QType
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
 from phoenix_chat.engine.vision_config import VisionConfig
-from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, release_file_pages
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.tokenizer import Tokenizer
@@ -64,6 +64,7 @@ class HFFolder(WeightSource):
         self.config = ModelConfig.from_hf_config(self.path / "config.json")
         self.chat_template = _read_chat_template(self.path)
         self._maps: list[mmap.mmap] = []
+        self._shard_paths: list[Path] = []  # beside _maps
         self.tensors: dict[str, TensorInfo] = {}
         self._where: dict[str, tuple[mmap.mmap, int]] = {}
         self.vision_tensors: dict[str, TensorInfo] = {}
@@ -112,6 +113,7 @@ class HFFolder(WeightSource):
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelFileError(shard, f"corrupt safetensors header ({exc})") from None
         self._maps.append(mm)
+        self._shard_paths.append(shard)
         base = 8 + header_len
         for hf_name, entry in header.items():
             if hf_name == "__metadata__":
@@ -188,6 +190,15 @@ class HFFolder(WeightSource):
         from phoenix_chat.engine.tokenizer import Tokenizer
 
         return Tokenizer.from_hf_folder(self.path)
+
+    def release_pages(self, name: str | None = None) -> None:
+        if name is None:
+            for mm, shard in zip(self._maps, self._shard_paths):
+                release_file_pages(mm, shard)
+        elif name in self._where:
+            mm, offset = self._where[name]
+            shard = self._shard_paths[next(i for i, m in enumerate(self._maps) if m is mm)]
+            release_file_pages(mm, shard, offset, self.tensors[name].nbytes)
 
     def close(self) -> None:
         for mm in self._maps:

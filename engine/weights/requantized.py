@@ -50,6 +50,9 @@ class RequantizedWeights(WeightSource):
             )
         return replace(t, qtype=target, nbytes=rows * cols // block * size)
 
+    def release_pages(self, name: str | None = None) -> None:
+        self.source.release_pages(name)
+
     def raw(self, name: str) -> npt.NDArray[np.uint8]:
         """The tensor's blocks in its new type, one row of bytes per matrix row."""
         t = self.tensors[name]

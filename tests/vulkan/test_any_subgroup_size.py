@@ -58,30 +58,6 @@ def matvec_specs(dev):
 N_SPECS = 7
 
 
-def lavapipe_lane_bug(dev) -> bool:
-    """Open finding (issue 23): on lavapipe (Mesa 22.3 / LLVM 15) at 32 and 64 lanes the
-    subgroup-row matvecs, whose lanes stride by gl_SubgroupInvocationID / gl_SubgroupSize, go
-    wrong as soon as lanes >= 16 hold work (Q8_0: rows of 2048 wrong, 1024 right at 32 lanes;
-    everything right at 4, 8, 16), while the cooperative shape (lanes from gl_LocalInvocationID,
-    same loop and subgroupAdd) is right. On real 32-lane hardware (the H100, 2026-11-25) every
-    case of this module passes, the subgroup-row matvecs included, which points at lavapipe for 32
-    lanes; 64 lanes (RADV wave64) is still unchecked on hardware. Here the kernel cases run and
-    xfail (`expect_lane_bug`; one that passes there fails, so a fix on either side shows); the
-    model case is skipped as xfail there (a minute of garbage)."""
-    return dev.caps.subgroup_size > 16 and "llvmpipe" in dev.caps.driver.lower()
-
-
-def expect_lane_bug(dev, check) -> None:
-    if not lavapipe_lane_bug(dev):
-        check()
-        return
-    try:
-        check()
-    except AssertionError:
-        pytest.xfail("subgroup-row matvec at > 16 lanes on lavapipe (lavapipe_lane_bug)")
-    pytest.fail("passes now at > 16 lanes on lavapipe: drop lavapipe_lane_bug for this case")
-
-
 def test_the_spec_count_is_current(vk_device):
     assert len(matvec_specs(vk_device)) == N_SPECS
 
@@ -89,12 +65,7 @@ def test_the_spec_count_is_current(vk_device):
 @pytest.mark.parametrize("si", range(N_SPECS))
 def test_matvec_every_shape(vk_device, si):
     """Each workgroup shape over the 270M's weight types, f32 and int8 activations, GEGLU."""
-    dev = vk_device
-    spec = matvec_specs(dev)[si]
-    if spec.get("SUBGROUP_ROWS"):
-        expect_lane_bug(dev, lambda: check_matvec(dev, spec))
-    else:
-        check_matvec(dev, spec)
+    check_matvec(vk_device, matvec_specs(vk_device)[si])
 
 
 def check_matvec(dev, spec):
@@ -113,12 +84,14 @@ def check_matvec(dev, spec):
 
 
 def test_matvec_epilogues_in_gpu_shapes(vk_device):
-    """The decode fusions (norm tail, QKV + rope) and the multi-column matvec, GPU-shaped."""
+    """The decode fusions (norm tail, QKV + rope) and the multi-column matvec, GPU-shaped;
+    the multi-column one also on rows of 2048 columns (more chunks than lanes)."""
     dev = vk_device
-    spec = subgroup_rows_spec(dev, 2)  # rows of <= 640 columns: right at every size on lavapipe too
+    spec = subgroup_rows_spec(dev, 2)
     test_matvec.test_norm_tail_epilogue(dev, spec, False)
     test_matvec.test_qkv_rope_epilogue_matches_matvec_then_rope(dev, spec, False, Q.Q5_0)
     test_matvec.test_several_vectors_in_one_pass_over_the_weights(dev, Q.Q4_K)
+    test_matvec.test_several_vectors_on_long_rows(dev, Q.Q8_0)
 
 
 @pytest.mark.parametrize("kern", ["tiled", "lanes"])
@@ -219,8 +192,6 @@ def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
     from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-    if lavapipe_lane_bug(vk_device):
-        pytest.xfail("subgroup-row matvec at > 16 lanes on lavapipe (lavapipe_lane_bug)")
     cpu_spec = matvec.default_spec(vk_device)
 
     monkeypatch.setattr(vk_device, "caps", gpu_caps(vk_device))

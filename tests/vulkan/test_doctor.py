@@ -49,3 +49,62 @@ def test_doctor_without_any_vulkan_driver(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
     assert "error" in rep["vulkan"] and "Vulkan" in rep["vulkan"]["error"]
+
+
+def fake_phoenix_tree(root: Path) -> None:
+    """sys/ and dev/ of a Ryzen 7840U laptop: the 780M bound to amdgpu (512 MiB carve-out,
+    15 GiB GTT) and the XDNA NPU on the bus with the amdxdna module loaded, but no NPU firmware
+    installed, so the driver did not bind and there is no /dev/accel node."""
+    pci = root / "sys/bus/pci/devices"
+    drivers = root / "sys/bus/pci/drivers"
+    for addr, cls, ids, driver, files in (
+        ("0000:c4:00.0", "0x030000", ("0x1002", "0x15bf"), "amdgpu", {"mem_info_vram_total": 512 << 20}),
+        ("0000:c4:00.1", "0x118000", ("0x1022", "0x1502"), None, {}),
+        ("0000:00:14.0", "0x0c0330", ("0x1022", "0x15b9"), None, {}),  # a USB controller: not a GPU
+    ):
+        d = pci / addr
+        d.mkdir(parents=True)
+        (d / "class").write_text(cls + "\n")
+        (d / "vendor").write_text(ids[0] + "\n")
+        (d / "device").write_text(ids[1] + "\n")
+        for name, value in {**files, **({"mem_info_gtt_total": 15 << 30} if driver == "amdgpu" else {})}.items():
+            (d / name).write_text(f"{value}\n")
+        if driver:
+            (drivers / driver).mkdir(parents=True, exist_ok=True)
+            os.symlink(f"../../../bus/pci/drivers/{driver}", d / "driver")
+    (root / "sys/module/amdxdna").mkdir(parents=True)
+    (root / "dev").mkdir()
+
+
+def test_doctor_with_no_vulkan_device_no_npu_and_a_fake_phoenix_sysfs(tmp_path):
+    """No Vulkan driver, an NPU short of its firmware, amdgpu and amdxdna in a fake sysfs: the
+    report still comes, names the GPU's driver and memory split, and says what to do first."""
+    root = tmp_path / "root"
+    fake_phoenix_tree(root)
+    icd = tmp_path / "none.json"
+    env = {"VK_ICD_FILENAMES": str(icd), "VK_DRIVER_FILES": str(icd)}
+    proc = _doctor("--json", "--root", str(root), env=env)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert "error" in rep["vulkan"]
+    assert rep["gpus"] == [
+        {
+            "address": "0000:c4:00.0",
+            "id": "1002:15bf",
+            "driver": "amdgpu",
+            "mem_info_vram_total": 512 << 20,
+            "mem_info_gtt_total": 15 << 30,
+        }
+    ]
+    assert "install Mesa's RADV" in rep["hint"] and "mesa-vulkan-drivers" in rep["hint"]
+    npu = rep["npu"]
+    assert npu["available"] is False and "amdxdna is loaded but the NPU at 0000:c4:00.1 is not bound" in npu["status"]
+    failed = {name: msg for name, ok, msg in npu["details"]["checks"] if not ok}
+    assert "amdnpu/" in failed["firmware"] and "linux-firmware" in failed["firmware"]
+    out = tmp_path / "report.md"
+    proc = _doctor("--root", str(root), "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    md = out.read_text()
+    assert "- 0000:c4:00.0 1002:15bf: driver amdgpu; vram_total: 0.50 GiB; gtt_total: 15.00 GiB" in md
+    assert "**what to do:** amdgpu drives the GPU but Vulkan lists no hardware device" in md
+    assert "## NPU" in md and "not available" in md

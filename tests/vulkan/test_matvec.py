@@ -551,3 +551,48 @@ def test_qkv_rope_epilogue_matches_matvec_then_rope(vk_device, spec, int_dot, qk
     np.testing.assert_array_equal(v1, v0)
     for m in mats:
         m.tensor.buffer.destroy()
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+def test_subgroup_rows_in_a_partial_subgroup(vk_device, qtype):
+    """A workgroup of half a subgroup holds one partial subgroup (RADV's wave64 running the
+    32-wide REGS_SPEC; every subgroup of lavapipe at 32 or 64 lanes, which runs at most 16):
+    its lanes must stride over the row by the lanes present, not gl_SubgroupSize, or the chunks
+    of the absent lanes go unread (issue 23: NMSE 0.2-1.1 before). Rows of 2048 columns give
+    every lane several chunks; f32 x and, for Q8_0, int8 x (q8_1 blocks and in registers)."""
+    dev = vk_device
+    half = max(1, dev.caps.subgroup_size // 2)
+    spec = {"WG": half, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 1}
+    rows, cols = 9, 2048
+    raw, ref = make_weights(qtype, rows, cols, seed=60)
+    x = np.random.default_rng(61).standard_normal(cols).astype(np.float32)
+    m = WeightMatrix.upload(dev, raw, qtype, (rows, cols))
+    want = ref @ x.astype(np.float64)
+    assert nmse(run(dev, [m], x, spec=spec), want) < F32_NMSE
+    if qtype == Q.Q8_0 and dev.caps.int_dot:
+        for int_dot in (True, "regs"):
+            assert nmse(run(dev, [m], x, int_dot=int_dot, spec=spec), want) < INT8_NMSE, int_dot
+
+
+def test_several_vectors_on_long_rows(vk_device, qtype=Q.Q8_0):
+    """The multi-column matvec on rows of 2048 columns: more block pairs (and chunks) than a
+    subgroup has lanes, so each lane strides; plain and GEGLU."""
+    dev, cols, n = vk_device, 2048, 3
+    rng = np.random.default_rng(62)
+    (raw, ref), (raw_u, ref_u) = (make_weights(qtype, 40, cols, seed=63 + i) for i in range(2))
+    w, u = (WeightMatrix.upload(dev, r, qtype, (40, cols)) for r in (raw, raw_u))
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    xb, yb = dev.buffer(x.nbytes), dev.buffer(n * 40 * 4)
+    dev.upload(xb, x)
+    cl = dev.commands()
+    record_matvec(cl, dev, [w], xb, yb, x_stride=cols, y_stride=40, columns=n)
+    cl.submit()
+    cl.destroy()
+    assert nmse(dev.download(yb, np.float32, (n, 40)).astype(np.float64), x.astype(np.float64) @ ref.T) < F32_NMSE
+    cl = dev.commands()
+    record_matvec(cl, dev, [w, u], xb, yb, epilogue="geglu", x_stride=cols, y_stride=40, columns=n)
+    cl.submit()
+    cl.destroy()
+    g, up = x.astype(np.float64) @ ref.T, x.astype(np.float64) @ ref_u.T
+    want = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * up
+    assert nmse(dev.download(yb, np.float32, (n, 40)).astype(np.float64), want) < F32_NMSE

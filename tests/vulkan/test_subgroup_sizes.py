@@ -3,6 +3,13 @@ the default, 8): lavapipe takes its subgroup size from LP_NATIVE_VECTOR_WIDTH, r
 Vulkan instance is made, so each size is a pytest of its own in a subprocess. 64 is the
 Radeon 780M's compute default under RADV (wave64), 32 NVIDIA's and RDNA's wave32, 4 the
 narrowest a driver reports. The CPU reference's perplexity is computed once here and handed on.
+
+What lavapipe can and cannot stand in for: above 16 lanes it reports the size asked for
+(subgroupSize and gl_SubgroupSize = width / 32) but runs compute subgroups of at most 16
+invocations (Mesa's lp_state_cs.c caps the SIMD vector at 16: `MIN2(lp_native_vector_width / 32,
+16)`), so a 32-invocation workgroup has gl_NumSubgroups 2 and lane ids 0..15. The 32 and 64 runs
+therefore check the host's shapes for those sizes and kernels under partial subgroups (which
+wave64 meets in a 32-wide workgroup), not 64 lanes executing together.
 """
 
 from __future__ import annotations
@@ -47,9 +54,5 @@ def test_kernels_and_model_at_subgroup_size(vk_device, cpu_ppl, size):
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"subgroup size {size}:\n{tail}"
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)\b", tail)}
-    bad = {k: v for k, v in counts.items() if k in ("failed", "skipped", "xpassed", "error", "errors")}
+    bad = {k: v for k, v in counts.items() if k in ("failed", "skipped", "xfailed", "xpassed", "error", "errors")}
     assert counts.get("passed") and not bad, tail
-    if size > 16:  # tests/vulkan/test_any_subgroup_size.lavapipe_lane_bug: expected there, and only there
-        assert counts.get("xfailed"), tail
-    else:
-        assert not counts.get("xfailed"), tail

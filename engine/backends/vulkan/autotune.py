@@ -184,18 +184,37 @@ def matvec_candidates(caps: Capabilities) -> list[Spec]:
     """The matvec workgroup shapes timed at load, in the device's subgroup size: whole
     workgroups per row group (at least one full subgroup), and subgroups owning rows, 4, 2 or
     1 subgroups per workgroup. At wave64 (RADV's compute default) that is 64..256 lanes; at
-    wave32 32..128. CPU devices: whole rows per invocation, one subgroup per workgroup."""
+    wave32 32..128. Where the device lets a pipeline require the other AMD wave size (RDNA:
+    32 and 64), the subgroup-row shapes again in that size (SUBGROUP_SIZE). CPU devices: whole
+    rows per invocation, one subgroup per workgroup."""
     if caps.is_software:
         return [{"WG": caps.subgroup_size, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}]
     sg = max(8, min(64, caps.subgroup_size))
-    return [
+    out = [
         {"WG": max(32, sg), "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
         {"WG": max(128, 2 * sg), "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 0},
+        *subgroup_row_shapes(sg),
+    ]
+    for wave in other_wave_sizes(caps):
+        out += [{**s, "SUBGROUP_SIZE": wave} for s in subgroup_row_shapes(wave)]
+    return out
+
+
+def subgroup_row_shapes(sg: int) -> list[Spec]:
+    """Subgroups owning rows, 4, 2 or 1 subgroups of `sg` lanes per workgroup."""
+    return [
         {"WG": 4 * sg, "ROWS": 2, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
         {"WG": 4 * sg, "ROWS": 1, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 4},
         {"WG": 2 * sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 2},
         {"WG": sg, "ROWS": 4, "THREAD_ROWS": 0, "SUBGROUP_ROWS": 1},
     ]
+
+
+def other_wave_sizes(caps: Capabilities) -> list[int]:
+    """AMD's two wave sizes (RDNA: 32 and 64) that a pipeline may require
+    (VK_EXT_subgroup_size_control), beside the driver's default: RADV runs compute in wave64
+    unless told otherwise, and which is faster for a matvec shape is for the timing to say."""
+    return [w for w in (32, 64) if w != caps.subgroup_size and w in caps.compute_subgroup_sizes]
 
 
 def autotune_matvecs(graph: Gemma3Graph) -> None:

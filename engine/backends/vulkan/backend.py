@@ -105,6 +105,7 @@ class VulkanBackend(Backend):
         try:
             self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
             self.device_weights = upload_weights(dev, weights, self.plan, progress)
+            weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
             self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
         except BaseException:
             self.close()

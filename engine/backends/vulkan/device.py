@@ -124,7 +124,11 @@ class Capabilities:
     host_visible_heaps: frozenset[int] = frozenset()  # heaps (indices into `heaps`) the host can map
     # (min, max) subgroup sizes a pipeline may ask for (VK_EXT_subgroup_size_control); (0, 0): unknown
     subgroup_size_range: tuple[int, int] = (0, 0)
+    # sizes a compute pipeline may require (SUBGROUP_SIZE in Device.pipeline): the powers of two
+    # in subgroup_size_range where subgroupSizeControl is on and covers compute; () where not
+    compute_subgroup_sizes: tuple[int, ...] = ()
     extensions: frozenset[str] = frozenset()
+    driver_id: int = 0  # VkDriverId (3: RADV, 2: AMDVLK, 1: AMD proprietary; 0: not reported)
 
     @property
     def is_software(self) -> bool:
@@ -141,7 +145,21 @@ class Capabilities:
             flags.append("int8-dot" + ("" if self.int_dot_accelerated else " (emulated)"))
         if self.cooperative_matrix:
             flags.append("coopmat")
-        return f"[{self.index}] {self.name} ({self.device_type}; {', '.join(flags)})"
+        return f"[{self.index}] {self.display_name} ({self.device_type}; {', '.join(flags)})"
+
+    @property
+    def display_name(self) -> str:
+        """The name a user knows ("AMD Radeon 780M (RADV PHOENIX)" for "RADV PHOENIX"): gpu_names."""
+        from phoenix_chat.engine.gpu_names import cpu_model_name, gpu_name
+
+        cpu = cpu_model_name() if self.device_type == "integrated" else None
+        return gpu_name(
+            self.name,
+            self.driver_id,
+            vendor_id=self.vendor_id,
+            integrated=self.device_type == "integrated",
+            cpu_model=cpu,
+        ).display()
 
 
 # ---- instance and probing -----------------------------------------------------------
@@ -191,6 +209,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
     drv = vk.VkPhysicalDeviceDriverProperties(pNext=chain)
     vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=drv))
     sg_range = (int(ssc.minSubgroupSize), int(ssc.maxSubgroupSize)) if ssc is not None else (0, 0)
+    sg_compute = ssc is not None and bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
 
     f11 = vk.VkPhysicalDeviceVulkan11Features()
     f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
@@ -239,6 +258,9 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         subgroup_size=int(sg.subgroupSize),
         subgroup_arithmetic=bool(sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
         subgroup_size_range=sg_range,
+        compute_subgroup_sizes=_required_sizes(sg_range)
+        if sg_compute and f13 is not None and f13.subgroupSizeControl
+        else (),
         fp16=bool(f12.shaderFloat16),
         int8=bool(f12.shaderInt8),
         int16=bool(f2.features.shaderInt16),
@@ -274,7 +296,14 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         uma=uma,
         host_visible_heaps=host_visible_heaps,
         extensions=exts,
+        driver_id=int(drv.driverID),
     )
+
+
+def _required_sizes(sg_range: tuple[int, int]) -> tuple[int, ...]:
+    """The subgroup sizes a pipeline may require: the powers of two from min to max."""
+    lo, hi = sg_range
+    return tuple(1 << k for k in range(7) if lo <= 1 << k <= hi)
 
 
 def _coopmat_f16_16x16(vk: Any, pd: Any) -> bool:
@@ -413,7 +442,11 @@ class Device:
         )
         chain = f12
         if caps.api_version >= (1, 3, 0):
-            chain = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, shaderIntegerDotProduct=caps.int_dot)
+            chain = vk.VkPhysicalDeviceVulkan13Features(
+                pNext=f12,
+                shaderIntegerDotProduct=caps.int_dot,
+                subgroupSizeControl=bool(caps.compute_subgroup_sizes),
+            )
         extensions: list[str] = []
         if coopmat:
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)

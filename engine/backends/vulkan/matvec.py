@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 # int8 activations: False (f32 x), True (q8_1 x from record_quantize), "regs" (f32 x quantized in registers)
 IntDot: TypeAlias = bool | Literal["regs"]
-Spec: TypeAlias = dict[str, int]  # specialization constants by name (Device.pipeline's **spec)
+# specialization constants by name (Device.pipeline's **spec); SUBGROUP_SIZE: a required subgroup size
+Spec: TypeAlias = dict[str, int]
 MAX_GROUPS_X = 65535
 
 

@@ -207,7 +207,7 @@ VARIANTS: dict[str, Variant] = _all_variants()
 class Pipeline:
     """A VkPipeline with its layouts; `push` is the variant's PushLayout."""
 
-    def __init__(self, dev: Device, variant: Variant, spec_values: dict[str, int]):
+    def __init__(self, dev: Device, variant: Variant, spec_values: dict[str, int], subgroup_size: int = 0):
         vk = dev.vk
         self.dev = dev
         self.variant = variant
@@ -215,6 +215,7 @@ class Pipeline:
         self.push = variant.push
         self.n_bindings = variant.bindings
         self.spec_values = spec_values
+        self.subgroup_size = subgroup_size  # required through VK_EXT_subgroup_size_control; 0: the driver's
         missing = [r for r in variant.requires if not getattr(dev.caps, r)]
         if missing:
             raise RuntimeError(f"{variant.name} needs {', '.join(missing)}, which {dev.name} lacks")
@@ -262,8 +263,17 @@ class Pipeline:
             spec_info = vk.VkSpecializationInfo(
                 mapEntryCount=len(entries), pMapEntries=entries, dataSize=len(data), pData=self._spec_data
             )
+        required = (
+            vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(requiredSubgroupSize=subgroup_size)
+            if subgroup_size
+            else None
+        )
         stage = vk.VkPipelineShaderStageCreateInfo(
-            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName="main", pSpecializationInfo=spec_info
+            pNext=required,
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            module=self.module,
+            pName="main",
+            pSpecializationInfo=spec_info,
         )
         self.handle = vk.vkCreateComputePipelines(
             dev.device, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None
@@ -277,7 +287,11 @@ class Pipeline:
         vk.vkDestroyShaderModule(d, self.module, None)
 
     def __repr__(self) -> str:
-        return f"<Pipeline {self.name} {self.spec_values}>"
+        sg = f" subgroup {self.subgroup_size}" if self.subgroup_size else ""
+        return f"<Pipeline {self.name} {self.spec_values}{sg}>"
+
+
+SUBGROUP_SIZE = "SUBGROUP_SIZE"  # a spec key that requires a subgroup size (PipelineCache.get)
 
 
 class PipelineCache:
@@ -286,7 +300,7 @@ class PipelineCache:
     def __init__(self, dev: Device):
         self.dev = dev
         self._variants: dict[str, Variant] = dict(VARIANTS)
-        self._cache: dict[tuple[str, tuple[tuple[str, int], ...]], Pipeline] = {}
+        self._cache: dict[tuple[str, tuple[tuple[str, int], ...], int], Pipeline] = {}
 
     def register(self, variants: Iterable[Variant]) -> None:
         """Add variants that are not product kernels (bench probes); a name may not change meaning."""
@@ -297,18 +311,25 @@ class PipelineCache:
             self._variants[v.name] = v
 
     def get(self, name: str, **spec: int) -> Pipeline:
+        """The pipeline of variant `name` with these specialization constants; SUBGROUP_SIZE, where
+        given and not 0, is no constant but the subgroup size the pipeline requires
+        (VK_EXT_subgroup_size_control: RDNA's wave32 or wave64), one the device allows."""
         try:
             variant = self._variants[name]
         except KeyError:
             raise KeyError(f"no pipeline variant {name!r} in the table") from None
+        sg = int(spec.pop(SUBGROUP_SIZE, 0))
+        if sg and sg not in self.dev.caps.compute_subgroup_sizes:
+            allowed = self.dev.caps.compute_subgroup_sizes or "none (no subgroup size control for compute)"
+            raise ValueError(f"{name}: subgroup size {sg} cannot be required on {self.dev.name}: allowed {allowed}")
         unknown = set(spec) - set(variant.spec)
         if unknown:
             raise KeyError(f"{name}: unknown specialization constants {sorted(unknown)}")
         values = {k: int(spec.get(k, d)) for k, (_cid, d) in variant.spec.items()}
-        key = (name, tuple(sorted(values.items())))
+        key = (name, tuple(sorted(values.items())), sg)
         p = self._cache.get(key)
         if p is None:
-            p = self._cache[key] = Pipeline(self.dev, variant, values)
+            p = self._cache[key] = Pipeline(self.dev, variant, values, sg)
         return p
 
     def destroy(self) -> None:

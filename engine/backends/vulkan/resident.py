@@ -79,7 +79,9 @@ def upload_weights(
     done = 0
 
     def tick(name: str) -> None:
+        """`name` is on the device: its file pages go (one copy of the weights in RAM at a time)."""
         nonlocal done
+        weights.release_pages(name)
         done += 1
         if progress:
             progress(done / total, f"uploading {name}")
