@@ -40,6 +40,23 @@ def test_chat_whole_is_the_engines_greedy_answer(client, server, model):
     assert r.usage.total_tokens == r.usage.prompt_tokens + N
 
 
+def test_a_conversation_with_assistant_turns_goes_through_the_models_template(client, server, model):
+    """system, user, assistant, user: the prompt is the chat template's rendering of all four
+    (the assistant turn as a model turn), and the answer the engine's greedy answer to it."""
+    talk = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another one?"},
+    ]
+    ids = prompt_ids_for(model, talk)
+    turn = model.tokenizer.encode("<start_of_turn>", add_bos=False, parse_special=True)[0]
+    assert ids.count(turn) == 4  # user (with the system text), model, user, and the answer's model turn
+    r = client.chat.completions.create(model=server.state.model_id, messages=talk, max_tokens=N, temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == generate(model, talk, GREEDY, max_tokens=N)
+
+
 def test_chat_stream_gives_the_same_text_and_a_usage_chunk(client, server, model):
     want = generate(model, CHAT, GREEDY, max_tokens=N)
     chunks = list(
