@@ -54,6 +54,9 @@ def _add_serve_args(p):
     p.add_argument(
         "--parallel", type=int, default=1, metavar="N", help="requests the engine runs at once (its scheduler's slots)"
     )
+    p.add_argument(
+        "--max-queue", type=int, default=None, metavar="N", help="requests that may wait for a slot; more get 429"
+    )
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="a web origin allowed to call")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="another name for the Host header")
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,10 +47,11 @@ def running(
     api_key: str | None = None,
     model_alias: str | None = None,
     port: int | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[str]:
     """Start `python -m llama_cpp.server` on 127.0.0.1 and yield its base URL (http://127.0.0.1:PORT,
     the OpenAI API under /v1) once /v1/models answers; stop it afterwards. `model_alias` is the
-    model id it reports (default: the file's path)."""
+    model id it reports (default: the file's path); `extra_args` go to its command line as they are."""
     exe = python()
     if exe is None:
         raise FileNotFoundError(f"llama-cpp-python's server is not built: run `make peer-server` (looked in {VENV})")
@@ -61,6 +62,7 @@ def running(
         cmd += ["--api_key", api_key]
     if model_alias:
         cmd += ["--model_alias", model_alias]
+    cmd += list(extra_args)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -74,8 +74,8 @@ def parse_chat(body: Mapping[str, Any]) -> Generation:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("only response_format {'type': 'text'} is supported", param="response_format")
-    limit = _first_present(body, "max_completion_tokens", "max_tokens")
-    return _common(body, "chat", chat, limit)
+    limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return _common(body, "chat", chat, body.get(limit_field), limit_field)
 
 
 def parse_completion(body: Mapping[str, Any]) -> Generation:
@@ -102,10 +102,11 @@ def parse_completion(body: Mapping[str, Any]) -> Generation:
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_request("`best_of` must be 1", param="best_of")
-    return _common(body, "text", parsed, body.get("max_tokens"))
+    return _common(body, "text", parsed, body.get("max_tokens"), "max_tokens")
 
 
-def _common(body: Mapping[str, Any], kind: Kind, prompt: Prompt, max_tokens: Any) -> Generation:
+def _common(body: Mapping[str, Any], kind: Kind, prompt: Prompt, max_tokens: Any, limit_field: str) -> Generation:
+    """What both endpoints share; `limit_field` is the field `max_tokens` came in (named in a refusal)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("`model` must be a string", param="model")
@@ -117,9 +118,9 @@ def _common(body: Mapping[str, Any], kind: Kind, prompt: Prompt, max_tokens: Any
     if options is not None and not isinstance(options, dict):
         raise bad_request("`stream_options` must be an object", param="stream_options")
     include_usage = _bool((options or {}).get("include_usage"), "stream_options.include_usage", False)
-    limit = None if max_tokens is None else _int(max_tokens, "max_tokens")
+    limit = None if max_tokens is None else _int(max_tokens, limit_field)
     if limit is not None and limit < 1:
-        raise bad_request("`max_tokens` must be at least 1", param="max_tokens")
+        raise bad_request(f"`{limit_field}` must be at least 1", param=limit_field)
     return Generation(
         kind=kind,
         prompt=prompt,
@@ -197,13 +198,6 @@ def _stop(stop: Any) -> tuple[str, ...]:
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"`stop` takes at most {MAX_STOP_STRINGS} strings", param="stop")
     return tuple(s for s in stop if s)
-
-
-def _first_present(body: Mapping[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if body.get(key) is not None:
-            return body[key]
-    return None
 
 
 def _bool(v: Any, param: str, default: bool) -> bool:

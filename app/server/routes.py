@@ -44,6 +44,8 @@ async def health(request: HTTPRequest) -> Response:
             "slots": int(getattr(sched.model.backend, "n_slots", 1)),
             "active": sched.active,
             "waiting": sched.waiting,
+            "max_queue": sched.max_queue,  # waiting past this is refused with 429
+            "max_batch": sched.max_batch,  # the most requests one decode step has advanced
             **s.counters.as_dict(),
         }
     )

@@ -33,15 +33,26 @@ def slots_kwargs(parallel: int) -> dict[str, int]:
     return {"slots": parallel}
 
 
+def queue_kwargs(max_queue: int | None) -> dict[str, int]:
+    """`max_queue=` for the Scheduler: --max-queue N requests may wait for a slot, the next gets
+    429 with Retry-After (left out: the scheduler's default)."""
+    if max_queue is None:
+        return {}
+    if max_queue < 0:
+        raise PhoenixError("--max-queue must be 0 or more")
+    return {"max_queue": max_queue}
+
+
 def serve(args: Any, load_fn: Callable[..., Any]) -> int:
     from phoenix_chat.engine.scheduler import Scheduler
 
     config = config_from_args(args)
     config.check()
+    queue = queue_kwargs(args.max_queue)
     if config.port:
         bind_socket(config.host, config.port).close()  # a port in use fails now, not after the load
     model = load_fn(args, **slots_kwargs(args.parallel))
-    scheduler = Scheduler(model)
+    scheduler = Scheduler(model, **queue)
     try:
         running = start_server(scheduler, config, access_log=bool(args.verbose))
     except BaseException:

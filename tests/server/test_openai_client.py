@@ -3,7 +3,12 @@ engine's own greedy answer in OpenAI's shapes (role chunk, finish chunk, usage c
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from phoenix_chat.engine.generate import generate, prompt_ids_for
+from phoenix_chat.engine.sampling import SamplingParams
 
 from .conftest import CONTEXT, GREEDY, raw
 
@@ -35,6 +40,23 @@ def test_chat_whole_is_the_engines_greedy_answer(client, server, model):
     assert r.usage.total_tokens == r.usage.prompt_tokens + N
 
 
+def test_a_conversation_with_assistant_turns_goes_through_the_models_template(client, server, model):
+    """system, user, assistant, user: the prompt is the chat template's rendering of all four
+    (the assistant turn as a model turn), and the answer the engine's greedy answer to it."""
+    talk = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another one?"},
+    ]
+    ids = prompt_ids_for(model, talk)
+    turn = model.tokenizer.encode("<start_of_turn>", add_bos=False, parse_special=True)[0]
+    assert ids.count(turn) == 4  # user (with the system text), model, user, and the answer's model turn
+    r = client.chat.completions.create(model=server.state.model_id, messages=talk, max_tokens=N, temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == generate(model, talk, GREEDY, max_tokens=N)
+
+
 def test_chat_stream_gives_the_same_text_and_a_usage_chunk(client, server, model):
     want = generate(model, CHAT, GREEDY, max_tokens=N)
     chunks = list(
@@ -57,17 +79,32 @@ def test_chat_stream_gives_the_same_text_and_a_usage_chunk(client, server, model
     assert len({c.id for c in chunks}) == 1
 
 
-def test_stream_ends_with_done_and_no_usage_unless_asked(server):
-    status, headers, body = raw(
-        server,
-        "POST",
-        "/v1/chat/completions",
-        {"messages": CHAT, "max_tokens": 2, "temperature": 0, "stream": True},
-    )
+def _events(server, path: str, body: dict) -> list[str]:
+    status, headers, out = raw(server, "POST", path, body)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = [line[len("data: ") :] for line in body.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    return [line[len("data: ") :] for line in out.decode().splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize(
+    "path, prompt", [("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "Hi"})]
+)
+def test_stream_ends_with_done_and_no_usage_unless_asked(server, path, prompt):
+    events = _events(server, path, {**prompt, "max_tokens": 2, "temperature": 0, "stream": True})
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     assert all('"usage"' not in e for e in events[:-1])
+
+
+@pytest.mark.parametrize(
+    "path, prompt", [("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "Hi"})]
+)
+def test_include_usage_adds_a_last_usage_chunk_before_done(server, path, prompt):
+    body = {**prompt, "max_tokens": 2, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    events = _events(server, path, body)
+    assert events[-1] == "[DONE]"
+    *chunks, usage = [json.loads(e) for e in events[:-1]]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 2
+    assert chunks and all(c["usage"] is None for c in chunks)  # OpenAI's shape: null until the last
 
 
 def test_completion_whole_and_streamed_continue_the_raw_prompt(client, server, model):
@@ -118,3 +155,24 @@ def test_seed_makes_sampling_repeatable(client, server):
     a = client.completions.create(**ask, seed=7)
     b = client.completions.create(**ask, seed=7)
     assert a.choices[0].text == b.choices[0].text
+
+
+def test_max_completion_tokens_limits_the_answer_and_wins_over_max_tokens(client, server):
+    r = client.chat.completions.create(
+        model=server.state.model_id, messages=CHAT, max_tokens=N, max_completion_tokens=2, temperature=0
+    )
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("field, value, penalty", [("presence_penalty", 2.0, 2.0), ("frequency_penalty", 1.0, 1.5)])
+def test_openai_penalties_reach_the_engine_as_its_repeat_penalty(client, server, model, field, value, penalty):
+    """The documented mapping (1 + max(presence, frequency) / 2) at work: the answer is the engine's
+    greedy answer with that repeat penalty, and not the one without."""
+    prompt = "Write a few sentences about the sea."
+    want = generate(model, prompt, SamplingParams(temperature=0, repetition_penalty=penalty), max_tokens=8, raw=True)
+    plain = generate(model, prompt, GREEDY, max_tokens=8, raw=True)
+    assert want != plain  # the penalty changes this answer: the test can see whether it arrived
+    r = client.completions.create(
+        model=server.state.model_id, prompt=prompt, max_tokens=8, temperature=0, **{field: value}
+    )
+    assert r.choices[0].text == want

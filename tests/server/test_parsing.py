@@ -96,3 +96,11 @@ def test_chat_features_we_cannot_honour_are_refused_not_dropped(extra, param):
     with pytest.raises(APIError) as exc:
         parse_chat({"messages": HELLO, **extra})
     assert exc.value.param == param
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [0, 2.5, "10"])
+def test_a_bad_token_limit_names_the_field_it_came_in(field, value):
+    with pytest.raises(APIError) as exc:
+        parse_chat({"messages": HELLO, field: value})
+    assert exc.value.status == 400 and exc.value.param == field

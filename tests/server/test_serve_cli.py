@@ -1,7 +1,8 @@
 """`phoenix-chat serve` in a subprocess, each flag checked for its effect on the running server:
 --model (the id it lists), --backend and --ctx (what /health reports, and a prompt past the
 context refused), --host/--port (where it listens), --api-key (required), --cors-origin,
---allow-host, --parallel; an unsafe bind refused before the model loads; SIGTERM stops it."""
+--allow-host, --parallel, --max-queue, -v (the access log, which never shows a key); an unsafe
+bind refused before the model loads; SIGTERM stops it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from phoenix_chat.app.server.config import DEFAULT_PORT
 from .conftest import KEY
 
 WELL_KNOWN_PORTS = {1234, 1337, 4891, 11434, 8080, 8000, 30000}
+WRONG_KEY = "wrong-key-5f3a9c1e"
 
 
 def _free_port() -> int:
@@ -27,9 +29,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(*args: str) -> subprocess.Popen:
+def _serve(*args: str, verbose: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "phoenix_chat.app.cli", "serve", *args],
+        [sys.executable, "-m", "phoenix_chat.app.cli", *(["-v"] if verbose else []), "serve", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -80,6 +82,7 @@ def test_every_flag_takes_effect_on_the_running_server(tmp_path, model_path):
     proc = _serve(
         "--model", str(named), "--backend", "cpu", "--ctx", "64", "--host", "127.0.0.1", "--port", str(port),
         "--api-key", KEY, "--cors-origin", origin, "--allow-host", "phoenix.lan", "--parallel", "1",
+        "--max-queue", "5", verbose=True,
     )  # fmt: skip
     try:
         _wait_listening(proc, port)  # --port
@@ -87,7 +90,9 @@ def test_every_flag_takes_effect_on_the_running_server(tmp_path, model_path):
         status, _, body = _get(port, "/health")
         health = json.loads(body)
         assert health["backend"] == "cpu" and health["context_length"] == 64 and health["slots"] == 1
+        assert health["max_queue"] == 5  # --max-queue
         assert _get(port, "/v1/models")[0] == 401  # --api-key
+        assert _get(port, "/v1/models", {"Authorization": f"Bearer {WRONG_KEY}"})[0] == 401
         status, _, body = _get(port, "/v1/models", auth)
         assert status == 200 and json.loads(body)["data"][0]["id"] == "my-gemma"  # --model
         over = {"model": "my-gemma", "prompt": "word " * 80, "max_tokens": 1}
@@ -103,7 +108,10 @@ def test_every_flag_takes_effect_on_the_running_server(tmp_path, model_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and "server stopped" in err
-        assert f"127.0.0.1:{port}/v1" in err and KEY not in err  # the URL is shown, the key never
+        assert f"127.0.0.1:{port}/v1" in err  # the URL is shown
+        logged = out + err
+        assert '"GET /v1/models HTTP/1.1" 401' in logged  # -v: the access log is on (stdout) …
+        assert KEY not in logged and WRONG_KEY not in logged  # … and shows neither the key nor a wrong one
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -116,6 +124,12 @@ def test_a_non_loopback_host_without_a_key_exits_2_before_loading():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "set an API key" in err and "Traceback" not in err
     assert time.monotonic() - started < 30
+
+
+def test_a_negative_max_queue_exits_2_before_loading():
+    proc = _serve("--model", "/nonexistent/model.gguf", "--port", str(_free_port()), "--max-queue", "-1")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--max-queue must be 0 or more" in err and "Traceback" not in err
 
 
 def test_a_port_in_use_exits_2_with_the_reason_before_loading():
