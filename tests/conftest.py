@@ -85,5 +85,9 @@ def llama_cpp_server(model_path):
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    with peer.running(model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID) as url:
+    # --chat_format gemma: the embedded GGUF carries no chat template, and without one llama-cpp-python
+    # renders Llama 2's (every chat answer empty); interrupt_requests off: by default a new request cuts
+    # off the stream in progress.
+    extra = ["--chat_format", "gemma", "--interrupt_requests", "False"]
+    with peer.running(model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID, extra_args=extra) as url:
         yield url

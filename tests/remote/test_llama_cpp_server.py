@@ -1,8 +1,9 @@
 """The remote engine against llama.cpp's own OpenAI-compatible server (llama-cpp-python[server],
 the same embedded GGUF, CPU): a real third-party server. Greedy text equals our engine's for
 the same prompt (only because the engine sends repeat_penalty 1.0: llama.cpp's default 1.1
-changes the 5th token); Stop; the same request twice; the chat endpoint; `run --remote`; a model
-name llama.cpp would silently answer with its own model is refused at connect."""
+changes the 5th token); Stop; the same request twice; the chat endpoint (greedy text equal to
+ours too); `run --remote`; a model name llama.cpp would silently answer with its own model is
+refused at connect."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import pytest
 
 from phoenix_chat.engine.generate import stream_generate
 from phoenix_chat.engine.remote.engine import RemoteEngine, RemoteError, RemoteTarget
+from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 from tests.conftest import LLAMA_CPP_MODEL_ID
 
 from .conftest import GREEDY, cli
 
 PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Write one sentence about the ocean."}]  # the 270M answers with text
 SAMPLED = SamplingParams(temperature=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, seed=11)
 
 
@@ -68,11 +71,13 @@ def test_regenerate_gives_the_same_text(engine):
         assert first and first == second
 
 
-def test_the_chat_endpoint(engine):
-    """The chat path end to end (template applied by llama.cpp). This base model, through
-    llama-cpp-python's rendering (a second <bos>), ends its turn at once: an empty, whole answer."""
-    text, final = answer(engine.stream_chat([{"role": "user", "content": "Hello"}], GREEDY, 8))
-    assert final.finish_reason == "stop" and final.error is None and text == ""
+def test_the_chat_endpoint_equals_our_engines(engine, scheduler):
+    """The chat path end to end: llama.cpp applies Gemma's template (the fixture's `--chat_format
+    gemma`) and its greedy answer is the one our engine gives through its own template."""
+    text, final = answer(engine.stream_chat(CHAT, GREEDY, 8))
+    ours_chat = "".join(d.text for d in scheduler.submit(Request(CHAT, GREEDY, 8, raw=False)))
+    assert text.strip() and text == ours_chat
+    assert final.finish_reason in ("stop", "length") and final.error is None
 
 
 def test_stop_mid_answer(engine):
