@@ -1,5 +1,5 @@
 """The OpenAI-compatible server on the Vulkan backend (lavapipe in CI): the openai client's
-streamed and whole chat answers are the engine's greedy answer on that device."""
+streamed and whole chat answers and raw completions are the engine's greedy answer on that device."""
 
 from __future__ import annotations
 
@@ -41,3 +41,16 @@ def test_openai_client_on_vulkan_gets_the_greedy_answer(vk_served):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     status, _, body = raw(running, "GET", "/health")
     assert status == 200 and json.loads(body)["backend"] == model.backend.name != "cpu"
+
+
+def test_openai_completions_on_vulkan_continue_the_raw_prompt(vk_served):
+    """/v1/completions (no template): whole and streamed equal the engine's raw greedy continuation."""
+    model, running = vk_served
+    prompt = "The capital of France is"
+    want = generate(model, prompt, SamplingParams(temperature=0), max_tokens=N, raw=True)
+    client = openai.OpenAI(base_url=running.url + "/v1", api_key="local", max_retries=0, timeout=300)
+    mid = running.state.model_id
+    whole = client.completions.create(model=mid, prompt=prompt, max_tokens=N, temperature=0)
+    assert want.strip() and whole.choices[0].text == want and whole.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model=mid, prompt=prompt, max_tokens=N, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
