@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.weights.base import WeightSource
 
+T = TypeVar("T")
 SECONDS = 10.0  # the budget of one device's measurement (the model's load and tuning not counted)
 CONTEXT = 1024  # the loaded context: a 512-token prompt and decode runs of up to 128 tokens
 MAX_PROMPT = 512  # bench's default prompt
@@ -52,7 +54,7 @@ class Budget:
         return self.seconds * share - self.spent()
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
@@ -79,7 +81,7 @@ def measure_prefill(be: Backend, cfg: ModelConfig, budget: Budget, gpu: bool) ->
         n = min(MAX_PROMPT, 4 * n)
         prompt = bench.bench_prompt(cfg, n)
         be.forward(prompt, 0)  # records this length's command lists
-        t, logits = _timed(lambda prompt=prompt: be.forward(prompt, 0))
+        t, logits = _timed(partial(be.forward, prompt, 0))
     prompt = bench.bench_prompt(cfg, n)
     if gpu:  # clocks up, then the best of the runs that fit
         ramp = time.perf_counter()
@@ -120,7 +122,7 @@ def measure_decode(be: Backend, first: int, pos: int, budget: Budget, gpu: bool)
     tokens, seconds, rate = 0, 0.0, n_cold / cold
     while True:
         want = int(rate * budget.left() * 0.9) // step * step
-        t, n = _timed(lambda want=want: run(max(step, min(DECODE_RUN, want))))
+        t, n = _timed(partial(run, max(step, min(DECODE_RUN, want))))
         tokens, seconds = tokens + n, seconds + t
         rate = tokens / seconds
         if budget.left() < step / rate:
