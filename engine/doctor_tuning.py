@@ -109,6 +109,10 @@ def _num(kv: tuple[Any, Any]) -> int:
     return int(kv[0])
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
+
+
 def measurement_line(m: dict[str, Any]) -> str:
     """One Markdown bullet for a device's measurement (or its failure, with what came before)."""
     if "error" in m or "skipped" in m:
@@ -128,7 +132,7 @@ def measurement_line(m: dict[str, Any]) -> str:
     cut = "; cut short by the budget (slow device)" if m["cut_short"] else ""
     return (
         f"- measurement ({m['spent_s']:.1f} s of a {m['budget_s']:g} s budget{cut}): "
-        f"copy {m['copy_gb_s']:.1f} GB/s; prefill {p['tok_s']:.1f} tok/s ({p['tokens']} tokens{cold(p)}); "
-        f"decode {d['tok_s']:.1f} tok/s ({d['tokens']} tokens in {d['seconds']:.2f} s{cold(d)}) = "
+        f"copy {m['copy_gb_s']:.1f} GB/s; prefill {p['tok_s']:.1f} tok/s ({_tokens(p['tokens'])}{cold(p)}); "
+        f"decode {d['tok_s']:.1f} tok/s ({_tokens(d['tokens'])} in {d['seconds']:.2f} s{cold(d)}) = "
         f"{m['decode_gb_s']:.1f} GB/s of weights, {m['decode_pct_of_copy']:.0f}% of the copy roofline"
     )
