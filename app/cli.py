@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
     p.add_argument("--out", help="also write the report to this file")
+    p.add_argument("--json-out", help="also write the report as JSON to this file (one run, both forms)")
     p.add_argument(
         "--no-self-test",
         action="store_true",
@@ -434,6 +435,9 @@ def cmd_doctor(args) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(rep, indent=1, default=str) + "\n")
     return 0
 
 

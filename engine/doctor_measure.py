@@ -12,8 +12,10 @@ measurement with one line and keeps what was measured before it (`partial`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -60,12 +62,22 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
-def host_copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 3) -> float:
-    """GB/s of a numpy copy in RAM (one thread), bytes read plus bytes written (best of N):
-    the CPU's counterpart of bench.copy_bandwidth."""
+def host_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 3, threads: int | None = None) -> float:
+    """GB/s of a numpy copy in RAM by every core at once (each thread a slice; numpy lets go of
+    the GIL while it copies), bytes read plus bytes written, best of N: the CPU's counterpart of
+    bench.copy_bandwidth, and its roofline (the reference's BLAS reads weights on every core)."""
+    n = threads or os.cpu_count() or 1
     a = np.ones(nbytes // 4, np.float32)
     b = np.empty_like(a)
-    best = min(_timed(lambda: np.copyto(b, a))[0] for _ in range(repeats))
+    cuts = np.linspace(0, a.size, n + 1).astype(int)
+    slices = [(b[lo:hi], a[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    with ThreadPoolExecutor(n) as pool:
+
+        def copy() -> None:
+            list(pool.map(lambda ba: np.copyto(*ba), slices))
+
+        copy()  # first touch of b's pages
+        best = min(_timed(copy)[0] for _ in range(repeats))
     return 2 * a.nbytes / best / 1e9
 
 

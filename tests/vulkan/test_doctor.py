@@ -67,11 +67,15 @@ def test_doctor_json_on_this_machine(vk_device, model_path):
 
 
 def test_doctor_markdown_to_a_file(vk_device, tmp_path):
-    out = tmp_path / "report.md"
-    proc = _doctor("--out", str(out), "--no-self-test")
+    out, js = tmp_path / "report.md", tmp_path / "report.json"
+    proc = _doctor("--out", str(out), "--no-self-test", "--json-out", str(js))
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert text == proc.stdout
+    rep = json.loads(js.read_text())  # the same run as JSON
+    assert f"### [{rep['vulkan'][0]['index']}] {rep['vulkan'][0]['name']}" in text and rep["cpu"]["measurement"] == {
+        "skipped": "not run (--no-self-test: no model was loaded)"
+    }
     assert f"subgroup size {vk_device.caps.subgroup_size}" in text and "## NPU" in text and "- self-test:" not in text
     assert "- autotuner and measurement: not run (--no-self-test: no model was loaded)" in text
     assert "## CPU (numpy reference)\n- measurement: not run (--no-self-test" in text
