@@ -114,10 +114,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="what compute is available")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("doctor", help="what to paste into a bug report: system, GPUs, kernel paths, NPU, a self-test")
+    p = sub.add_parser(
+        "doctor",
+        help="what to paste into a bug report: system, GPUs, kernel paths, autotuner picks, "
+        "a short measurement per device, NPU",
+    )
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
     p.add_argument("--out", help="also write the report to this file")
-    p.add_argument("--no-self-test", action="store_true", help="skip running kernels on each device")
+    p.add_argument("--json-out", help="also write the report as JSON to this file (one run, both forms)")
+    p.add_argument(
+        "--no-self-test",
+        action="store_true",
+        help="skip running kernels and the model on each device (no self-test, tuning or measurement)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=10.0,
+        help="the measurement's budget per device (copy bandwidth, prefill, decode; default 10)",
+    )
+    p.add_argument("--model", help="a GGUF to tune and measure on each device instead of the embedded model")
     p.add_argument("--root", default="/", help="read sys/, dev/ and lib/firmware/ under this folder (a copied tree)")
 
     p = sub.add_parser("export", help="print every saved conversation")
@@ -416,12 +432,15 @@ def cmd_devices(args) -> int:
 def cmd_doctor(args) -> int:
     from phoenix_chat.engine import doctor
 
-    rep = doctor.report(self_test=not args.no_self_test, root=args.root)
+    rep = doctor.report(self_test=not args.no_self_test, root=args.root, seconds=args.seconds, model=args.model)
     text = json.dumps(rep, indent=1, default=str) + "\n" if args.json else doctor.markdown(rep)
     sys.stdout.write(text)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(rep, indent=1, default=str) + "\n")
     return 0
 
 

@@ -3,8 +3,10 @@
 The machine (OS, kernel, CPU, RAM, Python, our version), each Vulkan device (driver, API,
 subgroup size and the range a pipeline may ask for, memory heaps, the features the kernels use
 or go without), which kernel paths the engine picks there, a short self-test (a quantized
-matvec and a prefill GEMM on the device against numpy), and the NPU chain's state. Every probe
-is wrapped: a missing piece is a line in the report, never a crash.
+matvec and a prefill GEMM on the device against numpy), the autotuner's picks and timings when
+the embedded model loads there, a ~10 s measurement on each device and the CPU
+(doctor_measure.py: copy bandwidth, prefill, decode, % of roofline), and the NPU chain's state.
+Every probe is wrapped: a missing piece is a line in the report, never a crash.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+
+from phoenix_chat.engine.doctor_tuning import measurement_line
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
@@ -48,7 +52,22 @@ def system_section() -> dict[str, Any]:
     }
 
 
-def vulkan_section(self_test: bool = True) -> list[dict[str, Any]] | dict[str, Any]:
+NOT_RUN = {"skipped": "not run (--no-self-test: no model was loaded)"}
+
+
+def _one_line(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """fn's dict, or {"error": one line} where it raised."""
+    from phoenix_chat.engine.doctor_measure import one_line
+
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": one_line(exc)}
+
+
+def vulkan_section(
+    self_test: bool = True, seconds: float | None = None, model: str | Path | None = None
+) -> list[dict[str, Any]] | dict[str, Any]:
     from phoenix_chat.engine.backends.vulkan.device import list_devices
     from phoenix_chat.engine.errors import DeviceUnavailableError
 
@@ -56,10 +75,12 @@ def vulkan_section(self_test: bool = True) -> list[dict[str, Any]] | dict[str, A
         found = list_devices()
     except DeviceUnavailableError as exc:
         return {"error": str(exc)}
-    return [_device_report(caps, self_test) for caps in found]
+    return [_device_report(caps, self_test, seconds, model) for caps in found]
 
 
-def _device_report(caps: Any, self_test: bool) -> dict[str, Any]:
+def _device_report(
+    caps: Any, self_test: bool, seconds: float | None = None, model: str | Path | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": caps.index,
         "name": caps.display_name,
@@ -97,6 +118,16 @@ def _device_report(caps: Any, self_test: bool) -> dict[str, Any]:
     out["kernels"] = _guarded(lambda: _kernel_paths(caps))
     if self_test:
         out["self_test"] = _guarded(lambda: _self_test(caps.index))
+    if self_test and seconds is not None:
+        from phoenix_chat.engine import doctor_measure
+
+        loaded = _one_line(lambda: doctor_measure.vulkan_device(caps.index, seconds, model))
+        failed = {"error": loaded["error"]} if "error" in loaded else None
+        out["load_s"] = loaded.get("load_s")
+        out["tuning"] = failed or loaded["tuning"]
+        out["measurement"] = failed or loaded["measurement"]
+    else:
+        out["tuning"] = out["measurement"] = NOT_RUN
     return out
 
 
@@ -238,13 +269,35 @@ def vulkan_hint(gpus: Any, vulkan: Any) -> str | None:
     )
 
 
-def report(self_test: bool = True, root: str | Path = "/") -> dict[str, Any]:
-    """The whole report. `root`: where /sys, /dev and /lib/firmware are (a copied tree; tests)."""
+def cpu_section(self_test: bool, seconds: float | None, model: str | Path | None) -> dict[str, Any]:
+    """The model on the numpy reference, measured like each Vulkan device."""
+    from phoenix_chat.engine import doctor_measure
+
+    if not self_test or seconds is None:
+        return {"measurement": NOT_RUN}
+    got = _one_line(lambda: doctor_measure.cpu(seconds, model))
+    return got if "error" not in got else {"measurement": got}
+
+
+def report(
+    self_test: bool = True,
+    root: str | Path = "/",
+    seconds: float | None = 10.0,
+    model: str | Path | None = None,
+) -> dict[str, Any]:
+    """The whole report. `root`: where /sys, /dev and /lib/firmware are (a copied tree; tests).
+    `seconds`: each device's measurement budget (doctor_measure.SECONDS); None: no model
+    loaded, nothing tuned or measured; `model`: a GGUF to measure instead of the embedded model."""
+    from phoenix_chat.engine import doctor_measure
+
     root = Path(root)
+    measuring = self_test and seconds is not None
     rep = {
         "system": _guarded(system_section),
         "gpus": _guarded(lambda: gpu_pci_section(root)),
-        "vulkan": _guarded(lambda: vulkan_section(self_test)),
+        "model": _one_line(lambda: doctor_measure.model_section(model)) if measuring else NOT_RUN,
+        "vulkan": _guarded(lambda: vulkan_section(self_test, seconds, model)),
+        "cpu": _guarded(lambda: cpu_section(self_test, seconds, model)),
         "npu": _guarded(lambda: npu_section(root)),
     }
     rep["hint"] = _guarded(lambda: vulkan_hint(rep["gpus"], rep["vulkan"]))
@@ -266,6 +319,17 @@ def _sizes(sizes: list[int] | None) -> str:
     return ", ".join(map(str, sizes)) if sizes else "none (no subgroup size control)"
 
 
+def _tuned_and_measured(d: dict[str, Any]) -> list[str]:
+    """A device's autotuner picks and measurement lines (each a line of its own where it failed)."""
+    from phoenix_chat.engine.doctor_tuning import tuning_lines
+
+    tuning, measured = d.get("tuning") or NOT_RUN, d.get("measurement") or NOT_RUN
+    if tuning == measured and ("error" in tuning or "skipped" in tuning):  # the load failed or was not asked
+        return [f"- autotuner and measurement: {tuning.get('error') or tuning.get('skipped')}"]
+    load = [f"- model loaded (and tuned) in {d['load_s']:.1f} s"] if d.get("load_s") is not None else []
+    return load + tuning_lines(tuning) + [measurement_line(measured)]
+
+
 def markdown(rep: dict[str, Any]) -> str:
     """The report as Markdown, for pasting into an issue."""
     lines = ["# phoenix-chat doctor", "", "## System"]
@@ -281,6 +345,12 @@ def markdown(rep: dict[str, Any]) -> str:
         lines.append(f"- {g['address']} {g['id']}: driver {g['driver'] or 'none'}" + (f"; {mem}" if mem else ""))
     if not gpus:
         lines.append("- none found (no display controller under /sys/bus/pci/devices)")
+    lines += ["", "## Model measured"]
+    model = rep.get("model") or {}
+    if "path" in model:
+        lines.append(f"- {model['path']} ({model['file_bytes'] / 1e6:.0f} MB): loaded on each device below")
+    else:
+        lines.append(f"- {model.get('error') or model.get('skipped')}")
     lines += ["", "## Vulkan"]
     if rep.get("hint"):
         lines.append(f"- **what to do:** {rep['hint']}")
@@ -305,7 +375,13 @@ def markdown(rep: dict[str, Any]) -> str:
             lines.append(f"- kernels: {d['kernels']}")
             if "self_test" in d:
                 lines.append(f"- self-test: {d['self_test']}")
+            lines += _tuned_and_measured(d)
             lines.append("")
+    lines += ["## CPU (numpy reference)"]
+    cpu = rep.get("cpu") or {}
+    if "name" in cpu:
+        lines.append(f"- {cpu['name']}; model loaded in {cpu['load_s']:.1f} s")
+    lines += [measurement_line(cpu.get("measurement") or cpu), ""]
     npu = rep["npu"]
     lines += ["## NPU", f"- {npu.get('name')}: {'available' if npu.get('available') else 'not available'}"]
     lines.append(f"- status: {npu.get('status', npu.get('error'))}")
