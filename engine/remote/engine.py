@@ -6,14 +6,16 @@ The openai client does the protocol (requests, SSE, error types); it is built wi
 `stream_chat` / `stream_completion` never raise: every fault, before the first byte or after,
 is their final delta (finish "error", or "cut" when text had come) with a one-line `error`.
 `models()`, `check()` and `resolved_model()` raise RemoteError. `cancel` is polled between
-chunks, during retry waits and by a watcher thread while the stream waits for bytes (so it must
-be callable from another thread: an Event's is_set is); it is not seen while the client waits
-for the response's headers (servers send those at once for a stream; else the timeout ends it).
+chunks, during retry waits, while the request waits for the response's headers (the request is
+sent from a thread of its own; a Stop there ends the answer at once and that thread closes the
+response when it comes, which the server sees as a disconnect) and by a watcher thread while the
+stream waits for bytes (so it must be callable from another thread: an Event's is_set is).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -37,6 +39,10 @@ NO_KEY = "no-key"  # sent when the target has none: the client insists on one (a
 
 def _never() -> bool:
     return False
+
+
+class _StoppedBeforeHeaders(Exception):
+    """Stop came while the request still waited for the server's response headers."""
 
 
 class RemoteEngine:
@@ -163,7 +169,10 @@ class RemoteEngine:
                 return None
             sent = fields.request_fields(params, max_tokens, stop, self.unsupported_fields)
             try:
-                return self._create(kind, model, payload, sent)
+                return self._create_until_cancelled(kind, model, payload, sent, cancel)
+            except _StoppedBeforeHeaders:
+                yield RemoteDelta(finish_reason="cancelled", usage=clock.usage(None))
+                return None
             except openai.APIStatusError as exc:
                 refused = fields.refused_fields(exc, sent)
                 if refused:
@@ -195,6 +204,36 @@ class RemoteEngine:
             except Exception as exc:
                 yield RemoteDelta(finish_reason="error", error=str(self._describe(exc, model)), usage=clock.usage(None))
                 return None
+
+    def _create_until_cancelled(
+        self, kind: Kind, model: str, payload: dict[str, Any], sent: dict[str, Any], cancel: Callable[[], bool]
+    ) -> Any:
+        """`_create` on a thread of its own, so that Stop is seen while the server has not answered
+        yet (a long queue, a slow prefill before the first header): _StoppedBeforeHeaders then,
+        and the thread closes the stream once it comes (the server sees the disconnect)."""
+        outcome: dict[str, Any] = {}
+        done, abandoned = threading.Event(), threading.Event()
+
+        def send() -> None:
+            try:
+                outcome["stream"] = self._create(kind, model, payload, sent)
+            except BaseException as exc:  # handed to the caller below
+                outcome["error"] = exc
+            finally:
+                done.set()
+                if abandoned.is_set() and "stream" in outcome:
+                    outcome["stream"].close()
+
+        threading.Thread(target=send, name="remote-request", daemon=True).start()
+        while not done.wait(CANCEL_POLL_S):
+            if cancel():
+                abandoned.set()
+                if done.is_set() and "stream" in outcome:  # it came just now: close it here
+                    outcome["stream"].close()
+                raise _StoppedBeforeHeaders
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["stream"]
 
     def _create(self, kind: Kind, model: str, payload: dict[str, Any], sent: dict[str, Any]) -> Any:
         own, extra = fields.split_extra(sent)

@@ -158,6 +158,15 @@ def test_slow_headers_time_out(double):
     assert one_line(final.error) == f"127.0.0.1:{double.port} sent nothing for 0.5 s (timeout)"
 
 
+def test_stop_before_the_headers_is_prompt(double):
+    """The server has not answered yet (its headers come after 3 s): Stop ends the answer at once,
+    and the request's thread closes the response when it comes (the server sees a disconnect)."""
+    start = time.monotonic()
+    _, final, _ = answer(engine(double.url("slow"), timeout_s=30), cancel=lambda: time.monotonic() - start > 0.3)
+    assert final.finish_reason == "cancelled" and final.error is None
+    assert time.monotonic() - start < 1.5
+
+
 def test_a_stall_mid_stream_times_out_as_a_cut(double):
     text, final, _ = answer(engine(double.url("stall"), timeout_s=0.5))
     assert text == "".join(WORDS[:2]) and final.finish_reason == "cut"
