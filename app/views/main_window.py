@@ -201,6 +201,7 @@ class MainWindow(QMainWindow):
         settings_menu = mb.addMenu("&Settings")
         self.defaults_action = settings_menu.addAction("Defaults for new chats…")
         self.defaults_action.setMenuRole(QAction.MenuRole.PreferencesRole)
+        self.engine_action = settings_menu.addAction("Engine… (this computer or a remote server)")
 
     def set_auto_context(self, tokens: int | None) -> None:
         """Show what "Auto" came to for the loaded model (None: not known yet)."""

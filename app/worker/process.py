@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from phoenix_chat.app.worker import protocol as P
+from phoenix_chat.app.worker import remote_answer
 from phoenix_chat.app.worker.server_host import ServerHost
 
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
@@ -55,6 +56,7 @@ class Worker:
         self.draft_lock = threading.Lock()  # speculative answers run one at a time
         self.server = ServerHost(lambda status: self.send(P.SERVER_CHANGED, **status))
         self.engine = None
+        self.remote = None  # engine.remote RemoteEngine: answers come from a server (app/worker/remote_answer.py)
 
     # -- plumbing -------------------------------------------------------------------------
     def send(self, type_: str, **fields) -> None:
@@ -124,6 +126,9 @@ class Worker:
 
     def load(self, msg: dict) -> None:
         load_id = msg["id"]
+        if msg.get("remote"):
+            self._load_remote(load_id, msg["remote"])
+            return
         with self.lock:
             cancel = self.load_cancels.setdefault(load_id, threading.Event())
         last = [0.0]
@@ -185,6 +190,26 @@ class Worker:
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
         self.server.attach(self.scheduler)  # serves the new model when the server is on
 
+    def _load_remote(self, load_id: str, remote: dict) -> None:
+        """Answer through a remote server from now on: the local model is dropped first (one
+        engine at a time), then the server is asked which model it serves."""
+        self._close_model()
+        self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Connecting to the server")
+        try:
+            from phoenix_chat.engine.errors import PhoenixError
+
+            engine, info = remote_answer.connect(remote)
+        except PhoenixError as exc:  # RemoteError: one line, never the key
+            self._load_failed(load_id, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 — a bug, but the user still needs to see it
+            traceback.print_exc()
+            self._load_failed(load_id, f"{type(exc).__name__}: {exc}")
+            return
+        self.remote = engine
+        self.model_info = info
+        self.send(P.MODEL_CHANGED, id=load_id, info=info)
+
     def _load_failed(self, load_id: str, message: str, cancelled: bool = False, kept: dict | None = None) -> None:
         """kept: the info of the model still loaded (the request was refused before it was
         dropped); None: no model is loaded now."""
@@ -194,6 +219,9 @@ class Worker:
         """Fit the prompt here (quick), then answer on a thread of its own so the command loop
         stays free: a second chat's generate queues or batches in the scheduler meanwhile."""
         gen_id = msg["id"]
+        if self.remote is not None:
+            self._generate_remote(msg)
+            return
         if self.model is None or self.scheduler is None:
             self._finish_failed(gen_id, "no model is loaded")
             return
@@ -340,6 +368,58 @@ class Worker:
                 self.answers.pop(gen_id, None)
         pump.finish(reason or "stop")
 
+    def _generate_remote(self, msg: dict) -> None:
+        """An answer from the remote server, on a thread of its own (Stop sets its cancel flag,
+        which closes the HTTP stream)."""
+        from phoenix_chat.engine.completion import ParagraphStop
+        from phoenix_chat.engine.sampling import SamplingParams
+
+        gen_id = msg["id"]
+        params = SamplingParams(
+            **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
+        )
+        max_tokens = int(msg.get("max_tokens") or 256)
+        completion = msg.get("mode") == "completion"
+        with self.lock:
+            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
+        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt="")
+        pump = _AnswerPump(self, gen_id, ParagraphStop() if completion else None)
+        thread = threading.Thread(
+            target=self._answer_remotely,
+            args=(self.remote, pump, msg, params, max_tokens, cancel),
+            name=f"answer-{gen_id}",
+        )
+        with self.lock:
+            self.answers[gen_id] = thread
+        thread.start()
+
+    def _answer_remotely(self, engine, pump: _AnswerPump, msg: dict, params, max_tokens: int, cancel) -> None:
+        from phoenix_chat.engine.errors import PhoenixError
+
+        gen_id = msg["id"]
+        try:
+            reason, error = remote_answer.stream_answer(
+                engine,
+                pump,
+                msg,
+                params,
+                max_tokens,
+                cancel,
+                lambda line: self.send(P.NOTICE_RAISED, id=gen_id, message=line),
+            )
+        except PhoenixError as exc:  # RemoteError before the first byte (unreachable, auth, model…)
+            reason, error = ("cut" if pump.text else "error"), str(exc)
+        except Exception as exc:  # noqa: BLE001 — a bug; what came is kept
+            traceback.print_exc()
+            reason, error = ("cut" if pump.text else "error"), f"{type(exc).__name__}: {exc}"
+        finally:
+            with self.lock:
+                self.gen_cancels.pop(gen_id, None)
+                self.answers.pop(gen_id, None)
+        if error:
+            self.send(P.ERROR_RAISED, id=gen_id, message=error)
+        pump.finish(reason)
+
     def _finish_failed(self, gen_id: str, message: str) -> None:
         self.send(P.ERROR_RAISED, id=gen_id, message=message)
         self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats=P.GenerationStats().to_dict(), text="")
@@ -467,6 +547,10 @@ class Worker:
     def _close_model(self) -> None:
         self.server.detach()  # it serves this model's scheduler; a load starts it again
         self._stop_answers()
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+            self.model_info = None
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
@@ -497,6 +581,7 @@ class _AnswerPump:
         self.tokens = 0
         self.prompt_tokens = 0
         self.usage = None  # the engine's Usage, from the final delta: its figures win
+        self.remote_usage = None  # a remote engine's RemoteUsage (client-side TTFT and tok/s, server's counts)
         self.record: Any = None  # the engine's GenerationResponse (speculative path)
         self.spec: Any = None  # its SpeculativeStats
 
@@ -526,7 +611,8 @@ class _AnswerPump:
         if self.record is not None:
             return self.worker._stats(self.record, self.spec)
         model = self.worker.model
-        assert model is not None
+        if model is None:  # a remote engine: measured here, and no device figures of ours
+            return self._remote_stats()
         live = model.backend.live_stats()
         ttft = None if self.first_at is None else self.first_at - self.started
         decode_s = time.perf_counter() - self.first_at if self.first_at is not None else 0.0
@@ -547,6 +633,26 @@ class _AnswerPump:
             gpu_busy=live.gpu_busy,
             npu_busy=live.npu_busy,
             kv_cache_bytes=live.kv_cache_bytes,
+        )
+
+    def _remote_stats(self) -> P.GenerationStats:
+        """Client-side figures of a remote answer: TTFT from the request to the first text, tok/s
+        after it; the final delta's usage (the server's token counts) wins where it came."""
+        ttft = None if self.first_at is None else self.first_at - self.started
+        decode_s = time.perf_counter() - self.first_at if self.first_at is not None else 0.0
+        tps = (self.tokens - 1) / decode_s if self.tokens > 1 and decode_s > 0 else 0.0
+        tokens, prompt = self.tokens, 0
+        usage = self.remote_usage
+        if usage is not None:
+            tokens, prompt = usage.completion_tokens or tokens, usage.prompt_tokens or 0
+            tps = usage.generation_tps if usage.generation_tps else tps
+            ttft = usage.ttft_s if usage.ttft_s is not None else ttft
+        return P.GenerationStats(
+            prompt_tokens=prompt,
+            generation_tokens=tokens,
+            prompt_tps=prompt / ttft if ttft and prompt else 0.0,
+            generation_tps=tps,
+            ttft_s=ttft,
         )
 
     def finish(self, reason: str) -> None:
