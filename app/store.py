@@ -43,15 +43,15 @@ CREATE TABLE IF NOT EXISTS message_versions (
     complete    INTEGER NOT NULL,
     stats       TEXT NOT NULL,
     created_at  REAL NOT NULL,
-    engine      TEXT,
     UNIQUE (message_id, version)
 );
 """
+_VERSIONS_ENGINE = "ALTER TABLE message_versions ADD COLUMN engine TEXT;"  # schema 4: who wrote that version
 # version → the script that brings a database of the version before up to it
 _MIGRATIONS = {
     2: "ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1;" + _VERSIONS_TABLE,
     3: "ALTER TABLE conversations ADD COLUMN mode TEXT;",
-    4: "ALTER TABLE messages ADD COLUMN engine TEXT; ALTER TABLE message_versions ADD COLUMN engine TEXT;",
+    4: "ALTER TABLE messages ADD COLUMN engine TEXT;" + _VERSIONS_ENGINE,
 }
 _SCHEMA = (
     """
@@ -79,6 +79,7 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
     + _VERSIONS_TABLE
+    + _VERSIONS_ENGINE
 )
 
 
