@@ -1,0 +1,272 @@
+"""Remote engines in the app (issue 21): the real window and worker process answer through a real
+Phoenix Chat `serve` (start_server beside a Scheduler on the embedded 270M, CPU, in this process,
+with an API key), chosen in Settings → Engine….
+
+The keys are kept by `MemoryKeyring` (tests/app/test_remote_settings.py: keyring's plugin API, a
+dict) since this machine has no OS keyring."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+
+import pytest
+from PySide6.QtWidgets import QDialogButtonBox
+
+from phoenix_chat.app.secrets import SERVICE, SecretStore
+from phoenix_chat.app.server.config import ServerConfig
+from phoenix_chat.app.server.running import start_server
+from phoenix_chat.app.store import db_path
+from phoenix_chat.engine.loader import load
+from phoenix_chat.engine.scheduler import Scheduler
+from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
+from tests.app.test_remote_settings import MemoryKeyring
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+pytest.importorskip("openai")
+
+KEY = "sk-phoenix-remote-7d1e93ab"  # the server's key; it must reach it and go nowhere else
+CONTEXT = 512
+SERVER_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def served(model_path):
+    """The embedded model behind a real `serve` on 127.0.0.1 (any free port), key required."""
+    model = load(model_path, backend="cpu", context_length=CONTEXT)
+    scheduler = Scheduler(model)
+    with start_server(scheduler, ServerConfig(port=0, key=KEY)) as running:
+        yield running, scheduler, model
+    scheduler.close()
+    model.close()
+
+
+def keyring_with(name: str | None = None) -> SecretStore:
+    backend = MemoryKeyring()
+    if name is not None:
+        backend.set_password(SERVICE, name, KEY)
+    return SecretStore(backend)
+
+
+def remote_app(make_app, home, url: str, *, max_tokens: int, secrets: SecretStore | None = None, **extra):
+    """The app started on a saved remote profile "box" whose key is in the keyring."""
+    preset(
+        home,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        remote_profiles=[{"name": "box", "url": url, "model": None}],
+        remote_profile="box",
+        engine="remote",
+        **extra,
+    )
+    return make_app(secrets=secrets or keyring_with("box"))
+
+
+def host_of(url: str) -> str:
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+def saved_answers(home) -> list[tuple]:
+    db = sqlite3.connect(db_path(home))
+    return db.execute(
+        "SELECT content, complete, stats, engine, version FROM messages WHERE role='assistant' ORDER BY id"
+    ).fetchall()
+
+
+def answer(qtbot, app, text: str) -> tuple[str, str]:
+    """Send `text`; (finish reason, the answer's text) once it is finished."""
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        app.chat.send(text)
+    app.store.flush()
+    return done.args[1], app.chat.messages[-1].content
+
+
+def test_engine_dialog_tests_the_server_and_the_chat_streams_from_it(qtbot, make_app, home, served):
+    running, scheduler, model = served
+    secrets = keyring_with()
+    preset(home, max_tokens=8, temperature=0.0, backend="cpu")
+    app = make_app(autoload=False, secrets=secrets)
+    w = app.window
+    w.engine_action.trigger()  # Settings → Engine…
+    dialog = app.engines.dialog
+    assert dialog is not None and dialog.local_radio.isChecked() and not dialog.remote_box.isEnabled()
+    dialog.remote_radio.click()
+    assert dialog.remote_box.isEnabled()
+    dialog.name.setText("box")
+    dialog.url.setText(running.url)  # as a user types it: no /v1 (the engine adds it)
+
+    # Test connection without the key: the server refuses, one line, and the key field stays empty
+    with qtbot.waitSignal(app.engines.tested, timeout=SERVER_MS) as tested:
+        dialog.test_button.click()
+    ok, line = tested.args
+    assert not ok and "\n" not in line and line == dialog.status.text()
+    # with the key: the engine's check() line, and the model list from the server's /v1/models
+    dialog.api_key.setText(KEY)
+    with qtbot.waitSignal(app.engines.tested, timeout=SERVER_MS) as tested:
+        dialog.test_button.click()
+    ok, line = tested.args
+    name = model.describe()["name"]
+    assert ok and line.startswith("OK") and host_of(running.url) in line, line
+    assert [dialog.model.itemText(i) for i in range(dialog.model.count())] == [name]
+    assert dialog.model.currentText() == name and KEY not in line
+
+    # OK: the profile is saved (no key in it), the key goes to the keyring, the worker connects
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    info = ready.args[0]
+    assert info["remote"] and info["model"] == name and info["host"] == host_of(running.url)
+    assert "quant" not in info and "weight_types" not in info  # nothing about local devices
+    s = app.settings.values
+    assert s.engine == "remote" and s.remote_profile == "box"
+    assert s.remote_profiles == [{"name": "box", "url": running.url, "model": name}]
+    assert secrets.get("box") == KEY and secrets.persistent
+    assert w.model_label.text() == f"remote: {host_of(running.url)}, {name}"
+    assert w.devices.engine_label.text().startswith(f"Engine — remote: {host_of(running.url)}, {name}")
+    assert not w.quant_group.isEnabled() and not w.backend_group.isEnabled()  # local-only menus
+
+    reason, text = answer(qtbot, app, "Write one sentence about a phoenix.")
+    assert reason == "length" and text.strip()
+    # the answer came from the server's model, the same greedy text its own client gets
+    import openai
+
+    direct = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0).chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Write one sentence about a phoenix."}],
+        max_tokens=8,
+        temperature=0.0,
+    )
+    assert text == direct.choices[0].message.content
+    ((content, complete, stats, engine, _version),) = saved_answers(home)
+    stats = json.loads(stats)
+    assert content == text and complete == 1 and engine == f"remote:{host_of(running.url)}/{name}"
+    # client-side figures: TTFT and tok/s measured here; no GPU/NPU busy figures for the server
+    assert stats["ttft_s"] > 0 and stats["generation_tokens"] == 8 and stats["generation_tps"] > 0
+    assert stats["gpu_busy"] is None and stats["npu_busy"] is None and stats["context_limit"] is None
+    assert w.tps_label.text().endswith("tok/s") and w.ttft_label.text().startswith("TTFT")
+    assert f"via {host_of(running.url)}/{name}" in w.chat.transcript_text()
+
+    # back to this computer: the engine setting persists and the worker loads the local model
+    w.engine_action.trigger()
+    app.engines.dialog.local_radio.click()
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        app.engines.dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert not ready.args[0].get("remote") and ready.args[0]["backend"] in ("cpu", "vulkan")
+    assert app.settings.values.engine == "local" and w.quant_group.isEnabled()
+
+
+def test_stop_closes_the_stream_and_regenerate_asks_the_server_again(qtbot, make_app, home, served):
+    running, scheduler, _model = served
+    app = remote_app(make_app, home, running.url, max_tokens=200)
+    assert wait_loaded(qtbot, app)["remote"]
+    chat = app.chat
+    chat.send("Tell me a long story about a phoenix and a dragon.")
+    qtbot.waitUntil(lambda: len(chat.answer_text) > 20 and scheduler.active == 1, timeout=ANSWER_TIMEOUT_MS)
+    with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        chat.stop()
+    assert done.args[1] == "cancelled"
+    # the server saw the stream close: its request ended long before 200 tokens
+    qtbot.waitUntil(lambda: scheduler.active == 0 and scheduler.waiting == 0, timeout=SERVER_MS)
+    app.store.flush()
+    ((stopped, complete, stats, engine, _v),) = saved_answers(home)
+    assert stopped and complete == 1 and json.loads(stats)["finish_reason"] == "cancelled"
+    assert json.loads(stats)["generation_tokens"] < 200 and engine.startswith("remote:")
+
+    # Regenerate: the stopped answer stays as version 1, the server writes version 2
+    with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        chat.regenerate()
+    assert done.args[1] == "length"
+    app.store.flush()
+    ((second, complete, stats, engine, version),) = saved_answers(home)
+    assert version == 2 and complete == 1 and second.strip() and second != stopped
+    assert chat.messages[-1].versions == 2 and engine == f"remote:{host_of(running.url)}/{app.models.info['model']}"
+
+
+def test_edit_and_resend_and_the_system_prompt_reach_the_server(qtbot, make_app, home, served):
+    running, _scheduler, _model = served
+    app = remote_app(make_app, home, running.url, max_tokens=4, system_prompt="Answer in French.")
+    wait_loaded(qtbot, app)
+    prompts = []
+    app.worker.generation_started.connect(lambda _id, started: prompts.append(started))
+    answer(qtbot, app, "Hello")
+    user = app.chat.messages[0]
+    app.chat.begin_edit(user.id)
+    reason, _text = answer(qtbot, app, "Good morning")
+    assert reason == "length"
+    assert [m.content for m in app.chat.messages if m.role == "user"] == ["Good morning"]
+    assert len(app.chat.messages) == 2
+    assert [p["max_tokens"] for p in prompts] == [4, 4] and prompts[0]["params"]["temperature"] == 0.0
+
+
+def test_a_closed_port_is_one_line_and_the_answer_row_is_kept(qtbot, make_app, home, model_path):
+    """The server goes away after the app connected: the next answer fails with the engine's one
+    line, the (empty) answer is saved with its note, and nothing earlier is lost."""
+    model = load(model_path, backend="cpu", context_length=128)
+    scheduler = Scheduler(model)
+    running = start_server(scheduler, ServerConfig(port=0, key=KEY))
+    try:
+        app = remote_app(make_app, home, running.url, max_tokens=4)
+        wait_loaded(qtbot, app)
+        first_reason, first = answer(qtbot, app, "Hi")
+        assert first_reason == "length" and first
+    finally:
+        running.stop()
+        scheduler.close()
+        model.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
+    errors = []
+    app.worker.error_raised.connect(lambda _id, message: errors.append(message))
+    reason, text = answer(qtbot, app, "Are you there?")
+    assert reason == "error" and text == ""
+    (line,) = errors
+    assert line and "\n" not in line and KEY not in line
+    assert line in app.window.chat.notice.text() and app.window.chat.notice_kind() == "error"
+    rows = saved_answers(home)
+    assert [r[0] for r in rows] == [first, ""] and all(r[1] == 1 for r in rows)
+    assert json.loads(rows[1][2])["finish_reason"] == "error"
+    assert [m.content for m in app.chat.messages if m.role == "user"] == ["Hi", "Are you there?"]
+
+    # a closed port at connect time: the load fails with one line, the menus say so
+    app.models.reload_engine()
+    with qtbot.waitSignal(app.models.model_unavailable, timeout=LOAD_TIMEOUT_MS) as failed:
+        pass
+    assert "Could not load the remote server “box”" in failed.args[0] and "\n" not in failed.args[0]
+
+
+def test_the_api_key_is_never_written_or_logged(qtbot, make_app, home, served, tmp_path, capfd):
+    """The key travels to the server (it refuses without it) and nowhere else: not the settings
+    file, the SQLite file (WAL included), exports, the worker's messages to the GUI, or any
+    process's output."""
+    running, _scheduler, _model = served
+    secrets = keyring_with("box")
+    app = remote_app(make_app, home, running.url, max_tokens=4, secrets=secrets)
+    seen: list[dict] = []
+    dispatch = app.worker._dispatch
+    app.worker._dispatch = lambda msg: (seen.append(msg), dispatch(msg))[1]  # every message the worker sends
+    wait_loaded(qtbot, app)
+    reason, text = answer(qtbot, app, "Hello there")
+    assert reason == "length" and text
+    # a wrong key: refused by the server with a one-line error that does not echo it either
+    secrets.set("box", KEY + "-wrong")
+    app.models.reload_engine()
+    with qtbot.waitSignal(app.models.model_unavailable, timeout=LOAD_TIMEOUT_MS) as failed:
+        pass
+    assert KEY not in failed.args[0]
+    app.chat.export_current("json", tmp_path / "chat.json")
+    app.chat.export_current("markdown", tmp_path / "chat.md")
+    app.shutdown()
+    files = [
+        app.settings.path,
+        tmp_path / "chat.json",
+        tmp_path / "chat.md",
+        *db_path(home).parent.glob(db_path(home).name + "*"),  # history.sqlite3, -wal, -shm
+    ]
+    assert app.settings.path.exists() and db_path(home).exists()
+    for path in files:
+        assert KEY.encode() not in path.read_bytes(), path
+    for path in home.rglob("*"):  # and no other file the app wrote
+        assert path.is_dir() or KEY.encode() not in path.read_bytes(), path
+    assert seen and not any(KEY in repr(msg) for msg in seen)
+    out, err = capfd.readouterr()  # this process's and the worker's (it inherits the fds) output
+    assert KEY not in out and KEY not in err
