@@ -36,7 +36,7 @@ def served(model_path):
     """The embedded model behind a real `serve` on 127.0.0.1 (any free port), key required."""
     model = load(model_path, backend="cpu", context_length=CONTEXT)
     scheduler = Scheduler(model)
-    with start_server(scheduler, ServerConfig(port=0, key=KEY)) as running:
+    with start_server(scheduler, ServerConfig(port=0, api_key=KEY)) as running:
         yield running, scheduler, model
     scheduler.close()
     model.close()
@@ -83,7 +83,7 @@ def answer(qtbot, app, text: str) -> tuple[str, str]:
 
 
 def test_engine_dialog_tests_the_server_and_the_chat_streams_from_it(qtbot, make_app, home, served):
-    running, scheduler, model = served
+    running, _scheduler, _model = served
     secrets = keyring_with()
     preset(home, max_tokens=8, temperature=0.0, backend="cpu")
     app = make_app(autoload=False, secrets=secrets)
@@ -106,7 +106,10 @@ def test_engine_dialog_tests_the_server_and_the_chat_streams_from_it(qtbot, make
     with qtbot.waitSignal(app.engines.tested, timeout=SERVER_MS) as tested:
         dialog.test_button.click()
     ok, line = tested.args
-    name = model.describe()["name"]
+    import openai
+
+    direct = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0)
+    name = direct.models.list().data[0].id  # what the server calls its model
     assert ok and line.startswith("OK") and host_of(running.url) in line, line
     assert [dialog.model.itemText(i) for i in range(dialog.model.count())] == [name]
     assert dialog.model.currentText() == name and KEY not in line
@@ -128,15 +131,13 @@ def test_engine_dialog_tests_the_server_and_the_chat_streams_from_it(qtbot, make
     reason, text = answer(qtbot, app, "Write one sentence about a phoenix.")
     assert reason == "length" and text.strip()
     # the answer came from the server's model, the same greedy text its own client gets
-    import openai
-
-    direct = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0).chat.completions.create(
+    reply = direct.chat.completions.create(
         model=name,
         messages=[{"role": "user", "content": "Write one sentence about a phoenix."}],
         max_tokens=8,
         temperature=0.0,
     )
-    assert text == direct.choices[0].message.content
+    assert text == reply.choices[0].message.content
     ((content, complete, stats, engine, _version),) = saved_answers(home)
     stats = json.loads(stats)
     assert content == text and complete == 1 and engine == f"remote:{host_of(running.url)}/{name}"
@@ -203,7 +204,7 @@ def test_a_closed_port_is_one_line_and_the_answer_row_is_kept(qtbot, make_app, h
     line, the (empty) answer is saved with its note, and nothing earlier is lost."""
     model = load(model_path, backend="cpu", context_length=128)
     scheduler = Scheduler(model)
-    running = start_server(scheduler, ServerConfig(port=0, key=KEY))
+    running = start_server(scheduler, ServerConfig(port=0, api_key=KEY))
     try:
         app = remote_app(make_app, home, running.url, max_tokens=4)
         wait_loaded(qtbot, app)
@@ -270,3 +271,109 @@ def test_the_api_key_is_never_written_or_logged(qtbot, make_app, home, served, t
     assert seen and not any(KEY in repr(msg) for msg in seen)
     out, err = capfd.readouterr()  # this process's and the worker's (it inherits the fds) output
     assert KEY not in out and KEY not in err
+
+
+def choose_profile(dialog, name: str) -> None:
+    """Pick a saved server in the dialog's list, as a click does."""
+    index = dialog.profiles.findData(name)
+    dialog.profiles.setCurrentIndex(index)
+    dialog.profiles.activated.emit(index)
+
+
+def test_saved_servers_switch_the_engine_and_delete_returns_to_this_computer(qtbot, make_app, home, served):
+    """Two saved servers (the same one as 127.0.0.1 and as localhost, so the worker's host tells
+    them apart), a model the server lacks refused with one line, and Delete."""
+    running, _scheduler, _model = served
+    port = running.port
+    secrets = keyring_with("by-ip")
+    secrets.set("by-name", KEY)
+    preset(
+        home,
+        max_tokens=4,
+        temperature=0.0,
+        backend="cpu",
+        remote_profiles=[
+            {"name": "by-ip", "url": f"http://127.0.0.1:{port}", "model": None},
+            {"name": "by-name", "url": f"http://localhost:{port}/v1", "model": None},
+        ],
+        remote_profile="by-ip",
+        engine="remote",
+    )
+    app = make_app(secrets=secrets)
+    assert wait_loaded(qtbot, app)["host"] == f"127.0.0.1:{port}"
+    name = app.models.info["model"]
+
+    dialog = app.engines.open_dialog()
+    assert [dialog.profiles.itemText(i) for i in range(dialog.profiles.count())] == ["by-ip", "by-name", "New server…"]
+    assert dialog.remote_radio.isChecked() and dialog.url.text() == f"http://127.0.0.1:{port}"
+    choose_profile(dialog, "by-name")
+    assert dialog.url.text() == f"http://localhost:{port}/v1" and dialog.api_key.text() == KEY  # from the keyring
+    dialog.model.setEditText("no-such-model")  # a name the server does not serve
+    with qtbot.waitSignal(app.models.model_unavailable, timeout=LOAD_TIMEOUT_MS) as failed:
+        dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert "no model 'no-such-model'" in failed.args[0] and "\n" not in failed.args[0]
+    # never kept: the engine goes back to the server that worked
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        pass
+    assert ready.args[0]["host"] == f"127.0.0.1:{port}" and app.settings.values.remote_profile == "by-ip"
+
+    dialog = app.engines.open_dialog()
+    choose_profile(dialog, "by-name")
+    assert dialog.model.currentText() == "no-such-model"  # saved as typed
+    dialog.model.setEditText(name)
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert ready.args[0]["host"] == f"localhost:{port}" and ready.args[0]["model"] == name
+    reason, text = answer(qtbot, app, "Hi")
+    assert reason == "length" and text
+    assert saved_answers(home)[-1][3] == f"remote:localhost:{port}/{name}"
+
+    # Delete the server in use: its key leaves the keyring and the engine is this computer again
+    dialog = app.engines.open_dialog()
+    assert dialog.profiles.currentData() == "by-name"
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        dialog.delete_button.click()
+    assert not ready.args[0].get("remote") and ready.args[0]["backend"] == "cpu"
+    assert [p["name"] for p in app.settings.values.remote_profiles] == ["by-ip"]
+    assert secrets.get("by-name") is None and secrets.get("by-ip") == KEY
+    assert app.settings.values.engine == "local"
+    assert [dialog.profiles.itemText(i) for i in range(dialog.profiles.count())] == ["by-ip", "New server…"]
+
+
+def outward_address() -> str | None:
+    """This machine's address on its network (not loopback), or None."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.254.254.254", 9))  # no packet is sent: this only picks the route
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_plain_http_to_another_machine_warns_once(qtbot, make_app, home, served):
+    address = outward_address()
+    if address is None:
+        pytest.skip("no network address besides loopback")
+    _running, scheduler, _model = served
+    config = ServerConfig(host="0.0.0.0", port=0, api_key=KEY, allowed_hosts=(address,))
+    with start_server(scheduler, config) as lan:
+        url = f"http://{address}:{lan.port}"
+        app = remote_app(make_app, home, url, max_tokens=4)
+        dialog = app.engines.open_dialog()
+        with qtbot.waitSignal(app.engines.tested, timeout=SERVER_MS) as tested:
+            dialog.test_button.click()
+        assert tested.args[0] and "plain http://" in tested.args[1] and f"{address}:{lan.port}" in tested.args[1]
+        dialog.reject()
+        wait_loaded(qtbot, app)
+        chat = app.window.chat
+        assert chat.notice_kind() == "warning" and "plain http://" in chat.notice.text()
+        chat.hide_notice()
+        app.models.reload_engine()  # connected again: not warned a second time this session
+        with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS):
+            pass
+        assert chat.notice_kind() is None
+        reason, text = answer(qtbot, app, "Hi")
+        assert reason == "length" and text
