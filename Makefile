@@ -7,17 +7,18 @@ STAMP := $(VENV)/.installed
 
 APT_PACKAGES := libvulkan1 mesa-vulkan-drivers glslc xvfb xauth libxkbcommon-x11-0 libxcb-icccm4 \
   libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 \
-  libxcb-shape0 libxcb-cursor0 libegl1 libgl1 libfontconfig1 libdbus-1-3
+  libxcb-shape0 libxcb-cursor0 libegl1 libgl1 libfontconfig1 libdbus-1-3 \
+  g++ cmake   # g++/cmake: `make peer-server` compiles llama.cpp for the peer tests
 
 PACKAGES := app engine npu shaders resources
 LINTED := $(PACKAGES) tests bench tools
 
-.PHONY: run test lint typecheck system-deps venv shaders bench clean
+.PHONY: run test lint typecheck system-deps venv shaders bench clean peer-server
 
 run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
-test: lint typecheck
+test: lint typecheck peer-server
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
 
 lint: $(STAMP)
@@ -48,6 +49,20 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# llama.cpp's own OpenAI-compatible server, a real peer for the remote-engine tests and the server
+# load bench (tools/llama_cpp_server.py): built from the PyPI sdist in a venv of its own (its
+# FastAPI/pydantic pins stay out of ours); ~5 min on 2 cores, once.
+PEER_VENV := build/llama-cpp-server
+PEER_STAMP := $(PEER_VENV)/.installed
+LLAMA_CPP_PYTHON_VERSION := 0.3.36
+
+peer-server: $(PEER_STAMP)
+
+$(PEER_STAMP): | $(STAMP)
+	$(PYTHON) -m venv $(PEER_VENV)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEER_VENV)/bin/pip install -q 'llama-cpp-python[server]==$(LLAMA_CPP_PYTHON_VERSION)'
+	touch $(PEER_STAMP)
 
 shaders:
 	$(PY) -m tools.build_shaders

@@ -67,3 +67,23 @@ def llama_reference() -> dict:
     if not SHARED_REFERENCE.exists():
         pytest.skip(f"{SHARED_REFERENCE} not present (it lives beside the checkout)")
     return json.loads(SHARED_REFERENCE.read_text())
+
+
+LLAMA_CPP_MODEL_ID = "gemma-3-270m-llama.cpp"  # the id llama.cpp's server reports for the embedded GGUF
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(model_path):
+    """llama.cpp's own OpenAI-compatible server (llama-cpp-python[server], built by `make
+    peer-server`) on the embedded GGUF, CPU, 127.0.0.1: a real third-party server, not a double.
+    Yields its base URL (the API under /v1). Missing in CI is a failure; elsewhere a skip that
+    says how to build it."""
+    from tools import llama_cpp_server as peer
+
+    if peer.python() is None:
+        message = f"llama.cpp's server is not built (run `make peer-server`; looked in {peer.VENV})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with peer.running(model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID) as url:
+        yield url

@@ -1,0 +1,265 @@
+"""Faults a real server cannot be made to produce, from the named test double
+(tests/remote/misbehaving_server.py), plus the real ones: a closed port, TLS failures (https://
+to a plain-HTTP port, a self-signed certificate), an unknown host. Each is one line and a kind;
+text that came before a fault is kept and the answer is marked "cut"."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from phoenix_chat.engine.remote.engine import RemoteDelta, RemoteEngine, RemoteError, RemoteTarget
+from phoenix_chat.engine.sampling import SamplingParams
+
+from .misbehaving_server import MODEL, WORDS, MisbehavingServer
+
+CHAT = [{"role": "user", "content": "Say hello"}]
+PARAMS = SamplingParams(temperature=0.7, top_k=40, min_p=0.05, repetition_penalty=1.1, seed=7)
+
+
+@pytest.fixture(scope="module")
+def double():
+    with MisbehavingServer(delay_s=3.0) as server:
+        yield server
+
+
+def engine(url: str, **kw) -> RemoteEngine:
+    kw.setdefault("timeout_s", 5.0)
+    return RemoteEngine(RemoteTarget(url, api_key=kw.pop("api_key", None)), **kw)
+
+
+def answer(e: RemoteEngine, completion: bool = False, **kw) -> tuple[str, RemoteDelta, list[str]]:
+    """(text, final delta, notices) of one streamed answer."""
+    stream = e.stream_completion("Say", PARAMS, 16, **kw) if completion else e.stream_chat(CHAT, PARAMS, 16, **kw)
+    deltas = list(stream)
+    final = deltas[-1]
+    assert final.finish_reason is not None and all(d.finish_reason is None for d in deltas[:-1])
+    return "".join(d.text for d in deltas), final, [d.notice for d in deltas if d.notice]
+
+
+def one_line(error: str | None) -> str:
+    assert error and "\n" not in error and len(error) < 400, error
+    return error
+
+
+@pytest.mark.parametrize("completion", [False, True])
+def test_a_whole_answer_from_the_double(double, completion):
+    """The baseline the faults are measured against: the double's well-formed answer reads whole."""
+    text, final, notices = answer(engine(double.url("ok")), completion)
+    assert text == "".join(WORDS) and final.finish_reason == "stop" and not notices
+    assert final.usage is not None and final.usage.counted_by_server and final.usage.completion_tokens == len(WORDS)
+    assert final.usage.ttft_s is not None and final.usage.ttft_s > 0
+
+
+def test_cut_mid_answer_keeps_the_text(double):
+    text, final, _ = answer(engine(double.url("cut")))
+    assert text == "".join(WORDS[:2])
+    assert final.finish_reason == "cut" and "closed the connection" in one_line(final.error)
+    assert final.usage is not None and final.usage.completion_tokens == 2 and not final.usage.counted_by_server
+
+
+def test_a_clean_close_without_a_finish_is_a_cut(double):
+    text, final, _ = answer(engine(double.url("eof")))
+    assert text == "".join(WORDS[:2])
+    assert final.finish_reason == "cut" and "ended before the answer did" in one_line(final.error)
+
+
+@pytest.mark.parametrize("behaviour", ["malformed", "notachunk"])
+def test_malformed_sse(double, behaviour):
+    text, final, _ = answer(engine(double.url(behaviour)))
+    assert "malformed" in one_line(final.error)
+    assert (final.finish_reason, text) == (("cut", WORDS[0]) if behaviour == "malformed" else ("error", ""))
+
+
+def test_an_error_event_mid_stream(double):
+    text, final, _ = answer(engine(double.url("errorevent")))
+    assert text == "".join(WORDS[:2]) and final.finish_reason == "cut"
+    assert "the engine ran out of memory" in one_line(final.error)
+
+
+def test_not_an_event_stream(double):
+    text, final, _ = answer(engine(double.url("html")))
+    assert (text, final.finish_reason) == ("", "error")
+    assert "text/html, not an event stream" in one_line(final.error)
+
+
+def test_429_retried_with_notices_then_answered(double):
+    """Two 429s without Retry-After: exponential backoff from backoff_s, each wait a notice."""
+    e = engine(double.url("busy-2-"), backoff_s=0.1)
+    start = time.monotonic()
+    text, final, notices = answer(e)
+    assert text == "".join(WORDS) and final.finish_reason == "stop"
+    assert notices == [
+        f"127.0.0.1:{double.port} is busy (429): retrying in 0.1 s (retry 1 of 4)",
+        f"127.0.0.1:{double.port} is busy (429): retrying in 0.2 s (retry 2 of 4)",
+    ]
+    assert time.monotonic() - start >= 0.3
+    assert double.hits["busy-2-"] == 3
+
+
+def test_429_honours_retry_after(double):
+    e = engine(double.url("busy-1-1"), backoff_s=0.01)
+    start = time.monotonic()
+    text, final, notices = answer(e)
+    assert final.finish_reason == "stop" and text == "".join(WORDS)
+    assert notices == [f"127.0.0.1:{double.port} is busy (429): retrying in 1 s (retry 1 of 4)"]
+    assert time.monotonic() - start >= 1.0
+
+
+def test_429_gives_up_after_the_retries(double):
+    e = engine(double.url("busy-99-0"), retries=2, backoff_s=0.01)
+    text, final, notices = answer(e)
+    assert len(notices) == 2 and (text, final.finish_reason) == ("", "error")
+    assert one_line(final.error).endswith("is busy (429): the server is busy — gave up after 2 retries")
+    assert final.error.startswith(f"127.0.0.1:{double.port}")
+
+
+def test_429_asking_for_too_long_is_not_waited_for(double):
+    e = engine(double.url("busy-99-3600"), backoff_s=0.01)
+    start = time.monotonic()
+    _, final, notices = answer(e)
+    assert final.finish_reason == "error" and not notices and time.monotonic() - start < 2
+    assert "asks to wait 3600 s; not retrying" in one_line(final.error)
+
+
+def test_cancel_during_a_retry_wait(double):
+    e = engine(double.url("busy-99-0"), backoff_s=5.0)
+    start = time.monotonic()
+    _, final, notices = answer(e, cancel=lambda: time.monotonic() - start > 0.3)
+    assert final.finish_reason == "cancelled" and len(notices) == 1 and time.monotonic() - start < 2
+
+
+def test_slow_headers_time_out(double):
+    start = time.monotonic()
+    _, final, _ = answer(engine(double.url("slow"), timeout_s=0.5))
+    assert final.finish_reason == "error" and time.monotonic() - start < 2.5
+    assert one_line(final.error) == f"127.0.0.1:{double.port} sent nothing for 0.5 s (timeout)"
+
+
+def test_a_stall_mid_stream_times_out_as_a_cut(double):
+    text, final, _ = answer(engine(double.url("stall"), timeout_s=0.5))
+    assert text == "".join(WORDS[:2]) and final.finish_reason == "cut"
+    assert "sent nothing for 0.5 s" in one_line(final.error)
+
+
+def test_a_proxys_5xx_page(double):
+    _, final, _ = answer(engine(double.url("gateway")))
+    assert final.finish_reason == "error"
+    assert one_line(final.error) == f"127.0.0.1:{double.port} failed: server error 502: 502 Bad Gateway"
+
+
+def test_a_refused_extra_field_is_dropped_reported_once_and_not_sent_again(double):
+    e = engine(double.url("strict"))
+    before = len(double.seen)
+    text, final, notices = answer(e)
+    assert text == "".join(WORDS) and final.finish_reason == "stop"
+    assert e.unsupported_fields == {"top_k", "min_p", "repetition_penalty"}
+    assert [n.split(":")[1].split(" does not take ")[1] for n in notices] == ["top_k", "min_p", "repetition_penalty"]
+    assert "Unrecognized request argument supplied: top_k" in notices[0]
+    bodies = [s.body for s in double.seen[before:] if s.method == "POST"]
+    assert [("top_k" in b, "min_p" in b, "repetition_penalty" in b) for b in bodies] == [
+        (True, True, True),
+        (False, True, True),
+        (False, False, True),
+        (False, False, False),
+    ]
+    assert bodies[-1]["temperature"] == 0.7 and bodies[-1]["seed"] == 7 and bodies[-1]["max_tokens"] == 16
+    # the next answer: no notice, the fields stay out
+    text, final, notices = answer(e)
+    assert final.finish_reason == "stop" and not notices
+    assert not {"top_k", "min_p", "repetition_penalty"} & set(double.seen[-1].body)
+
+
+def test_extra_fields_reach_the_server_in_the_body(double):
+    answer(engine(double.url("ok")))
+    body = double.seen[-1].body
+    assert {k: body[k] for k in ("top_k", "min_p", "repetition_penalty", "seed", "temperature")} == {
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "seed": 7,
+        "temperature": 0.7,
+    }
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["model"] == MODEL
+
+
+def test_a_closed_port_is_unreachable():
+    with socket.socket() as s:  # a port that was free a moment ago, nobody listening now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    e = engine(f"http://127.0.0.1:{port}")
+    with pytest.raises(RemoteError) as err:
+        e.check()
+    assert err.value.kind == "unreachable"
+    assert str(err.value) == f"cannot reach 127.0.0.1:{port}: connection refused (is the server running?)"
+    _, final, _ = answer(e)
+    assert final.finish_reason == "error" and final.error == str(err.value)
+
+
+def test_an_unknown_host_is_unreachable():
+    with pytest.raises(RemoteError) as err:
+        engine("http://no-such-host.invalid:8080", timeout_s=10).models()
+    assert err.value.kind == "unreachable" and str(err.value).endswith("host name not found")
+
+
+@pytest.fixture(scope="module")
+def plain_http(tmp_path_factory):
+    """The standard library's own HTTP server (a real one, not our double) on an empty folder."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path_factory.mktemp("www")))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    thread.join()
+
+
+def test_https_to_a_plain_http_port_is_a_tls_failure(plain_http):
+    e = engine(f"https://127.0.0.1:{plain_http}")
+    with pytest.raises(RemoteError) as err:
+        e.models()
+    assert err.value.kind == "tls" and "is it a plain http:// server?" in one_line(str(err.value))
+
+
+def test_a_self_signed_certificate_is_a_tls_failure(tmp_path):
+    from .tls import self_signed_server_context
+
+    with MisbehavingServer(tls=self_signed_server_context(tmp_path)) as tls_server:
+        e = engine(tls_server.url("ok"))
+        with pytest.raises(RemoteError) as err:
+            e.check()
+        _, final, _ = answer(e)
+    assert err.value.kind == "tls" and "certificate is not trusted" in one_line(str(err.value))
+    assert "self-signed certificate" in str(err.value)
+    assert final.finish_reason == "error" and final.error == str(err.value)
+
+
+def test_a_web_server_that_is_no_api_says_so(plain_http):
+    with pytest.raises(RemoteError) as err:
+        engine(f"http://127.0.0.1:{plain_http}/site").models()
+    assert err.value.kind == "unreachable"
+    assert one_line(str(err.value)) == (
+        f"no OpenAI API at http://127.0.0.1:{plain_http}/site/v1 (404 on /site/v1/models): Error response"
+    )
+
+
+def test_not_a_server_address():
+    with pytest.raises(RemoteError) as err:
+        RemoteEngine(RemoteTarget("ftp://example.org"))
+    assert err.value.kind == "unreachable" and "not a server address" in str(err.value)
+
+
+def test_a_model_the_server_does_not_list(double):
+    e = RemoteEngine(RemoteTarget(double.url("ok"), model="gpt-9"), timeout_s=5)
+    with pytest.raises(RemoteError) as err:
+        e.check()
+    assert err.value.kind == "model"
+    assert str(err.value) == f"127.0.0.1:{double.port} has no model 'gpt-9' (it serves: {MODEL})"
+    _, final, _ = answer(e)
+    assert final.finish_reason == "error" and final.error == str(err.value)
