@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import time
 
 import pytest
 from PySide6.QtWidgets import QDialogButtonBox
@@ -163,22 +164,28 @@ def test_stop_closes_the_stream_and_regenerate_asks_the_server_again(qtbot, make
     chat = app.chat
     chat.send("Tell me a long story about a phoenix and a dragon.")
     qtbot.waitUntil(lambda: len(chat.answer_text) > 20 and scheduler.active == 1, timeout=ANSWER_TIMEOUT_MS)
+    pressed = time.monotonic()
     with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
         chat.stop()
     assert done.args[1] == "cancelled"
-    # the server saw the stream close: its request ended long before 200 tokens
+    # the server saw the stream close: its request ended at once, long before 200 tokens
     qtbot.waitUntil(lambda: scheduler.active == 0 and scheduler.waiting == 0, timeout=SERVER_MS)
+    assert time.monotonic() - pressed < 10.0
     app.store.flush()
     ((stopped, complete, stats, engine, _v),) = saved_answers(home)
     assert stopped and complete == 1 and json.loads(stats)["finish_reason"] == "cancelled"
     assert json.loads(stats)["generation_tokens"] < 200 and engine.startswith("remote:")
 
-    # Regenerate: the stopped answer stays as version 1, the server writes version 2
+    # Regenerate (a shorter answer, from the chat's own settings): the stopped answer stays as
+    # version 1, the server writes version 2 with the new length
+    conv = app.store.conversation(chat.conversation_id)
+    chat.set_chat_settings(conv.system_prompt, {**conv.sampling, "max_tokens": 12})
     with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
         chat.regenerate()
     assert done.args[1] == "length"
     app.store.flush()
     ((second, complete, stats, engine, version),) = saved_answers(home)
+    assert json.loads(stats)["generation_tokens"] == 12
     assert version == 2 and complete == 1 and second.strip() and second != stopped
     assert chat.messages[-1].versions == 2 and engine == f"remote:{host_of(running.url)}/{app.models.info['model']}"
 
