@@ -191,19 +191,25 @@ def test_stop_closes_the_stream_and_regenerate_asks_the_server_again(qtbot, make
 
 
 def test_edit_and_resend_and_the_system_prompt_reach_the_server(qtbot, make_app, home, served):
+    """What the server reads is the edited conversation with the chat's system prompt: the answer
+    is the one the server gives its own client for exactly those messages (greedy)."""
     running, _scheduler, _model = served
-    app = remote_app(make_app, home, running.url, max_tokens=4, system_prompt="Answer in French.")
-    wait_loaded(qtbot, app)
-    prompts = []
-    app.worker.generation_started.connect(lambda _id, started: prompts.append(started))
+    app = remote_app(make_app, home, running.url, max_tokens=6, system_prompt="Answer like a pirate.")
+    info = wait_loaded(qtbot, app)
     answer(qtbot, app, "Hello")
     user = app.chat.messages[0]
     app.chat.begin_edit(user.id)
-    reason, _text = answer(qtbot, app, "Good morning")
+    reason, text = answer(qtbot, app, "Good morning")
     assert reason == "length"
-    assert [m.content for m in app.chat.messages if m.role == "user"] == ["Good morning"]
-    assert len(app.chat.messages) == 2
-    assert [p["max_tokens"] for p in prompts] == [4, 4] and prompts[0]["params"]["temperature"] == 0.0
+    assert [(m.role, m.content) for m in app.chat.messages] == [("user", "Good morning"), ("assistant", text)]
+    import openai
+
+    direct = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": "Answer like a pirate."}, {"role": "user", "content": "Good morning"}]
+    reply = direct.chat.completions.create(model=info["model"], messages=messages, max_tokens=6, temperature=0.0)
+    assert text == reply.choices[0].message.content
+    without = direct.chat.completions.create(model=info["model"], messages=messages[1:], max_tokens=6, temperature=0.0)
+    assert without.choices[0].message.content != text  # the system prompt made a difference
 
 
 def test_a_closed_port_is_one_line_and_the_answer_row_is_kept(qtbot, make_app, home, model_path):
@@ -384,3 +390,24 @@ def test_plain_http_to_another_machine_warns_once(qtbot, make_app, home, served)
         assert chat.notice_kind() is None
         reason, text = answer(qtbot, app, "Hi")
         assert reason == "length" and text
+
+
+def test_completion_mode_continues_the_text_through_the_completions_endpoint(qtbot, make_app, home, served):
+    """A chat in completion mode sends the conversation as one text to /v1/completions (no
+    template) and ends the answer at its first blank line, as it does locally."""
+    running, _scheduler, _model = served
+    app = remote_app(make_app, home, running.url, max_tokens=24)
+    info = wait_loaded(qtbot, app)
+    app.chat.set_chat_mode("completion")
+    text = "The phoenix rose from the ashes and"
+    reason, answer_text = answer(qtbot, app, text)
+    import openai
+
+    direct = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0)
+    reply = direct.completions.create(model=info["model"], prompt=text, max_tokens=24, temperature=0.0)
+    full = reply.choices[0].text
+    body = full.lstrip()
+    head = full[: len(full) - len(body)]
+    expected = head + body.split("\n\n", 1)[0]  # ParagraphStop: up to the first blank line after the text
+    assert answer_text == expected and answer_text.strip()
+    assert reason == ("stop" if "\n\n" in body else "length")
