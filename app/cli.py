@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from phoenix_chat.app.remote_cli import add_remote_args
 from phoenix_chat.engine.quantization import WeightQuant
 
 EXIT_USAGE = 2
@@ -83,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a picture (PNG, JPEG, WebP, GIF) placed before PROMPT; repeat for several "
         "(Gemma 3 4B/12B/27B multimodal models, CPU backend for now)",
     )
+    add_remote_args(p)
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(p)
     _add_sampling_args(p)
+    add_remote_args(p)
 
     p = sub.add_parser("tokenize", help="print the token ids of TEXT as a raw prompt (<bos> included)")
     p.add_argument("text")
@@ -171,6 +174,10 @@ def _messages(system, prompt, images=()):
 
 
 def cmd_run(args) -> int:
+    if args.remote:
+        from phoenix_chat.app.remote_cli import run_remote
+
+        return run_remote(args, _sampling(args))
     if args.image and args.raw:
         from phoenix_chat.engine.errors import PhoenixError
 
@@ -261,6 +268,15 @@ def _run_direct(args, model, prompt) -> int:
 
 
 def cmd_chat(args) -> int:
+    if args.remote:
+        from phoenix_chat.app.remote_cli import remote_engine
+        from phoenix_chat.app.terminal_chat import remote_terminal_chat
+
+        engine = remote_engine(args)
+        try:
+            return remote_terminal_chat(engine, _sampling(args), args.max_tokens, system=args.system)
+        finally:
+            engine.close()
     from phoenix_chat.app.terminal_chat import terminal_chat
 
     return terminal_chat(_load(args), _sampling(args), args.max_tokens, system=args.system)

@@ -1,26 +1,25 @@
-"""A chat in the terminal: history kept for the session, answers streamed as they come."""
+"""A chat in the terminal: history kept for the session, answers streamed as they come — from
+this computer's engine or from a remote server (`chat --remote`)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.scheduler import Scheduler
 
 HELP = "Type a message and press Enter. Commands: /reset (new conversation), /quit."
 
+# one turn: (history, stdout) → (the answer's text, a note to print after it or None)
+Answer = Callable[[list[dict], object], tuple[str, str | None]]
+
 
 def terminal_chat(model, params, max_tokens: int, system: str | None = None, stdin=None, stdout=None) -> int:
     """Through the engine's one API (engine/scheduler.py): its slot keeps the conversation's
     K/V, so each turn prefills only what the last one did not."""
     scheduler = Scheduler(model)
-    try:
-        return _chat_loop(scheduler, model, params, max_tokens, system, stdin or sys.stdin, stdout or sys.stdout)
-    finally:
-        scheduler.close()
-
-
-def _chat_loop(scheduler, model, params, max_tokens: int, system: str | None, stdin, stdout) -> int:
+    stdout = stdout or sys.stdout
     print(f"Phoenix Chat — {model.config.name} on {model.backend.device_name}. {HELP}", file=stdout)
     if not model.is_instruction_tuned:
         print(
@@ -28,6 +27,48 @@ def _chat_loop(scheduler, model, params, max_tokens: int, system: str | None, st
             "following instructions, and often echoes the prompt.",
             file=stdout,
         )
+
+    def answer(history: list[dict], out) -> tuple[str, str | None]:
+        parts = []
+        stream = scheduler.submit(Request(list(history), params, max_tokens))
+        for d in stream:
+            out.write(d.text)
+            out.flush()
+            parts.append(d.text)
+        note = None
+        if stream.final is not None and stream.final.finish_reason == "context":
+            note = "(context full: /reset to start over)"
+        elif stream.final is not None and stream.final.finish_reason == "error":
+            note = f"(error: {stream.final.error})"
+        return "".join(parts), note
+
+    try:
+        return _chat_loop(answer, system, stdin or sys.stdin, stdout)
+    finally:
+        scheduler.close()
+
+
+def remote_terminal_chat(engine, params, max_tokens: int, system: str | None = None, stdin=None, stdout=None) -> int:
+    """The same chat through a RemoteEngine (engine/remote/): the whole history goes to the
+    server each turn; a cut or failed answer is a note, the chat goes on."""
+    from phoenix_chat.app.remote_cli import print_stream
+
+    stdout = stdout or sys.stdout
+    print(f"Phoenix Chat — remote: {engine.target.host}, {engine.resolved_model()}. {HELP}", file=stdout)
+
+    def answer(history: list[dict], out) -> tuple[str, str | None]:
+        text, final = print_stream(engine.stream_chat(list(history), params, max_tokens), out, notices=out)
+        note = None
+        if final.finish_reason == "cut":
+            note = f"(cut: {final.error})"
+        elif final.finish_reason == "error":
+            note = f"(error: {final.error})"
+        return text, note
+
+    return _chat_loop(answer, system, stdin or sys.stdin, stdout)
+
+
+def _chat_loop(answer: Answer, system: str | None, stdin, stdout) -> int:
     history = [{"role": "system", "content": system}] if system else []
     while True:
         stdout.write("> ")
@@ -46,15 +87,8 @@ def _chat_loop(scheduler, model, params, max_tokens: int, system: str | None, st
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
-        answer = []
-        stream = scheduler.submit(Request(list(history), params, max_tokens))
-        for d in stream:
-            stdout.write(d.text)
-            stdout.flush()
-            answer.append(d.text)
-        history.append({"role": "assistant", "content": "".join(answer)})
+        reply, note = answer(history, stdout)
+        history.append({"role": "assistant", "content": reply})
         stdout.write("\n")
-        if stream.final is not None and stream.final.finish_reason == "context":
-            print("(context full: /reset to start over)", file=stdout)
-        elif stream.final is not None and stream.final.finish_reason == "error":
-            print(f"(error: {stream.final.error})", file=stdout)
+        if note:
+            print(note, file=stdout)

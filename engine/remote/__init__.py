@@ -17,5 +17,9 @@ Where this follows the contract's either/or, and what it adds:
 - RemoteEngine(..., backoff_s=1.0): the first 429 wait when the server sends no Retry-After
   (then doubling); a Retry-After over 60 s is not waited for.
 - RemoteUsage.counted_by_server: whether the token counts are the server's or ours.
-- `unsupported_fields` may also hold `seed`, `top_p`, `stream_options` (servers refuse those too).
+- The extras go with the user's values also when "off" (top_k 0, min_p 0, penalty 1.0), and the
+  penalty goes twice: `repetition_penalty` (vLLM, our server) and `repeat_penalty` (llama.cpp's
+  name). A server's defaults are not ours: llama.cpp's server applies repeat_penalty 1.1, top_k
+  40 and min_p 0.05 unless told, and its greedy answer then differs from ours (tested).
+- `unsupported_fields` may also hold `repeat_penalty`, `seed`, `top_p`, `stream_options`.
 """

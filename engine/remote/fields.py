@@ -1,9 +1,12 @@
 """SamplingParams → the request's fields, and which of them a server refused.
 
 `temperature`, `top_p`, `seed`, `max_tokens`, `stop` and `stream_options` are OpenAI's own
-fields; `top_k`, `min_p` and `repetition_penalty` are extras (vLLM's, our server's names) sent in
-the body only when they do something. A server that answers 400/422 naming one of the optional
-fields gets the request again without it; the field is then left out for the engine's life.
+fields; `top_k`, `min_p` and `repetition_penalty` (vLLM's and our server's names) and
+`repeat_penalty` (llama.cpp's name for the same penalty) are extras. All are sent with the
+user's values, "off" included: a server's own defaults differ from ours (llama.cpp's server
+applies top_k 40, min_p 0.05 and repeat_penalty 1.1 unless told otherwise), so leaving a field
+out would change the answer. A server that answers 400/422 naming one of the optional fields
+gets the request again without it; the field is then left out for the engine's life.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import openai
 from phoenix_chat.engine.sampling import SamplingParams
 
 # what may be left out when a server refuses it (the answer still comes, less tuned)
-OPTIONAL = ("top_k", "min_p", "repetition_penalty", "seed", "top_p", "stream_options")
-EXTRA = ("top_k", "min_p", "repetition_penalty")  # not OpenAI's: sent through extra_body
+OPTIONAL = ("top_k", "min_p", "repetition_penalty", "repeat_penalty", "seed", "top_p", "stream_options")
+EXTRA = ("top_k", "min_p", "repetition_penalty", "repeat_penalty")  # not OpenAI's: sent through extra_body
 
 
 def request_fields(
@@ -29,20 +32,17 @@ def request_fields(
     fields: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": max(params.temperature, 0.0),
+        "top_p": params.top_p,
         "stream_options": {"include_usage": True},
+        "top_k": params.top_k,  # 0: off (vLLM, llama.cpp and our server read it so)
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,
+        "repeat_penalty": params.repetition_penalty,
     }
-    if params.top_p < 1.0:
-        fields["top_p"] = params.top_p
     if params.seed is not None:
         fields["seed"] = params.seed
     if stop:
         fields["stop"] = list(stop)
-    if params.top_k > 0 and not params.greedy:
-        fields["top_k"] = params.top_k
-    if params.min_p > 0.0 and not params.greedy:
-        fields["min_p"] = params.min_p
-    if params.repetition_penalty != 1.0:
-        fields["repetition_penalty"] = params.repetition_penalty
     return {k: v for k, v in fields.items() if k not in dropped}
 
 

@@ -125,7 +125,9 @@ class MisbehavingServer:
             page = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
             return _raw(w, 502, "text/html", page)
         if name == "strict":  # OpenAI's own refusal of a field it does not know
-            extra = [f for f in ("top_k", "min_p", "repetition_penalty") if seen.body and f in seen.body]
+            extra = [
+                f for f in ("top_k", "min_p", "repetition_penalty", "repeat_penalty") if seen.body and f in seen.body
+            ]
             if extra:
                 message = f"Unrecognized request argument supplied: {extra[0]}"
                 return _json(w, 400, _error(message, None, extra[0]))

@@ -158,32 +158,37 @@ def test_a_refused_extra_field_is_dropped_reported_once_and_not_sent_again(doubl
     before = len(double.seen)
     text, final, notices = answer(e)
     assert text == "".join(WORDS) and final.finish_reason == "stop"
-    assert e.unsupported_fields == {"top_k", "min_p", "repetition_penalty"}
-    assert [n.split(":")[1].split(" does not take ")[1] for n in notices] == ["top_k", "min_p", "repetition_penalty"]
+    refused = ["top_k", "min_p", "repetition_penalty", "repeat_penalty"]
+    assert e.unsupported_fields == set(refused)
+    assert [n.split(":")[1].split(" does not take ")[1] for n in notices] == refused
     assert "Unrecognized request argument supplied: top_k" in notices[0]
     bodies = [s.body for s in double.seen[before:] if s.method == "POST"]
-    assert [("top_k" in b, "min_p" in b, "repetition_penalty" in b) for b in bodies] == [
-        (True, True, True),
-        (False, True, True),
-        (False, False, True),
-        (False, False, False),
+    assert [[f in b for f in refused] for b in bodies] == [
+        [True, True, True, True],
+        [False, True, True, True],
+        [False, False, True, True],
+        [False, False, False, True],
+        [False, False, False, False],
     ]
     assert bodies[-1]["temperature"] == 0.7 and bodies[-1]["seed"] == 7 and bodies[-1]["max_tokens"] == 16
     # the next answer: no notice, the fields stay out
     text, final, notices = answer(e)
     assert final.finish_reason == "stop" and not notices
-    assert not {"top_k", "min_p", "repetition_penalty"} & set(double.seen[-1].body)
+    assert not set(refused) & set(double.seen[-1].body)
 
 
 def test_extra_fields_reach_the_server_in_the_body(double):
     answer(engine(double.url("ok")))
     body = double.seen[-1].body
-    assert {k: body[k] for k in ("top_k", "min_p", "repetition_penalty", "seed", "temperature")} == {
+    sampling = ("top_k", "min_p", "repetition_penalty", "repeat_penalty", "seed", "temperature", "top_p")
+    assert {k: body[k] for k in sampling} == {
         "top_k": 40,
         "min_p": 0.05,
         "repetition_penalty": 1.1,
+        "repeat_penalty": 1.1,
         "seed": 7,
         "temperature": 0.7,
+        "top_p": 0.95,
     }
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["model"] == MODEL
 
