@@ -82,7 +82,7 @@ def test_busy_and_refused_field_notices_show_in_the_status_bar(qtbot, make_app, 
     assert send(qtbot, app) == "stop"
     second = len(double.seen)
     assert send(qtbot, app, "Again") == "stop"
-    extras = ("top_k", "min_p")  # repetition_penalty 1.0 (off) is not sent at all
+    extras = ("top_k", "min_p", "repetition_penalty")
     for field in extras:
         assert len([s for s in shown if field in s]) == 1, (field, shown)
     bodies = [s.body for s in double.seen[first:second] if s.body]
