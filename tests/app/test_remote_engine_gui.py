@@ -411,3 +411,30 @@ def test_completion_mode_continues_the_text_through_the_completions_endpoint(qtb
     expected = head + body.split("\n\n", 1)[0]  # ParagraphStop: up to the first blank line after the text
     assert answer_text == expected and answer_text.strip()
     assert reason == ("stop" if "\n\n" in body else "length")
+
+
+def test_without_a_keyring_the_key_works_for_the_session_and_is_written_nowhere(qtbot, make_app, home, served):
+    """keyring's fail backend (a headless box): the dialog says keys last the session only, the key
+    typed there still reaches the server, and it is in no file afterwards."""
+    from keyring.backends import fail
+
+    running, _scheduler, _model = served
+    preset(home, max_tokens=4, temperature=0.0)
+    app = make_app(autoload=False, secrets=SecretStore(fail.Keyring()))
+    dialog = app.engines.open_dialog()
+    assert dialog.key_note.isVisibleTo(dialog) and "session only" in dialog.key_note.text()
+    dialog.remote_radio.click()
+    dialog.url.setText(running.url)
+    dialog.api_key.setText(KEY)
+    shown: list[str] = []
+    app.window.statusBar().messageChanged.connect(lambda text: shown.append(text))
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert ready.args[0]["remote"] and any("session only" in s for s in shown)
+    # a profile saved without a name is called after its host
+    assert app.settings.values.remote_profiles[0]["name"] == host_of(running.url)
+    reason, text = answer(qtbot, app, "Hi")
+    assert reason == "length" and text
+    app.shutdown()
+    for path in home.rglob("*"):
+        assert path.is_dir() or KEY.encode() not in path.read_bytes(), path
