@@ -111,8 +111,8 @@ class EngineController(QObject):
         future.add_done_callback(lambda f: self._on_tested(dialog, profile, f))
 
     def _on_tested(self, dialog: EngineDialog, profile: dict, future: asyncio.Future) -> None:
-        if future.cancelled():
-            return
+        if future.cancelled() or dialog is not self.dialog:
+            return  # the dialog it was for has been replaced (and deleted) meanwhile
         dialog.set_testing(False)
         exc = future.exception()
         if exc is not None:
