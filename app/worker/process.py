@@ -371,7 +371,7 @@ class Worker:
     def _generate_remote(self, msg: dict) -> None:
         """An answer from the remote server, on a thread of its own (Stop sets its cancel flag,
         which closes the HTTP stream)."""
-        from phoenix_chat.engine.completion import ParagraphStop
+        from phoenix_chat.engine.completion import ParagraphStop, completion_text
         from phoenix_chat.engine.sampling import SamplingParams
 
         gen_id = msg["id"]
@@ -382,7 +382,9 @@ class Worker:
         completion = msg.get("mode") == "completion"
         with self.lock:
             cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
-        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt="")
+        # the text the server reads: known in completion mode; a chat is templated on the server
+        prompt = completion_text(msg["messages"]) if completion else ""
+        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
         pump = _AnswerPump(self, gen_id, ParagraphStop() if completion else None)
         thread = threading.Thread(
             target=self._answer_remotely,
