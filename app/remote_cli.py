@@ -10,7 +10,9 @@ HTTP stream (the server stops generating) and exits 130.
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from contextlib import closing
 from typing import TYPE_CHECKING
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # the openai client loads only when --remote is used (`phoeni
     from phoenix_chat.engine.remote.engine import RemoteDelta, RemoteEngine
 
 DEFAULT_KEY_ENV = "PHOENIX_CHAT_API_KEY"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # flags that pick or shape this computer's engine: meaningless with --remote, refused rather than ignored
 LOCAL_ONLY = ("model", "device", "ctx", "quant", "draft")
 
@@ -44,12 +47,19 @@ def add_remote_args(p) -> None:
     g.add_argument(
         "--remote-model", metavar="NAME", default=None, help="the server's model id (default: the first it lists)"
     )
+    # refused on purpose (and so not an abbreviation of --api-key-env, which would take the key as a name)
+    g.add_argument("--api-key", dest="api_key_flag", default=None, help=argparse.SUPPRESS)
 
 
 def remote_engine(args) -> RemoteEngine:
     """The engine the flags describe; PhoenixError for flags that contradict --remote."""
     from phoenix_chat.engine.remote.engine import RemoteEngine, RemoteTarget
 
+    if args.api_key_flag is not None:
+        raise PhoenixError(
+            f"--api-key: the key is not taken as a flag (it would stay in the shell's history and show in `ps`); "
+            f"put it in an environment variable: {DEFAULT_KEY_ENV}=… or --api-key-env VAR"
+        )
     given = [f"--{name}" for name in LOCAL_ONLY if getattr(args, name, None)]
     if getattr(args, "backend", "auto") != "auto":
         given.append("--backend")
@@ -66,6 +76,8 @@ def remote_engine(args) -> RemoteEngine:
 
 def _api_key(named: str | None) -> str | None:
     """The key from the environment: a variable named by --api-key-env must be set."""
+    if named is not None and not ENV_NAME.fullmatch(named):  # a key given where its name goes: never echoed
+        raise PhoenixError("--api-key-env takes the name of an environment variable (like MY_KEY), not the key")
     key = os.environ.get(named or DEFAULT_KEY_ENV) or None
     if named and key is None:
         raise PhoenixError(f"--api-key-env {named}: the environment variable {named} is not set")

@@ -5,7 +5,10 @@ The openai client does the protocol (requests, SSE, error types); it is built wi
 `max_retries=0` because retrying is ours: each wait on a busy server is a notice the user sees.
 `stream_chat` / `stream_completion` never raise: every fault, before the first byte or after,
 is their final delta (finish "error", or "cut" when text had come) with a one-line `error`.
-`models()`, `check()` and `resolved_model()` raise RemoteError.
+`models()`, `check()` and `resolved_model()` raise RemoteError. `cancel` is polled between
+chunks, during retry waits and by a watcher thread while the stream waits for bytes (so it must
+be callable from another thread: an Event's is_set is); it is not seen while the client waits
+for the response's headers (servers send those at once for a stream; else the timeout ends it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from phoenix_chat.engine.sampling import SamplingParams
 from . import faults, fields, retry
 from .deltas import RemoteDelta, RemoteUsage
 from .errors import RemoteError
-from .reading import Clock, Kind, read_stream
+from .reading import CANCEL_POLL_S, Clock, Kind, read_stream
 from .target import RemoteTarget
 
 __all__ = ["RemoteDelta", "RemoteEngine", "RemoteError", "RemoteTarget", "RemoteUsage"]
@@ -30,7 +33,6 @@ __all__ = ["RemoteDelta", "RemoteEngine", "RemoteError", "RemoteTarget", "Remote
 log = logging.getLogger(__name__)
 
 NO_KEY = "no-key"  # sent when the target has none: the client insists on one (and must not read OPENAI_API_KEY)
-CANCEL_POLL_S = 0.05  # how often a retry's wait looks at `cancel`
 
 
 def _never() -> bool:

@@ -2,20 +2,65 @@
 finish reason and the usage (TTFT and tok/s measured here, on the client's clock).
 
 Never raises: a fault while reading ends the answer with a final delta — "cut" when text had
-come (it is kept), "error" when none had.
+come (it is kept), "error" when none had. Stop is prompt even while the server sends nothing (a
+long prefill, a stall): a watcher thread polls `cancel` and shuts the socket down, which wakes
+the blocked read at once (closing the response from another thread would not).
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal
 
 from .deltas import RemoteDelta, RemoteFinish, RemoteUsage
 from .errors import RemoteError
 
 Kind = Literal["chat", "text"]
+
+
+CANCEL_POLL_S = 0.05  # how often the watcher looks at `cancel`
+
+
+class CancelWatcher:
+    """While a stream is read: polls `cancel` on a thread of its own and, when it says stop,
+    shuts the stream's socket down (where the HTTP library exposes it, as httpx and httpx2 do)."""
+
+    def __init__(self, stream: Any, cancel: Callable[[], bool]) -> None:
+        self.stream, self.cancel = stream, cancel
+        self.fired = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="remote-cancel-watcher", daemon=True)
+
+    def __enter__(self) -> CancelWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(CANCEL_POLL_S):
+            if self.cancel():
+                self.fired.set()
+                shut_down(self.stream)
+                return
+
+
+def shut_down(stream: Any) -> None:
+    """Wake a read blocked on the stream's socket (it then fails, and the stream is closed)."""
+    try:
+        network = stream.response.extensions.get("network_stream")
+        sock = network.get_extra_info("socket") if network is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: nothing is blocked on it
 
 
 class MalformedChunk(ValueError):
@@ -98,16 +143,23 @@ def read_stream(
                 "malformed", f"{host} answered with {content_type or 'no content type'}, not an event stream"
             )
         else:
-            for chunk in stream:
-                text, reason = pieces(chunk, kind)
-                server_usage = getattr(chunk, "usage", None) or server_usage
-                finish = reason or finish
-                if text:
-                    clock.text_came()
-                    yield RemoteDelta(text=text, tokens=1)
-                if cancel():
-                    cancelled = True
-                    break
+            with CancelWatcher(stream, cancel) as watcher:
+                try:
+                    for chunk in stream:
+                        text, reason = pieces(chunk, kind)
+                        server_usage = getattr(chunk, "usage", None) or server_usage
+                        finish = reason or finish
+                        if text:
+                            clock.text_came()
+                            yield RemoteDelta(text=text, tokens=1)
+                        if cancel():
+                            cancelled = True
+                            break
+                except Exception:
+                    if not watcher.fired.is_set():
+                        raise
+                    cancelled = True  # the watcher shut the socket: the read failed on purpose
+                cancelled = cancelled or (watcher.fired.is_set() and finish is None)
     except Exception as exc:  # the client's errors, JSON's, ours: each one line (faults.describe)
         failure = describe(exc)
     finally:

@@ -57,11 +57,14 @@ def wait_idle(scheduler: Scheduler, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, input_text: str | None = None
+) -> subprocess.CompletedProcess:
     """`phoenix-chat ARGS` in a subprocess (this checkout's code: PYTHONPATH is inherited)."""
     return subprocess.run(
         [sys.executable, "-m", "phoenix_chat.app.cli", *args],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if input_text is None else None,
+        input=input_text,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -33,8 +33,8 @@ class Seen:
 
 
 class MisbehavingServer:
-    def __init__(self, tls: ssl.SSLContext | None = None, delay_s: float = 3.0):
-        self.tls = tls
+    def __init__(self, tls: ssl.SSLContext | None = None, delay_s: float = 3.0, host: str = "127.0.0.1"):
+        self.tls, self.host = tls, host
         self.delay_s = delay_s  # how long "slow" and "stall" keep the client waiting
         self.seen: list[Seen] = []
         self.hits: Counter[str] = Counter()  # answers asked for, per behaviour (the busy ones count them)
@@ -43,13 +43,13 @@ class MisbehavingServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="misbehaving-server", daemon=True)
         self._server: asyncio.Server | None = None
 
-    def url(self, behaviour: str) -> str:
+    def url(self, behaviour: str, host: str = "127.0.0.1") -> str:
         scheme = "https" if self.tls else "http"
-        return f"{scheme}://127.0.0.1:{self.port}/{behaviour}/v1"
+        return f"{scheme}://{host}:{self.port}/{behaviour}/v1"
 
     def __enter__(self) -> MisbehavingServer:
         self._thread.start()
-        start = asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
+        start = asyncio.start_server(self._handle, self.host, 0, ssl=self.tls)
         self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -83,6 +83,8 @@ class MisbehavingServer:
             await self._answer(behaviour, endpoint, seen, writer)
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             pass  # the client went away (a test's cancel, a TLS refusal): nothing to answer
+        except asyncio.CancelledError:
+            pass  # the double is shutting down with this connection still held
         finally:
             writer.close()
 

@@ -16,6 +16,7 @@ import pytest
 from phoenix_chat.engine.remote.engine import RemoteDelta, RemoteEngine, RemoteError, RemoteTarget
 from phoenix_chat.engine.sampling import SamplingParams
 
+from .conftest import cli
 from .misbehaving_server import MODEL, WORDS, MisbehavingServer
 
 CHAT = [{"role": "user", "content": "Say hello"}]
@@ -134,6 +135,22 @@ def test_cancel_during_a_retry_wait(double):
     assert final.finish_reason == "cancelled" and len(notices) == 1 and time.monotonic() - start < 2
 
 
+def test_stop_while_the_server_sends_nothing_is_prompt(double):
+    """Stop during a stall (as during a long prefill): the stream is closed at once, not when
+    the server's next byte or the read timeout comes."""
+    seen = []
+    start = time.monotonic()
+
+    def cancel() -> bool:
+        return len(seen) >= 2 and time.monotonic() - start > 0.3
+
+    for d in engine(double.url("stall"), timeout_s=30).stream_chat(CHAT, PARAMS, 16, cancel=cancel):
+        seen.append(d)
+    assert seen[-1].finish_reason == "cancelled" and seen[-1].error is None
+    assert "".join(d.text for d in seen) == "".join(WORDS[:2])
+    assert time.monotonic() - start < 1.5  # the double stalls for 3 s
+
+
 def test_slow_headers_time_out(double):
     start = time.monotonic()
     _, final, _ = answer(engine(double.url("slow"), timeout_s=0.5))
@@ -206,6 +223,29 @@ def test_a_closed_port_is_unreachable():
     assert final.finish_reason == "error" and final.error == str(err.value)
 
 
+def test_a_connect_timeout():
+    """A real listener whose accept queue is full (listen(0), never accepting): the kernel drops
+    the next SYN, so the client's connect waits out its timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(4)]
+        for f in fillers:
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+        time.sleep(0.2)
+        start = time.monotonic()
+        try:
+            with pytest.raises(RemoteError) as err:
+                engine(f"http://127.0.0.1:{port}", timeout_s=1.0).models()
+        finally:
+            for f in fillers:
+                f.close()
+    assert err.value.kind == "timeout" and 0.9 < time.monotonic() - start < 5
+    assert str(err.value) == f"cannot reach 127.0.0.1:{port}: no connection within 1 s"
+
+
 def test_an_unknown_host_is_unreachable():
     with pytest.raises(RemoteError) as err:
         engine("http://no-such-host.invalid:8080", timeout_s=10).models()
@@ -268,3 +308,42 @@ def test_a_model_the_server_does_not_list(double):
     assert str(err.value) == f"127.0.0.1:{double.port} has no model 'gpt-9' (it serves: {MODEL})"
     _, final, _ = answer(e)
     assert final.finish_reason == "error" and final.error == str(err.value)
+
+
+def test_cli_faults_are_one_line_and_exit_2(double):
+    cut = cli("run", "--remote", double.url("cut"), "Say hello")
+    assert cut.returncode == 2 and cut.stdout == "".join(WORDS[:2]) + "\n"  # the text that came stays
+    last = cut.stderr.splitlines()[-1]
+    assert last.startswith(f"phoenix-chat: error: 127.0.0.1:{double.port} closed the connection: ")
+    assert "finish: cut]" in cut.stderr
+    busy = cli("run", "--remote", double.url("busy-1-0"), "Say hello")
+    assert busy.returncode == 0 and busy.stdout == "".join(WORDS) + "\n"
+    assert f"phoenix-chat: 127.0.0.1:{double.port} is busy (429): retrying in 1 s (retry 1 of 4)\n" in busy.stderr
+    gateway = cli("run", "--remote", double.url("gateway"), "Say hello")
+    assert (gateway.returncode, gateway.stdout) == (2, "\n")
+    assert gateway.stderr == f"phoenix-chat: error: 127.0.0.1:{double.port} failed: server error 502: 502 Bad Gateway\n"
+
+
+def own_address() -> str | None:
+    """This machine's address on its network (not loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: the kernel picks the outgoing address
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_cli_warns_once_for_plain_http_to_another_machine():
+    address = own_address()
+    if address is None:
+        pytest.skip("this machine has no network address other than loopback")
+    with MisbehavingServer(host="0.0.0.0") as anywhere:
+        proc = cli("chat", "--remote", anywhere.url("ok", host=address), input_text="hi\nhi again\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (
+        f"phoenix-chat: warning: plain http:// to {address}:{anywhere.port}: prompts, answers and the API key "
+        "travel unencrypted (use https://)\n"
+    )
+    assert proc.stdout.count("".join(WORDS)) == 2
