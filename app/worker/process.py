@@ -569,7 +569,9 @@ class Worker:
 class _AnswerPump:
     """One answer's way to the GUI: text coalesced to ~30 messages/s, stats at 4 Hz, and the
     finish. The stats are measured here from the deltas (tokens counted, TTFT at the first
-    text, tok/s after it) unless a `record` of the engine's own (speculative path) is set."""
+    text, tok/s after it) unless a `record` of the engine's own (speculative path) is set.
+    Text held back to coalesce goes out within DELTA_INTERVAL_S even when no more comes (a
+    timer sends it): a remote server that stalls mid-answer must not hide what it already sent."""
 
     def __init__(self, worker: Worker, gen_id: str, stop) -> None:
         self.worker = worker
@@ -586,6 +588,20 @@ class _AnswerPump:
         self.remote_usage = None  # a remote engine's RemoteUsage (client-side TTFT and tok/s, server's counts)
         self.record: Any = None  # the engine's GenerationResponse (speculative path)
         self.spec: Any = None  # its SpeculativeStats
+        self._pending_lock = threading.Lock()  # the feeding thread and the flush timer share `pending`
+        self._flush_timer: threading.Timer | None = None
+
+    def _send_pending(self) -> None:
+        """Send the held-back text now (the caller holds _pending_lock)."""
+        if self.pending:
+            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+            self.pending.clear()
+            self.last_delta = time.monotonic()
+
+    def _flush_later(self) -> None:
+        with self._pending_lock:
+            self._flush_timer = None
+            self._send_pending()
 
     def feed(self, text: str, tokens: int, final: bool) -> bool:
         """Hand on `text` (`tokens` new ids); True when the completion's blank line ended it."""
@@ -595,15 +611,18 @@ class _AnswerPump:
         piece = self.stop.feed(text) if self.stop is not None else text
         if self.stop is not None and final:
             piece += self.stop.flush()  # the end: held-back text was not a blank line after all
-        if piece:
-            self.pending.append(piece)
-            self.text.append(piece)
         now = time.monotonic()
-        first = len(self.text) == 1 and bool(self.pending)
-        if self.pending and (first or now - self.last_delta >= DELTA_INTERVAL_S):
-            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
-            self.pending.clear()
-            self.last_delta = now
+        with self._pending_lock:
+            if piece:
+                self.pending.append(piece)
+                self.text.append(piece)
+            first = len(self.text) == 1 and bool(self.pending)
+            if self.pending and (first or now - self.last_delta >= DELTA_INTERVAL_S):
+                self._send_pending()
+            elif self.pending and self._flush_timer is None:
+                self._flush_timer = threading.Timer(DELTA_INTERVAL_S, self._flush_later)
+                self._flush_timer.daemon = True
+                self._flush_timer.start()
         if now - self.last_stats >= STATS_INTERVAL_S:
             self.worker.send(P.STATS_CHANGED, id=self.gen_id, stats=self.stats().to_dict())
             self.last_stats = now
@@ -658,8 +677,11 @@ class _AnswerPump:
         )
 
     def finish(self, reason: str) -> None:
-        if self.pending:
-            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+        with self._pending_lock:  # the last text goes before the finish, and the timer sends nothing after it
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            self._send_pending()
         measured = self.tokens or self.prompt_tokens or self.record is not None
         stats = self.stats().idle() if measured else P.GenerationStats()
         self.worker.send(

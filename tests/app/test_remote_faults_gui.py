@@ -6,6 +6,7 @@ sampling field. The server is the `remote` helper's named test double
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -89,3 +90,35 @@ def test_busy_and_refused_field_notices_show_in_the_status_bar(qtbot, make_app, 
     assert bodies[0]["top_k"] == 40 and bodies[0]["min_p"] == 0.05  # the chat's settings went out
     (again,) = [s.body for s in double.seen[second:] if s.body]
     assert not set(extras) & set(again)  # not sent again
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "kept"),
+    [
+        ("stall", "".join(WORDS[:2])),  # two pieces, then nothing for 3 s
+        pytest.param(
+            "slow",  # the response headers come after 3 s
+            "",
+            marks=pytest.mark.xfail(
+                strict=True, reason="engine/remote: before the response headers, Stop waits for them (or the timeout)"
+            ),
+        ),
+    ],
+)
+def test_stop_while_the_server_sends_nothing(qtbot, make_app, home, double, behaviour, kept):
+    """A server gone quiet: Stop ends the answer at once, not when the server speaks again; what
+    came is kept as stopped."""
+    app = app_on(make_app, home, double.url(behaviour))
+    wait_loaded(qtbot, app)
+    hits = double.hits[behaviour]
+    app.chat.send("Say hello")
+    qtbot.waitUntil(lambda: double.hits[behaviour] == hits + 1, timeout=ANSWER_TIMEOUT_MS)  # the request is out
+    if kept:  # shown while the server is quiet, not only once it speaks again (3 s later)
+        qtbot.waitUntil(lambda: app.chat.answer_text == kept, timeout=2_000)
+    pressed = time.monotonic()
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        app.chat.stop()
+    assert done.args[1] == "cancelled" and time.monotonic() - pressed < 2.0
+    app.store.flush()
+    ((content, complete, stats, _engine, _v),) = saved_answers(home)
+    assert content == kept and complete == 1 and json.loads(stats)["finish_reason"] == "cancelled"
