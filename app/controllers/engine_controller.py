@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import html
+from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
@@ -23,6 +24,16 @@ from phoenix_chat.app.views.main_window import MainWindow
 from phoenix_chat.app.worker.client import WorkerClient
 
 PROBE_TIMEOUT_S = 20.0
+CREDENTIALS_IN_URL = "The URL holds a user name or password: put the key in the API key field (kept in the keyring)."
+
+
+def has_credentials(url: str) -> bool:
+    """user:password@ in the URL would be saved in settings.json with it: refused."""
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+    except ValueError:
+        return False
+    return "@" in parts.netloc
 
 
 def probe(url: str, model: str | None, api_key: str | None) -> tuple[str, list[str]]:
@@ -105,6 +116,10 @@ class EngineController(QObject):
         if not profile["url"]:
             dialog.set_status("Type the server's URL first.", False)
             return
+        if has_credentials(profile["url"]):
+            dialog.set_status(CREDENTIALS_IN_URL, False)
+            self.tested.emit(False, CREDENTIALS_IN_URL)
+            return
         dialog.set_testing(True)
         key = dialog.api_key.text() or None
         future = asyncio.get_event_loop().run_in_executor(self._pool, probe, profile["url"], profile["model"], key)
@@ -135,8 +150,9 @@ class EngineController(QObject):
             self.settings.set("engine", "local")
             return
         profile = dialog.profile()
-        if not profile["url"]:
-            self.window.statusBar().showMessage("No server URL given: the engine was not changed.", 8000)
+        if not profile["url"] or has_credentials(profile["url"]):
+            why = CREDENTIALS_IN_URL if profile["url"] else "No server URL given."
+            self.window.statusBar().showMessage(f"{why} The engine was not changed.", 10000)
             return
         editing = dialog.editing()
         old = self._profile(editing) if editing else None

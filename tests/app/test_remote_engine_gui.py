@@ -424,10 +424,20 @@ def test_without_a_keyring_the_key_works_for_the_session_and_is_written_nowhere(
     dialog = app.engines.open_dialog()
     assert dialog.key_note.isVisibleTo(dialog) and "session only" in dialog.key_note.text()
     dialog.remote_radio.click()
-    dialog.url.setText(running.url)
-    dialog.api_key.setText(KEY)
     shown: list[str] = []
     app.window.statusBar().messageChanged.connect(lambda text: shown.append(text))
+    # a key in the URL would be saved with it in settings.json: refused
+    dialog.url.setText(running.url.replace("://", f"://user:{KEY}@"))
+    with qtbot.waitSignal(app.engines.tested, timeout=SERVER_MS) as tested:
+        dialog.test_button.click()
+    assert not tested.args[0] and "user name or password" in tested.args[1]
+    dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert any("user name or password" in s for s in shown) and app.settings.values.remote_profiles == []
+    assert app.settings.values.engine == "local"
+    dialog = app.engines.open_dialog()
+    dialog.remote_radio.click()
+    dialog.url.setText(running.url)
+    dialog.api_key.setText(KEY)
     with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
         dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
     assert ready.args[0]["remote"] and any("session only" in s for s in shown)
