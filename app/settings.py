@@ -56,6 +56,18 @@ class Settings:
     window_geometry: str | None = None  # hex of QWidget.saveGeometry()
     server_enabled: bool = False  # Server → Run local server: started at launch once the model loads
     server_port: int = DEFAULT_PORT  # on 127.0.0.1 (0: any free port)
+    # Settings → Engine…: "local" (this computer) or "remote" (the profile named remote_profile)
+    engine: str = "local"
+    # saved remote servers: {name, url, model (None: the server's first)}; API keys are in the
+    # OS keyring (app/secrets.py), never here
+    remote_profiles: list[dict] = field(default_factory=list)
+    remote_profile: str | None = None
+
+    def remote(self) -> dict | None:
+        """The chosen remote profile (None: the local engine, or no such profile)."""
+        if self.engine != "remote":
+            return None
+        return next((p for p in self.remote_profiles if p["name"] == self.remote_profile), None)
 
     def sampling_defaults(self) -> dict:
         return {
@@ -66,6 +78,30 @@ class Settings:
             "repetition_penalty": self.repetition_penalty,
             "max_tokens": self.max_tokens,
         }
+
+
+ENGINES = ("local", "remote")
+PROFILE_FIELDS = ("name", "url", "model")
+
+
+def _is_profile(value: object) -> bool:
+    """{name, url, model} and nothing else (an "api_key" field is refused: keys live in the keyring)."""
+    return (
+        isinstance(value, dict)
+        and set(value) == set(PROFILE_FIELDS)
+        and isinstance(value["name"], str)
+        and bool(value["name"].strip())
+        and isinstance(value["url"], str)
+        and bool(value["url"].strip())
+        and (value["model"] is None or isinstance(value["model"], str))
+    )
+
+
+def _profiles_ok(value: object) -> bool:
+    if not isinstance(value, list) or not all(_is_profile(p) for p in value):
+        return False
+    names = [p["name"] for p in value]
+    return len(names) == len(set(names))
 
 
 def _quant_spelling(value: object) -> object:
@@ -99,6 +135,9 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "draft_model": lambda v: v is None or isinstance(v, str),
     "server_enabled": lambda v: isinstance(v, bool),
     "server_port": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535,
+    "engine": lambda v: v in ENGINES,
+    "remote_profiles": _profiles_ok,
+    "remote_profile": lambda v: v is None or isinstance(v, str),
 }
 
 
@@ -147,6 +186,22 @@ class SettingsModel:
 
     def remove_recent_model(self, path: str) -> None:
         self.set("recent_models", [p for p in self.values.recent_models if p != path])
+
+    def save_remote_profile(self, profile: dict, *, replacing: str | None = None) -> None:
+        """Add `profile` ({name, url, model}), or put it in place of the one named `replacing`
+        (or of its own name); a profile with a key field is refused (ValueError)."""
+        if not _is_profile(profile):
+            raise ValueError(f"bad remote profile: fields must be {', '.join(PROFILE_FIELDS)}")
+        old = {replacing, profile["name"]}
+        kept = [p for p in self.values.remote_profiles if p["name"] not in old]
+        at = next((i for i, p in enumerate(self.values.remote_profiles) if p["name"] in old), len(kept))
+        self.set("remote_profiles", [*kept[:at], dict(profile), *kept[at:]])
+
+    def remove_remote_profile(self, name: str) -> None:
+        self.set("remote_profiles", [p for p in self.values.remote_profiles if p["name"] != name])
+        if self.values.remote_profile == name:
+            self.set("engine", "local")
+            self.set("remote_profile", None)
 
     def save(self) -> None:
         data = {"version": SETTINGS_VERSION, **asdict(self.values)}

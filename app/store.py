@@ -26,8 +26,9 @@ from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
 
 # 2: earlier versions of a regenerated answer (message_versions, messages.version);
-# 3: conversations.mode (chat or completion, per chat)
-SCHEMA_VERSION = 3
+# 3: conversations.mode (chat or completion, per chat);
+# 4: messages.engine / message_versions.engine (which engine and model wrote an answer)
+SCHEMA_VERSION = 4
 EXPORT_VERSION = 1  # the export format's own version (it shows each answer's shown version only)
 DB_NAME = "history.sqlite3"
 
@@ -45,10 +46,12 @@ CREATE TABLE IF NOT EXISTS message_versions (
     UNIQUE (message_id, version)
 );
 """
+_VERSIONS_ENGINE = "ALTER TABLE message_versions ADD COLUMN engine TEXT;"  # schema 4: who wrote that version
 # version → the script that brings a database of the version before up to it
 _MIGRATIONS = {
     2: "ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1;" + _VERSIONS_TABLE,
     3: "ALTER TABLE conversations ADD COLUMN mode TEXT;",
+    4: "ALTER TABLE messages ADD COLUMN engine TEXT;" + _VERSIONS_ENGINE,
 }
 _SCHEMA = (
     """
@@ -70,11 +73,13 @@ CREATE TABLE IF NOT EXISTS messages (
     complete        INTEGER NOT NULL DEFAULT 1,
     created_at      REAL NOT NULL,
     stats           TEXT NOT NULL DEFAULT '{}',
-    version         INTEGER NOT NULL DEFAULT 1  -- which version of this answer is shown (1-based)
+    version         INTEGER NOT NULL DEFAULT 1,  -- which version of this answer is shown (1-based)
+    engine          TEXT  -- who wrote an answer: "local:<model name>" or "remote:<host>/<model>"; NULL: not known
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
     + _VERSIONS_TABLE
+    + _VERSIONS_ENGINE
 )
 
 
@@ -100,6 +105,7 @@ class Message:
     stats: dict = field(default_factory=dict)
     version: int = 1  # the version of this answer on show (Regenerate adds one)
     versions: int = 1  # how many versions it has
+    engine: str | None = None  # who wrote this answer ("local:gemma-3-270m", "remote:host:8000/model")
 
 
 def db_path(home=None) -> Path:
@@ -233,15 +239,24 @@ class Store:
             return Message(cur.lastrowid, conversation_id, pos, role, content, complete, dict(stats or {}))
 
     def update_message(
-        self, message_id: int, content: str, *, complete: bool | None = None, stats: dict | None = None
+        self,
+        message_id: int,
+        content: str,
+        *,
+        complete: bool | None = None,
+        stats: dict | None = None,
+        engine: str | None = None,
     ) -> None:
-        """Replace a message's text (a streaming answer is saved this way, repeatedly)."""
+        """Replace a message's text (a streaming answer is saved this way, repeatedly); `engine`:
+        which engine and model wrote it (kept when None)."""
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
             if complete is not None:
                 db.execute("UPDATE messages SET complete = ? WHERE id = ?", (int(complete), message_id))
             if stats is not None:
                 db.execute("UPDATE messages SET stats = ? WHERE id = ?", (json.dumps(stats), message_id))
+            if engine is not None:
+                db.execute("UPDATE messages SET engine = ? WHERE id = ?", (engine, message_id))
 
     def add_version(self, message_id: int) -> Message:
         """Regenerate: keep the answer's shown text as an earlier version and empty the row
@@ -251,15 +266,23 @@ class Store:
             if row is None or row["role"] != "assistant":
                 raise ValueError(f"message {message_id} is not an answer")
             db.execute(
-                "INSERT INTO message_versions (message_id, version, content, complete, stats, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (message_id, row["version"], row["content"], row["complete"], row["stats"], row["created_at"]),
+                "INSERT INTO message_versions (message_id, version, content, complete, stats, created_at, engine) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    message_id,
+                    row["version"],
+                    row["content"],
+                    row["complete"],
+                    row["stats"],
+                    row["created_at"],
+                    row["engine"],
+                ),
             )
             count = db.execute("SELECT COUNT(*) FROM message_versions WHERE message_id = ?", (message_id,)).fetchone()
             number = count[0] + 1
             db.execute(
-                "UPDATE messages SET content = '', complete = 0, stats = '{}', version = ?, created_at = ? "
-                "WHERE id = ?",
+                "UPDATE messages SET content = '', complete = 0, stats = '{}', version = ?, created_at = ?, "
+                "engine = NULL WHERE id = ?",
                 (number, time.time(), message_id),
             )
         return Message(message_id, row["conversation_id"], row["position"], "assistant", "", False, {}, number, number)
@@ -275,20 +298,30 @@ class Store:
             if other is None or shown is None:
                 return False
             db.execute(
-                "UPDATE message_versions SET version = ?, content = ?, complete = ?, stats = ?, created_at = ? "
-                "WHERE id = ?",
+                "UPDATE message_versions SET version = ?, content = ?, complete = ?, stats = ?, created_at = ?, "
+                "engine = ? WHERE id = ?",
                 (
                     shown["version"],
                     shown["content"],
                     shown["complete"],
                     shown["stats"],
                     shown["created_at"],
+                    shown["engine"],
                     other["id"],
                 ),
             )
             db.execute(
-                "UPDATE messages SET version = ?, content = ?, complete = ?, stats = ?, created_at = ? WHERE id = ?",
-                (version, other["content"], other["complete"], other["stats"], other["created_at"], message_id),
+                "UPDATE messages SET version = ?, content = ?, complete = ?, stats = ?, created_at = ?, engine = ? "
+                "WHERE id = ?",
+                (
+                    version,
+                    other["content"],
+                    other["complete"],
+                    other["stats"],
+                    other["created_at"],
+                    other["engine"],
+                    message_id,
+                ),
             )
         return True
 
@@ -342,9 +375,7 @@ class Store:
                                 "created_at": c.created_at,
                                 "system_prompt": c.system_prompt,
                                 "sampling": c.sampling,
-                                "messages": [
-                                    {"role": m.role, "content": m.content, "complete": m.complete} for m in msgs
-                                ],
+                                "messages": [_exported(m) for m in msgs],
                             }
                             for c, msgs in items
                         ],
@@ -458,6 +489,14 @@ class _Transaction:
             self.lock.release()
 
 
+def _exported(m: Message) -> dict:
+    """A message in the JSON export; an answer says which engine wrote it where that is known."""
+    out: dict = {"role": m.role, "content": m.content, "complete": m.complete}
+    if m.engine is not None:
+        out["engine"] = m.engine
+    return out
+
+
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -485,4 +524,5 @@ def _message(row) -> Message:
         json.loads(row["stats"] or "{}"),
         row["version"],
         row["versions"] if "versions" in row.keys() else 1,
+        row["engine"],
     )

@@ -15,12 +15,14 @@ from phoenix_chat.app.controllers.chat_controller import ChatController
 from phoenix_chat.app.controllers.defaults_controller import DefaultsController
 from phoenix_chat.app.controllers.diagnostics_controller import DiagnosticsController
 from phoenix_chat.app.controllers.draft_controller import DraftController
+from phoenix_chat.app.controllers.engine_controller import EngineController
 from phoenix_chat.app.controllers.gauges_controller import GaugesController
 from phoenix_chat.app.controllers.model_controller import ModelController
 from phoenix_chat.app.controllers.server_controller import ServerController
 from phoenix_chat.app.controllers.wiring import choice_sets
 from phoenix_chat.app.gauges.amdgpu import DEFAULT_ROOT
 from phoenix_chat.app.gauges.sampler import GaugeSampler
+from phoenix_chat.app.secrets import SecretStore
 from phoenix_chat.app.settings import SettingsModel
 from phoenix_chat.app.store import Store, StoreThread
 from phoenix_chat.app.views.main_window import MainWindow
@@ -30,8 +32,15 @@ from phoenix_chat.app.worker.client import WorkerClient
 
 class AppController(QObject):
     def __init__(
-        self, home=None, *, model_path: str | None = None, sysfs_root: str = DEFAULT_ROOT, autoload: bool = True
+        self,
+        home=None,
+        *,
+        model_path: str | None = None,
+        sysfs_root: str = DEFAULT_ROOT,
+        autoload: bool = True,
+        secrets: SecretStore | None = None,
     ):
+        """secrets: where remote servers' API keys are kept (None: the system keyring)."""
         super().__init__()
         self.settings = SettingsModel(home)
         if model_path is not None:
@@ -46,6 +55,8 @@ class AppController(QObject):
         self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
         self.defaults = DefaultsController(self.window, self.settings)
         self.diagnostics = DiagnosticsController(self.window)
+        self.secrets = secrets if secrets is not None else SecretStore()
+        self.engines = EngineController(self.window, self.worker, self.settings, self.models, self.secrets)
         self.server = ServerController(self.window, self.worker, self.settings)
         self.gauges = GaugesController(self.window.devices, self.worker, GaugeSampler(sysfs_root))
 
@@ -101,5 +112,6 @@ class AppController(QObject):
         self.chat._save_partial()
         self.gauges.stop()
         self.diagnostics.stop()
+        self.engines.stop()
         self.worker.stop()
         self.store.close()

@@ -39,7 +39,7 @@ FINISH_NOTES = {
     "or raise Devices → Context length.",
 }
 INTERRUPTED_NOTE = "Interrupted: Phoenix Chat closed before this answer finished. Continue or Regenerate it below."
-CONTINUABLE = ("interrupted", "length", "cancelled", "crashed")  # finish reasons Continue can go on from
+CONTINUABLE = ("interrupted", "length", "cancelled", "crashed", "cut")  # finish reasons Continue can go on from
 STOPPING_NOTE = "stopping…"
 MODE_LINES = {  # (mode, base model?) → the one line above the transcript
     ("completion", True): "Completion mode: this base model continues your text (no chat template) up to a blank line.",
@@ -77,6 +77,8 @@ class ChatController(QObject):
         self.answer_dirty = False
         self.answer_prefix = ""  # a continued answer's earlier text
         self.fit_note = ""  # what the model left out of a chat longer than its context
+        self.gen_error: str | None = None  # the engine's one-line error for this answer (a cut remote stream)
+        self.answer_engine: str | None = None  # who writes it ("local:…", "remote:host/model"), saved with it
         self.busy = False
         self.stopping = False
         self.queue: list[int] = []  # chats whose sent message waits for the running answer
@@ -371,6 +373,7 @@ class ChatController(QObject):
         self.answer_text = ""
         self.answer_prefix = ""
         self.fit_note = ""
+        self.gen_error = None
         self.live_stats = None
         if conv_id == self.conversation_id:
             self._show_messages(pending=not continuing, replacing=regenerating)
@@ -411,6 +414,7 @@ class ChatController(QObject):
             answer = self.store.add_message(conv_id, "assistant", "", complete=False)
         self.answer_id = answer.id
         self.answer_dirty = False
+        self.answer_engine = self.models.engine_label()
         self.gen_id = self.worker.request_generation(
             prompt,
             sampling,
@@ -461,6 +465,7 @@ class ChatController(QObject):
 
     def _on_error(self, request_id: str, message: str) -> None:
         if request_id and request_id == self.gen_id:
+            self.gen_error = message
             self.view.show_notice(html.escape(f"The engine reported an error: {message}"), "error")
 
     def _on_finished(self, gen_id: str, reason: str, stats: GenerationStats, text: str) -> None:
@@ -468,6 +473,8 @@ class ChatController(QObject):
             return
         self.answer_text = self.answer_prefix + text if text else self.answer_text
         note = FINISH_NOTES.get(reason, "The answer failed (see the message above)." if reason == "error" else "")
+        if reason == "cut":  # a remote stream that broke off: what came is kept
+            note = f"Answer cut: {self.gen_error or 'the stream ended early'}"
         note = " ".join(n for n in (self.fit_note, note) if n)
         self._close_answer(note, reason, stats)
 
@@ -488,7 +495,9 @@ class ChatController(QObject):
         answer_id = self.answer_id
         if answer_id is not None:
             saved = {**(stats.to_dict() if stats else {}), "finish_reason": reason, **({"note": note} if note else {})}
-            self.store.update_message(answer_id, self.answer_text, complete=True, stats=saved)
+            self.store.update_message(
+                answer_id, self.answer_text, complete=True, stats=saved, engine=self.answer_engine
+            )
         self.gen_id = None
         self.answer_id = None
         if self.conversation_id is not None and self.gen_conversation == self.conversation_id:
@@ -573,6 +582,9 @@ class ChatController(QObject):
             shown.append(ShownMessage(None, "system", conv.system_prompt))
         for m in self.messages[:-1] if replacing else self.messages:
             answer = m.role == "assistant"
+            figures = answer_figures(m.stats) if answer else ""
+            if answer and m.engine and m.engine.startswith("remote:"):  # who wrote it, when not this computer
+                figures = " · ".join(part for part in (figures, f"via {m.engine.removeprefix('remote:')}") if part)
             shown.append(
                 ShownMessage(
                     m.id,
@@ -580,7 +592,7 @@ class ChatController(QObject):
                     m.content,
                     m.complete or not answer,
                     m.stats.get("note", "") if answer else "",
-                    answer_figures(m.stats) if answer else "",
+                    figures,
                     m.version,
                     m.versions,
                 )

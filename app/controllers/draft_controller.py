@@ -49,8 +49,12 @@ class DraftController(QObject):
         settings.subscribe(self._on_setting)
         self._sync_menu()
 
-    def _on_model_ready(self, _info: dict) -> None:
+    def _on_model_ready(self, info: dict) -> None:
         self.info = None  # a load drops the draft in the worker
+        if info.get("remote"):  # a remote server has no draft model of ours
+            self.candidates = []
+            self._sync_menu()
+            return
         self._ask_candidates()
         if self.settings.values.draft_model is not None:
             self.worker.request_draft(self.settings.values.draft_model)
@@ -116,3 +120,4 @@ class DraftController(QObject):
             for c in self.candidates
         ]
         self.window.set_draft_choices(choices, self.settings.values.draft_model)
+        self.window.draft_menu.setEnabled(not (self.models.info or {}).get("remote"))

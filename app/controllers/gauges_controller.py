@@ -47,6 +47,15 @@ class GaugesController(QObject):
     def _on_model(self, _load_id: str, info: dict) -> None:
         self.backend = info.get("backend")
         self.sampler.report_engine(None)
+        self.panel.sparkline.clear()
+        self.panel.tps_value.setText("—")
+        if info.get("remote"):  # its devices are the server's: nothing of theirs is shown as ours
+            self.panel.engine_label.setText(
+                f"Engine — remote: {info['host']}, {info['model']}. Tokens/s measured here; "
+                "the gauges below are this computer's."
+            )
+        else:
+            self.panel.engine_label.setText(f"Engine — this computer: {info.get('backend')} on {info.get('device')}")
 
     def start(self) -> None:
         self._timer.start()

@@ -29,7 +29,8 @@ from phoenix_chat.app.views.dialogs import ModelInfoDialog, ReloadQuestion
 from phoenix_chat.app.views.main_window import APP_TITLE, QUANT_LABELS, MainWindow
 from phoenix_chat.app.worker.client import WorkerClient
 
-RELOAD_KEYS = ("model_path", "quant", "backend", "npu", "context_length")
+RELOAD_KEYS = ("engine", "remote_profile", "model_path", "quant", "backend", "npu", "context_length")
+LOCAL_KEYS = ("model_path", "quant", "backend", "npu", "context_length")  # shape a local model only
 EMBEDDED_NAME = "Gemma 3 270M (embedded)"
 CHANGE_NAMES = {  # what the reload question says about the change
     "reload": "Reload model loads the model again.",
@@ -38,6 +39,8 @@ CHANGE_NAMES = {  # what the reload question says about the change
     "backend": "The new backend needs the model loaded again.",
     "npu": "The new NPU setting needs the model loaded again.",
     "context_length": "The new context length needs the model loaded again.",
+    "engine": "The engine you chose (Settings → Engine) takes over from the current one.",
+    "remote_profile": "The remote server you chose takes over from the current one.",
 }
 
 
@@ -62,6 +65,8 @@ class ModelController(QObject):
         self.info_dialog: ModelInfoDialog | None = None
         # Stops the answer being written (AppController points it at the chat's Stop).
         self.stop_answer: Callable[[], None] = self._cancel_generations
+        # A remote profile's API key by profile name (EngineController points it at the keyring).
+        self.api_key_for: Callable[[str], str | None] = lambda _name: None
 
         connect(
             worker,
@@ -103,6 +108,8 @@ class ModelController(QObject):
         self._requested = self._reload_values()
         backend, device = _split_backend(s.backend)
         self._load_future = asyncio.get_event_loop().create_future()
+        if s.engine == "remote":
+            return self._request_remote()
         self.load_id = self.worker.request_load(
             path=s.model_path,
             backend=backend,
@@ -112,6 +119,21 @@ class ModelController(QObject):
             npu=s.npu if s.npu != "off" else None,
         )
         self.window.show_loading(0.0, "Starting engine")
+        self._set_model_label(loading=True)
+        return self._load_future
+
+    def _request_remote(self) -> asyncio.Future:
+        """request_load for the remote engine: the chosen profile's server, with its key."""
+        assert self._load_future is not None
+        remote = self.settings.values.remote()
+        if remote is None:  # a hand-edited settings file: say so, load nothing else in its place
+            text = f"No remote server named “{self.settings.values.remote_profile}” is saved: see Settings → Engine."
+            self.window.chat.show_notice(html.escape(text), "error")
+            self._set_model_label()
+            self._load_future.set_result(False)
+            return self._load_future
+        self.load_id = self.worker.request_remote(remote["url"], remote["model"], self.api_key_for(remote["name"]))
+        self.window.show_loading(0.0, "Connecting to the server")
         self._set_model_label(loading=True)
         return self._load_future
 
@@ -145,7 +167,7 @@ class ModelController(QObject):
         self.load_id = None
         self.info = info
         self.loaded = self._requested
-        path = self.loaded["model_path"] if self.loaded else None
+        path = self.loaded["model_path"] if self.loaded and self.loaded["engine"] == "local" else None
         if path is not None:
             self.settings.add_recent_model(path)  # only files that loaded are offered again
         self.window.show_loading(None)
@@ -294,8 +316,23 @@ class ModelController(QObject):
         self._sync_menus()
         if name == "recent_models":
             self._refresh_recent()
-        if name in RELOAD_KEYS and not self._rolling_back:
+        local_only = name in LOCAL_KEYS and self.settings.values.engine == "remote"
+        local_only |= name == "remote_profile" and self.settings.values.engine == "local"
+        if name in RELOAD_KEYS and not self._rolling_back and not local_only:
             self._reload_for(name)
+
+    def reload_engine(self) -> None:
+        """The chosen remote profile changed (its URL, model or key): connect again."""
+        self._reload_for("remote_profile")
+
+    def engine_label(self) -> str | None:
+        """Who writes answers now, as saved with each: "remote:host/model" or "local:<name>"."""
+        info = self.info
+        if info is None:
+            return None
+        if info.get("remote"):
+            return f"remote:{info['host']}/{info['model']}"
+        return f"local:{info.get('name') or EMBEDDED_NAME}"
 
     def _reload_values(self) -> dict:
         return {key: getattr(self.settings.values, key) for key in RELOAD_KEYS}
@@ -304,6 +341,12 @@ class ModelController(QObject):
         """A load's settings in a few words: "model.gguf (Q8_0, cpu, 2,048-token context)"."""
         if values is None:
             return "the model"
+        if values["engine"] == "remote":
+            profile = next(
+                (p for p in self.settings.values.remote_profiles if p["name"] == values["remote_profile"]), None
+            )
+            where = f" ({profile['url']})" if profile else ""
+            return f"the remote server “{values['remote_profile']}”{where}"
         name = Path(values["model_path"]).name if values["model_path"] else EMBEDDED_NAME
         ctx = values["context_length"]
         parts = [
@@ -317,6 +360,8 @@ class ModelController(QObject):
 
     def _sync_menus(self) -> None:
         s, w = self.settings.values, self.window
+        for group in (w.quant_group, w.backend_group, w.npu_group, w.context_group):
+            group.setEnabled(s.engine == "local")  # a remote server has its own devices and weights
         if s.quant in w.quant_actions:
             w.quant_actions[s.quant].setChecked(True)
         if s.npu in w.npu_actions:
@@ -366,8 +411,17 @@ class ModelController(QObject):
 
     def _set_model_label(self, loading: bool = False, dead: bool = False) -> None:
         s = self.settings.values
+        remote = s.remote()
         name = Path(s.model_path).name if s.model_path else EMBEDDED_NAME
-        if self.info is not None:
+        if remote is not None:
+            name = f"remote server “{remote['name']}”"
+        if self.info is not None and self.info.get("remote"):
+            i = self.info
+            name = str(i["model"])
+            text = f"remote: {i['host']}, {i['model']}"
+            if self.reload_waiting:
+                text += " · reloads after this answer"
+        elif self.info is not None:
             i = self.info
             name = i.get("name") or name
             ctx = i.get("context_length")
@@ -382,6 +436,8 @@ class ModelController(QObject):
                 text += " · base model"
             if self.reload_waiting:
                 text += " · reloads after this answer"
+        elif loading and remote is not None:
+            text = f"Connecting to {remote['url']}…"
         elif loading:
             text = f"Loading {name}…"
         elif dead:

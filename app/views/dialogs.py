@@ -78,6 +78,12 @@ class ChatSettingsDialog(QDialog):
 def model_card_rows(info: dict) -> list[tuple[str, str]]:
     """The worker's model info as (label, text) rows a person reads: what the model is, how
     its weights are held, where it runs, how much it remembers, where it came from."""
+    if info.get("remote"):  # a server's model: only what the server told us
+        return [
+            ("Model", str(info.get("model") or "?")),
+            ("Runs on", f"a remote server at {info.get('host', '?')} (OpenAI-compatible API)"),
+            ("Devices, weights", "the server's own: this computer's device and quantization menus do not apply"),
+        ]
     rows = [
         ("Model", str(info.get("name") or "?")),
         ("Kind", _kind(info)),

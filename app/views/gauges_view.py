@@ -95,6 +95,11 @@ class Sparkline(QWidget):
         self.values.append(max(0.0, float(value)))
         self.update()
 
+    def clear(self) -> None:
+        """Another engine answers now: its speeds are not comparable with the last one's."""
+        self.values.clear()
+        self.update()
+
     def paintEvent(self, _event) -> None:  # noqa: N802
         colors = _palette(self)
         p = QPainter(self)
@@ -143,9 +148,12 @@ class DevicePanel(QWidget):
         self.sparkline = Sparkline()
         self.source_label = QLabel(wordWrap=True)
         self.source_label.setObjectName("gaugeSource")
+        self.engine_label = QLabel(wordWrap=True)  # which engine answers: this computer, or "remote: host, model"
+        self.engine_label.setObjectName("engineLine")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 8, 10, 8)
         layout.setSpacing(6)
+        layout.addWidget(self.engine_label)
         for g in (self.gpu, self.vram, self.gtt, self.npu, self.cpu, self.ram):
             layout.addWidget(g)
         row = QWidget()

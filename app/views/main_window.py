@@ -201,6 +201,7 @@ class MainWindow(QMainWindow):
         settings_menu = mb.addMenu("&Settings")
         self.defaults_action = settings_menu.addAction("Defaults for new chats…")
         self.defaults_action.setMenuRole(QAction.MenuRole.PreferencesRole)
+        self.engine_action = settings_menu.addAction("Engine… (this computer or a remote server)")
 
         help_menu = mb.addMenu("&Help")
         self.diagnostics_action = help_menu.addAction("Diagnostics…")  # DiagnosticsController

@@ -36,6 +36,7 @@ class WorkerClient(QObject):
     stats_changed = Signal(str, object)  # generation id, GenerationStats
     generation_finished = Signal(str, str, object, str)  # id, finish reason, GenerationStats, full text
     error_raised = Signal(str, str)  # request id, message
+    notice_raised = Signal(str, str)  # generation id, a remote engine's notice (retrying, a field refused)
     worker_died = Signal(str)  # what we know about why
     draft_changed = Signal(str, object)  # request id, the draft's info (None: no draft)
     draft_failed = Signal(str, str)  # request id, message
@@ -135,6 +136,14 @@ class WorkerClient(QObject):
             context_length=context_length,
             npu=npu,
         )
+        return load_id
+
+    def request_remote(self, url: str, model: str | None, api_key: str | None) -> str:
+        """Answer through the OpenAI-compatible server at `url` from now on (the worker drops its
+        local model); MODEL_CHANGED or LOAD_FAILED answers, as for a load."""
+        load_id = P.new_id("load")
+        self.model_info = None
+        self.send(P.LOAD_REQUESTED, id=load_id, remote={"url": url, "model": model, "api_key": api_key})
         return load_id
 
     def cancel_load(self, load_id: str) -> None:
@@ -262,6 +271,8 @@ class WorkerClient(QObject):
             )
         elif kind == P.SERVER_CHANGED:
             self.server_changed.emit({k: v for k, v in msg.items() if k not in ("type", "_generation")})
+        elif kind == P.NOTICE_RAISED:
+            self.notice_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.ERROR_RAISED:
             self.error_raised.emit(msg.get("id") or "", msg["message"])
         elif kind == P.WORKER_DIED:

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from phoenix_chat.app.worker import protocol as P
+from phoenix_chat.app.worker import remote_answer
 from phoenix_chat.app.worker.server_host import ServerHost
 
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
@@ -55,6 +56,7 @@ class Worker:
         self.draft_lock = threading.Lock()  # speculative answers run one at a time
         self.server = ServerHost(lambda status: self.send(P.SERVER_CHANGED, **status))
         self.engine = None
+        self.remote = None  # engine.remote RemoteEngine: answers come from a server (app/worker/remote_answer.py)
 
     # -- plumbing -------------------------------------------------------------------------
     def send(self, type_: str, **fields) -> None:
@@ -124,6 +126,9 @@ class Worker:
 
     def load(self, msg: dict) -> None:
         load_id = msg["id"]
+        if msg.get("remote"):
+            self._load_remote(load_id, msg["remote"])
+            return
         with self.lock:
             cancel = self.load_cancels.setdefault(load_id, threading.Event())
         last = [0.0]
@@ -185,6 +190,26 @@ class Worker:
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
         self.server.attach(self.scheduler)  # serves the new model when the server is on
 
+    def _load_remote(self, load_id: str, remote: dict) -> None:
+        """Answer through a remote server from now on: the local model is dropped first (one
+        engine at a time), then the server is asked which model it serves."""
+        self._close_model()
+        self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Connecting to the server")
+        try:
+            from phoenix_chat.engine.errors import PhoenixError
+
+            engine, info = remote_answer.connect(remote)
+        except PhoenixError as exc:  # RemoteError: one line, never the key
+            self._load_failed(load_id, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 — a bug, but the user still needs to see it
+            traceback.print_exc()
+            self._load_failed(load_id, f"{type(exc).__name__}: {exc}")
+            return
+        self.remote = engine
+        self.model_info = info
+        self.send(P.MODEL_CHANGED, id=load_id, info=info)
+
     def _load_failed(self, load_id: str, message: str, cancelled: bool = False, kept: dict | None = None) -> None:
         """kept: the info of the model still loaded (the request was refused before it was
         dropped); None: no model is loaded now."""
@@ -194,6 +219,9 @@ class Worker:
         """Fit the prompt here (quick), then answer on a thread of its own so the command loop
         stays free: a second chat's generate queues or batches in the scheduler meanwhile."""
         gen_id = msg["id"]
+        if self.remote is not None:
+            self._generate_remote(msg)
+            return
         if self.model is None or self.scheduler is None:
             self._finish_failed(gen_id, "no model is loaded")
             return
@@ -340,6 +368,60 @@ class Worker:
                 self.answers.pop(gen_id, None)
         pump.finish(reason or "stop")
 
+    def _generate_remote(self, msg: dict) -> None:
+        """An answer from the remote server, on a thread of its own (Stop sets its cancel flag,
+        which closes the HTTP stream)."""
+        from phoenix_chat.engine.completion import ParagraphStop, completion_text
+        from phoenix_chat.engine.sampling import SamplingParams
+
+        gen_id = msg["id"]
+        params = SamplingParams(
+            **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
+        )
+        max_tokens = int(msg.get("max_tokens") or 256)
+        completion = msg.get("mode") == "completion"
+        with self.lock:
+            cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
+        # the text the server reads: known in completion mode; a chat is templated on the server
+        prompt = completion_text(msg["messages"]) if completion else ""
+        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
+        pump = _AnswerPump(self, gen_id, ParagraphStop() if completion else None)
+        thread = threading.Thread(
+            target=self._answer_remotely,
+            args=(self.remote, pump, msg, params, max_tokens, cancel),
+            name=f"answer-{gen_id}",
+        )
+        with self.lock:
+            self.answers[gen_id] = thread
+        thread.start()
+
+    def _answer_remotely(self, engine, pump: _AnswerPump, msg: dict, params, max_tokens: int, cancel) -> None:
+        from phoenix_chat.engine.errors import PhoenixError
+
+        gen_id = msg["id"]
+        try:
+            reason, error = remote_answer.stream_answer(
+                engine,
+                pump,
+                msg,
+                params,
+                max_tokens,
+                cancel,
+                lambda line: self.send(P.NOTICE_RAISED, id=gen_id, message=line),
+            )
+        except PhoenixError as exc:  # RemoteError before the first byte (unreachable, auth, model…)
+            reason, error = ("cut" if pump.text else "error"), str(exc)
+        except Exception as exc:  # noqa: BLE001 — a bug; what came is kept
+            traceback.print_exc()
+            reason, error = ("cut" if pump.text else "error"), f"{type(exc).__name__}: {exc}"
+        finally:
+            with self.lock:
+                self.gen_cancels.pop(gen_id, None)
+                self.answers.pop(gen_id, None)
+        if error:
+            self.send(P.ERROR_RAISED, id=gen_id, message=error)
+        pump.finish(reason)
+
     def _finish_failed(self, gen_id: str, message: str) -> None:
         self.send(P.ERROR_RAISED, id=gen_id, message=message)
         self.send(P.GENERATION_FINISHED, id=gen_id, finish_reason="error", stats=P.GenerationStats().to_dict(), text="")
@@ -467,6 +549,10 @@ class Worker:
     def _close_model(self) -> None:
         self.server.detach()  # it serves this model's scheduler; a load starts it again
         self._stop_answers()
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+            self.model_info = None
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
@@ -483,7 +569,9 @@ class Worker:
 class _AnswerPump:
     """One answer's way to the GUI: text coalesced to ~30 messages/s, stats at 4 Hz, and the
     finish. The stats are measured here from the deltas (tokens counted, TTFT at the first
-    text, tok/s after it) unless a `record` of the engine's own (speculative path) is set."""
+    text, tok/s after it) unless a `record` of the engine's own (speculative path) is set.
+    Text held back to coalesce goes out within DELTA_INTERVAL_S even when no more comes (a
+    timer sends it): a remote server that stalls mid-answer must not hide what it already sent."""
 
     def __init__(self, worker: Worker, gen_id: str, stop) -> None:
         self.worker = worker
@@ -497,8 +585,23 @@ class _AnswerPump:
         self.tokens = 0
         self.prompt_tokens = 0
         self.usage = None  # the engine's Usage, from the final delta: its figures win
+        self.remote_usage = None  # a remote engine's RemoteUsage (client-side TTFT and tok/s, server's counts)
         self.record: Any = None  # the engine's GenerationResponse (speculative path)
         self.spec: Any = None  # its SpeculativeStats
+        self._pending_lock = threading.Lock()  # the feeding thread and the flush timer share `pending`
+        self._flush_timer: threading.Timer | None = None
+
+    def _send_pending(self) -> None:
+        """Send the held-back text now (the caller holds _pending_lock)."""
+        if self.pending:
+            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+            self.pending.clear()
+            self.last_delta = time.monotonic()
+
+    def _flush_later(self) -> None:
+        with self._pending_lock:
+            self._flush_timer = None
+            self._send_pending()
 
     def feed(self, text: str, tokens: int, final: bool) -> bool:
         """Hand on `text` (`tokens` new ids); True when the completion's blank line ended it."""
@@ -508,15 +611,18 @@ class _AnswerPump:
         piece = self.stop.feed(text) if self.stop is not None else text
         if self.stop is not None and final:
             piece += self.stop.flush()  # the end: held-back text was not a blank line after all
-        if piece:
-            self.pending.append(piece)
-            self.text.append(piece)
         now = time.monotonic()
-        first = len(self.text) == 1 and bool(self.pending)
-        if self.pending and (first or now - self.last_delta >= DELTA_INTERVAL_S):
-            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
-            self.pending.clear()
-            self.last_delta = now
+        with self._pending_lock:
+            if piece:
+                self.pending.append(piece)
+                self.text.append(piece)
+            first = len(self.text) == 1 and bool(self.pending)
+            if self.pending and (first or now - self.last_delta >= DELTA_INTERVAL_S):
+                self._send_pending()
+            elif self.pending and self._flush_timer is None:
+                self._flush_timer = threading.Timer(DELTA_INTERVAL_S, self._flush_later)
+                self._flush_timer.daemon = True
+                self._flush_timer.start()
         if now - self.last_stats >= STATS_INTERVAL_S:
             self.worker.send(P.STATS_CHANGED, id=self.gen_id, stats=self.stats().to_dict())
             self.last_stats = now
@@ -526,7 +632,8 @@ class _AnswerPump:
         if self.record is not None:
             return self.worker._stats(self.record, self.spec)
         model = self.worker.model
-        assert model is not None
+        if model is None:  # a remote engine: measured here, and no device figures of ours
+            return self._remote_stats()
         live = model.backend.live_stats()
         ttft = None if self.first_at is None else self.first_at - self.started
         decode_s = time.perf_counter() - self.first_at if self.first_at is not None else 0.0
@@ -549,9 +656,32 @@ class _AnswerPump:
             kv_cache_bytes=live.kv_cache_bytes,
         )
 
+    def _remote_stats(self) -> P.GenerationStats:
+        """Client-side figures of a remote answer: TTFT from the request to the first text, tok/s
+        after it; the final delta's usage (the server's token counts) wins where it came."""
+        ttft = None if self.first_at is None else self.first_at - self.started
+        decode_s = time.perf_counter() - self.first_at if self.first_at is not None else 0.0
+        tps = (self.tokens - 1) / decode_s if self.tokens > 1 and decode_s > 0 else 0.0
+        tokens, prompt = self.tokens, 0
+        usage = self.remote_usage
+        if usage is not None:
+            tokens, prompt = usage.completion_tokens or tokens, usage.prompt_tokens or 0
+            tps = usage.generation_tps if usage.generation_tps else tps
+            ttft = usage.ttft_s if usage.ttft_s is not None else ttft
+        return P.GenerationStats(
+            prompt_tokens=prompt,
+            generation_tokens=tokens,
+            prompt_tps=prompt / ttft if ttft and prompt else 0.0,
+            generation_tps=tps,
+            ttft_s=ttft,
+        )
+
     def finish(self, reason: str) -> None:
-        if self.pending:
-            self.worker.send(P.TOKENS_CHANGED, id=self.gen_id, text="".join(self.pending))
+        with self._pending_lock:  # the last text goes before the finish, and the timer sends nothing after it
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            self._send_pending()
         measured = self.tokens or self.prompt_tokens or self.record is not None
         stats = self.stats().idle() if measured else P.GenerationStats()
         self.worker.send(

@@ -12,7 +12,9 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 
 # GUI → worker
-LOAD_REQUESTED = "load_requested"  # id, path, backend, device, quant, context_length, npu
+# id, path, backend, device, quant, context_length, npu; or id, remote ({url, model, api_key}: answers come
+# from that OpenAI-compatible server, app/worker/remote_answer.py; the local model is dropped)
+LOAD_REQUESTED = "load_requested"
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
 # id, messages, params, max_tokens, overflow ("drop_oldest" | "truncate_middle"), continue_answer
 # (the last message is a partial answer to go on with), mode ("chat" | "completion": engine/completion.py)
@@ -40,6 +42,7 @@ TOKENS_CHANGED = "tokens_changed"  # id, text (a delta; several tokens may be co
 STATS_CHANGED = "stats_changed"  # id, stats: GenerationStats (throttled to ~4 Hz)
 GENERATION_FINISHED = "generation_finished"  # id, finish_reason, stats: GenerationStats, text
 ERROR_RAISED = "error_raised"  # id, message
+NOTICE_RAISED = "notice_raised"  # id, message: a remote engine's passing news (retrying after 429, a field refused)
 DRAFT_CHANGED = "draft_changed"  # id, info (the draft's model info + baseline_tps, or None: no draft)
 DRAFT_FAILED = "draft_failed"  # id, message (no draft is loaded now)
 DRAFT_CANDIDATES_CHANGED = "draft_candidates_changed"  # id, target (path), candidates: [{path, name, parameters}]
