@@ -96,13 +96,7 @@ def test_busy_and_refused_field_notices_show_in_the_status_bar(qtbot, make_app, 
     ("behaviour", "kept"),
     [
         ("stall", "".join(WORDS[:2])),  # two pieces, then nothing for 3 s
-        pytest.param(
-            "slow",  # the response headers come after 3 s
-            "",
-            marks=pytest.mark.xfail(
-                strict=True, reason="engine/remote: before the response headers, Stop waits for them (or the timeout)"
-            ),
-        ),
+        ("slow", ""),  # the response headers come after 3 s
     ],
 )
 def test_stop_while_the_server_sends_nothing(qtbot, make_app, home, double, behaviour, kept):
