@@ -3,7 +3,8 @@
 On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
 chosen per matrix shape (`autotune_matvecs`), then the decode fusions across ops (the GEGLU
 writing down's q8_1 input, the QKV matvec running the rope: `choose_geglu_q8_1`,
-`choose_qkv_rope`) and the path of forwards of a few tokens (`choose_few_token_path`), each by
+`choose_qkv_rope`) and the path of forwards of a few tokens and of the batched decode step
+(`choose_few_token_path`: GEMM, f32 or int8 multi-column matvec), each by
 timing the candidates on the model's own matrices. Untuned devices (CPU Vulkan) keep the
 defaults and take each fusion wherever it applies. The graph (gemma3_graph.py) reads the record;
 these functions record candidates through the graph's public methods.
@@ -30,6 +31,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     regs_ok,
     rope_tail_ok,
 )
+from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_spec
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
@@ -37,7 +39,7 @@ from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
-    from phoenix_chat.engine.backends.vulkan.device import Capabilities
+    from phoenix_chat.engine.backends.vulkan.device import Capabilities, Device
     from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
     from phoenix_chat.engine.backends.vulkan.resident import Layer
 
@@ -77,8 +79,13 @@ class Tuning:
     # RoPE + the KV write (no rope dispatch), or None
     qkv_rope: tuple[IntDot, Spec] | None = None
     qkv_rope_timing: dict[str, float] = field(default_factory=dict)
-    # token counts (2..MAX_COLUMNS) whose forwards take the multi-column matvecs, not the GEMMs
+    # token counts (2..MAX_COLUMNS) whose forwards take the f32 multi-column matvecs, not the GEMMs
     few_token_matvec: frozenset[int] = frozenset()
+    # token counts (2..FEW_TOKENS) whose forwards (and batched decode steps of that many rows)
+    # take the multi-column int8 matvecs (matvec_cols.py); before few_token_matvec
+    few_token_int8: frozenset[int] = frozenset()
+    # token count -> the int8 multi-column workgroup shape (matvec_cols.cols_spec); absent: its default
+    cols_specs: dict[int, Spec] = field(default_factory=dict)
     few_token_timing: dict[int, dict[str, float]] = field(default_factory=dict)
     # the prefill GEMM kernel (ops_gemm.KERNELS) or None: the device's own (ops_gemm.kernel)
     gemm_kernel: str | None = None
@@ -93,6 +100,10 @@ class Tuning:
         if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
             return self.gemm_kernel_few
         return self.gemm_kernel
+
+    def cols_spec_for(self, dev: Device, tokens: int) -> Spec:
+        """The int8 multi-column matvec's workgroup shape for `tokens` vectors."""
+        return self.cols_specs.get(tokens) or cols_spec(dev, tokens)
 
     def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
@@ -120,6 +131,9 @@ class Tuning:
         if self.gemm_few_timing:
             out["gemm_few_timing"] = self.gemm_few_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
+        out["few_token_int8"] = sorted(self.few_token_int8)
+        if self.cols_specs:
+            out["cols_specs"] = {T: {k: s[k] for k in ("ROWS", "NCOLS")} for T, s in sorted(self.cols_specs.items())}
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
         return out
@@ -482,30 +496,39 @@ def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2, few:
     return min(ms, key=ms.__getitem__)
 
 
+TIMED_COUNTS = (2, 4, 8, 16, 32)  # token counts choose_few_token_path times (the batched step's buckets)
+FEW_PATHS = ("gemm", "matvec", "int8")  # the GEMMs, the f32 and the int8 multi-column matvecs
+
+
 def choose_few_token_path(
-    backend: VulkanBackend, counts: Sequence[int] = range(2, MAX_COLUMNS + 1), repeats: int = 2
-) -> frozenset[int]:
-    """Time forwards of a few tokens (all logits back, as a speculative verify pass asks) on a
-    VulkanBackend through the multi-column matvecs and through the GEMMs; return the counts
-    where the matvecs were faster (the times go to tuning.few_token_timing). The smallest and
-    largest count first: where both agree (big models: the matvecs win throughout), the rest
-    follow without timing (each 27B trial is ~0.1 s)."""
-    counts = list(counts)
-    ms: dict[int, dict[str, float]] = {}
+    backend: VulkanBackend, counts: Sequence[int] = range(2, FEW_TOKENS + 1), repeats: int = 2
+) -> None:
+    """Time forwards of a few tokens (all logits back, as a speculative verify pass and a
+    batched decode step ask) through the GEMMs, the f32 multi-column matvecs (counts up to
+    MAX_COLUMNS) and, where the backend has int8 activations, the int8 multi-column matvecs;
+    set tuning.few_token_matvec / few_token_int8 to the counts where each won (the times go to
+    tuning.few_token_timing as "<path>_ms"). The counts of TIMED_COUNTS and the two ends are
+    timed; a count between takes the winner of the next timed count above it (each 27B trial
+    is ~0.1-0.4 s)."""
+    counts = sorted(counts)
+    timed = [T for T in counts if T in TIMED_COUNTS or T in (counts[0], counts[-1])]
     tuning = backend.tuning
-
-    def trial(todo: list[int]) -> dict[int, bool]:
-        for path in ("matvec", "gemm"):
-            tuning.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
-            backend.drop_recordings()
-            for T in todo:
-                ids = [backend.config.bos_token_id] * T
-                ms.setdefault(T, {})[path + "_ms"] = _best_forward_ms(backend, ids, repeats, all_logits=True)
-        return {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
-
-    wins = trial(sorted({counts[0], counts[-1]}))
-    if wins[counts[0]] != wins[counts[-1]]:
-        wins = trial([T for T in counts if T not in ms])
+    paths = ["gemm", "matvec"] + (["int8"] if backend.int_dot else [])
+    ms: dict[int, dict[str, float]] = {}
+    for path in paths:
+        todo = [T for T in timed if path != "matvec" or T <= MAX_COLUMNS]
+        tuning.few_token_matvec = frozenset(todo) if path == "matvec" else frozenset()
+        tuning.few_token_int8 = frozenset(todo) if path == "int8" else frozenset()
+        backend.drop_recordings()
+        for T in todo:
+            ids = [backend.config.bos_token_id] * T
+            ms.setdefault(T, {})[path + "_ms"] = _best_forward_ms(backend, ids, repeats, all_logits=True)
     backend.drop_recordings()
+    winner = {T: min(t, key=t.__getitem__)[: -len("_ms")] for T, t in ms.items()}
+
+    def won(T: int) -> str:
+        return winner[next((t for t in timed if t >= T), timed[-1])]
+
+    tuning.few_token_matvec = frozenset(T for T in counts if won(T) == "matvec")
+    tuning.few_token_int8 = frozenset(T for T in counts if won(T) == "int8")
     tuning.few_token_timing = dict(sorted(ms.items()))
-    return frozenset(T for T in counts if wins.get(T, wins[counts[0]]))
