@@ -88,7 +88,7 @@ def record_matvec_cols(
     else:
         parts = [
             (
-                [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats)),
+                [*(m.tensor.ranges[0] for m in mats), *[d] * (3 - len(mats))],
                 [m.rows for m in mats] + [0] * (3 - len(mats)),
                 0,
             )
