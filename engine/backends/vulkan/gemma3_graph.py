@@ -53,8 +53,9 @@ ForwardMode: TypeAlias = Literal["none", "last", "all", "sample"]
 
 
 def matrix_role(mats: list[WeightMatrix]) -> str:
-    """The matrices' names without the layer prefix: "attn_q+attn_k+attn_v", "ffn_down", "output"."""
-    return "+".join(re.sub(r"^blk\.\d+\.|\.weight$", "", m.name) or "?" for m in mats)
+    """The matrices' names without the layer prefix: "self_attn.q_proj+self_attn.k_proj+...",
+    "mlp.down_proj", "embed_tokens" (the tied LM head)."""
+    return "+".join(re.sub(r"^(model\.)?(blk|layers)\.\d+\.|\.weight$", "", m.name) or "?" for m in mats)
 
 
 class Gemma3Graph:
