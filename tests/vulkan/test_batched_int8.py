@@ -108,3 +108,36 @@ def test_without_int8_activations_the_option_is_refused_and_the_path_named(tmp_p
     finally:
         vk.close()
         w.close()
+
+
+def test_load_time_choice_of_the_multi_column_shapes(tiny_int8):
+    """choose_cols_specs times each multi-column shape per matvec and token count on the model's
+    own matrices and keeps the fastest; a count between timed ones takes the next timed count's
+    shape; the batched step then records with the chosen shapes and still matches the CPU."""
+    from phoenix_chat.engine.backends.vulkan.autotune import choose_cols_specs, spec_label
+
+    cpu, vk = tiny_int8
+    choose_cols_specs(vk.graph, counts=(2, 8), reps=1)
+    try:
+        stats = vk.stats()
+        assert set(stats["cols_specs"]) == {"qkv", "o", "geglu", "down", "lm"}
+        for key, by_T in stats["cols_timing"].items():
+            assert set(by_T) == {2, 8}
+            assert set(by_T[2]) == {"r1t4", "r2t4"}  # tiles beyond twice the count are not timed
+            for T, t in by_T.items():
+                assert stats["cols_specs"][key][T] == min(t, key=t.__getitem__)
+        tuning, dev = vk.tuning, vk.dev
+        assert spec_label(tuning.cols_spec_for(dev, "down", 5)) == stats["cols_specs"]["down"][8]
+        assert spec_label(tuning.cols_spec_for(dev, "down", 20)) == stats["cols_specs"]["down"][8]
+        vk.drop_recordings()
+        seqs = {0: _ids(30, 9), 1: _ids(31, 14), 2: _ids(32, 6)}
+        for slot, ids in seqs.items():
+            vk.forward_slot(slot, ids[:-1], 0)
+        out = vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        for row, ids in zip(out, seqs.values(), strict=True):
+            ref = cpu.forward(ids, 0)
+            np.testing.assert_allclose(row, ref, atol=5e-2 * np.abs(ref).max())
+    finally:
+        vk.tuning.cols_specs.clear()
+        vk.tuning.cols_timing.clear()
+        vk.drop_recordings()

@@ -31,7 +31,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     regs_ok,
     rope_tail_ok,
 )
-from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_spec
+from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_ok, cols_spec, record_matvec_cols
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
@@ -84,8 +84,11 @@ class Tuning:
     # token counts (2..FEW_TOKENS) whose forwards (and batched decode steps of that many rows)
     # take the multi-column int8 matvecs (matvec_cols.py); before few_token_matvec
     few_token_int8: frozenset[int] = frozenset()
-    # token count -> the int8 multi-column workgroup shape (matvec_cols.cols_spec); absent: its default
-    cols_specs: dict[int, Spec] = field(default_factory=dict)
+    # matvec key -> timed token count -> the int8 multi-column workgroup shape (rows per
+    # subgroup, column tile: `choose_cols_specs`); a count between timed ones takes the next
+    # timed count's; absent: matvec_cols.cols_spec's default
+    cols_specs: dict[str, dict[int, Spec]] = field(default_factory=dict)
+    cols_timing: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     few_token_timing: dict[int, dict[str, float]] = field(default_factory=dict)
     # the prefill GEMM kernel (ops_gemm.KERNELS) or None: the device's own (ops_gemm.kernel)
     gemm_kernel: str | None = None
@@ -101,9 +104,13 @@ class Tuning:
             return self.gemm_kernel_few
         return self.gemm_kernel
 
-    def cols_spec_for(self, dev: Device, tokens: int) -> Spec:
-        """The int8 multi-column matvec's workgroup shape for `tokens` vectors."""
-        return self.cols_specs.get(tokens) or cols_spec(dev, tokens)
+    def cols_spec_for(self, dev: Device, key: str | None, tokens: int) -> Spec:
+        """The int8 multi-column matvec's workgroup shape for matvec `key` and `tokens` vectors."""
+        timed = self.cols_specs.get(key or "", {})
+        if not timed:
+            return cols_spec(dev, tokens)
+        above = [T for T in sorted(timed) if T >= tokens]
+        return timed[above[0] if above else max(timed)]
 
     def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
@@ -132,11 +139,20 @@ class Tuning:
             out["gemm_few_timing"] = self.gemm_few_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
         out["few_token_int8"] = sorted(self.few_token_int8)
-        if self.cols_specs:
-            out["cols_specs"] = {T: {k: s[k] for k in ("ROWS", "NCOLS")} for T, s in sorted(self.cols_specs.items())}
+        if self.cols_specs:  # "r<rows per subgroup>t<column tile>"
+            out["cols_specs"] = {
+                k: {T: spec_label(s) for T, s in sorted(v.items())} for k, v in self.cols_specs.items()
+            }
+        if self.cols_timing:
+            out["cols_timing"] = self.cols_timing
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
         return out
+
+
+def spec_label(spec: Spec) -> str:
+    """A multi-column shape's short name: r<rows per subgroup>t<column tile>."""
+    return f"r{spec['ROWS']}t{spec['NCOLS']}"
 
 
 def tune(graph: Gemma3Graph, *, time_matvecs: bool) -> None:
@@ -498,6 +514,63 @@ def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2, few:
 
 TIMED_COUNTS = (2, 4, 8, 16, 32)  # token counts choose_few_token_path times (the batched step's buckets)
 FEW_PATHS = ("gemm", "matvec", "int8")  # the GEMMs, the f32 and the int8 multi-column matvecs
+# (rows per subgroup, column tile) shapes choose_cols_specs times: measured on the H100 (27B/4B
+# shapes, bench.cols_sweep) the best was always one of these; 4 rows per subgroup never won
+COLS_CANDIDATES = ((1, 4), (2, 4), (1, 8), (2, 8), (2, 16))
+
+
+def choose_cols_specs(graph: Gemma3Graph, counts: Sequence[int] = TIMED_COUNTS, reps: int = 6) -> None:
+    """Per matvec shape of this model (matvec_cases) and token count, the fastest workgroup
+    shape of the int8 multi-column matvec (rows per subgroup x column tile; a tile wider than
+    twice the count only idles registers, so it is skipped), by timing each on the model's own
+    matrices (rotating through the tuning layers, as autotune_matvecs). Fills tuning.cols_specs
+    and cols_timing (µs). Only where the graph runs int8 activations."""
+    if not graph.int_dot:
+        return
+    dev, b = graph.dev, graph.buffers
+    records: dict[tuple[str, int, str], Callable[[CommandList], None]] = {}
+    specs: dict[tuple[str, int, str], Spec] = {}
+    for key, (rotation, _x, y, xc, yc, epi) in matvec_cases(graph).items():
+        if not all(cols_ok(dev, mats) for mats in rotation):
+            continue
+        for T in counts:
+            for r, t in COLS_CANDIDATES:
+                if t > max(4, 2 * T):
+                    continue
+                spec = cols_spec(dev, T, rows=r, tile=t)
+                label = spec_label(spec)
+                specs[(key, T, label)] = spec
+
+                def record(
+                    cl: CommandList,
+                    layers: Iterator[list[WeightMatrix]] = itertools.cycle(rotation),
+                    T: int = T,
+                    spec: Spec = spec,
+                    y: Buffer = y,
+                    xc: int = xc,
+                    yc: int = yc,
+                    epi: str | None = epi,
+                ) -> None:
+                    record_matvec_cols(
+                        cl,
+                        dev,
+                        next(layers),
+                        b.xq,
+                        y,
+                        n_vecs=T,
+                        x_stride=xc // 32,
+                        y_stride=yc,
+                        epilogue=epi,
+                        spec=spec,
+                    )
+
+                records[(key, T, label)] = record
+    times = timing.time_many(dev, records, reps=reps)
+    tuning = graph.tuning
+    for (key, T, label), us in times.items():
+        tuning.cols_timing.setdefault(key, {}).setdefault(T, {})[label] = round(us, 1)
+    for key, by_T in tuning.cols_timing.items():
+        tuning.cols_specs[key] = {T: specs[(key, T, min(t, key=t.__getitem__))] for T, t in sorted(by_T.items())}
 
 
 def choose_few_token_path(

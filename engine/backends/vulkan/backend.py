@@ -136,6 +136,8 @@ class VulkanBackend(Backend):
             self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
             few = min(autotune.FEW_TOKENS, context_length - 1)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
+        if not caps.is_software and options.autotune is not False:
+            autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
         if options.few_token_matvec is None and options.few_token_int8 is None and not caps.is_software:
             autotune.choose_few_token_path(self)
 

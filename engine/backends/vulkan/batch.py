@@ -91,7 +91,7 @@ def record_batch(
     ops_norm.norm(cl, dev, b.x, L0.norms["input_layernorm"], b.h, rows=B, n=H, eps=cfg.rms_norm_eps, q=hq)
     for i, L in enumerate(w.layers):
         mark(cl, "norm")
-        graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim, xq=hq)
+        graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim, xq=hq, key="qkv")
         mark(cl, "qkv")
         graph.rope_kv(cl, i, B, step=rows.steps, rows=B)
         mark(cl, "rope_kv")
@@ -116,7 +116,7 @@ def record_batch(
             q_row_stride=qkv_dim,
         )
         mark(cl, "attention")
-        graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H)
+        graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H, key="o")
         mark(cl, "o_proj")
         ops_norm.norm_add(
             cl,
@@ -132,9 +132,20 @@ def record_batch(
             q=hq,
         )
         mark(cl, "norm_add")
-        graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=B, x_cols=H, y_cols=cfg.intermediate_size, epilogue="geglu", xq=hq)
+        graph.mv(
+            cl,
+            [L.gate, L.up],
+            b.h,
+            b.mlp,
+            T=B,
+            x_cols=H,
+            y_cols=cfg.intermediate_size,
+            epilogue="geglu",
+            xq=hq,
+            key="geglu",
+        )
         mark(cl, "gate_up_geglu")
-        graph.mv(cl, [L.down], b.mlp, b.o, T=B, x_cols=cfg.intermediate_size, y_cols=H)
+        graph.mv(cl, [L.down], b.mlp, b.o, T=B, x_cols=cfg.intermediate_size, y_cols=H, key="down")
         mark(cl, "down")
         nxt = w.layers[i + 1].norms["input_layernorm"] if i + 1 < len(w.layers) else w.final_norm
         ops_norm.norm_add(
@@ -152,7 +163,7 @@ def record_batch(
         )
     mark(cl, "norm_add")
     Vs = batch_logits_stride(V)  # row r's logits at r * Vs floats
-    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs, xq=hq)
+    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs, xq=hq, key="lm")
     if mode == "sample":
         mark(cl, "lm_head")
         if penalty:

@@ -277,7 +277,7 @@ class Gemma3Graph:
         mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
-            self.mv(cl, [w.lm_head], b.h, b.logits, T=T, x_cols=H, y_cols=V)
+            self.mv(cl, [w.lm_head], b.h, b.logits, T=T, x_cols=H, y_cols=V, key="lm")
         elif mode in ("last", "sample"):
             self.mv(cl, [w.lm_head], b.h, b.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm", xq=hq)
         if mode == "sample":
@@ -459,7 +459,7 @@ class Gemma3Graph:
         if rope is not None:
             assert T == 1 and epilogue is None
             epilogue = "rope"
-        if T > 1 and x_off == 0 and self._few_token_matvec(cl, mats, x, y, T, x_cols, y_cols, epilogue, y_off, xq):
+        if T > 1 and x_off == 0 and self._few_token_matvec(cl, mats, x, y, T, x_cols, y_cols, epilogue, y_off, xq, key):
             return
         if T > 1 and x_off == 0:
             yr: Buffer | tuple[Buffer, int, int] = y  # y, or its range from y_off on
@@ -617,6 +617,7 @@ class Gemma3Graph:
         epilogue: str | None,
         y_off: int,
         xq: Buffer | None,
+        key: str | None,
     ) -> bool:
         """Record a T-token product through a multi-column matvec where `few_token_path` says
         so (noting the path taken in `few_token_paths`); False: the GEMM path is the caller's."""
@@ -644,7 +645,7 @@ class Gemma3Graph:
                     y_stride=y_cols,
                     y_off=y_off + off,
                     epilogue=epilogue,
-                    spec=self.tuning.cols_spec_for(self.dev, T),
+                    spec=self.tuning.cols_spec_for(self.dev, key, T),
                 )
             else:
                 record_matvec(

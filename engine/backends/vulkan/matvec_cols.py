@@ -22,16 +22,15 @@ if TYPE_CHECKING:
 Spec = dict[str, int]
 
 COLS_TILES = (4, 8, 16)  # NCOLS values the timing picks among (vectors one workgroup takes)
-MAX_TILE = max(COLS_TILES)
 
 
 def cols_spec(dev: Device, n_vecs: int, rows: int = 2, tile: int | None = None) -> Spec:
-    """Workgroup shape: 4 subgroups, each owning `rows` rows; NCOLS = the tile (default: the
-    smallest of COLS_TILES holding n_vecs, else the largest: several tiles then share a row
-    group's weights through L2)."""
+    """Workgroup shape: 4 subgroups, each owning `rows` rows; NCOLS = the tile (default: 4 up to
+    4 vectors, else 8: several tiles then share a row group's weights through L2; on the H100 wider
+    tiles were slower, bench.cols_sweep). Tuned devices time shapes at load (autotune)."""
     sg = max(8, min(64, dev.caps.subgroup_size))
     if tile is None:
-        tile = next((t for t in COLS_TILES if n_vecs <= t), MAX_TILE)
+        tile = 4 if n_vecs <= 4 else 8
     return {"WG": 4 * sg, "ROWS": rows, "SUBGROUP_ROWS": 4, "NCOLS": tile}
 
 
