@@ -566,11 +566,14 @@ def choose_cols_specs(graph: Gemma3Graph, counts: Sequence[int] = TIMED_COUNTS, 
 
                 records[(key, T, label)] = record
     times = timing.time_many(dev, records, reps=reps)
-    tuning = graph.tuning
+    us_by: dict[str, dict[int, dict[str, float]]] = {}
     for (key, T, label), us in times.items():
-        tuning.cols_timing.setdefault(key, {}).setdefault(T, {})[label] = round(us, 1)
-    for key, by_T in tuning.cols_timing.items():
-        tuning.cols_specs[key] = {T: specs[(key, T, min(t, key=t.__getitem__))] for T, t in sorted(by_T.items())}
+        us_by.setdefault(key, {}).setdefault(T, {})[label] = round(us, 1)
+    graph.tuning.cols_timing = us_by  # this call's counts only: an earlier choice is replaced
+    graph.tuning.cols_specs = {
+        key: {T: specs[(key, T, min(t, key=t.__getitem__))] for T, t in sorted(by_T.items())}
+        for key, by_T in us_by.items()
+    }
 
 
 def choose_few_token_path(
