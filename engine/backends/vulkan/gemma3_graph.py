@@ -27,7 +27,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
-from phoenix_chat.engine.backends.vulkan.autotune import IntDot, Spec, Tuning
+from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, IntDot, Spec, Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
@@ -79,8 +79,9 @@ class Gemma3Graph:
         self.int_dot = int_dot  # int8 activations allowed at all
         self.tuning = tuning
         self.qkv_dim = config.q_dim + 2 * config.kv_dim
-        # T -> matrix role -> the path its T-token products took when last recorded ("int8",
-        # "f32" multi-column matvec or "gemm"): stats()["few_token_paths"], so no fallback is silent
+        # T (2..FEW_TOKENS) -> matrix role -> the path its T-token products took when last
+        # recorded ("int8", "f32" multi-column matvec or "gemm"): stats()["few_token_paths"], so
+        # no fallback is silent
         self.few_token_paths: dict[int, dict[str, str]] = {}
 
     def record(
@@ -622,7 +623,8 @@ class Gemma3Graph:
         """Record a T-token product through a multi-column matvec where `few_token_path` says
         so (noting the path taken in `few_token_paths`); False: the GEMM path is the caller's."""
         path = self.few_token_path(mats, T)
-        self.few_token_paths.setdefault(T, {})[matrix_role(mats)] = path
+        if T <= FEW_TOKENS:  # longer forwards (prefill chunks) always take the GEMM
+            self.few_token_paths.setdefault(T, {})[matrix_role(mats)] = path
         if path == "gemm":
             return False
         assert epilogue in (None, "geglu")
