@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['streams']:7d} {r['aggregate_tok_s']:16.1f} {r['aggregate_tok_s'] / single:9.2f} "
             f"{r['per_stream_tok_s']:11.1f} {r['p50_step_ms']:8.2f} {r['p99_step_ms']:8.2f}"
         )
+    stats = out["stats"]
+    assert isinstance(stats, dict)
+    for key in ("few_token_timing", "few_token_int8", "few_token_matvec", "few_token_paths"):
+        if key in stats:  # the load-time choice of the batched step's path, and what ran
+            print(f"{key}: {json.dumps(stats[key], default=str)}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     return 0

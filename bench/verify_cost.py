@@ -96,8 +96,9 @@ def main(argv=None) -> int:
     stats = tb.stats()
     if "few_token_matvec" in stats:  # the Vulkan backend's load-time choice
         out["few_token_matvec_counts"] = stats["few_token_matvec"]
+        out["few_token_int8_counts"] = stats["few_token_int8"]
         for T, t in stats.get("few_token_timing", {}).items():
-            out[f"load_timing_{T}_tokens"] = f"matvec {t['matvec_ms']} ms, gemm {t['gemm_ms']} ms"
+            out[f"load_timing_{T}_tokens"] = ", ".join(f"{k[:-3]} {v} ms" for k, v in t.items())
     out["forward_1_token_ms"] = _seconds(lambda: tb.forward([7], POSITION)) * 1e3  # logits back
     one = _seconds(lambda: _decode(tb, 16)) / 16
     out["decode_token_ms"] = one * 1e3  # the plain decode loop's token (sampled on the device if it can)

@@ -24,6 +24,7 @@ from phoenix_chat.engine.backends.vulkan.autotune import matvec_candidates
 from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, default_spec, subgroup_rows_spec
 from tests.vulkan import (
     test_matvec,
+    test_matvec_cols,
     test_ops_attention,
     test_ops_attention_prefill,
     test_ops_gemm,
@@ -92,6 +93,25 @@ def test_matvec_epilogues_in_gpu_shapes(vk_device):
     test_matvec.test_qkv_rope_epilogue_matches_matvec_then_rope(dev, spec, False, Q.Q5_0)
     test_matvec.test_several_vectors_in_one_pass_over_the_weights(dev, Q.Q4_K)
     test_matvec.test_several_vectors_on_long_rows(dev, Q.Q8_0)
+
+
+def test_multi_column_int8_matvec(vk_device):
+    """The int8 multi-column matvec at this subgroup size (a slice: each shape is a pipeline that
+    llvmpipe compiles slowly at 32 and 64 lanes): block-pair rows (Q4_0: 640 columns, 10 pairs)
+    in two of the shapes the load-time timing picks among and chunk rows (Q4_K: 512 columns, 16
+    chunks), plain and GEGLU, several column tiles each; a fused QKV with v of another type."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    for qtype, rows, tile in ((Q.Q4_0, 1, 4), (Q.Q4_0, 2, 8), (Q.Q4_K, 2, 8)):
+        test_matvec_cols.test_tiles_and_row_shapes(vk_device, qtype, tile, rows)
+    test_matvec_cols.test_fused_qkv(vk_device, (Q.Q5_0, Q.Q8_0))
+
+
+def test_multi_column_int8_matvec_long_rows(vk_device):
+    """Rows of 2048 columns (32 block pairs: every lane of a 32-lane subgroup holds work)."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    test_matvec_cols.test_rows_off_the_block_pair_path(vk_device, Q.Q4_0)
 
 
 @pytest.mark.parametrize("kern", ["tiled", "lanes"])

@@ -38,12 +38,18 @@ def tiny(tmp_path_factory, vk_device):
 
 def same_arithmetic(vk) -> bool:
     """Whether a lone decode step and a batched row compute alike. On a GPU with int8 dot products
-    (the H100) a lone step takes the int8-activation matvecs and a batched row the f16/f32 GEMM or
-    multi-column matvec: logits agree to ~1e-2 of their scale (measured on the H100: 0.15 of 14)
-    and a sampled draw near a boundary can differ; the batched rows are the closer ones to the f32
-    CPU reference (test_decode_batch_logits_match_each_sequence_alone). On lavapipe and the CPU
-    both are f32 and the ids are equal."""
+    (the H100) a lone step takes the int8-activation matvecs and a batched row the int8
+    multi-column matvec (or, where the load-time timing chose it, the f16/f32 GEMM): the same
+    q8_1 activations summed in another order (or f32 ones), so logits agree to ~1e-2 of their
+    scale and a sampled draw near a boundary can differ. On lavapipe and the CPU both are f32 and
+    the ids are equal (tests/vulkan/test_batched_int8.py forces the int8 rows there)."""
     return not vk.int_dot
+
+
+def cpu_tolerance(vk) -> float:
+    """A batched row's logits against the f32 CPU reference, relative to their scale: int8
+    activations (q8_1) cost ~1e-2 of it (docs/PERFORMANCE.md, "int8 activations")."""
+    return 2e-3 if same_arithmetic(vk) else 5e-2
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -65,7 +71,7 @@ def test_decode_batch_logits_match_each_sequence_alone(tiny):
         assert out.shape == (len(live), vk.config.vocab_size)
         for row, s in zip(out, live, strict=True):
             ref = cpu.forward(seqs[s], 0)
-            np.testing.assert_allclose(row, ref, atol=2e-3 * np.abs(ref).max())
+            np.testing.assert_allclose(row, ref, atol=cpu_tolerance(vk) * np.abs(ref).max())
             assert int(row.argmax()) == int(ref.argmax())
             seqs[s].append(int(row.argmax()))
 
@@ -221,7 +227,7 @@ def test_embedded_270m_batched_greedy_equals_each_alone(vk_device):
         batched = vk.decode_batch(steps)
         for s, row in enumerate(batched):
             ref = vk.forward_slot(s, [got[s][-1]], len(prompts[s]) + 3)
-            np.testing.assert_allclose(row, ref, atol=2e-3 * np.abs(ref).max())
+            np.testing.assert_allclose(row, ref, atol=(2e-3 if same_arithmetic(vk) else 2e-2) * np.abs(ref).max())
     finally:
         vk.close()
         w.close()

@@ -97,6 +97,29 @@ def test_verify_cost_times_multi_token_passes_against_a_decode_token(vk_device, 
         assert got[f"verify_k{k}_ratio"] == pytest.approx(got[f"verify_k{k}_ms"] / got["decode_token_ms"])
 
 
+def test_cols_sweep_times_every_shape_against_single_matvecs(vk_device, tmp_path):
+    """bench.cols_sweep on its smoke shape: per matrix and vector count, B single-vector int8
+    matvecs, the int8 multi-column shapes (tiles up to twice the count) and the f32 one."""
+    import json
+
+    from bench import cols_sweep
+
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    out = tmp_path / "sweep.json"
+    assert (
+        cols_sweep.main(["--shape", "tiny", "--batches", "1,3", "--copies", "1", "--rows", "2", "--json", str(out)])
+        == 0
+    )
+    got = json.loads(out.read_text())
+    kinds = {(r["matrix"], r["B"]): set() for r in got}
+    for r in got:
+        assert r["us"] > 0
+        kinds[(r["matrix"], r["B"])].add(r["kind"])
+    for (_m, B), ks in kinds.items():
+        assert ks == {"int8 x B", "cols r2 t4"} | ({"f32 cols"} if B == 3 else set()), (B, ks)
+
+
 def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):
     """`python -m bench.run` end to end on a tiny synthetic shape: our two backends, then llama.cpp
     on the same file — measured with ratios where llama-cpp-python is installed, else an entry

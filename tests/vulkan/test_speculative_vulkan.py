@@ -71,30 +71,36 @@ def test_few_token_forward_through_matvecs_matches_the_cpu_reference(vk_device, 
 
 
 def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
-    """GPUs time forwards of 2 and 8 tokens (and, where those disagree, every count between)
-    through the multi-column matvecs and through the GEMMs at load and keep the faster per
-    count (CPU devices skip it and keep their GEMM); the choice and the times are in stats(),
-    and forwards still compute after the trial recordings are dropped."""
-    from phoenix_chat.engine.backends.vulkan.autotune import choose_few_token_path
-    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    """GPUs time forwards of the counts of TIMED_COUNTS (and the ends) through the GEMMs, the
+    f32 multi-column matvecs (up to MAX_COLUMNS tokens) and, with int8 activations, the int8
+    ones at load, and keep the fastest per count (a count between timed ones takes the next timed
+    count's winner); CPU devices skip it and keep their GEMM. The choice and the times are in
+    stats(), and forwards still compute after the trial recordings are dropped."""
+    from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, TIMED_COUNTS, choose_few_token_path
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
     from phoenix_chat.engine.weights import open_weights
 
-    vk = VulkanBackend(open_weights(tiny_path), 64, device=vk_device)
+    # int8 activations wherever the instruction exists (lavapipe too), so the int8 path is timed
+    vk = VulkanBackend(open_weights(tiny_path), 64, VulkanOptions(int_dot=vk_device.caps.int_dot), device=vk_device)
     try:
-        counts = list(range(2, MAX_COLUMNS + 1))
+        assert vk.int_dot == vk_device.caps.int_dot
+        counts = list(range(2, FEW_TOKENS + 1))
         if vk_device.caps.is_software:
             assert vk.stats()["few_token_matvec"] == [] and "few_token_timing" not in vk.stats()
+            assert vk.stats()["few_token_int8"] == []
             counts = [2, 3]  # each count is a set of pipelines llvmpipe compiles slowly
-            vk.tuning.few_token_matvec = choose_few_token_path(vk, counts, repeats=1)
+            choose_few_token_path(vk, counts, repeats=1)
         timing = vk.stats()["few_token_timing"]
-        wins = {T: t["matvec_ms"] < t["gemm_ms"] for T, t in timing.items()}
-        assert counts[0] in timing and counts[-1] in timing
-        if sorted(timing) == counts:  # every count timed (always so for [2, 3])
-            assert vk.stats()["few_token_matvec"] == [T for T in counts if wins[T]]
-        else:  # the ends agreed and decided for all
-            assert len(set(wins.values())) == 1
-            assert vk.stats()["few_token_matvec"] == (counts if wins[counts[0]] else [])
+        assert sorted(timing) == [T for T in counts if T in TIMED_COUNTS or T in (counts[0], counts[-1])]
+        paths = {"gemm", "matvec"} | ({"int8"} if vk.int_dot else set())
+        for T, t in timing.items():
+            assert set(t) == {p + "_ms" for p in paths if p != "matvec" or T <= MAX_COLUMNS}, (T, t)
+        winner = {T: min(t, key=t.__getitem__)[:-3] for T, t in timing.items()}
+        for T in counts:
+            w = winner[min(t for t in timing if t >= T)]
+            assert (T in vk.stats()["few_token_matvec"]) == (w == "matvec"), T
+            assert (T in vk.stats()["few_token_int8"]) == (w == "int8"), T
         assert np.isfinite(vk.forward([2, 5, 9], 0, all_logits=True)).all()
     finally:
         vk.close()

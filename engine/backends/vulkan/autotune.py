@@ -3,7 +3,8 @@
 On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup shape are
 chosen per matrix shape (`autotune_matvecs`), then the decode fusions across ops (the GEGLU
 writing down's q8_1 input, the QKV matvec running the rope: `choose_geglu_q8_1`,
-`choose_qkv_rope`) and the path of forwards of a few tokens (`choose_few_token_path`), each by
+`choose_qkv_rope`) and the path of forwards of a few tokens and of the batched decode step
+(`choose_few_token_path`: GEMM, f32 or int8 multi-column matvec), each by
 timing the candidates on the model's own matrices. Untuned devices (CPU Vulkan) keep the
 defaults and take each fusion wherever it applies. The graph (gemma3_graph.py) reads the record;
 these functions record candidates through the graph's public methods.
@@ -30,6 +31,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     regs_ok,
     rope_tail_ok,
 )
+from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_ok, cols_spec, record_matvec_cols
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
@@ -37,7 +39,7 @@ from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
-    from phoenix_chat.engine.backends.vulkan.device import Capabilities
+    from phoenix_chat.engine.backends.vulkan.device import Capabilities, Device
     from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
     from phoenix_chat.engine.backends.vulkan.resident import Layer
 
@@ -77,8 +79,16 @@ class Tuning:
     # RoPE + the KV write (no rope dispatch), or None
     qkv_rope: tuple[IntDot, Spec] | None = None
     qkv_rope_timing: dict[str, float] = field(default_factory=dict)
-    # token counts (2..MAX_COLUMNS) whose forwards take the multi-column matvecs, not the GEMMs
+    # token counts (2..MAX_COLUMNS) whose forwards take the f32 multi-column matvecs, not the GEMMs
     few_token_matvec: frozenset[int] = frozenset()
+    # token counts (2..FEW_TOKENS) whose forwards (and batched decode steps of that many rows)
+    # take the multi-column int8 matvecs (matvec_cols.py); before few_token_matvec
+    few_token_int8: frozenset[int] = frozenset()
+    # matvec key -> timed token count -> the int8 multi-column workgroup shape (rows per
+    # subgroup, column tile: `choose_cols_specs`); a count between timed ones takes the next
+    # timed count's; absent: matvec_cols.cols_spec's default
+    cols_specs: dict[str, dict[int, Spec]] = field(default_factory=dict)
+    cols_timing: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     few_token_timing: dict[int, dict[str, float]] = field(default_factory=dict)
     # the prefill GEMM kernel (ops_gemm.KERNELS) or None: the device's own (ops_gemm.kernel)
     gemm_kernel: str | None = None
@@ -93,6 +103,14 @@ class Tuning:
         if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
             return self.gemm_kernel_few
         return self.gemm_kernel
+
+    def cols_spec_for(self, dev: Device, key: str | None, tokens: int) -> Spec:
+        """The int8 multi-column matvec's workgroup shape for matvec `key` and `tokens` vectors."""
+        timed = self.cols_specs.get(key or "", {})
+        if not timed:
+            return cols_spec(dev, tokens)
+        above = [T for T in sorted(timed) if T >= tokens]
+        return timed[above[0] if above else max(timed)]
 
     def stats(self) -> dict[str, Any]:
         """The choices (and their timings, where timed) as JSON-serialisable stats keys."""
@@ -120,9 +138,21 @@ class Tuning:
         if self.gemm_few_timing:
             out["gemm_few_timing"] = self.gemm_few_timing
         out["few_token_matvec"] = sorted(self.few_token_matvec)
+        out["few_token_int8"] = sorted(self.few_token_int8)
+        if self.cols_specs:  # "r<rows per subgroup>t<column tile>"
+            out["cols_specs"] = {
+                k: {T: spec_label(s) for T, s in sorted(v.items())} for k, v in self.cols_specs.items()
+            }
+        if self.cols_timing:
+            out["cols_timing"] = self.cols_timing
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
         return out
+
+
+def spec_label(spec: Spec) -> str:
+    """A multi-column shape's short name: r<rows per subgroup>t<column tile>."""
+    return f"r{spec['ROWS']}t{spec['NCOLS']}"
 
 
 def tune(graph: Gemma3Graph, *, time_matvecs: bool) -> None:
@@ -501,30 +531,99 @@ def choose_gemm_tile(backend: VulkanBackend, tokens: int, repeats: int = 2, few:
     return min(ms, key=ms.__getitem__)
 
 
+TIMED_COUNTS = (2, 4, 8, 16, 32)  # token counts choose_few_token_path times (the batched step's buckets)
+FEW_PATHS = ("gemm", "matvec", "int8")  # the GEMMs, the f32 and the int8 multi-column matvecs
+# (rows per subgroup, column tile) shapes choose_cols_specs times: measured on the H100 (27B/4B
+# shapes, bench.cols_sweep) the best was always one of these; 4 rows per subgroup never won
+COLS_CANDIDATES = ((1, 4), (2, 4), (1, 8), (2, 8), (2, 16))
+
+
+def choose_cols_specs(graph: Gemma3Graph, counts: Sequence[int] = TIMED_COUNTS, reps: int = 6) -> None:
+    """Per matvec shape of this model (matvec_cases) and token count, the fastest workgroup
+    shape of the int8 multi-column matvec (rows per subgroup x column tile; a tile wider than
+    twice the count only idles registers, so it is skipped), by timing each on the model's own
+    matrices (rotating through the tuning layers, as autotune_matvecs). Fills tuning.cols_specs
+    and cols_timing (µs). Only where the graph runs int8 activations."""
+    if not graph.int_dot:
+        return
+    dev, b = graph.dev, graph.buffers
+    records: dict[tuple[str, int, str], Callable[[CommandList], None]] = {}
+    specs: dict[tuple[str, int, str], Spec] = {}
+    for key, (rotation, _x, y, xc, yc, epi) in matvec_cases(graph).items():
+        if not all(cols_ok(dev, mats) for mats in rotation):
+            continue
+        for T in counts:
+            for r, t in COLS_CANDIDATES:
+                if t > max(4, 2 * T):
+                    continue
+                spec = cols_spec(dev, T, rows=r, tile=t)
+                label = spec_label(spec)
+                specs[(key, T, label)] = spec
+
+                def record(
+                    cl: CommandList,
+                    layers: Iterator[list[WeightMatrix]] = itertools.cycle(rotation),
+                    T: int = T,
+                    spec: Spec = spec,
+                    y: Buffer = y,
+                    xc: int = xc,
+                    yc: int = yc,
+                    epi: str | None = epi,
+                ) -> None:
+                    record_matvec_cols(
+                        cl,
+                        dev,
+                        next(layers),
+                        b.xq,
+                        y,
+                        n_vecs=T,
+                        x_stride=xc // 32,
+                        y_stride=yc,
+                        epilogue=epi,
+                        spec=spec,
+                    )
+
+                records[(key, T, label)] = record
+    times = timing.time_many(dev, records, reps=reps)
+    us_by: dict[str, dict[int, dict[str, float]]] = {}
+    for (key, T, label), us in times.items():
+        us_by.setdefault(key, {}).setdefault(T, {})[label] = round(us, 1)
+    graph.tuning.cols_timing = us_by  # this call's counts only: an earlier choice is replaced
+    graph.tuning.cols_specs = {
+        key: {T: specs[(key, T, min(t, key=t.__getitem__))] for T, t in sorted(by_T.items())}
+        for key, by_T in us_by.items()
+    }
+
+
 def choose_few_token_path(
-    backend: VulkanBackend, counts: Sequence[int] = range(2, MAX_COLUMNS + 1), repeats: int = 2
-) -> frozenset[int]:
-    """Time forwards of a few tokens (all logits back, as a speculative verify pass asks) on a
-    VulkanBackend through the multi-column matvecs and through the GEMMs; return the counts
-    where the matvecs were faster (the times go to tuning.few_token_timing). The smallest and
-    largest count first: where both agree (big models: the matvecs win throughout), the rest
-    follow without timing (each 27B trial is ~0.1 s)."""
-    counts = list(counts)
-    ms: dict[int, dict[str, float]] = {}
+    backend: VulkanBackend, counts: Sequence[int] = range(2, FEW_TOKENS + 1), repeats: int = 2
+) -> None:
+    """Time forwards of a few tokens (all logits back, as a speculative verify pass and a
+    batched decode step ask) through the GEMMs, the f32 multi-column matvecs (counts up to
+    MAX_COLUMNS) and, where the backend has int8 activations, the int8 multi-column matvecs;
+    set tuning.few_token_matvec / few_token_int8 to the counts where each won (the times go to
+    tuning.few_token_timing as "<path>_ms"). The counts of TIMED_COUNTS and the two ends are
+    timed; a count between takes the winner of the next timed count above it (each 27B trial
+    is ~0.1-0.4 s)."""
+    counts = sorted(counts)
+    timed = [T for T in counts if T in TIMED_COUNTS or T in (counts[0], counts[-1])]
     tuning = backend.tuning
-
-    def trial(todo: list[int]) -> dict[int, bool]:
-        for path in ("matvec", "gemm"):
-            tuning.few_token_matvec = frozenset(counts) if path == "matvec" else frozenset()
-            backend.drop_recordings()
-            for T in todo:
-                ids = [backend.config.bos_token_id] * T
-                ms.setdefault(T, {})[path + "_ms"] = _best_forward_ms(backend, ids, repeats, all_logits=True)
-        return {T: t["matvec_ms"] < t["gemm_ms"] for T, t in ms.items()}
-
-    wins = trial(sorted({counts[0], counts[-1]}))
-    if wins[counts[0]] != wins[counts[-1]]:
-        wins = trial([T for T in counts if T not in ms])
+    paths = ["gemm", "matvec"] + (["int8"] if backend.int_dot else [])
+    ms: dict[int, dict[str, float]] = {}
+    for path in paths:
+        todo = [T for T in timed if path != "matvec" or T <= MAX_COLUMNS]
+        tuning.few_token_matvec = frozenset(todo) if path == "matvec" else frozenset()
+        tuning.few_token_int8 = frozenset(todo) if path == "int8" else frozenset()
+        backend.drop_recordings()
+        for T in todo:
+            ids = [backend.config.bos_token_id] * T
+            ms.setdefault(T, {})[path + "_ms"] = _best_forward_ms(backend, ids, repeats, all_logits=True)
     backend.drop_recordings()
+    winner = {T: min(t, key=t.__getitem__)[: -len("_ms")] for T, t in ms.items()}
+
+    def won(T: int) -> str:
+        return winner[next((t for t in timed if t >= T), timed[-1])]
+
+    tuning.few_token_matvec = frozenset(T for T in counts if won(T) == "matvec")
+    tuning.few_token_int8 = frozenset(T for T in counts if won(T) == "int8")
     tuning.few_token_timing = dict(sorted(ms.items()))
-    return frozenset(T for T in counts if wins.get(T, wins[counts[0]]))

@@ -94,7 +94,8 @@ class VulkanBackend(Backend):
         # decode tokens, the matvecs 4; on the 270M shape the GEMMs win at some counts). None:
         # timed both ways at load on GPUs; CPU devices keep their register-tiled GEMM.
         self.tuning = Tuning(
-            few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset()
+            few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset(),
+            few_token_int8=frozenset(range(2, autotune.FEW_TOKENS + 1)) if options.few_token_int8 else frozenset(),
         )
         self._recordings: OrderedDict[tuple[int, ForwardMode, ops_sample.SamplerKind, bool], CommandList] = (
             OrderedDict()
@@ -103,6 +104,8 @@ class VulkanBackend(Backend):
         self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool], CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
         try:
+            if options.few_token_int8 and not self.int_dot:
+                raise ValueError(f"few_token_int8 needs int8 activations, which {dev.name} does not run (int_dot)")
             self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
             self.device_weights = upload_weights(dev, weights, self.plan, progress)
             weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
@@ -134,8 +137,10 @@ class VulkanBackend(Backend):
             self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
             few = min(autotune.FEW_TOKENS, context_length - 1)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
-        if options.few_token_matvec is None and not caps.is_software:
-            self.tuning.few_token_matvec = autotune.choose_few_token_path(self)
+        if not caps.is_software and options.autotune is not False:
+            autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
+        if options.few_token_matvec is None and options.few_token_int8 is None and not caps.is_software:
+            autotune.choose_few_token_path(self)
 
     # ---- running ---------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 token in one pass over every weight matrix (engine/scheduler.py drives it through
 `VulkanBackend.decode_batch` / `decode_batch_sampled`).
 
-The matrices run as a forward of B token rows (the multi-column matvecs or the GEMMs, whichever
-the load-time timing chose for B tokens, as for a prefill chunk); the work that depends on a
+The matrices run as a forward of B token rows (the int8 or f32 multi-column matvecs or the GEMMs,
+whichever the load-time timing chose for B tokens, as for a prefill chunk; `stats()["few_token_paths"]`
+says which ran); the work that depends on a
 sequence reads its row's Step in `BatchRows.steps` (slot, position, seed, sampling values):
 QK-norm + RoPE + KV write into its slot at its position and decode attention over its slot up
 to its position are one dispatch each for all rows (the `_rows` kernels: a workgroup index is
@@ -81,10 +82,16 @@ def record_batch(
             scale=float(np.float32(cfg.embed_scale)),
         )
     mark(cl, "embed")
-    ops_norm.norm(cl, dev, b.x, w.layers[0].norms["input_layernorm"], b.h, rows=B, n=H, eps=cfg.rms_norm_eps)
+    # where the matrices reading h take the int8 multi-column matvec, the norms writing h also
+    # write its q8_1 blocks (hq: row r's at block r * H / 32), so those matvecs need no quantize
+    # dispatch; the o-proj and down matvecs quantize their input in a dispatch of their own
+    L0 = w.layers[0]
+    int8_h = all(graph.few_token_path(m, B) == "int8" for m in (L0.qkv, [L0.gate, L0.up], [w.lm_head]))
+    hq = b.hq if int8_h else None
+    ops_norm.norm(cl, dev, b.x, L0.norms["input_layernorm"], b.h, rows=B, n=H, eps=cfg.rms_norm_eps, q=hq)
     for i, L in enumerate(w.layers):
         mark(cl, "norm")
-        graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim)
+        graph.mv(cl, L.qkv, b.h, b.qkv, T=B, x_cols=H, y_cols=qkv_dim, xq=hq, key="qkv")
         mark(cl, "qkv")
         graph.rope_kv(cl, i, B, step=rows.steps, rows=B)
         mark(cl, "rope_kv")
@@ -109,7 +116,7 @@ def record_batch(
             q_row_stride=qkv_dim,
         )
         mark(cl, "attention")
-        graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H)
+        graph.mv(cl, [L.o], b.attn, b.o, T=B, x_cols=Q, y_cols=H, key="o")
         mark(cl, "o_proj")
         ops_norm.norm_add(
             cl,
@@ -122,19 +129,41 @@ def record_batch(
             rows=B,
             n=H,
             eps=cfg.rms_norm_eps,
+            q=hq,
         )
         mark(cl, "norm_add")
-        graph.mv(cl, [L.gate, L.up], b.h, b.mlp, T=B, x_cols=H, y_cols=cfg.intermediate_size, epilogue="geglu")
+        graph.mv(
+            cl,
+            [L.gate, L.up],
+            b.h,
+            b.mlp,
+            T=B,
+            x_cols=H,
+            y_cols=cfg.intermediate_size,
+            epilogue="geglu",
+            xq=hq,
+            key="geglu",
+        )
         mark(cl, "gate_up_geglu")
-        graph.mv(cl, [L.down], b.mlp, b.o, T=B, x_cols=cfg.intermediate_size, y_cols=H)
+        graph.mv(cl, [L.down], b.mlp, b.o, T=B, x_cols=cfg.intermediate_size, y_cols=H, key="down")
         mark(cl, "down")
         nxt = w.layers[i + 1].norms["input_layernorm"] if i + 1 < len(w.layers) else w.final_norm
         ops_norm.norm_add(
-            cl, dev, b.o, L.norms["post_feedforward_layernorm"], b.x, nxt, b.h, rows=B, n=H, eps=cfg.rms_norm_eps
+            cl,
+            dev,
+            b.o,
+            L.norms["post_feedforward_layernorm"],
+            b.x,
+            nxt,
+            b.h,
+            rows=B,
+            n=H,
+            eps=cfg.rms_norm_eps,
+            q=hq,
         )
     mark(cl, "norm_add")
     Vs = batch_logits_stride(V)  # row r's logits at r * Vs floats
-    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs)
+    graph.mv(cl, [w.lm_head], b.h, b.logits, T=B, x_cols=H, y_cols=Vs, xq=hq, key="lm")
     if mode == "sample":
         mark(cl, "lm_head")
         if penalty:

@@ -21,14 +21,16 @@ separate norm_add dispatches. Which path each matvec takes is the `Tuning` recor
 
 from __future__ import annotations
 
+import re
 from typing import Literal, TypeAlias
 
 import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
-from phoenix_chat.engine.backends.vulkan.autotune import IntDot, Spec, Tuning
+from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, IntDot, Spec, Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.matvec import (
+    MAX_COLUMNS,
     REGS_SPEC,
     NormTail,
     RopeTail,
@@ -37,6 +39,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     record_matvec,
     record_quantize,
 )
+from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_ok, record_matvec_cols
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES
 from phoenix_chat.engine.backends.vulkan.profiling import mark
@@ -47,6 +50,12 @@ from phoenix_chat.engine.config import ModelConfig
 # what a recorded forward leaves: the cache only, the last position's logits, every position's,
 # or (decode) a token sampled on the device
 ForwardMode: TypeAlias = Literal["none", "last", "all", "sample"]
+
+
+def matrix_role(mats: list[WeightMatrix]) -> str:
+    """The matrices' names without the layer prefix: "self_attn.q_proj+self_attn.k_proj+...",
+    "mlp.down_proj", "embed_tokens" (the tied LM head)."""
+    return "+".join(re.sub(r"^(model\.)?(blk|layers)\.\d+\.|\.weight$", "", m.name) or "?" for m in mats)
 
 
 class Gemma3Graph:
@@ -70,6 +79,10 @@ class Gemma3Graph:
         self.int_dot = int_dot  # int8 activations allowed at all
         self.tuning = tuning
         self.qkv_dim = config.q_dim + 2 * config.kv_dim
+        # T (2..FEW_TOKENS) -> matrix role -> the path its T-token products took when last
+        # recorded ("int8", "f32" multi-column matvec or "gemm"): stats()["few_token_paths"], so
+        # no fallback is silent
+        self.few_token_paths: dict[int, dict[str, str]] = {}
 
     def record(
         self,
@@ -265,7 +278,7 @@ class Gemma3Graph:
         mark(cl, open_op)
         V = cfg.vocab_size
         if mode == "all":
-            self.mv(cl, [w.lm_head], b.h, b.logits, T=T, x_cols=H, y_cols=V)
+            self.mv(cl, [w.lm_head], b.h, b.logits, T=T, x_cols=H, y_cols=V, key="lm")
         elif mode in ("last", "sample"):
             self.mv(cl, [w.lm_head], b.h, b.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm", xq=hq)
         if mode == "sample":
@@ -447,23 +460,7 @@ class Gemma3Graph:
         if rope is not None:
             assert T == 1 and epilogue is None
             epilogue = "rope"
-        if T in self.tuning.few_token_matvec and x_off == 0:
-            assert epilogue in (None, "geglu")
-            off = 0
-            for group in [mats] if epilogue or fusable(mats) else [[m] for m in mats]:
-                record_matvec(
-                    cl,
-                    self.dev,
-                    group,
-                    x,
-                    y,
-                    epilogue=epilogue,
-                    x_stride=x_cols,
-                    y_stride=y_cols,
-                    y_off=y_off + off,
-                    columns=T,
-                )
-                off += sum(m.rows for m in group)
+        if T > 1 and x_off == 0 and self._few_token_matvec(cl, mats, x, y, T, x_cols, y_cols, epilogue, y_off, xq, key):
             return
         if T > 1 and x_off == 0:
             yr: Buffer | tuple[Buffer, int, int] = y  # y, or its range from y_off on
@@ -597,6 +594,76 @@ class Gemma3Graph:
                 arrival=arrival,
                 rope=rope,
             )
+
+    def few_token_path(self, mats: list[WeightMatrix], T: int) -> str:
+        """How a forward of T > 1 tokens runs these matrices: "int8" (the multi-column int8
+        matvec, q8_1 x), "f32" (the multi-column matvec, f32 x) or "gemm" — the tuned path for T
+        (tuning.few_token_int8 / few_token_matvec), where the matrices allow it."""
+        groups = [mats] if len(mats) == 2 or fusable(mats) else [[m] for m in mats]
+        if T in self.tuning.few_token_int8 and all(cols_ok(self.dev, g) for g in groups):
+            return "int8"
+        if T in self.tuning.few_token_matvec and T <= MAX_COLUMNS:
+            return "f32"
+        return "gemm"
+
+    def _few_token_matvec(
+        self,
+        cl: CommandList,
+        mats: list[WeightMatrix],
+        x: Buffer,
+        y: Buffer,
+        T: int,
+        x_cols: int,
+        y_cols: int,
+        epilogue: str | None,
+        y_off: int,
+        xq: Buffer | None,
+        key: str | None,
+    ) -> bool:
+        """Record a T-token product through a multi-column matvec where `few_token_path` says
+        so (noting the path taken in `few_token_paths`); False: the GEMM path is the caller's."""
+        path = self.few_token_path(mats, T)
+        if T <= FEW_TOKENS:  # longer forwards (prefill chunks) always take the GEMM
+            self.few_token_paths.setdefault(T, {})[matrix_role(mats)] = path
+        if path == "gemm":
+            return False
+        assert epilogue in (None, "geglu")
+        if path == "int8" and xq is None:
+            record_quantize(cl, self.dev, x, self.buffers.xq, T * x_cols)
+            mark(cl, "quantize")
+            xq = self.buffers.xq
+        off = 0
+        for group in [mats] if epilogue or fusable(mats) else [[m] for m in mats]:
+            if path == "int8":
+                assert xq is not None
+                record_matvec_cols(
+                    cl,
+                    self.dev,
+                    group,
+                    xq,
+                    y,
+                    n_vecs=T,
+                    x_stride=x_cols // 32,
+                    y_stride=y_cols,
+                    y_off=y_off + off,
+                    epilogue=epilogue,
+                    spec=self.tuning.cols_spec_for(self.dev, key, T),
+                )
+            else:
+                record_matvec(
+                    cl,
+                    self.dev,
+                    group,
+                    x,
+                    y,
+                    epilogue=epilogue,
+                    x_stride=x_cols,
+                    y_stride=y_cols,
+                    y_off=y_off + off,
+                    columns=T,
+                )
+            off += sum(m.rows for m in group)
+        return True
 
     def _mv_norm_add(
         self,

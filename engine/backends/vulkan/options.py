@@ -20,6 +20,10 @@ class VulkanOptions:
     # forwards of 2..MAX_COLUMNS tokens through the multi-column matvecs: all (True), none
     # (False), or None: timed both ways at load on GPUs (autotune.choose_few_token_path)
     few_token_matvec: bool | None = None
+    # forwards of 2..FEW_TOKENS tokens and batched decode steps through the int8 multi-column
+    # matvecs (matvec_cols.py; needs int8 activations): all (True), none (False), or None: timed
+    # at load on GPUs beside the paths above
+    few_token_int8: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))

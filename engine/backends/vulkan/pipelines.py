@@ -100,6 +100,10 @@ MATVEC_ROPE_PUSH = PushLayout(
 )
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0), "NCOLS": (4, 1)}
 
+# the multi-column int8 matvec (matvec_cols.comp): n_vecs vectors of q8_1 blocks, NCOLS per workgroup
+MATVEC_COLS_PUSH = PushLayout("matvec_cols", MATVEC_PUSH.fields + [("n_vecs", "u32")])
+MATVEC_COLS_SPEC = {"WG": (0, 128), "ROWS": (1, 2), "SUBGROUP_ROWS": (2, 4), "NCOLS": (3, 8)}
+
 QUANTIZE_PUSH = PushLayout("quantize_q8_1", [("n", "u32"), ("x_off", "u32")])
 
 
@@ -119,6 +123,43 @@ def matvec_name(wtype: str, atype: str, suffix: str = "", v_type: str | None = N
     atype: "f32", "q8_1" (int8 from q8_1 blocks) or "f32q" (f32 x quantized in registers)."""
     v = f"_v{v_type.lower()}" if v_type is not None and v_type != wtype else ""
     return f"matvec_{wtype.lower()}{v}_{atype}_f32{suffix}"
+
+
+def matvec_cols_name(wtype: str, epilogue: str = "", v_type: str | None = None) -> str:
+    """matvec_cols_<weights>[_v<v weights>]_q8_1[_geglu], e.g. matvec_cols_q4_0_q8_1_geglu."""
+    v = f"_v{v_type.lower()}" if v_type is not None and v_type != wtype else ""
+    return f"matvec_cols_{wtype.lower()}{v}_q8_1{epilogue}"
+
+
+def _matvec_cols_variants() -> list[Variant]:
+    """Bindings: 0 x (q8_1 blocks), 1 y, 2 W0, 3 W1, 4 W2."""
+    out = []
+    for wt in INT_DOT_TYPES:
+        for suffix, extra in (("", {}), ("_geglu", {"EPI_GEGLU": None})):
+            out.append(
+                Variant(
+                    matvec_cols_name(wt, suffix),
+                    "matvec_cols.comp",
+                    5,
+                    MATVEC_COLS_PUSH,
+                    {"WTYPE_" + wt: None, **extra},
+                    MATVEC_COLS_SPEC,
+                    requires=("int_dot",),
+                )
+            )
+    for qk, v in MIXED_QKV_TYPES:
+        out.append(
+            Variant(
+                matvec_cols_name(qk, "", v),
+                "matvec_cols.comp",
+                5,
+                MATVEC_COLS_PUSH,
+                {"WTYPE_" + qk: None, "MIXED_V": None, "V_WTYPE_" + v: None},
+                MATVEC_COLS_SPEC,
+                requires=("int_dot",),
+            )
+        )
+    return out
 
 
 def _matvec_layout(suffix: str) -> tuple[int, PushLayout]:
@@ -189,7 +230,7 @@ def _matvec_variants() -> list[Variant]:
 
 
 def _all_variants() -> dict[str, Variant]:
-    variants = _matvec_variants() + list(ops_table.VARIANTS)
+    variants = _matvec_variants() + _matvec_cols_variants() + list(ops_table.VARIANTS)
     table: dict[str, Variant] = {}
     for v in variants:
         if v.name in table:

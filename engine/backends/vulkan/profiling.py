@@ -119,6 +119,8 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         "int_dot": backend.int_dot,
         "prefill_gemm": ops_gemm.path(dev),
         **tuning.stats(),
+        # the path each matrix of a recorded forward of T > 1 tokens or batched step of T rows took
+        "few_token_paths": {T: dict(paths) for T, paths in sorted(backend.graph.few_token_paths.items())},
     }
     if backend.host_time.ms_per_token is not None:
         out["python_ms_per_token"] = backend.host_time.ms_per_token
