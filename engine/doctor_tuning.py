@@ -115,6 +115,8 @@ def _tokens(n: int) -> str:
 
 def measurement_line(m: dict[str, Any]) -> str:
     """One Markdown bullet for a device's measurement (or its failure, with what came before)."""
+    if not m:
+        return "- measurement: not run"
     if "error" in m or "skipped" in m:
         done = m.get("partial") or {}
         got = []

@@ -2,11 +2,13 @@
 and runs like the GGUF it came from."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 from phoenix_chat.engine.backends.cpu import CpuBackend
+from phoenix_chat.engine.errors import ModelFileError
 from phoenix_chat.engine.weights import open_weights
 
 from .tinymodels import bf16_round, hf_gemma3_folder
@@ -81,3 +83,15 @@ def test_released_pages_read_back_the_same(hf_folder):
             assert np.array_equal(hf.raw(n), before[n]), n
     finally:
         hf.close()
+
+
+def test_a_config_that_disagrees_with_the_tensors_is_refused(hf_folder, tmp_path):
+    """The same shards under a config.json with another FFN width: refused at open, naming a tensor."""
+    for f in hf_folder.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((hf_folder / "config.json").read_text())
+    config["text_config"]["intermediate_size"] += 256
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFileError, match=r"do not match the model's configuration.*mlp"):
+        open_weights(tmp_path)

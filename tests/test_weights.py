@@ -136,6 +136,19 @@ def test_missing_tensor(tmp_path):
         open_weights(path)
 
 
+def test_tensor_shape_that_disagrees_with_the_config(tmp_path):
+    """A tensor whose shape the config does not imply is refused at open: a GPU kernel would
+    read past it without complaint."""
+    path = tiny_gguf(tmp_path / "bad-shape.gguf", shapes={"blk.2.ffn_up.weight": (80, 64)})
+    with pytest.raises(
+        ModelFileError, match=r"1 tensor\(s\) do not match.*blk.2.ffn_up.weight is \(80, 64\), expected \(96, 64\)"
+    ):
+        open_weights(path)
+    path = tiny_gguf(tmp_path / "bad-embd.gguf", shapes={"token_embd.weight": (300, 32)})
+    with pytest.raises(ModelFileError, match=r"token_embd.weight is \(300, 32\), expected \(vocab, 64\)"):
+        open_weights(path)
+
+
 def test_hf_missing_shard_and_corrupt_header(tmp_path):
     folder = tmp_path / "hf"
     folder.mkdir()

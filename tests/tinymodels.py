@@ -18,7 +18,8 @@ from gguf import GGUFWriter, quants
 TINY = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=96, vocab=300, layers=7, window=4, ctx=64)
 
 
-def tiny_gguf(path, *, arch="gemma3", omit=(), types=None, cfg=None, seed=0):
+def tiny_gguf(path, *, arch="gemma3", omit=(), types=None, cfg=None, seed=0, shapes=None):
+    """`shapes` overrides a tensor's shape (a mislabelled or badly converted file)."""
     c = dict(TINY, **(cfg or {}))
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
@@ -40,6 +41,7 @@ def tiny_gguf(path, *, arch="gemma3", omit=(), types=None, cfg=None, seed=0):
     def tensor(name, shape, scale=0.2, norm=False):
         if name in omit:
             return
+        shape = (shapes or {}).get(name, shape)
         data = (1.0 + rng.normal(0, 0.1, shape) if norm else rng.normal(0, scale, shape)).astype(np.float32)
         qtype = types.get(name, QType.F32)
         if qtype == QType.F32:

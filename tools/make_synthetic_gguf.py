@@ -42,6 +42,16 @@ QUANT_TYPES = (
     QType.Q5_K,
     QType.Q6_K,
 )
+# a 256-block type on a row that 256 does not divide (the 270M's 640, the 1B's 1152) falls back
+# as llama.cpp's quantizer does, so the file has the types a real one of that shape would have
+FALLBACK = {
+    QType.Q2_K: QType.IQ4_NL,
+    QType.Q3_K: QType.IQ4_NL,
+    QType.IQ4_XS: QType.IQ4_NL,
+    QType.Q4_K: QType.Q5_0,
+    QType.Q5_K: QType.Q5_1,
+    QType.Q6_K: QType.Q8_0,
+}
 TYPES = {"f16": QType.F16, **{t.name.lower(): t for t in QUANT_TYPES}}
 _POOL_BLOCKS = 1 << 20
 
@@ -103,7 +113,17 @@ def tensors(shape: str, wtype: QType, etype: QType, roles: Mapping[str, QType] |
             (b + "ffn_down.weight", (H, inter), roles.get("ffn_down", wtype)),
             (b + "post_ffw_norm.weight", (H,), QType.F32),
         ]
-    return out
+    return [(name, shp, _fitting(name, shp, t)) for name, shp, t in out]
+
+
+def _fitting(name: str, shp: tuple[int, ...], t: QType) -> QType:
+    """`t`, or llama.cpp's fallback for it when its block does not divide the row."""
+    if t == QType.F32 or shp[-1] % GGML_QUANT_SIZES[t][0] == 0:
+        return t
+    fb = FALLBACK.get(t)
+    if fb is None or shp[-1] % GGML_QUANT_SIZES[fb][0]:
+        raise ValueError(f"{name}: a row of {shp[-1]} does not fit {t.name} blocks and has no fallback")
+    return fb
 
 
 def write(

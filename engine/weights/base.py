@@ -80,6 +80,46 @@ class WeightSource:
         pass
 
 
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Each layer tensor's shape as the config implies it (numpy order); the embedding's rows
+    (the vocabulary) are left to the file."""
+    H, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    block = {
+        "input_layernorm": (H,),
+        "self_attn.q_proj": (q, H),
+        "self_attn.k_proj": (kv, H),
+        "self_attn.v_proj": (kv, H),
+        "self_attn.o_proj": (H, q),
+        "self_attn.q_norm": (hd,),
+        "self_attn.k_norm": (hd,),
+        "post_attention_layernorm": (H,),
+        "pre_feedforward_layernorm": (H,),
+        "mlp.gate_proj": (inter, H),
+        "mlp.up_proj": (inter, H),
+        "mlp.down_proj": (H, inter),
+        "post_feedforward_layernorm": (H,),
+    }
+    out: dict[str, tuple[int, ...]] = {"norm": (H,)}
+    for i in range(cfg.num_layers):
+        out.update({f"layers.{i}.{name}": shape for name, shape in block.items()})
+    return out
+
+
+def shape_mismatches(cfg: ModelConfig, tensors: dict[str, TensorInfo]) -> list[str]:
+    """Tensors whose shape disagrees with the config (a broken converter, a mislabelled file):
+    caught at open, since a GPU kernel would read past them without complaint."""
+    bad = [
+        f"{tensors[n].source_name or n} is {tensors[n].shape}, expected {want}"
+        for n, want in expected_shapes(cfg).items()
+        if n in tensors and tensors[n].shape != want
+    ]
+    for n in ("embed_tokens", "lm_head"):
+        if n in tensors and tensors[n].shape[-1:] != (cfg.hidden_size,):
+            bad.append(f"{tensors[n].source_name or n} is {tensors[n].shape}, expected (vocab, {cfg.hidden_size})")
+    return bad
+
+
 def release_file_pages(m: mmap.mmap, path: Path, start: int = 0, length: int = 0) -> None:
     """Unmap bytes [start, start + length) of `m` (length 0: to the end) from this process
     (MADV_DONTNEED: they count in its RSS) and ask the kernel to drop those clean pages of `path`

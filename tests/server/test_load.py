@@ -8,6 +8,7 @@ the server answers /health with nothing active or waiting."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import urllib.request
@@ -35,9 +36,11 @@ def test_a_bounded_load_ends_every_request_and_leaves_the_server_serving():
         health = _health(server.url)
         assert health["slots"] == PARALLEL and health["max_queue"] == QUEUE  # --parallel, --max-queue
 
-        r = asyncio.run(
-            run_load(server.url, server.model, CLIENTS, SECONDS, MAX_TOKENS, deadline=DEADLINE_S, server="phoenix")
-        )
+        # on a thread of its own: the GUI tests' session-wide qasync loop counts as running in this
+        # thread when the whole suite runs, and asyncio.run refuses to start inside a running loop
+        load = run_load(server.url, server.model, CLIENTS, SECONDS, MAX_TOKENS, deadline=DEADLINE_S, server="phoenix")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            r = pool.submit(asyncio.run, load).result()
 
         assert r.hung == 0, r.error_samples
         assert r.errors == {}, r.error_samples  # a 429/503 without Retry-After would be counted here
