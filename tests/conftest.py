@@ -81,7 +81,7 @@ def llama_cpp_server(model_path):
     from tools import llama_cpp_server as peer
 
     if peer.python() is None:
-        message = f"llama.cpp's server is not built (run `make peer-server`; looked in {peer.VENV})"
+        message = f"llama.cpp's server is not built (run `make peer-server`; no {peer.STAMP})"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

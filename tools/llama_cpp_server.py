@@ -22,14 +22,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / "build" / "llama-cpp-server"
+STAMP = VENV / ".installed"  # the Makefile's PEER_STAMP: touched only once pip has installed the server
 START_TIMEOUT_S = 120.0
 
 
 def python() -> Path | None:
-    """The interpreter that has llama_cpp.server, or None when it is not built here."""
+    """The interpreter that has llama_cpp.server, or None when it is not built here. The venv's
+    own python exists from `make peer-server`'s first step, long before pip has built and installed
+    llama-cpp-python (and stays after a failed build): only the build's stamp says it is done."""
     named = os.environ.get("PHOENIX_LLAMA_CPP_PYTHON")
-    candidate = Path(named) if named else VENV / "bin" / "python"
-    return candidate if candidate.exists() else None
+    if named:
+        return Path(named) if Path(named).exists() else None
+    candidate = VENV / "bin" / "python"
+    return candidate if candidate.exists() and STAMP.exists() else None
 
 
 def free_port() -> int:
@@ -54,7 +59,7 @@ def running(
     model id it reports (default: the file's path); `extra_args` go to its command line as they are."""
     exe = python()
     if exe is None:
-        raise FileNotFoundError(f"llama-cpp-python's server is not built: run `make peer-server` (looked in {VENV})")
+        raise FileNotFoundError(f"llama-cpp-python's server is not built: run `make peer-server` (no {STAMP})")
     port = port or free_port()
     cmd = [str(exe), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--n_ctx", str(n_ctx), "--n_threads", str(threads or os.cpu_count() or 1)]
