@@ -1,5 +1,6 @@
 """A chat in the terminal: history kept for the session, answers streamed as they come — from
-this computer's engine or from a remote server (`chat --remote`)."""
+this computer's engine or from a remote server (`chat --remote`). `/retry` asks the same history
+again and replaces the last answer with the new one; `/reset` starts over."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from collections.abc import Callable
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.scheduler import Scheduler
 
-HELP = "Type a message and press Enter. Commands: /reset (new conversation), /quit."
+HELP = (
+    "Type a message and press Enter. Commands: /retry (a new answer to your last message), "
+    "/reset (new conversation), /quit."
+)
 
 # one turn: (history, stdout) → (the answer's text, a note to print after it or None)
 Answer = Callable[[list[dict], object], tuple[str, str | None]]
@@ -84,9 +88,15 @@ def _chat_loop(answer: Answer, system: str | None, stdin, stdout) -> int:
             history = history[:1] if system else []
             print("(new conversation)", file=stdout)
             continue
-        if not text.strip():
+        if text.strip() == "/retry":
+            if not history or history[-1]["role"] != "assistant":
+                print("(nothing to retry: send a message first)", file=stdout)
+                continue
+            history.pop()  # the last answer goes; the same history is asked again
+        elif not text.strip():
             continue
-        history.append({"role": "user", "content": text})
+        else:
+            history.append({"role": "user", "content": text})
         reply, note = answer(history, stdout)
         history.append({"role": "assistant", "content": reply})
         stdout.write("\n")

@@ -2,7 +2,7 @@
 answers stream and match what the engine gives locally for the same request (greedy, and
 sampled with seed/top_k/min_p/repetition_penalty — so those fields arrive and act); Stop
 closes the stream and the server's request ends; the same request twice gives the same text;
-an unknown model; the CLI's `run --remote` and `chat --remote`, Ctrl+C included."""
+an unknown model; the CLI's `run --remote` and `chat --remote`, Ctrl+C and /retry included."""
 
 from __future__ import annotations
 
@@ -18,16 +18,19 @@ import openai
 import pytest
 
 from phoenix_chat.app.terminal_chat import remote_terminal_chat
+from phoenix_chat.engine.generate import prompt_ids_for
 from phoenix_chat.engine.remote.engine import RemoteEngine, RemoteError, RemoteTarget
 from phoenix_chat.engine.remote.faults import describe
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 
 from .conftest import GREEDY, cli, cli_env, wait_idle
+from .recording import retry_chat
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Write one sentence about the ocean."}]  # the 270M echoes it: text
 SAMPLED = SamplingParams(temperature=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, seed=11)
+HOT = SamplingParams(temperature=1.5)  # no seed: each answer a fresh draw
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +190,43 @@ def test_cli_chat_remote(engine, scheduler, phoenix_server):
     proc = cli("chat", "--remote", phoenix_server.url, "--max-tokens", "4", "--temperature", "0", timeout=300)
     assert proc.returncode == 0, proc.stderr  # stdin empty: the chat ends at once, cleanly
     assert proc.stdout.startswith(f"Phoenix Chat — remote: 127.0.0.1:{phoenix_server.port}")
+
+
+def record_prompts(scheduler, monkeypatch) -> list[list[int]]:
+    """The prompt ids of every request the server hands its scheduler (the engine's own view)."""
+    ids: list[list[int]] = []
+    real = scheduler.submit
+
+    def submit(request, loop=None):
+        ids.append(prompt_ids_for(scheduler.model, request.prompt, request.raw))
+        return real(request, loop)
+
+    monkeypatch.setattr(scheduler, "submit", submit)
+    return ids
+
+
+def test_cli_chat_remote_retry_asks_the_same_history_again(engine, scheduler, monkeypatch):
+    """/retry in `chat --remote`: the server's engine gets the first answer's prompt again, token
+    for token; the fresh answer (sampled, no seed) replaces the first in the next turn's history."""
+    at_engine = record_prompts(scheduler, monkeypatch)
+    sent, _ = retry_chat(engine, HOT, 12, monkeypatch, "Name a colour.", "Another one.")
+    first, retried, third = sent
+    assert first["text"] != retried["text"]  # a fresh draw: the first is gone from the history below
+    assert first["text"] not in [m["content"] for m in third["messages"]]
+    assert len(at_engine) == 3 and at_engine[0] == at_engine[1]
+    assert at_engine[2] == prompt_ids_for(scheduler.model, third["messages"], False)
+
+
+def test_cli_chat_remote_retry_in_the_cli(scheduler, phoenix_server, monkeypatch):
+    """The real `phoenix-chat chat --remote` process: /retry answers again (greedy: the same text,
+    the model's answer to the question) from the same prompt ids at the server's engine."""
+    expected = local(scheduler, CHAT, GREEDY, 8, raw=False)
+    at_engine = record_prompts(scheduler, monkeypatch)
+    proc = cli(
+        "chat", "--remote", phoenix_server.url, "--max-tokens", "8", "--temperature", "0",
+        input_text=CHAT[0]["content"] + "\n/retry\n", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(f"> {expected}\n") == 2 and "/retry (a new answer" in proc.stdout
+    assert len(at_engine) == 2 and at_engine[0] == at_engine[1]
+    assert at_engine[0] == prompt_ids_for(scheduler.model, CHAT, False)
