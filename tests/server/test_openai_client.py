@@ -176,3 +176,45 @@ def test_openai_penalties_reach_the_engine_as_its_repeat_penalty(client, server,
         model=server.state.model_id, prompt=prompt, max_tokens=8, temperature=0, **{field: value}
     )
     assert r.choices[0].text == want
+
+
+def test_a_tiny_top_p_leaves_only_the_greedy_token(client, server, model):
+    """temperature 1 with a fixed seed samples; top_p 1e-6 keeps only the most likely token at
+    each step, so the answer is the greedy one — and the same request with top_p 1 (nucleus off)
+    or none (the default 0.95) is not, so the test sees whether top_p reached the sampler."""
+    prompt = "Once upon a time"
+    greedy = generate(model, prompt, GREEDY, max_tokens=8, raw=True)
+
+    def sampled(**top_p: float) -> str:
+        r = client.completions.create(
+            model=server.state.model_id,
+            prompt=prompt,
+            max_tokens=8,
+            temperature=1.0,
+            seed=7,
+            extra_body={"top_k": 0},  # top_p alone narrows the choice
+            **top_p,
+        )
+        return r.choices[0].text
+
+    assert sampled(top_p=1e-6) == greedy
+    assert sampled(top_p=1.0) != greedy
+    assert sampled() != greedy
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_stop_string_ends_the_answer_before_it(client, server, model, stream):
+    talk = [{"role": "user", "content": "Name three colours."}]
+    full = generate(model, talk, GREEDY, max_tokens=10)
+    stop = full.split()[1]
+    assert full.index(stop) > 0  # the answer has text before the stop string
+    ask = dict(model=server.state.model_id, messages=talk, max_tokens=10, temperature=0, stop=[stop])
+    if stream:
+        chunks = [c for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    else:
+        r = client.chat.completions.create(**ask)
+        text, reasons = r.choices[0].message.content, [r.choices[0].finish_reason]
+    assert text == full[: full.index(stop)] and stop not in text
+    assert reasons == ["stop"]
