@@ -1,10 +1,13 @@
-"""Remote faults a real server cannot be made to produce, in the app (issue 21): a stream cut
-mid-answer, an error event mid-stream, 429 with Retry-After, a server that refuses an extra
-sampling field. The server is the `remote` helper's named test double
-(tests/remote/misbehaving_server.py); the real window, worker process and SQLite are ours."""
+"""Remote faults in the app (issue 21): a stream cut mid-answer, an error event mid-stream, 429
+with Retry-After, a server that refuses an extra sampling field — from the `remote` helper's named
+test double (tests/remote/misbehaving_server.py) — and each fault of tests/remote/fault_cases.py
+(TLS, a connect timeout, a read timeout, 5xx, 403, malformed SSE; real sockets and a real TLS
+server where one can produce the fault) as one line. The real window, worker process and SQLite
+are ours."""
 
 from __future__ import annotations
 
+import html
 import json
 import time
 
@@ -12,6 +15,7 @@ import pytest
 
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
 from tests.app.test_remote_engine_gui import keyring_with, saved_answers
+from tests.remote.fault_cases import Fault, cases, fault_url
 from tests.remote.misbehaving_server import MODEL, WORDS, MisbehavingServer
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
@@ -116,3 +120,38 @@ def test_stop_while_the_server_sends_nothing(qtbot, make_app, home, double, beha
     app.store.flush()
     ((content, complete, stats, _engine, _v),) = saved_answers(home)
     assert content == kept and complete == 1 and json.loads(stats)["finish_reason"] == "cancelled"
+
+
+@pytest.mark.parametrize("fault", cases(skip=("cut", "closed-port")))  # those two: tests above, test_remote_engine_gui
+def test_a_fault_is_one_line_and_nothing_is_lost(qtbot, make_app, home, double, tmp_path, fault: Fault):
+    """Each fault is one line in the chat's notice. One on connecting fails the engine's load with
+    it; one during an answer ends the answer with it: what came is kept and marked "cut", the
+    question stays in the history."""
+    with fault_url(fault, double, tmp_path) as (url, host):
+        app = app_on(make_app, home, url)
+        notice = app.window.chat.notice
+        if fault.at_connect:
+            with qtbot.waitSignal(app.models.model_unavailable, timeout=ANSWER_TIMEOUT_MS) as failed:
+                pass
+            told, named = failed.args[0], f"Could not load the remote server “double” ({url}): "
+            assert "\n" not in told and told.startswith(named) and fault.matches(told.removeprefix(named), host), told
+            assert notice.text() == html.escape(told) and app.window.chat.notice_kind() == "error"
+            return
+        assert wait_loaded(qtbot, app)["host"] == host
+        errors: list[str] = []
+        app.worker.error_raised.connect(lambda _id, message: errors.append(message))
+        start = time.monotonic()
+        assert send(qtbot, app) == fault.reason
+    (line,) = errors
+    assert "\n" not in line and fault.matches(line, host), line
+    assert notice.text() == html.escape(f"The engine reported an error: {line}")
+    assert app.window.chat.notice_kind() == "error"
+    ((content, complete, stats, engine, _v),) = saved_answers(home)
+    stats = json.loads(stats)
+    assert content == fault.kept and complete == 1 and stats["finish_reason"] == fault.reason
+    assert engine == f"remote:{host}/{MODEL}"
+    if fault.kept:
+        assert stats["note"] == f"Answer cut: {line}"
+    assert [m.content for m in app.chat.messages] == ["Say hello", fault.kept]  # nothing lost
+    if fault.slow:
+        assert 59 < time.monotonic() - start < 80  # the client's 60 s read timeout, not the server's 90 s stall

@@ -1,7 +1,8 @@
 """A deliberately misbehaving OpenAI-style server: a NAMED TEST DOUBLE for the faults a real server
 cannot be made to produce on demand — a stream cut mid-answer, malformed SSE, 429 with
 Retry-After and then success, slow headers, a stall mid-stream, a proxy's 5xx page, a server
-that refuses an extra sampling field, one that echoes the API key back. Everything else (a real
+that refuses an extra sampling field, one that echoes the API key back, one that lists its model
+but forbids (403) answering with it. Everything else (a real
 answer, 401, an unknown model, Stop) is tested against real servers (ours, llama.cpp's).
 
 Plain asyncio on a thread of its own, one request per connection, raw bytes on the socket (so
@@ -22,6 +23,7 @@ from typing import Any
 
 MODEL = "double-model"
 WORDS = ["Hello", ",", " world", "!"]
+FORBIDDEN = "You have insufficient permissions for this operation. Missing scopes: model.request."
 
 
 @dataclass
@@ -116,12 +118,12 @@ class MisbehavingServer:
                 headers = {"Retry-After": after} if after else {}
                 return _json(w, 429, _error("the server is busy", "server_busy"), headers)
             return await _stream(w, kind, WORDS, finish="stop")
-        if name == "slow":  # the headers come after `delay_s`
-            await asyncio.sleep(self.delay_s)
+        if name == "slow":  # the headers come after `delay_s` (slow-S: after S seconds)
+            await asyncio.sleep(float(arg) if arg else self.delay_s)
             return await _stream(w, kind, WORDS, finish="stop")
-        if name == "stall":  # two pieces, then nothing for `delay_s`
+        if name == "stall":  # two pieces, then nothing for `delay_s` (stall-S: for S seconds)
             await _stream(w, kind, WORDS[:2], finish=None, done=False, end=False)
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(float(arg) if arg else self.delay_s)
             return
         if name == "gateway":  # a proxy in front of a dead server: 502 and an HTML page
             page = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
@@ -134,6 +136,8 @@ class MisbehavingServer:
                 message = f"Unrecognized request argument supplied: {extra[0]}"
                 return _json(w, 400, _error(message, None, extra[0]))
             return await _stream(w, kind, WORDS, finish="stop")
+        if name == "forbidden":  # the key is good, but not for this (OpenAI's 403 for a key without the scope)
+            return _json(w, 403, _error(FORBIDDEN, None))
         if name == "echokey":  # a server that quotes the key it refuses
             key = seen.headers.get("authorization", "").removeprefix("Bearer ")
             return _json(w, 401, _error(f"Incorrect API key provided: {key}", "invalid_api_key"))

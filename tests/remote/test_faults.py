@@ -17,7 +17,8 @@ from phoenix_chat.engine.remote.engine import RemoteDelta, RemoteEngine, RemoteE
 from phoenix_chat.engine.sampling import SamplingParams
 
 from .conftest import cli
-from .misbehaving_server import MODEL, WORDS, MisbehavingServer
+from .fault_cases import Fault, cases, closed_port, fault_url, self_signed_double, unaccepting_listener
+from .misbehaving_server import FORBIDDEN, MODEL, WORDS, MisbehavingServer
 
 CHAT = [{"role": "user", "content": "Say hello"}]
 PARAMS = SamplingParams(temperature=0.7, top_k=40, min_p=0.05, repetition_penalty=1.1, seed=7)
@@ -173,6 +174,18 @@ def test_a_stall_mid_stream_times_out_as_a_cut(double):
     assert "sent nothing for 0.5 s" in one_line(final.error)
 
 
+@pytest.mark.parametrize("key", [None, "sk-double-key"])
+def test_403_a_key_without_the_permission(double, key):
+    """The server lists its model but forbids answering with it (OpenAI's 403 for a key without the
+    scope): one line with the server's words; the key, when one was sent, is not in it."""
+    e = engine(double.url("forbidden"), api_key=key)
+    assert e.check().startswith("OK")
+    text, final, _ = answer(e)
+    assert (text, final.finish_reason) == ("", "error")
+    said = "it refused the API key" if key else "no API key was sent"
+    assert one_line(final.error) == f"127.0.0.1:{double.port} said 403 ({said}): {FORBIDDEN}"
+
+
 def test_a_proxys_5xx_page(double):
     _, final, _ = answer(engine(double.url("gateway")))
     assert final.finish_reason == "error"
@@ -220,9 +233,7 @@ def test_extra_fields_reach_the_server_in_the_body(double):
 
 
 def test_a_closed_port_is_unreachable():
-    with socket.socket() as s:  # a port that was free a moment ago, nobody listening now
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = closed_port()
     e = engine(f"http://127.0.0.1:{port}")
     with pytest.raises(RemoteError) as err:
         e.check()
@@ -235,22 +246,10 @@ def test_a_closed_port_is_unreachable():
 def test_a_connect_timeout():
     """A real listener whose accept queue is full (listen(0), never accepting): the kernel drops
     the next SYN, so the client's connect waits out its timeout."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(0)
-        port = listener.getsockname()[1]
-        fillers = [socket.socket() for _ in range(4)]
-        for f in fillers:
-            f.setblocking(False)
-            f.connect_ex(("127.0.0.1", port))
-        time.sleep(0.2)
+    with unaccepting_listener() as port:
         start = time.monotonic()
-        try:
-            with pytest.raises(RemoteError) as err:
-                engine(f"http://127.0.0.1:{port}", timeout_s=1.0).models()
-        finally:
-            for f in fillers:
-                f.close()
+        with pytest.raises(RemoteError) as err:
+            engine(f"http://127.0.0.1:{port}", timeout_s=1.0).models()
     assert err.value.kind == "timeout" and 0.9 < time.monotonic() - start < 5
     assert str(err.value) == f"cannot reach 127.0.0.1:{port}: no connection within 1 s"
 
@@ -282,9 +281,7 @@ def test_https_to_a_plain_http_port_is_a_tls_failure(plain_http):
 
 
 def test_a_self_signed_certificate_is_a_tls_failure(tmp_path):
-    from .tls import self_signed_server_context
-
-    with MisbehavingServer(tls=self_signed_server_context(tmp_path)) as tls_server:
+    with self_signed_double(tmp_path) as tls_server:
         e = engine(tls_server.url("ok"))
         with pytest.raises(RemoteError) as err:
             e.check()
@@ -319,18 +316,34 @@ def test_a_model_the_server_does_not_list(double):
     assert final.finish_reason == "error" and final.error == str(err.value)
 
 
-def test_cli_faults_are_one_line_and_exit_2(double):
-    cut = cli("run", "--remote", double.url("cut"), "Say hello")
-    assert cut.returncode == 2 and cut.stdout == "".join(WORDS[:2]) + "\n"  # the text that came stays
-    last = cut.stderr.splitlines()[-1]
-    assert last.startswith(f"phoenix-chat: error: 127.0.0.1:{double.port} closed the connection: ")
-    assert "finish: cut]" in cut.stderr
+CLI_KEY = "sk-cli-fault-test-0b1d"  # sent with every CLI case: it must never show in the output
+
+
+@pytest.mark.parametrize("fault", cases())
+def test_cli_faults_are_one_line_and_exit_2(double, tmp_path, fault: Fault):
+    """`run --remote` against each fault (fault_cases.py): exit 2, the text that came stays on
+    stdout, and the fault is the one line on stderr."""
+    with fault_url(fault, double, tmp_path) as (url, host):
+        start = time.monotonic()
+        proc = cli("run", "--remote", url, "Say hello", env={"PHOENIX_CHAT_API_KEY": CLI_KEY}, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == fault.kept + "\n", (proc.stdout, proc.stderr)
+    *figures, last = proc.stderr.splitlines()
+    assert last.startswith("phoenix-chat: error: ")
+    assert fault.matches(last.removeprefix("phoenix-chat: error: "), host), last
+    if fault.kept:  # the figures of what came before the error
+        (line,) = figures
+        assert line.startswith(f"[remote {host} {MODEL}: ") and line.endswith("finish: cut]")
+    else:
+        assert figures == []
+    assert CLI_KEY not in proc.stdout + proc.stderr
+    if fault.slow:
+        assert 59 < time.monotonic() - start < 80  # the client's 60 s read timeout, not the server's 90 s stall
+
+
+def test_cli_busy_is_retried_with_a_notice(double):
     busy = cli("run", "--remote", double.url("busy-1-0"), "Say hello")
     assert busy.returncode == 0 and busy.stdout == "".join(WORDS) + "\n"
     assert f"phoenix-chat: 127.0.0.1:{double.port} is busy (429): retrying in 1 s (retry 1 of 4)\n" in busy.stderr
-    gateway = cli("run", "--remote", double.url("gateway"), "Say hello")
-    assert (gateway.returncode, gateway.stdout) == (2, "\n")
-    assert gateway.stderr == f"phoenix-chat: error: 127.0.0.1:{double.port} failed: server error 502: 502 Bad Gateway\n"
 
 
 def own_address() -> str | None:
