@@ -17,6 +17,10 @@
 #error "NORM_MAXE comes from engine/backends/vulkan/ops_norm.py (the pipeline's defines)"
 #endif
 
+// Every output is `precise` (no FMA contraction or reassociation): the variants that also write
+// q8_1 blocks must give the same f32 bits as the plain ones, and lavapipe on an AVX-512 host
+// contracted them differently (1 ulp on a third of the elements) without it.
+
 // Loops touch 4 elements per step so 4 loads are in flight (a plain strided loop waits one
 // memory latency per element: 2x slower for n = 5376 on an H100).
 
@@ -41,12 +45,12 @@ void norm_row(uint in_base, uint base, uint n, float eps) {
     const float inv = inversesqrt(norm_sumsq_in(in_base, n) / float(n) + eps);
     for (uint i = tid; i < n4; i += 4 * WG) {
         const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
-        const vec4 r = vec4(NORM_IN[in_base + k.x], NORM_IN[in_base + k.y], NORM_IN[in_base + k.z],
+        precise const vec4 r = vec4(NORM_IN[in_base + k.x], NORM_IN[in_base + k.y], NORM_IN[in_base + k.z],
                             NORM_IN[in_base + k.w]) * inv
                      * vec4(NORM_W0[k.x], NORM_W0[k.y], NORM_W0[k.z], NORM_W0[k.w]);
         NORM_OUT[base + k.x] = r.x; NORM_OUT[base + k.y] = r.y; NORM_OUT[base + k.z] = r.z; NORM_OUT[base + k.w] = r.w;
     }
-    for (uint i = n4 + tid; i < n; i += WG) NORM_OUT[base + i] = NORM_IN[in_base + i] * inv * NORM_W0[i];
+    for (uint i = n4 + tid; i < n; i += WG) { precise const float r = NORM_IN[in_base + i] * inv * NORM_W0[i]; NORM_OUT[base + i] = r; }
 }
 #endif
 
@@ -60,7 +64,7 @@ void norm_add_row(uint in_base, uint base, uint n, float eps) {
     float ss2 = 0.0;
     for (uint i = tid; i < n4; i += 4 * WG) {
         const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
-        const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
+        precise const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
                      + vec4(NORM_IN[in_base + k.x], NORM_IN[in_base + k.y], NORM_IN[in_base + k.z],
                             NORM_IN[in_base + k.w]) * inv
                      * vec4(NORM_W0[k.x], NORM_W0[k.y], NORM_W0[k.z], NORM_W0[k.w]);
@@ -68,7 +72,7 @@ void norm_add_row(uint in_base, uint base, uint n, float eps) {
         ss2 += dot(r, r);
     }
     for (uint i = n4 + tid; i < n; i += WG) {
-        const float r = NORM_RES[base + i] + NORM_IN[in_base + i] * inv * NORM_W0[i];
+        precise const float r = NORM_RES[base + i] + NORM_IN[in_base + i] * inv * NORM_W0[i];
         NORM_RES[base + i] = r;
         ss2 += r * r;
     }
@@ -76,11 +80,11 @@ void norm_add_row(uint in_base, uint base, uint n, float eps) {
     // each invocation re-reads only what it wrote itself: no barrier needed
     for (uint i = tid; i < n4; i += 4 * WG) {
         const uvec4 k = uvec4(i, i + WG, i + 2 * WG, i + 3 * WG);
-        const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
+        precise const vec4 r = vec4(NORM_RES[base + k.x], NORM_RES[base + k.y], NORM_RES[base + k.z], NORM_RES[base + k.w])
                      * inv2 * vec4(NORM_W1[k.x], NORM_W1[k.y], NORM_W1[k.z], NORM_W1[k.w]);
         NORM_OUT[base + k.x] = r.x; NORM_OUT[base + k.y] = r.y; NORM_OUT[base + k.z] = r.z; NORM_OUT[base + k.w] = r.w;
     }
-    for (uint i = n4 + tid; i < n; i += WG) NORM_OUT[base + i] = NORM_RES[base + i] * inv2 * NORM_W1[i];
+    for (uint i = n4 + tid; i < n; i += WG) { precise const float o = NORM_RES[base + i] * inv2 * NORM_W1[i]; NORM_OUT[base + i] = o; }
 }
 #endif
 
@@ -91,11 +95,12 @@ void norm_add_row(uint in_base, uint base, uint n, float eps) {
 // blocks come from registers (quantize_regs_q8_1) instead of a read-back of NORM_OUT. On an H100,
 // norm_add + q8_1 over 5376 floats took ~16 us as three global passes and a strided read-back.
 // Returns false (nothing done) when the row does not fit; the caller then takes norm_add_row.
-bool norm_add_row_regs(uint in_base, uint base, uint n, float eps, out float ov[NORM_MAXE]) {
+bool norm_add_row_regs(uint in_base, uint base, uint n, float eps, out precise float ov[NORM_MAXE]) {
     [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) ov[j] = 0.0;
     if (n > NORM_MAXE * WG || WG % 32u != 0u) return false;
     const uint tid = gl_LocalInvocationID.x;
-    float xv[NORM_MAXE], rv[NORM_MAXE], a[NORM_MAXE], b[NORM_MAXE];
+    float xv[NORM_MAXE], a[NORM_MAXE], b[NORM_MAXE];
+    precise float rv[NORM_MAXE];
     [[unroll]] for (uint j = 0u; j < NORM_MAXE; j++) {
         const uint i = tid + j * WG;
         const bool ok = i < n;
