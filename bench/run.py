@@ -25,6 +25,11 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="", help="comma-separated shapes: tiny,270m,1b,4b,12b,27b")
+    ap.add_argument(
+        "--synthetic-types",
+        default="q4_0",
+        help="comma-separated weight types of the synthetic files, e.g. q4_0,q2_k,q3_k,iq4_xs (Q8_0 embedding)",
+    )
     ap.add_argument("--model", action="append", default=[], help="GGUF path (repeatable)")
     ap.add_argument("--backends", default="vulkan", help="comma-separated: vulkan,cpu")
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
@@ -47,12 +52,14 @@ def main(argv=None) -> int:
         from tools.make_synthetic_gguf import write
 
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        types = args.synthetic_types.split(",")
         for shape in args.synthetic.split(","):
-            p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"
-            if not p.exists():
-                print(f"generating {p} ...", flush=True)
-                write(p, shape, "q4_0", "q8_0")
-            runs.append((shape, p))
+            for wtype in types:
+                p = Path(args.workdir) / f"synthetic-{shape}-{wtype}.gguf"
+                if not p.exists():
+                    print(f"generating {p} ...", flush=True)
+                    write(p, shape, wtype, "q8_0")
+                runs.append((shape if types == ["q4_0"] else f"{shape}-{wtype}", p))
     for m in args.model:
         runs.append((Path(m).stem, Path(m)))
     if not runs:

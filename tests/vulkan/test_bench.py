@@ -162,3 +162,31 @@ def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_devi
     else:
         assert peer["backend"] == "llama.cpp-cpu" and peer["decode_tok_s"] > 0
         assert peer["ratios"]["cpu"]["decode"] == pytest.approx(runs[1]["decode_tok_s"] / peer["decode_tok_s"])
+
+
+def test_bench_synthetic_types_bench_one_file_per_type(tmp_path):
+    """`--synthetic-types`: one synthetic file per weight type (issue 25's 27B Q2_K/Q3_K/IQ4_XS
+    beside Q4_0), each benched under its own label and holding that type."""
+    import json
+    import subprocess
+    import sys
+
+    from phoenix_chat.engine.weights import open_weights
+
+    out = tmp_path / "bench.json"
+    args = ["--synthetic", "tiny", "--synthetic-types", "q4_1,q2_k", "--backends", "cpu", "--no-llama-cpp"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", *args, "--workdir", str(tmp_path), "--prompt-tokens", "8"]
+        + ["--gen-tokens", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [r["label"] for r in json.loads(out.read_text())] == ["tiny-q4_1", "tiny-q2_k"]
+    for wtype in ("q4_1", "q2_k"):
+        w = open_weights(tmp_path / f"synthetic-tiny-{wtype}.gguf")
+        try:
+            assert wtype.upper() in {t.qtype.name for t in w.tensors.values()}
+        finally:
+            w.close()
