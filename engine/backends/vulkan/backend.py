@@ -86,8 +86,8 @@ class VulkanBackend(Backend):
         self.dev = dev = device or Device.open(options.device_index, allow_software=options.allow_software)
         self.device_name = dev.name
         caps = dev.caps
-        # int8 activations only where the dot instruction is real hardware (unless forced)
-        self.int_dot = bool(caps.int_dot and (caps.int_dot_accelerated if options.int_dot is None else options.int_dot))
+        # int8 activations only where the dot instruction is real hardware (unless forced); and why
+        self.int_dot, self.int_dot_why = caps.int8_activations(options.int_dot)
         # forwards of 2..MAX_COLUMNS tokens (speculative verify, short prompts) through matvecs
         # that read each weight once for all of them, or through the GEMMs, which dequantize a
         # whole weight tile for a handful of rows (H100, 27B shape: a 2-token GEMM pass cost 14

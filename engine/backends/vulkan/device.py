@@ -129,6 +129,12 @@ class Capabilities:
     compute_subgroup_sizes: tuple[int, ...] = ()
     extensions: frozenset[str] = frozenset()
     driver_id: int = 0  # VkDriverId (3: RADV, 2: AMDVLK, 1: AMD proprietary; 0: not reported)
+    # VK_EXT_memory_budget at probe time: (budget, usage) bytes per heap, in `heaps` order; None
+    # where the device lacks the extension (Device.heap_budgets() asks again, for the plan)
+    heap_budgets: tuple[tuple[int, int], ...] | None = None
+    # why each feature the kernels could use is off here, by the doctor's feature names
+    # (cooperative_matrix_f16, int_dot, int_dot_accelerated, fp16, ..., subgroup_size_control)
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_software(self) -> bool:
@@ -137,6 +143,21 @@ class Capabilities:
     @property
     def device_local_bytes(self) -> int:
         return sum(size for size, local in self.heaps if local)
+
+    def int8_activations(self, option: bool | None = None) -> tuple[bool, str]:
+        """Do the matvecs quantize activations to int8 (VulkanOptions.int_dot: None lets the
+        device decide), and why: only where the int8 dot instruction exists, and by default only
+        where the driver says it is hardware-accelerated (an emulated one is slower than f32)."""
+        if not self.int_dot:
+            return False, self.refused.get("int_dot", "no int8 dot product")
+        if option is False:
+            return False, "disabled by option (int_dot=False)"
+        if option is True:
+            emulated = "" if self.int_dot_accelerated else ", although the driver reports the dot as emulated"
+            return True, f"forced by option (int_dot=True){emulated}"
+        if not self.int_dot_accelerated:
+            return False, "the int8 dot is emulated here (integerDotProduct4x8BitPackedSignedAccelerated false)"
+        return True, "the packed 4x8 int8 dot is hardware-accelerated"
 
     def summary(self) -> str:
         gib = self.device_local_bytes / 2**30
@@ -182,6 +203,17 @@ def _instance(vk: Any) -> Any:
         except vk.VkError as exc:
             raise DeviceUnavailableError(f"no Vulkan device: vkCreateInstance failed ({type(exc).__name__})") from None
     return _INSTANCE
+
+
+def loader_version() -> tuple[int, int, int] | None:
+    """The Vulkan loader's instance version (vkEnumerateInstanceVersion); None for a 1.0 loader,
+    which lacks the call. DeviceUnavailableError where no loader is installed."""
+    vk = _vk()
+    try:
+        v = int(vk.vkEnumerateInstanceVersion())
+    except Exception:  # the binding cannot find the entry point: a Vulkan 1.0 loader
+        return None
+    return ((v >> 22) & 0x7F, (v >> 12) & 0x3FF, v & 0xFFF)
 
 
 def _physical_devices(vk: Any) -> list[Any]:
@@ -230,6 +262,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
     for i in range(mem.memoryHeapCount):
         h = mem.memoryHeaps[i]
         heaps.append((int(h.size), bool(h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)))
+    budgets = _memory_budget(vk, pd, len(heaps)) if MEMORY_BUDGET_EXT in exts else None
     want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
     host_visible_heaps = frozenset(
         int(mem.memoryTypes[i].heapIndex)
@@ -248,6 +281,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
     ts_bits = max((q.timestampValidBits for q in fams if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
     lim = props.limits
     int_dot = bool(f13.shaderIntegerDotProduct) if f13 is not None else False
+    refused = _refusals(vk, pd, api, exts, sg, ssc, sg_compute, f11, f12, f13, cm, idp, int_dot)
     return Capabilities(
         index=index,
         name=str(props.deviceName),
@@ -269,15 +303,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         storage16=bool(f11.storageBuffer16BitAccess),
         int_dot=int_dot,
         int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
-        cooperative_matrix=bool(
-            cm is not None
-            and cm.cooperativeMatrix
-            and f12.vulkanMemoryModel
-            and f12.shaderFloat16
-            and f11.storageBuffer16BitAccess
-            and api >= vk.VK_MAKE_VERSION(1, 3, 0)
-            and _coopmat_f16_16x16(vk, pd)
-        ),
+        cooperative_matrix="cooperative_matrix_f16" not in refused,
         shared_memory=int(lim.maxComputeSharedMemorySize),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_push_constants=int(lim.maxPushConstantsSize),
@@ -297,7 +323,83 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         host_visible_heaps=host_visible_heaps,
         extensions=exts,
         driver_id=int(drv.driverID),
+        heap_budgets=budgets,
+        refused=refused,
     )
+
+
+MEMORY_BUDGET_EXT = "VK_EXT_memory_budget"
+
+
+def _memory_budget(vk: Any, pd: Any, n_heaps: int) -> tuple[tuple[int, int], ...]:
+    """(heapBudget, heapUsage) per heap from VkPhysicalDeviceMemoryBudgetPropertiesEXT chained
+    into vkGetPhysicalDeviceMemoryProperties2: what this process may allocate from each heap
+    (its own allocations included) and what it has allocated. Only where the device lists
+    VK_EXT_memory_budget."""
+    budget = vk.VkPhysicalDeviceMemoryBudgetPropertiesEXT()
+    vk.vkGetPhysicalDeviceMemoryProperties2(pd, vk.VkPhysicalDeviceMemoryProperties2(pNext=budget))
+    return tuple((int(budget.heapBudget[i]), int(budget.heapUsage[i])) for i in range(n_heaps))
+
+
+def _refusals(
+    vk: Any,
+    pd: Any,
+    api: int,
+    exts: frozenset[str],
+    sg: Any,
+    ssc: Any,
+    sg_compute: bool,
+    f11: Any,
+    f12: Any,
+    f13: Any,
+    cm: Any,
+    idp: Any,
+    int_dot: bool,
+) -> dict[str, str]:
+    """Why each feature the kernels could use is off (absent keys: on), the first missing piece
+    of each in the order the probe needs them."""
+    v13 = vk.VK_MAKE_VERSION(1, 3, 0)
+    api_s = f"{api >> 22}.{(api >> 12) & 0x3FF}"
+    out: dict[str, str] = {}
+    if "VK_KHR_cooperative_matrix" not in exts:
+        out["cooperative_matrix_f16"] = "no VK_KHR_cooperative_matrix"
+    elif not cm.cooperativeMatrix:
+        out["cooperative_matrix_f16"] = "VK_KHR_cooperative_matrix listed but its cooperativeMatrix feature is off"
+    elif not f12.vulkanMemoryModel:
+        out["cooperative_matrix_f16"] = "no vulkanMemoryModel (the coopmat shader declares it)"
+    elif not f12.shaderFloat16:
+        out["cooperative_matrix_f16"] = "no shaderFloat16"
+    elif not f11.storageBuffer16BitAccess:
+        out["cooperative_matrix_f16"] = "no storageBuffer16BitAccess"
+    elif api < v13:
+        out["cooperative_matrix_f16"] = f"Vulkan API {api_s} (the coopmat shader needs 1.3)"
+    elif not _coopmat_f16_16x16(vk, pd):
+        out["cooperative_matrix_f16"] = "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)"
+    if not int_dot:
+        if api < v13 and "VK_KHR_shader_integer_dot_product" not in exts:
+            out["int_dot"] = "no VK_KHR_shader_integer_dot_product"
+        elif f13 is None:
+            out["int_dot"] = f"Vulkan API {api_s}: the engine reads shaderIntegerDotProduct from the 1.3 features"
+        else:
+            out["int_dot"] = "shaderIntegerDotProduct is off (VK_KHR_shader_integer_dot_product)"
+        out["int_dot_accelerated"] = "no int8 dot product at all"
+    elif not (idp and idp.integerDotProduct4x8BitPackedSignedAccelerated):
+        out["int_dot_accelerated"] = "the driver reports the packed 4x8 signed dot as emulated, not hardware"
+    for key, on, name in (
+        ("fp16", f12.shaderFloat16, "shaderFloat16"),
+        ("storage16", f11.storageBuffer16BitAccess, "storageBuffer16BitAccess"),
+        ("storage8", f12.storageBuffer8BitAccess, "storageBuffer8BitAccess"),
+        ("subgroup_arithmetic", sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "subgroup arithmetic"),
+    ):
+        if not on:
+            out[key] = f"the driver does not offer {name}"
+    if ssc is None:
+        out["subgroup_size_control"] = f"no VK_EXT_subgroup_size_control (Vulkan API {api_s})"
+    elif not sg_compute:
+        out["subgroup_size_control"] = "requiredSubgroupSizeStages does not include compute"
+    elif f13 is None or not f13.subgroupSizeControl:
+        out["subgroup_size_control"] = "the subgroupSizeControl feature is off"
+    return out
 
 
 def _required_sizes(sg_range: tuple[int, int]) -> tuple[int, ...]:
@@ -400,6 +502,9 @@ class Device:
                 "register-tiled" if caps.is_software else "tiled",
             )
             caps.cooperative_matrix = False
+            caps.refused["cooperative_matrix_f16"] = (
+                f"vkCreateDevice with VK_KHR_cooperative_matrix failed ({type(exc).__name__})"
+            )
             try:
                 self.device = self._create(vk, physical, caps, coopmat=False)
             except vk.VkError as exc2:
@@ -500,6 +605,13 @@ class Device:
         if best is None:
             raise DeviceUnavailableError(f"no Vulkan device: {self.name} has no memory type with flags {required:#x}")
         return best
+
+    def heap_budgets(self) -> tuple[tuple[int, int], ...] | None:
+        """(budget, usage) bytes per heap from VK_EXT_memory_budget, asked now (usage grows with
+        what this process allocated since the probe); None where the device lacks the extension."""
+        if MEMORY_BUDGET_EXT not in self.caps.extensions:
+            return None
+        return _memory_budget(self.vk, self.physical, int(self._mem_props.memoryHeapCount))
 
     @contextlib.contextmanager
     def allocating_in(self, heap: int | None) -> Iterator[None]:

@@ -10,7 +10,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
-from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.device import Capabilities, Device
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
 from phoenix_chat.engine.backends.vulkan.ops_table import EMBED_TYPES
@@ -66,6 +66,9 @@ class MemoryPlan:
     weights_heap: int | None = None  # memory heap of the weights; None: with everything else
     weights_where: str = "device-local"  # ... in words, for stats and the doctor
     n_slots: int = 1  # sequences whose K/V the caches hold (each layer's cache is n_slots x slots[i])
+    # how the plan sized the heap holding the weights (usable_rule): VK_EXT_memory_budget's budget,
+    # or a fraction of the heap's size where the device lacks the extension
+    budget_source: str = ""
 
     @property
     def batch_rows(self) -> int:
@@ -122,7 +125,7 @@ def plan_memory(
     )
     if n_slots > 1:
         scratch += batch_scratch_bytes(cfg, n_splits, min(n_slots, MAX_BATCH))
-    heaps = [Heap(size, local, i in dev.caps.host_visible_heaps) for i, (size, local) in enumerate(dev.caps.heaps)]
+    heaps = device_heaps(dev.caps, dev.heap_budgets())
     try:
         placement = place_weights(heaps, dev.caps.uma, w_bytes, kv_bytes + scratch)
     except OutOfMemoryError as e:
@@ -133,7 +136,20 @@ def plan_memory(
             f"scratch {scratch / gib:.2f}) but {e}: pick a smaller quant (--quant q4_0), a shorter context "
             f"(--ctx){' or fewer slots' if n_slots > 1 else ''}"
         ) from None
-    return MemoryPlan(quant, probe.tied, slots, n_splits, w_bytes, kv_bytes, scratch, *placement, n_slots=n_slots)
+    held = placement[0] if placement[0] is not None else _local_heap(heaps)
+    assert held is not None  # place_weights refuses a device without a device-local heap
+    return MemoryPlan(
+        quant,
+        probe.tied,
+        slots,
+        n_splits,
+        w_bytes,
+        kv_bytes,
+        scratch,
+        *placement,
+        n_slots=n_slots,
+        budget_source=usable_rule(heaps[held], dev.caps.uma),
+    )
 
 
 @dataclass(frozen=True)
@@ -143,12 +159,48 @@ class Heap:
     size: int
     device_local: bool
     host_visible: bool  # some memory type on it can be mapped
+    # VK_EXT_memory_budget where the device has it: what this process may allocate from the heap
+    # (its own allocations included) and what it has allocated; None: no extension
+    budget: int | None = None
+    usage: int = 0
+
+
+def device_heaps(caps: Capabilities, budgets: tuple[tuple[int, int], ...] | None) -> list[Heap]:
+    """The device's heaps for the plan, each with its VK_EXT_memory_budget (budget, usage)
+    where `budgets` has one (Device.heap_budgets(), or caps.heap_budgets from the probe)."""
+    budgets = budgets or ()
+    return [
+        Heap(size, local, i in caps.host_visible_heaps, *(budgets[i] if i < len(budgets) else (None, 0)))
+        for i, (size, local) in enumerate(caps.heaps)
+    ]
+
+
+def _fraction(heap: Heap, uma: bool) -> float:
+    """Shared system memory keeps a fifth free for the OS and the app, a discrete card's own
+    memory 8% (the desktop, the driver)."""
+    return 0.8 if uma or not heap.device_local else 0.92
 
 
 def usable_bytes(heap: Heap, uma: bool) -> int:
-    """What the plan lets itself take of a heap: shared system memory keeps a fifth free for
-    the OS and the app, a discrete card's own memory 8% (the desktop, the driver)."""
-    return int(heap.size * (0.8 if uma or not heap.device_local else 0.92))
+    """What the plan lets itself take of a heap: where VK_EXT_memory_budget gives a budget, that
+    budget less what this process already uses there (no more than the heap's size); else a
+    fixed fraction of the heap's size (_fraction)."""
+    if heap.budget is not None:
+        return max(0, min(heap.budget - heap.usage, heap.size))
+    return int(heap.size * _fraction(heap, uma))
+
+
+def usable_rule(heap: Heap, uma: bool) -> str:
+    """Which rule usable_bytes took for `heap`, in words (stats, the doctor, refusals)."""
+    gib = 2**30
+    if heap.budget is not None:
+        return f"budget from VK_EXT_memory_budget: {heap.budget / gib:.2f} GiB, {heap.usage / gib:.2f} GiB in use"
+    return f"{round(100 * _fraction(heap, uma))}% of heap size: no memory budget extension"
+
+
+def _local_heap(heaps: list[Heap]) -> int | None:
+    """The largest device-local heap: where everything goes unless the plan moves the weights."""
+    return max((i for i, h in enumerate(heaps) if h.device_local), key=lambda i: heaps[i].size, default=None)
 
 
 def place_weights(heaps: list[Heap], uma: bool, weights: int, rest: int) -> tuple[int | None, str]:
@@ -161,13 +213,16 @@ def place_weights(heaps: list[Heap], uma: bool, weights: int, rest: int) -> tupl
     the same DDR bandwidth. A discrete card never streams weights over PCIe: it refuses.
     Raises OutOfMemoryError naming the heaps' usable sizes."""
     gib = 2**30
-    local = max((i for i, h in enumerate(heaps) if h.device_local), key=lambda i: heaps[i].size, default=None)
+    local = _local_heap(heaps)
     if local is None:
         raise OutOfMemoryError("it reports no device-local memory heap")
     local_ok = usable_bytes(heaps[local], uma)
     if weights + rest <= local_ok:
         return None, "device-local"
-    where = f"{local_ok / gib:.2f} GiB of its {heaps[local].size / gib:.2f} GiB device-local heap can be used"
+    where = (
+        f"{local_ok / gib:.2f} GiB of its {heaps[local].size / gib:.2f} GiB device-local heap can be used "
+        f"({usable_rule(heaps[local], uma)})"
+    )
     if not uma:
         raise OutOfMemoryError(where)
     gtt = [i for i, h in enumerate(heaps) if h.host_visible and not h.device_local]
@@ -177,4 +232,7 @@ def place_weights(heaps: list[Heap], uma: bool, weights: int, rest: int) -> tupl
     big_ok = usable_bytes(heaps[big], uma)
     if rest <= local_ok and weights <= big_ok:
         return big, f"host-visible heap {big} (GTT, {heaps[big].size / gib:.1f} GiB)"
-    raise OutOfMemoryError(f"{where}, and {big_ok / gib:.2f} GiB of its {heaps[big].size / gib:.2f} GiB GTT heap")
+    raise OutOfMemoryError(
+        f"{where}, and {big_ok / gib:.2f} GiB of its {heaps[big].size / gib:.2f} GiB GTT heap "
+        f"({usable_rule(heaps[big], uma)})"
+    )

@@ -115,8 +115,10 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         "kv_cache_bytes": budget["kv_cache"],
         "scratch_bytes": budget["scratch"],
         "weights_heap": backend.plan.weights_where,
+        "memory_budget": backend.plan.budget_source,  # VK_EXT_memory_budget's, or a fraction of the heap
         "allocated_bytes": dev.allocated_bytes,
         "int_dot": backend.int_dot,
+        "int_dot_why": backend.int_dot_why,
         "prefill_gemm": ops_gemm.path(dev),
         **tuning.stats(),
         # the path each matrix of a recorded forward of T > 1 tokens or batched step of T rows took
