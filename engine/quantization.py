@@ -23,7 +23,10 @@ AS_IN_FILE = "file"  # the spelling of "no re-quantization" in settings and mode
 class WeightQuant(str, Enum):  # str: equal to its value (3.10 has no StrEnum)
     """A target type for every weight matrix (norms stay f32)."""
 
-    Q4_0 = "q4_0"
+    # smallest first: the order of the menu, the --quant choices and error messages
+    Q4_0 = "q4_0"  # 4.5 bits a weight: f16 scale, symmetric
+    Q4_1 = "q4_1"  # 5.0: f16 scale and minimum (min/max grid of 16 levels)
+    Q5_1 = "q5_1"  # 6.0: f16 scale and minimum, 32 levels
     Q8_0 = "q8_0"
     F16 = "f16"
 
@@ -36,12 +39,19 @@ class WeightQuant(str, Enum):  # str: equal to its value (3.10 has no StrEnum)
 
     @property
     def embedding_qtype(self) -> QType:
-        """The embedding table's type: 8 bits under Q4_0, as llama.cpp keeps it in Q4_0 files."""
-        return WeightQuant.Q8_0.qtype if self is WeightQuant.Q4_0 else self.qtype
+        """The embedding table's type: Q8_0 under Q4_0, Q4_1 and Q5_1, the type of the matrices otherwise.
+
+        Gemma's embedding is tied (it is also the output head). llama.cpp's quantizer never gives
+        that tensor the 4/5-bit type of a Q4_0, Q4_1 or Q5_1 file (llama-quant.cpp, the
+        output/tied-embedding rule): Q6_K where its rows are whole 256-value super-blocks (27B:
+        5376), Q8_0 where not (270M: 640). gguf-py cannot make Q6_K and our device quantizer
+        makes only what gguf-py makes, so Q8_0 it is in every case: llama.cpp's own choice for the
+        270M, one step above it for the 27B."""
+        return WeightQuant.Q8_0.qtype if self in _EIGHT_BIT_EMBEDDING else self.qtype
 
     @property
     def label(self) -> str:
-        """How the UI and messages write it: Q4_0, Q8_0, F16."""
+        """How the UI and messages write it: Q4_0, Q4_1, Q5_1, Q8_0, F16."""
         return self.name
 
     @classmethod
@@ -57,6 +67,9 @@ class WeightQuant(str, Enum):  # str: equal to its value (3.10 has no StrEnum)
         except ValueError:
             choices = ", ".join(q.value for q in cls)
             raise PhoenixError(f"unknown quantization {value!r} (choose from {choices}, or {AS_IN_FILE})") from None
+
+
+_EIGHT_BIT_EMBEDDING = (WeightQuant.Q4_0, WeightQuant.Q4_1, WeightQuant.Q5_1)
 
 
 def quant_name(quant: WeightQuant | None) -> str:

@@ -8,6 +8,13 @@
 // -D OUT_Q8_0: one invocation per 32-value block {f16 d = amax / 127; i8 round(v / d)}   34 B
 // -D OUT_Q4_0: one invocation per block {f16 d = m / -8 (m: the value of largest |v|, first
 //              if tied); u8 nibbles trunc(v / d + 8.5) clipped to 15, v[j] | v[j + 16] << 4}  18 B
+// -D OUT_Q4_1: one invocation per block {f16 d = (max - min) / 15, f16 m = min; u8 nibbles
+//              trunc((v - min) / d + 0.5) clipped to 15, v[j] | v[j + 16] << 4}               20 B
+// -D OUT_Q5_1: the same with d = (max - min) / 31, q clipped to 31: {f16 d, f16 m, u32 qh (bit j:
+//              q[j] >> 4), u8 low nibbles q[j] & 15 | (q[j + 16] & 15) << 4}                    24 B
+//              max and min are the first of equal values (ggml's `v < min` scan; numpy's reduction
+//              may pick the other zero of a block holding both +0 and -0: only the sign of a zero
+//              d or m can differ then, and the values decode the same)
 // -D OUT_F16:  one invocation per value (f32 -> f16 rounded to nearest even, overflow -> inf)
 // Exactness: divisions are done in integers (div_rn);
 // products and sums are `precise` (no fma contraction), in loops left rolled: glslc -O's unroller
@@ -15,7 +22,7 @@
 // fused (tests/vulkan/test_ops_quantize_weights.py checks the SPIR-V); f32 -> f16 in integer bits.
 // Bindings: 0 source values (read as f32 or 16-bit), 1 destination (16-bit words).
 // Push: n (values), src_kind (0 f32, 1 f16, 2 bf16), dst_off (16-bit words).
-// Dispatch: ceil(n / 32 / WG) workgroups (Q8_0 / Q4_0), ceil(n / WG) (F16), 2-D over 65535.
+// Dispatch: ceil(n / 32 / WG) workgroups (block types), ceil(n / WG) (F16), 2-D over 65535.
 #include "include/common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -130,6 +137,50 @@ void main() {
     [[unroll]] for (uint k = 0u; k < 8u; k++) {
         const uint b0 = q[2u * k] | (q[2u * k + 16u] << 4), b1 = q[2u * k + 1u] | (q[2u * k + 17u] << 4);
         dst[base + 1u + k] = uint16_t(b0 | (b1 << 8));
+    }
+#elif defined(OUT_Q4_1) || defined(OUT_Q5_1)
+#if defined(OUT_Q4_1)
+    const float levels = 15.0;
+    const uint qmax = 15u;
+#else
+    const float levels = 31.0;
+    const uint qmax = 31u;
+#endif
+    // indices, not values, are selected: a compiler may turn `v < mn ? v : mn` into fmin, whose
+    // choice between +0 and -0 is the device's
+    uint imn = 0u, imx = 0u;
+    for (uint k = 1u; k < 32u; k++) {
+        if (v[k] < v[imn]) imn = k;
+        if (v[k] > v[imx]) imx = k;
+    }
+    const float mn = v[imn];
+    precise float range = v[imx] - mn;
+    const float d = div_rn(range, levels);
+    const float id = d == 0.0 ? 0.0 : div_rn(1.0, d);
+    uint q[32];
+    for (uint k = 0u; k < 32u; k++) {
+        precise float t = v[k] - mn;
+        precise float s = t * id;
+        precise float u = s + 0.5;
+        q[k] = u >= 0.0 ? min(uint(trunc(u)), qmax) : 0u;   // NaN (inf range: inf * 0) -> 0, as numpy's cast
+    }
+#if defined(OUT_Q4_1)
+    const uint base = pc.dst_off + 10u * i;
+    const uint qs_at = base + 2u;
+#else
+    const uint base = pc.dst_off + 12u * i;
+    const uint qs_at = base + 4u;
+    uint qh = 0u;
+    [[unroll]] for (uint k = 0u; k < 32u; k++) qh |= (q[k] >> 4) << k;
+    dst[base + 2u] = uint16_t(qh & 0xFFFFu);
+    dst[base + 3u] = uint16_t(qh >> 16);
+#endif
+    dst[base] = uint16_t(f16_bits(d));
+    dst[base + 1u] = uint16_t(f16_bits(mn));
+    [[unroll]] for (uint k = 0u; k < 8u; k++) {
+        const uint b0 = (q[2u * k] & 15u) | ((q[2u * k + 16u] & 15u) << 4);
+        const uint b1 = (q[2u * k + 1u] & 15u) | ((q[2u * k + 17u] & 15u) << 4);
+        dst[qs_at + k] = uint16_t(b0 | (b1 << 8));
     }
 #endif
 #endif

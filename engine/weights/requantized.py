@@ -1,4 +1,4 @@
-"""A weight source that reads as if the model were stored in another type (Q4_0, Q8_0, F16).
+"""A weight source that reads as if the model were stored in another type (Q4_0, Q4_1, Q5_1, Q8_0, F16).
 
 The CPU reference computes in f32, so "Q8_0 on the CPU" cannot mean Q8_0 arithmetic; it means
 the model's values are those a Q8_0 file holds. Each matrix is dequantized from the file,

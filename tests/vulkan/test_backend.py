@@ -223,10 +223,11 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
         vk8.close()
 
 
-@pytest.mark.parametrize("quant", ["q8_0", "f16", "q4_0"])
+@pytest.mark.parametrize("quant", ["q8_0", "f16", "q4_0", "q4_1", "q5_1"])
 def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
     """--quant re-quantizes every matrix on load; Q8_0/F16 of Q4_0 weights are nearly lossless,
-    Q4_0 of them is the same grid again."""
+    Q4_0 of them is the same grid again, Q4_1/Q5_1 hold it within their min/max grids; the
+    matvecs and GEMMs of the new type are the ones that run."""
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
     cpu, vk = tiny

@@ -13,7 +13,7 @@ from phoenix_chat.engine.backends.vulkan.variants import PushLayout, Variant
 _BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 EMBED_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES)
 GEMM_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES)
-QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "F16")  # targets of --quant, made on the device
+QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16")  # targets of --quant, made on the device
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
