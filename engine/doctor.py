@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -65,6 +66,20 @@ def _one_line(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": one_line(exc)}
 
 
+def loader_section() -> dict[str, Any]:
+    """The Vulkan loader's version (vkEnumerateInstanceVersion), or why there is none."""
+    from phoenix_chat.engine.backends.vulkan.device import loader_version
+    from phoenix_chat.engine.errors import DeviceUnavailableError
+
+    try:
+        v = loader_version()
+    except DeviceUnavailableError as exc:
+        return {"error": str(exc)}
+    if v is None:
+        return {"version": "1.0", "note": "a Vulkan 1.0 loader (no vkEnumerateInstanceVersion): update libvulkan1"}
+    return {"version": ".".join(map(str, v))}
+
+
 def vulkan_section(
     self_test: bool = True, seconds: float | None = None, model: str | Path | None = None
 ) -> list[dict[str, Any]] | dict[str, Any]:
@@ -95,10 +110,12 @@ def _device_report(
         "subgroup_size_range": list(caps.subgroup_size_range),
         "compute_subgroup_sizes": list(caps.compute_subgroup_sizes),
         "uma": caps.uma,
-        "heaps": [
-            {"index": i, "bytes": size, "device_local": local, "host_visible": i in caps.host_visible_heaps}
-            for i, (size, local) in enumerate(caps.heaps)
-        ],
+        "memory_budget": (
+            "VK_EXT_memory_budget: each heap's budget and this process's usage"
+            if caps.heap_budgets is not None
+            else "no VK_EXT_memory_budget: the memory plan takes a fixed fraction of each heap's size"
+        ),
+        "heaps": _heaps(caps),
         "features": {
             "cooperative_matrix_f16": caps.cooperative_matrix,
             "int_dot": caps.int_dot,
@@ -107,7 +124,10 @@ def _device_report(
             "storage16": caps.storage16,
             "storage8": caps.storage8,
             "subgroup_arithmetic": caps.subgroup_arithmetic,
+            "subgroup_size_control": bool(caps.compute_subgroup_sizes),
         },
+        # why each feature above that is "no" is off (the probe's first missing piece)
+        "why_not": dict(caps.refused),
         "limits": {
             "shared_memory": caps.shared_memory,
             "max_workgroup_invocations": caps.max_workgroup_invocations,
@@ -131,27 +151,51 @@ def _device_report(
     return out
 
 
+def _heaps(caps: Any) -> list[dict[str, Any]]:
+    """Each heap with what the memory plan may take of it and by which rule; budget and usage
+    where the device has VK_EXT_memory_budget."""
+    from phoenix_chat.engine.backends.vulkan.plan import device_heaps, usable_bytes, usable_rule
+
+    out = []
+    for i, h in enumerate(device_heaps(caps, caps.heap_budgets)):
+        d: dict[str, Any] = {
+            "index": i,
+            "bytes": h.size,
+            "device_local": h.device_local,
+            "host_visible": h.host_visible,
+        }
+        if h.budget is not None:
+            d["budget"], d["usage"] = h.budget, h.usage
+        d["plan_usable_bytes"], d["plan_rule"] = usable_bytes(h, caps.uma), usable_rule(h, caps.uma)
+        out.append(d)
+    return out
+
+
 def _kernel_paths(caps: Any) -> dict[str, Any]:
     """The engine's choices for this device, by the same functions the backend calls."""
     from phoenix_chat.engine.backends.vulkan import ops_gemm
     from phoenix_chat.engine.backends.vulkan.autotune import matvec_candidates
     from phoenix_chat.engine.backends.vulkan.matvec import default_spec
-    from phoenix_chat.engine.backends.vulkan.plan import Heap, place_weights
+    from phoenix_chat.engine.backends.vulkan.plan import device_heaps, place_weights
 
     class _Dev:  # the kernel-choice functions read only .caps
         pass
 
     d = _Dev()
     d.caps = caps  # type: ignore[attr-defined]
-    heaps = [Heap(size, local, i in caps.host_visible_heaps) for i, (size, local) in enumerate(caps.heaps)]
+    heaps = device_heaps(caps, caps.heap_budgets)
     local = max((h.size for h in heaps if h.device_local), default=0)
     try:  # a model twice the device-local heap: where would its weights go?
         big = place_weights(heaps, caps.uma, weights=int(local * 1.5), rest=local // 8)[1]
     except Exception as exc:
         big = f"refused: {exc}"
+    int8, int8_why = caps.int8_activations()  # the backend's rule with the default options
+    refusal = ops_gemm.coopmat_refusal(d)  # type: ignore[arg-type]
     return {
         "prefill_gemm": ops_gemm.path(d),  # type: ignore[arg-type]
-        "int8_activations": bool(caps.int_dot and caps.int_dot_accelerated),
+        "prefill_gemm_why": f"no cooperative-matrix GEMM: {refusal}" if refusal else "cooperative matrices",
+        "int8_activations": int8,
+        "int8_activations_why": int8_why,
         "matvec_default_shape": default_spec(d),  # type: ignore[arg-type]
         "matvec_autotune_candidates": matvec_candidates(caps) if not caps.is_software else "none (CPU device)",
         "weights_of_a_model_1.5x_the_device_local_heap": big,
@@ -214,8 +258,33 @@ def npu_section(root: Path = Path("/")) -> dict[str, Any]:
         "name": st.details.get("name", "AMD XDNA NPU"),
         "available": st.available,
         "status": st.reason,
+        "xrt": _guarded(lambda: _xrt(root, st.details.get("pyxrt"))),
+        "columns": _guarded(lambda: _columns(npu_kernel_dirs())),
         "details": st.details,
     }
+
+
+def _xrt(root: Path, pyxrt: str | None) -> dict[str, Any]:
+    """XRT's version.json under `root` ($XILINX_XRT too when root is /, and beside pyxrt), with
+    the version the kernels were written for."""
+    from phoenix_chat.npu.detect import XRT_DIR, xrt_version
+    from phoenix_chat.npu.kernels.build import WRITTEN_FOR
+
+    dirs = [Path(os.environ["XILINX_XRT"])] if root == Path("/") and os.environ.get("XILINX_XRT") else []
+    dirs.append(root / XRT_DIR.lstrip("/"))
+    got = xrt_version(dirs, pyxrt if root == Path("/") else None)
+    got["kernels_need"] = WRITTEN_FOR["xrt"]
+    need, have = re.search(r"(\d+)\.(\d+)", WRITTEN_FOR["xrt"]), re.match(r"(\d+)\.(\d+)", got["version"] or "")
+    if need and have:
+        got["older_than_the_kernels_need"] = tuple(map(int, have.groups())) < tuple(map(int, need.groups()))
+    return got
+
+
+def _columns(kernel_dirs: list[Path]) -> dict[str, Any]:
+    from phoenix_chat.npu.detect import column_layout
+    from phoenix_chat.npu.runtime import find_kernels
+
+    return column_layout(find_kernels(kernel_dirs)[0])
 
 
 PCI_DISPLAY_CLASS = 0x03  # PCI base class "display controller"
@@ -296,6 +365,7 @@ def report(
         "system": _guarded(system_section),
         "gpus": _guarded(lambda: gpu_pci_section(root)),
         "model": _one_line(lambda: doctor_measure.model_section(model)) if measuring else NOT_RUN,
+        "vulkan_loader": _guarded(loader_section),
         "vulkan": _guarded(lambda: vulkan_section(self_test, seconds, model)),
         "cpu": _guarded(lambda: cpu_section(self_test, seconds, model)),
         "npu": _guarded(lambda: npu_section(root)),
@@ -313,6 +383,37 @@ def _read(path: Path) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def _heap_line(h: dict[str, Any]) -> str:
+    flags = " ".join(f for f in ("device_local", "host_visible") if h[f]) or "(no flags)"
+    line = f"- heap {h['index']}: {_gib(h['bytes'])} {flags}"
+    if "budget" in h:
+        line += f"; budget {_gib(h['budget'])}, {_gib(h['usage'])} in use"
+    if "plan_usable_bytes" in h:
+        line += f"; the memory plan may use {_gib(h['plan_usable_bytes'])} ({h['plan_rule']})"
+    return line
+
+
+def _xrt_line(x: dict[str, Any]) -> str:
+    if not x:
+        return "not probed"
+    if "error" in x:
+        return f"not read: {x['error']}"
+    need = f"; the kernels were written for XRT {x['kernels_need']}" if x.get("kernels_need") else ""
+    if not x.get("version"):
+        return f"not found (no version.json: looked at {', '.join(x.get('looked', []))}){need}"
+    extra = ", ".join(f"{k} {x[k]}" for k in ("branch", "hash") if x.get(k))
+    old = " (**older**: install a newer XRT with the XDNA plugin)" if x.get("older_than_the_kernels_need") else ""
+    return f"{x['version']}{f' ({extra})' if extra else ''} from {x['file']}{need}{old}"
+
+
+def _columns_line(c: dict[str, Any]) -> str:
+    if "layout" not in c:
+        return f"not read: {c['error']}" if "error" in c else "not probed"
+    targets = c.get("kernel_targets") or {}
+    built = "; ".join(f"{n}: {t}" for n, t in targets.items()) or "no built kernels found"
+    return f"{c['layout']} ({c['columns']} columns x {c['core_rows']} compute rows: {c['why']}); {built}"
 
 
 def _sizes(sizes: list[int] | None) -> str:
@@ -354,6 +455,12 @@ def markdown(rep: dict[str, Any]) -> str:
     lines += ["", "## Vulkan"]
     if rep.get("hint"):
         lines.append(f"- **what to do:** {rep['hint']}")
+    loader = rep.get("vulkan_loader") or {}
+    if loader.get("version"):
+        note = f" ({loader['note']})" if loader.get("note") else ""
+        lines.append(f"- loader: Vulkan {loader['version']} (vkEnumerateInstanceVersion){note}")
+    else:
+        lines.append(f"- loader: {loader.get('error', 'not probed')}")
     vk = rep["vulkan"]
     if isinstance(vk, dict):
         lines.append(f"- not available: {vk.get('error')}")
@@ -367,12 +474,22 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"- subgroup size {d['subgroup_size']} (range {lo}..{hi}; "
                 f"a compute pipeline may require {_sizes(d.get('compute_subgroup_sizes'))}); UMA: {d['uma']}",
             ]
+            if d.get("memory_budget"):
+                lines.append(f"- memory budget: {d['memory_budget']}")
             for h in d["heaps"]:
-                flags = [f for f in ("device_local", "host_visible") if h[f]]
-                lines.append(f"- heap {h['index']}: {_gib(h['bytes'])} {' '.join(flags) or '(no flags)'}")
-            feats = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in d["features"].items())
+                lines.append(_heap_line(h))
+            why = d.get("why_not") or {}
+            feats = ", ".join(
+                f"{k} yes" if v else f"{k} no ({why[k]})" if k in why else f"{k} no" for k, v in d["features"].items()
+            )
             lines.append(f"- features: {feats}")
-            lines.append(f"- kernels: {d['kernels']}")
+            k = d["kernels"]
+            if isinstance(k, dict) and "int8_activations_why" in k:
+                on = "on" if k["int8_activations"] else "off"
+                lines.append(f"- int8 activations: {on} ({k['int8_activations_why']})")
+                lines.append(f"- prefill GEMM: {k['prefill_gemm']}; {k['prefill_gemm_why']}")
+                k = {key: v for key, v in k.items() if not key.endswith("_why")}
+            lines.append(f"- kernels: {k}")
             if "self_test" in d:
                 lines.append(f"- self-test: {d['self_test']}")
             lines += _tuned_and_measured(d)
@@ -385,6 +502,8 @@ def markdown(rep: dict[str, Any]) -> str:
     npu = rep["npu"]
     lines += ["## NPU", f"- {npu.get('name')}: {'available' if npu.get('available') else 'not available'}"]
     lines.append(f"- status: {npu.get('status', npu.get('error'))}")
+    lines.append(f"- XRT: {_xrt_line(npu.get('xrt') or {})}")
+    lines.append(f"- column layout: {_columns_line(npu.get('columns') or {})}")
     for k, v in (npu.get("details") or {}).items():
         lines.append(f"- {k}: {v}")
     return "\n".join(lines) + "\n"

@@ -43,6 +43,8 @@ def tuning_picks(be: VulkanBackend) -> dict[str, Any]:
         "gemm_kernel_default": ops_gemm.kernel(be.dev),
         "attention_splits": be.plan.n_splits,  # ops_attention.default_splits: by context length, not timed
         "weights_heap": stats["weights_heap"],
+        "memory_budget": stats.get("memory_budget"),
+        "int8_activations_why": stats.get("int_dot_why"),
     }
     out.update({k: stats[k] for k in TUNING_KEYS if k in stats})
     if caps.is_software:
@@ -56,6 +58,10 @@ def _spec(d: dict[str, Any]) -> str:
     return f"{path} {shape}".strip()
 
 
+def _why(reason: str | None) -> str:
+    return f" ({reason})" if reason else ""
+
+
 def _timings(d: dict[str, Any], unit: str) -> str:
     return ", ".join(f"{k} {v} {unit}" for k, v in d.items())
 
@@ -66,8 +72,9 @@ def tuning_lines(t: dict[str, Any]) -> list[str]:
         return [f"- autotuner: {t.get('error') or t.get('skipped')}"]
     head = "timed at load" if t["timed"] else t.get("note", "not timed")
     lines = [
-        f"- autotuner ({head}; context {t['context_length']}): int8 activations {t['int8_activations']}; "
-        f"weights in {t['weights_heap']}; attention: {t['attention_splits']} splits of the context "
+        f"- autotuner ({head}; context {t['context_length']}): int8 activations {t['int8_activations']}"
+        f"{_why(t.get('int8_activations_why'))}; weights in {t['weights_heap']}{_why(t.get('memory_budget'))}; "
+        f"attention: {t['attention_splits']} splits of the context "
         "(by context length, not timed)"
     ]
     mv = t.get("matvec_tuning") or {}

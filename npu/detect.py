@@ -9,6 +9,7 @@ node we may open → `pyxrt` importable (XRT with the XDNA plugin) → built GEM
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from dataclasses import dataclass, field
@@ -188,6 +189,56 @@ def npu_status(
 
     fw = f", firmware {fw_version}" if fw_version else ""
     return done(True, f"ready: AMD XDNA1 NPU (Phoenix, npu1) at {npu['address']}{fw}, {len(found)} kernel(s)")
+
+
+XRT_DIR = "/opt/xilinx/xrt"  # where XRT's packages install, with version.json beside setup.sh
+COLUMN_LAYOUT = "npu1_4col"  # Phoenix / Hawk Point: 4 usable columns x 4 compute rows (mlir-aie NPU1Col4)
+
+
+def xrt_version(xrt_dirs=None, pyxrt_path: str | None = None) -> dict:
+    """The installed XRT's version from its version.json (BUILD_VERSION, BUILD_BRANCH, VERSION_HASH):
+    looked for in `xrt_dirs` (default: $XILINX_XRT, set by XRT's setup.sh, then /opt/xilinx/xrt)
+    and two folders above `pyxrt_path` (XRT puts pyxrt in <xrt>/python). {"version": None,
+    "looked": [...]} where none is found; nothing is run or opened but those files."""
+    dirs = [Path(d) for d in xrt_dirs] if xrt_dirs is not None else []
+    if xrt_dirs is None:
+        if os.environ.get("XILINX_XRT"):
+            dirs.append(Path(os.environ["XILINX_XRT"]))
+        dirs.append(Path(XRT_DIR))
+    if pyxrt_path:
+        dirs.append(Path(pyxrt_path).resolve().parent.parent)
+    looked = []
+    for d in dict.fromkeys(dirs):
+        f = d / "version.json"
+        looked.append(str(f))
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("BUILD_VERSION"):
+            out = {"version": str(data["BUILD_VERSION"]), "file": str(f)}
+            for key, name in (("BUILD_BRANCH", "branch"), ("VERSION_HASH", "hash"), ("BUILD_DATE", "date")):
+                if data.get(key):
+                    out[name] = str(data[key])
+            return out
+    return {"version": None, "looked": looked}
+
+
+def column_layout(kernels: dict | None = None) -> dict:
+    """The NPU column layout the runtime uses: the GEMM kernels are compiled for npu1's 4 usable
+    columns x 4 compute rows (npu/kernels/spec.py); `kernels` ({name: KernelArtifact}, built ones
+    found) adds the target each manifest records."""
+    from phoenix_chat.npu.kernels.spec import CORE_COLS, CORE_ROWS
+
+    out: dict = {
+        "layout": COLUMN_LAYOUT,
+        "columns": CORE_COLS,
+        "core_rows": CORE_ROWS,
+        "why": "Phoenix/Hawk Point (XDNA1) expose 4 usable columns; every kernel spans all 4 (npu/kernels/spec.py)",
+    }
+    targets = {n: (a.manifest.get("written_for") or {}).get("target") for n, a in (kernels or {}).items()}
+    out["kernel_targets"] = {n: t or "not recorded" for n, t in sorted(targets.items())}
+    return out
 
 
 def _pci_npus(sys_root: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:

@@ -45,6 +45,10 @@ def test_doctor_json_on_this_machine(vk_device, model_path):
     assert tuning["context_length"] == CONTEXT and tuning["attention_splits"] == ops_attention.default_splits(CONTEXT)
     assert tuning["prefill_gemm"] == dev["kernels"]["prefill_gemm"] and tuning["gemm_kernel"] is None
     assert tuning["qkv_rope"]["WG"] == vk_device.caps.subgroup_size and tuning["few_token_matvec"] == []
+    # the load's own reasons: the memory plan's rule for the heap of the weights, int8 activations' why
+    local = max((h for h in dev["heaps"] if h["device_local"]), key=lambda h: h["bytes"])
+    assert tuning["weights_heap"] == "device-local" and tuning["memory_budget"] == local["plan_rule"]
+    assert tuning["int8_activations_why"] == dev["kernels"]["int8_activations_why"]
 
     w = open_weights(model_path)
     cpu_bytes = cpu_weights_bytes(w)
@@ -79,6 +83,150 @@ def test_doctor_markdown_to_a_file(vk_device, tmp_path):
     assert f"subgroup size {vk_device.caps.subgroup_size}" in text and "## NPU" in text and "- self-test:" not in text
     assert "- autotuner and measurement: not run (--no-self-test: no model was loaded)" in text
     assert "## CPU (numpy reference)\n- measurement: not run (--no-self-test" in text
+    _loader_budget_and_why(vk_device, rep, text)
+
+
+def _loader_budget_and_why(vk_device, rep, text):
+    """The loader's version, each heap's budget (or the rule without one) and why each refused
+    feature is off, in the JSON and the Markdown of one run, against this device's own probe."""
+    import vulkan
+
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+    from phoenix_chat.engine.backends.vulkan.device import MEMORY_BUDGET_EXT
+
+    v = vulkan.vkEnumerateInstanceVersion()
+    loader = f"{(v >> 22) & 0x7F}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+    assert rep["vulkan_loader"] == {"version": loader}
+    assert f"## Vulkan\n- loader: Vulkan {loader} (vkEnumerateInstanceVersion)\n" in text
+    caps = vk_device.caps
+    dev = next(d for d in rep["vulkan"] if d["vulkan_name"] == caps.name)
+    has_budget = MEMORY_BUDGET_EXT in caps.extensions
+    assert dev["memory_budget"].startswith("VK_EXT_memory_budget" if has_budget else "no VK_EXT_memory_budget")
+    for h in dev["heaps"]:
+        if has_budget:
+            assert 0 < h["budget"] <= h["bytes"] and h["usage"] >= 0
+            assert h["plan_rule"].startswith("budget from VK_EXT_memory_budget")
+            assert f"; budget {h['budget'] / 2**30:.2f} GiB, {h['usage'] / 2**30:.2f} GiB in use;" in text
+        else:
+            assert "budget" not in h and "usage" not in h
+            pct = 80 if caps.uma or not h["device_local"] else 92
+            assert h["plan_rule"] == f"{pct}% of heap size: no memory budget extension"
+            assert h["plan_usable_bytes"] == int(h["bytes"] * pct / 100)
+        assert f"- heap {h['index']}: {h['bytes'] / 2**30:.2f} GiB" in text and f"({h['plan_rule']})" in text
+    # every feature that says no says why; the reasons are the probe's
+    assert dev["why_not"] == caps.refused
+    for name, on in dev["features"].items():
+        assert on or name in dev["why_not"], name
+        if not on:
+            assert f"{name} no ({dev['why_not'][name]})" in text
+    if "VK_KHR_cooperative_matrix" not in caps.extensions:  # lavapipe of Mesa 22.3
+        assert dev["why_not"]["cooperative_matrix_f16"] == "no VK_KHR_cooperative_matrix"
+    k = dev["kernels"]
+    assert (k["int8_activations"], k["int8_activations_why"]) == caps.int8_activations()
+    on = "on" if k["int8_activations"] else "off"
+    assert f"- int8 activations: {on} ({k['int8_activations_why']})" in text
+    refusal = ops_gemm.coopmat_refusal(vk_device)
+    assert k["prefill_gemm_why"] == (f"no cooperative-matrix GEMM: {refusal}" if refusal else "cooperative matrices")
+    assert f"- prefill GEMM: {k['prefill_gemm']}; {k['prefill_gemm_why']}" in text
+    # the NPU section: XRT (none on this machine unless installed) and the layout the runtime uses
+    npu = rep["npu"]
+    assert npu["columns"]["layout"] == "npu1_4col" and npu["columns"]["columns"] == 4
+    assert "- column layout: npu1_4col (4 columns x 4 compute rows" in text
+    assert npu["xrt"]["kernels_need"].startswith(">= 2.19") and "- XRT: " in text
+
+
+def test_the_reasons_each_decision_gives(vk_device, monkeypatch):
+    """int8 activations and the coopmat GEMM as the backend decides them, each with its reason,
+    on this device's capabilities changed one piece at a time."""
+    from dataclasses import replace
+
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+
+    caps = vk_device.caps
+    no_dot = replace(
+        caps, int_dot=False, int_dot_accelerated=False, refused={"int_dot": "no VK_KHR_shader_integer_dot_product"}
+    )
+    assert no_dot.int8_activations() == (False, "no VK_KHR_shader_integer_dot_product")
+    assert no_dot.int8_activations(True) == (False, "no VK_KHR_shader_integer_dot_product")
+    fast = replace(caps, int_dot=True, int_dot_accelerated=True, refused={})
+    assert fast.int8_activations() == (True, "the packed 4x8 int8 dot is hardware-accelerated")
+    assert fast.int8_activations(False) == (False, "disabled by option (int_dot=False)")
+    slow = replace(caps, int_dot=True, int_dot_accelerated=False)
+    assert slow.int8_activations()[0] is False and "emulated" in slow.int8_activations()[1]
+    assert slow.int8_activations(True)[0] is True and "forced by option" in slow.int8_activations(True)[1]
+
+    class Dev:
+        def __init__(self, c):
+            self.caps = c
+
+    shape = "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)"
+    no_shape = replace(caps, cooperative_matrix=False, refused={"cooperative_matrix_f16": shape})
+    assert ops_gemm.coopmat_refusal(Dev(no_shape)) == shape and not ops_gemm.coopmat_ok(Dev(no_shape))
+    big = replace(
+        caps, cooperative_matrix=True, subgroup_size=32, max_workgroup_invocations=1024, shared_memory=64 << 10
+    )
+    assert ops_gemm.coopmat_refusal(Dev(big)) is None and ops_gemm.kernel(Dev(big)) == "coopmat"
+    small = replace(big, shared_memory=32 << 10)
+    assert ops_gemm.coopmat_refusal(Dev(small)) == "32 KiB of shared memory, the coopmat tiles need 40 KiB"
+    wave = replace(big, subgroup_size=256)
+    assert "8 subgroups of 256 exceed maxComputeWorkGroupInvocations 1024" == ops_gemm.coopmat_refusal(Dev(wave))
+    monkeypatch.setenv("PHOENIX_VULKAN_COOPMAT", "0")
+    assert ops_gemm.coopmat_refusal(Dev(big)) == "disabled by PHOENIX_VULKAN_COOPMAT=0"
+
+
+def test_the_probe_names_the_first_missing_piece(monkeypatch):
+    """device._refusals on a RADV-like device: VK_KHR_cooperative_matrix and every feature it
+    needs are there but no 16x16x16 f16 shape; API 1.3 without subgroup size control for compute."""
+    from types import SimpleNamespace as NS
+
+    import vulkan as vk
+
+    from phoenix_chat.engine.backends.vulkan import device
+
+    monkeypatch.setattr(device, "_coopmat_f16_16x16", lambda vk, pd: False)
+    on = dict(vulkanMemoryModel=1, shaderFloat16=1, storageBuffer8BitAccess=1)
+    args = dict(
+        vk=vk,
+        pd=None,
+        api=vk.VK_MAKE_VERSION(1, 3, 0),
+        exts=frozenset({"VK_KHR_cooperative_matrix"}),
+        sg=NS(supportedOperations=vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
+        ssc=NS(),
+        sg_compute=False,
+        f11=NS(storageBuffer16BitAccess=1),
+        f12=NS(**on),
+        f13=NS(subgroupSizeControl=1),
+        cm=NS(cooperativeMatrix=1),
+        idp=NS(integerDotProduct4x8BitPackedSignedAccelerated=1),
+        int_dot=True,
+    )
+    assert device._refusals(**args) == {
+        "cooperative_matrix_f16": "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)",
+        "subgroup_size_control": "requiredSubgroupSizeStages does not include compute",
+    }
+    older = {**args, "api": vk.VK_MAKE_VERSION(1, 2, 0), "exts": frozenset(), "f13": None, "ssc": None}
+    got = device._refusals(**{**older, "int_dot": False})
+    assert got["cooperative_matrix_f16"] == "no VK_KHR_cooperative_matrix"
+    assert got["int_dot"] == "no VK_KHR_shader_integer_dot_product"
+    assert got["subgroup_size_control"] == "no VK_EXT_subgroup_size_control (Vulkan API 1.2)"
+
+
+def test_doctor_with_no_vulkan_loader_at_all(tmp_path, monkeypatch):
+    """libvulkan.so.1 missing: the loader line and the Vulkan section say so, nothing else is lost."""
+    from phoenix_chat.engine import doctor
+    from phoenix_chat.engine.backends.vulkan import device
+    from phoenix_chat.engine.errors import DeviceUnavailableError
+
+    def no_loader():
+        raise DeviceUnavailableError("no Vulkan device: the Vulkan loader is not installed (libvulkan.so.1)")
+
+    monkeypatch.setattr(device, "_vk", no_loader)
+    rep = doctor.report(self_test=False, root=tmp_path, seconds=None)
+    assert rep["vulkan_loader"] == {"error": "no Vulkan device: the Vulkan loader is not installed (libvulkan.so.1)"}
+    assert "loader is not installed" in rep["vulkan"]["error"]
+    md = doctor.markdown(rep)
+    assert "- loader: no Vulkan device: the Vulkan loader is not installed" in md
+    assert "- XRT: not found (no version.json: looked at " in md and "- column layout: npu1_4col" in md
 
 
 def test_doctor_without_any_vulkan_driver(tmp_path):
@@ -113,6 +261,11 @@ def fake_phoenix_tree(root: Path) -> None:
             os.symlink(f"../../../bus/pci/drivers/{driver}", d / "driver")
     (root / "sys/module/amdxdna").mkdir(parents=True)
     (root / "dev").mkdir()
+    xrt = root / "opt/xilinx/xrt"  # XRT 2.18 from a package: older than the kernels were written for
+    xrt.mkdir(parents=True)
+    (xrt / "version.json").write_text(
+        json.dumps({"BUILD_VERSION": "2.18.179", "BUILD_BRANCH": "2024.2", "VERSION_HASH": "4bd4ab5d1"})
+    )
 
 
 def test_doctor_with_no_vulkan_device_no_npu_and_a_fake_phoenix_sysfs(tmp_path):
@@ -140,6 +293,20 @@ def test_doctor_with_no_vulkan_device_no_npu_and_a_fake_phoenix_sysfs(tmp_path):
     assert npu["available"] is False and "amdxdna is loaded but the NPU at 0000:c4:00.1 is not bound" in npu["status"]
     failed = {name: msg for name, ok, msg in npu["details"]["checks"] if not ok}
     assert "amdnpu/" in failed["firmware"] and "linux-firmware" in failed["firmware"]
+    xrt_file = str(root / "opt/xilinx/xrt/version.json")
+    assert npu["xrt"] == {
+        "version": "2.18.179",
+        "file": xrt_file,
+        "branch": "2024.2",
+        "hash": "4bd4ab5d1",
+        "kernels_need": ">= 2.19 with the amdxdna (XDNA) plugin",
+        "older_than_the_kernels_need": True,
+    }
+    assert npu["columns"]["layout"] == "npu1_4col" and (npu["columns"]["columns"], npu["columns"]["core_rows"]) == (
+        4,
+        4,
+    )
+    assert rep["vulkan_loader"]["version"]  # the loader is there, only no driver: its version still shows
     out = tmp_path / "report.md"
     proc = _doctor("--root", str(root), "--out", str(out), "--no-self-test", env=env)
     assert proc.returncode == 0, proc.stderr
@@ -147,6 +314,13 @@ def test_doctor_with_no_vulkan_device_no_npu_and_a_fake_phoenix_sysfs(tmp_path):
     assert "- 0000:c4:00.0 1002:15bf: driver amdgpu; vram_total: 0.50 GiB; gtt_total: 15.00 GiB" in md
     assert "**what to do:** amdgpu drives the GPU but Vulkan lists no hardware device" in md
     assert "## NPU" in md and "not available" in md
+    assert (
+        f"- XRT: 2.18.179 (branch 2024.2, hash 4bd4ab5d1) from {xrt_file}; the kernels were written for XRT >= 2.19"
+        in md
+    )
+    assert "(**older**: install a newer XRT with the XDNA plugin)" in md
+    assert "- column layout: npu1_4col (4 columns x 4 compute rows: Phoenix/Hawk Point (XDNA1) expose 4 usable" in md
+    assert f"\n- loader: Vulkan {rep['vulkan_loader']['version']} (vkEnumerateInstanceVersion)\n" in md
 
 
 def test_doctor_reports_the_tuning_timed_on_lavapipe_and_a_full_measurement(vk_device, tiny_path):
@@ -218,3 +392,15 @@ def test_a_model_that_does_not_load_is_one_line_per_device(vk_device, tmp_path):
     md = doctor.markdown(rep)
     assert f"- autotuner and measurement: {dev['tuning']['error']}" in md
     assert f"## CPU (numpy reference)\n- measurement: {rep['cpu']['measurement']['error']}" in md
+
+
+def test_xrt_is_found_through_xilinx_xrt_and_beside_pyxrt(tmp_path, monkeypatch):
+    from phoenix_chat.npu.detect import xrt_version
+
+    xrt = tmp_path / "xrt"
+    (xrt / "python").mkdir(parents=True)
+    (xrt / "version.json").write_text(json.dumps({"BUILD_VERSION": "2.19.0"}))
+    assert xrt_version([tmp_path / "nowhere"])["looked"] == [str(tmp_path / "nowhere/version.json")]
+    assert xrt_version([tmp_path / "nowhere"], str(xrt / "python/pyxrt.so"))["version"] == "2.19.0"
+    monkeypatch.setenv("XILINX_XRT", str(xrt))
+    assert xrt_version() == {"version": "2.19.0", "file": str(xrt / "version.json")}

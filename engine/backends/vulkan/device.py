@@ -156,7 +156,7 @@ class Capabilities:
             emulated = "" if self.int_dot_accelerated else ", although the driver reports the dot as emulated"
             return True, f"forced by option (int_dot=True){emulated}"
         if not self.int_dot_accelerated:
-            return False, "the int8 dot is emulated here (integerDotProduct4x8BitPackedSignedAccelerated false)"
+            return False, "the int8 dot is emulated here: integerDotProduct4x8BitPackedSignedAccelerated is false"
         return True, "the packed 4x8 int8 dot is hardware-accelerated"
 
     def summary(self) -> str:

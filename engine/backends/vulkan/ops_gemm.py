@@ -39,14 +39,25 @@ KERNELS = ("tiled", *CM_TILES, "lanes")
 COOPMAT_KERNELS = tuple(CM_TILES)
 
 
-def coopmat_ok(dev: Device) -> bool:
+def coopmat_refusal(dev: Device) -> str | None:
+    """Why the prefill GEMM does not take gemm_coopmat.comp here (None: it does)."""
     c = dev.caps
-    return (
-        c.cooperative_matrix
-        and os.environ.get("PHOENIX_VULKAN_COOPMAT", "1") != "0"
-        and CM_SUBGROUPS * c.subgroup_size <= c.max_workgroup_invocations
-        and c.shared_memory >= 40 << 10
-    )
+    if not c.cooperative_matrix:
+        return c.refused.get("cooperative_matrix_f16", "no cooperative matrices")
+    if os.environ.get("PHOENIX_VULKAN_COOPMAT", "1") == "0":
+        return "disabled by PHOENIX_VULKAN_COOPMAT=0"
+    if CM_SUBGROUPS * c.subgroup_size > c.max_workgroup_invocations:
+        return (
+            f"{CM_SUBGROUPS} subgroups of {c.subgroup_size} exceed maxComputeWorkGroupInvocations "
+            f"{c.max_workgroup_invocations}"
+        )
+    if c.shared_memory < 40 << 10:
+        return f"{c.shared_memory >> 10} KiB of shared memory, the coopmat tiles need 40 KiB"
+    return None
+
+
+def coopmat_ok(dev: Device) -> bool:
+    return coopmat_refusal(dev) is None
 
 
 def kernel(dev: Device) -> str:
