@@ -231,12 +231,15 @@ class Scheduler:
                     self._pending = collections.deque(i for i in self._pending if i[0].id not in cancelled)
                 for stream in dropped:
                     self._done_with(stream.id)
-                free = 0 if self._paused else sum(1 for s in self.slots if s.seq is None)
-                admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             for stream in dropped:
                 stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))
             for seq in [s for s in self._running if s.stream.id in cancelled]:
                 self._finish(seq, "cancelled")
+            with self._lock:
+                # after the cancelled ones left: a slot one of them held goes to a waiting request
+                # in this same step, not a step later
+                free = 0 if self._paused else sum(1 for s in self.slots if s.seq is None)
+                admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             for stream, ids, queued_at in admit:
                 try:
                     self._admit(stream, ids, queued_at)

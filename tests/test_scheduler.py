@@ -158,3 +158,54 @@ def test_exclusive_waits_for_running_requests_and_holds_new_ones(model, schedule
     holder.join()
     assert waiting.text() == generate(model, PROMPT, GREEDY, max_tokens=4, raw=True)
     assert log == ["entered", "released", "leaving"]
+
+
+@pytest.fixture(scope="module")
+def model_2_slots(model_path):
+    m = load(model_path, backend="cpu", context_length=256, slots=2)
+    yield m
+    m.close()
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_cancel_frees_the_slot_by_the_next_step(request, slots):
+    """Counted in the scheduler's own steps, not in seconds: a cancel that arrives while step k
+    runs (the worst moment: just after the step's start checked for cancels) lets step k finish —
+    at most one more token — and by the start of step k+1 the request holds no slot and the
+    request waiting for one has it. With 2 slots the other running request goes on untouched."""
+    model = request.getfixturevalue("model" if slots == 1 else "model_2_slots")
+    scheduler = Scheduler(model, max_queue=2)
+    steps: list[dict[int, str | None]] = []  # per step, as it starts: slot -> the request id in it
+    seen: dict[str, int] = {}  # at the cancel: the step, the slot, the tokens produced so far
+    victim = Request(PROMPT, GREEDY, max_tokens=400, raw=True)
+    run_step = scheduler._step
+
+    def watched_step() -> None:  # on the scheduler's thread
+        steps.append({s.index: s.seq.stream.id if s.seq else None for s in scheduler.slots})
+        seq = next((s for s in scheduler._running if s.stream.id == victim.id), None)
+        if not seen and seq is not None and seq.count >= 3:
+            seen.update(step=len(steps) - 1, slot=seq.slot.index, count=seq.count)
+            seq.stream.cancel()  # the client's call, made as this step starts
+        run_step()
+
+    scheduler._step = watched_step  # type: ignore[method-assign]
+    try:
+        stream = scheduler.submit(victim)
+        beside = Request("Water boils at", GREEDY, max_tokens=30, raw=True)
+        others = [scheduler.submit(beside)] if slots == 2 else []
+        late = scheduler.submit(Request("My favourite fruit is", GREEDY, max_tokens=4, raw=True))
+        deltas = list(stream)
+        answers = [s.text() for s in [*others, late]]
+    finally:
+        scheduler.close()
+    assert seen, "the request never reached 3 tokens"
+    final = deltas[-1]
+    assert final.finish_reason == "cancelled" and final.usage is not None
+    assert final.usage.completion_tokens <= seen["count"] + 1  # at most the step in flight's token
+    k = seen["step"]
+    assert steps[k][seen["slot"]] == victim.id
+    assert victim.id not in steps[k + 1].values()  # free by the next step …
+    assert steps[k + 1][seen["slot"]] == late.request.id  # … and already given to the waiting request
+    want = [generate(model, "Water boils at", GREEDY, max_tokens=30, raw=True)] * (slots - 1)
+    want.append(generate(model, "My favourite fruit is", GREEDY, max_tokens=4, raw=True))
+    assert answers == want
