@@ -20,6 +20,7 @@ def test_malformed_json_is_400(server, client):
 def test_a_json_array_body_is_400(server, client):
     status, _, body = raw(server, "POST", CHAT_PATH, b"[1, 2]")
     assert status == 400 and error_of(body)["code"] == "invalid_json"
+    still_serves(client, server.state.model_id)
 
 
 @pytest.mark.parametrize(
@@ -39,11 +40,13 @@ def test_a_json_array_body_is_400(server, client):
         ("model", 3, "model"),
     ],
 )
-def test_wrong_types_and_ranges_are_400_naming_the_field(server, field, value, param):
+def test_wrong_types_and_ranges_are_400_naming_the_field(server, client, scheduler, field, value, param):
     body = {"messages": HELLO, "max_tokens": 1, field: value}
     status, _, out = raw(server, "POST", CHAT_PATH, body)
     err = error_of(out)
     assert status == 400 and err["type"] == "invalid_request_error" and err["param"] == param
+    assert scheduler.active == 0 and scheduler.waiting == 0  # refused before it reached the engine
+    still_serves(client, server.state.model_id)
 
 
 def test_empty_messages_is_400(server, client):
@@ -64,6 +67,7 @@ def test_n_other_than_1_is_refused_clearly(server, client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=server.state.model_id, messages=HELLO, max_tokens=1, n=2)
     assert exc.value.body["param"] == "n" and "must be 1" in exc.value.body["message"]
+    still_serves(client, server.state.model_id)
 
 
 def test_context_overflow_is_400_context_length_exceeded(server, client, scheduler):
@@ -108,16 +112,18 @@ def test_wrong_host_header_is_403(server, client):
     still_serves(client, server.state.model_id)
 
 
-def test_browser_origin_is_403_without_configured_cors(server):
+def test_browser_origin_is_403_without_configured_cors(server, client):
     status, headers, body = raw(
         server, "POST", CHAT_PATH, {"messages": HELLO}, headers={"Origin": "https://evil.example"}
     )
     assert status == 403 and error_of(body)["code"] == "origin_not_allowed"
     assert "access-control-allow-origin" not in headers
+    still_serves(client, server.state.model_id)
 
 
-def test_unknown_path_and_method_are_openai_errors(server):
+def test_unknown_path_and_method_are_openai_errors(server, client):
     status, _, body = raw(server, "GET", "/v1/nothing")
     assert status == 404 and error_of(body)["code"] == "not_found"
     status, _, body = raw(server, "GET", CHAT_PATH)
     assert status == 405 and error_of(body)["code"] == "method_not_allowed"
+    still_serves(client, server.state.model_id)
