@@ -73,11 +73,22 @@ LLAMA_CPP_MODEL_ID = "gemma-3-270m-llama.cpp"  # the id llama.cpp's server repor
 
 
 @pytest.fixture(scope="module")
-def llama_cpp_server(model_path):
+def llama_cpp_log(tmp_path_factory) -> Path:
+    """Where the module's llama.cpp server writes its output (as it comes)."""
+    return tmp_path_factory.mktemp("llama-cpp-server") / "server.log"
+
+
+def llama_cpp_disconnects(log: Path) -> int:
+    """How many streams llama.cpp's server has seen its client close (it stops generating then)."""
+    return log.read_text(errors="replace").count("Disconnected from client (via refresh/close)") if log.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(model_path, llama_cpp_log):
     """llama.cpp's own OpenAI-compatible server (llama-cpp-python[server], built by `make
     peer-server`) on the embedded GGUF, CPU, 127.0.0.1: a real third-party server, not a double.
-    Yields its base URL (the API under /v1). Missing in CI is a failure; elsewhere a skip that
-    says how to build it."""
+    Yields its base URL (the API under /v1); its output goes to `llama_cpp_log`. Missing in CI is
+    a failure; elsewhere a skip that says how to build it."""
     from tools import llama_cpp_server as peer
 
     if peer.python() is None:
@@ -89,5 +100,7 @@ def llama_cpp_server(model_path):
     # renders Llama 2's (every chat answer empty); interrupt_requests off: by default a new request cuts
     # off the stream in progress.
     extra = ["--chat_format", "gemma", "--interrupt_requests", "False"]
-    with peer.running(model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID, extra_args=extra) as url:
+    with peer.running(
+        model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID, extra_args=extra, log=llama_cpp_log
+    ) as url:
         yield url

@@ -53,10 +53,13 @@ def running(
     model_alias: str | None = None,
     port: int | None = None,
     extra_args: Sequence[str] = (),
+    log: Path | None = None,
 ) -> Iterator[str]:
     """Start `python -m llama_cpp.server` on 127.0.0.1 and yield its base URL (http://127.0.0.1:PORT,
     the OpenAI API under /v1) once /v1/models answers; stop it afterwards. `model_alias` is the
-    model id it reports (default: the file's path); `extra_args` go to its command line as they are."""
+    model id it reports (default: the file's path); `extra_args` go to its command line as they are;
+    `log`: a file that gets the server's output as it comes (e.g. its "Disconnected from client"
+    line when a stream is closed; default: a temporary file, shown only if it fails to start)."""
     exe = python()
     if exe is None:
         raise FileNotFoundError(f"llama-cpp-python's server is not built: run `make peer-server` (no {STAMP})")
@@ -68,10 +71,11 @@ def running(
     if model_alias:
         cmd += ["--model_alias", model_alias]
     cmd += list(extra_args)
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its print()s reach the log as they happen
+    with open(log, "w+b") if log else tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            _wait_ready(proc, port, api_key, log)
+            _wait_ready(proc, port, api_key, out)
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()

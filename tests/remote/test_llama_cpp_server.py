@@ -1,12 +1,17 @@
 """The remote engine against llama.cpp's own OpenAI-compatible server (llama-cpp-python[server],
 the same embedded GGUF, CPU): a real third-party server. Greedy text equals our engine's for
 the same prompt (only because the engine sends repeat_penalty 1.0: llama.cpp's default 1.1
-changes the 5th token); Stop; the same request twice; the chat endpoint (greedy text equal to
-ours too); `run --remote`; a model name llama.cpp would silently answer with its own model is
-refused at connect."""
+changes the 5th token); Stop (the server's log shows it saw the stream close); the same request
+twice; the chat endpoint (greedy text equal to ours too); `run --remote`, Ctrl+C, and `chat
+--remote`'s /retry; a model name llama.cpp would silently answer with its own model is refused at
+connect."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,9 +20,10 @@ from phoenix_chat.engine.generate import stream_generate
 from phoenix_chat.engine.remote.engine import RemoteEngine, RemoteError, RemoteTarget
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
-from tests.conftest import LLAMA_CPP_MODEL_ID
+from tests.conftest import LLAMA_CPP_MODEL_ID, llama_cpp_disconnects
 
-from .conftest import GREEDY, cli
+from .conftest import GREEDY, cli, cli_env
+from .recording import retry_chat
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Write one sentence about the ocean."}]  # the 270M answers with text
@@ -80,12 +86,22 @@ def test_the_chat_endpoint_equals_our_engines(engine, scheduler):
     assert final.finish_reason in ("stop", "length") and final.error is None
 
 
-def test_stop_mid_answer(engine):
+def wait_disconnects(log, count: int, seconds: float = 60.0) -> None:
+    """Until llama.cpp's server has logged `count` closed streams (it notices at its next token)."""
+    deadline = time.monotonic() + seconds
+    while llama_cpp_disconnects(log) < count:
+        assert time.monotonic() < deadline, f"llama.cpp's server never saw the stream close:\n{log.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
+def test_stop_mid_answer(engine, llama_cpp_log):
+    before = llama_cpp_disconnects(llama_cpp_log)
     seen = []
     for d in engine.stream_completion("Once upon a time", GREEDY, 200, cancel=lambda: len(seen) >= 2):
         seen.append(d)
     assert seen[-1].finish_reason == "cancelled" and seen[-1].usage.completion_tokens == 2
     assert [bool(d.text) for d in seen] == [True, True, False]
+    wait_disconnects(llama_cpp_log, before + 1)  # the server saw the close and stopped generating
     start = time.monotonic()  # the server is free again: the next answer comes
     text, final = answer(engine.stream_completion(PROMPT, GREEDY, 2))
     assert final.finish_reason == "length" and text and time.monotonic() - start < 60
@@ -104,3 +120,41 @@ def test_cli_run_remote(llama_cpp_server, remote_model):
     assert proc.stdout == ours(remote_model, PROMPT, GREEDY, 8) + "\n"
     port = llama_cpp_server.rsplit(":", 1)[1]
     assert f"[remote 127.0.0.1:{port} {LLAMA_CPP_MODEL_ID}: prompt 0 tok, generated 8 tok at " in proc.stderr
+
+
+def test_cli_ctrl_c_closes_the_stream(llama_cpp_server, llama_cpp_log, engine):
+    """Ctrl+C in `run --remote`: exit 130, and llama.cpp's server sees the stream close (its log
+    says so) and is free for the next answer at once — not after the 1500 tokens asked for."""
+    before = llama_cpp_disconnects(llama_cpp_log)
+    command = [sys.executable, "-m", "phoenix_chat.app.cli", "run", "--remote", llama_cpp_server, "--raw"]
+    command += ["Once upon a time", "--max-tokens", "1500", "--temperature", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    try:
+        first = os.read(proc.stdout.fileno(), 64)  # blocks until the answer's first text arrives
+        assert first
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+        proc.communicate()
+    wait_disconnects(llama_cpp_log, before + 1)
+    text, final = answer(engine.stream_completion(PROMPT, GREEDY, 2))  # the server's lock is free again
+    assert final.finish_reason == "length" and text
+
+
+def test_cli_chat_remote_retry(engine, monkeypatch):
+    """/retry in `chat --remote` (in process, scripted stdin): the same messages go to llama.cpp's
+    server again, and the next turn's history holds the retried answer in place of the first."""
+    retry_chat(engine, GREEDY, 8, monkeypatch, CHAT[0]["content"], "And one about the sky.")
+
+
+def test_cli_chat_remote_retry_in_the_cli(llama_cpp_server):
+    proc = cli(
+        "chat", "--remote", llama_cpp_server, "--max-tokens", "8", "--temperature", "0",
+        input_text=CHAT[0]["content"] + "\n/retry\n", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    banner, answers = proc.stdout.split("\n", 1)
+    assert "/retry (a new answer" in banner and LLAMA_CPP_MODEL_ID in banner
+    first, retried, end = answers.split("> ")[1:]  # each answer follows the prompt it answers
+    assert first.strip() and retried.strip() and end == "\n"
