@@ -182,20 +182,27 @@ def _fraction(heap: Heap, uma: bool) -> float:
 
 
 def usable_bytes(heap: Heap, uma: bool) -> int:
-    """What the plan lets itself take of a heap: where VK_EXT_memory_budget gives a budget, that
-    budget less what this process already uses there (no more than the heap's size); else a
-    fixed fraction of the heap's size (_fraction)."""
+    """What the plan lets itself take of a heap: a fixed fraction of its size (_fraction: the
+    driver, the compositor and other programs need the rest), and where VK_EXT_memory_budget
+    gives a budget, no more than that budget less what this process already uses there (other
+    programs' allocations shrink it). The smaller of the two: a budget near the whole heap
+    (an idle discrete card reports ~99%) must not remove the headroom."""
+    by_size = int(heap.size * _fraction(heap, uma))
     if heap.budget is not None:
-        return max(0, min(heap.budget - heap.usage, heap.size))
-    return int(heap.size * _fraction(heap, uma))
+        return max(0, min(heap.budget - heap.usage, by_size))
+    return by_size
 
 
 def usable_rule(heap: Heap, uma: bool) -> str:
     """Which rule usable_bytes took for `heap`, in words (stats, the doctor, refusals)."""
     gib = 2**30
+    pct = round(100 * _fraction(heap, uma))
     if heap.budget is not None:
-        return f"budget from VK_EXT_memory_budget: {heap.budget / gib:.2f} GiB, {heap.usage / gib:.2f} GiB in use"
-    return f"{round(100 * _fraction(heap, uma))}% of heap size: no memory budget extension"
+        budget = f"VK_EXT_memory_budget: {heap.budget / gib:.2f} GiB, {heap.usage / gib:.2f} GiB in use"
+        if heap.budget - heap.usage < heap.size * _fraction(heap, uma):
+            return f"budget from {budget}"
+        return f"{pct}% of heap size (within the budget from {budget})"
+    return f"{pct}% of heap size: no memory budget extension"
 
 
 def _local_heap(heaps: list[Heap]) -> int | None:
