@@ -25,8 +25,8 @@ MATRICES, NORMS = 1 + 18 * 7, 1 + 18 * 6  # the 270M: tied embedding + 7 project
 def expected_types(quant: str, info: dict) -> dict:
     if quant == "file":
         return info["tensor_types"]
-    if quant == "q4_0":  # the embedding keeps 8 bits, as in llama.cpp's Q4_0 files
-        return {"Q8_0": 1, "Q4_0": MATRICES - 1, "F32": NORMS}
+    if quant in ("q4_0", "q4_1", "q5_1"):  # the tied embedding keeps 8 bits, as llama.cpp keeps it here
+        return {"Q8_0": 1, WeightQuant(quant).label: MATRICES - 1, "F32": NORMS}
     return {WeightQuant(quant).label: MATRICES, "F32": NORMS}
 
 
@@ -53,6 +53,8 @@ def test_each_quantization_loads_on_the_cpu_and_the_worker_reports_the_applied_t
     preset(home, backend="cpu", context_length=2048)
     app = make_app()
     assert wait_loaded(qtbot, app)["quant"] == "file"
+    entries = [a.text() for a in app.window.quant_group.actions()]
+    assert entries == ["As in file", "Q4_0", "Q4_1", "Q5_1", "Q8_0", "F16"]  # smallest first
     for quant in (*QUANT_CHOICES[1:], "file"):
         info = pick(qtbot, app, app.window.quant_actions[quant])
         assert info["backend"] == "cpu" and info["quant"] == quant

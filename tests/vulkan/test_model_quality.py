@@ -160,11 +160,11 @@ class _Requantized:
         data = self.w.dequantize(name)
         if self.w.tensors[name].is_norm:
             return data
-        qt = Q.Q8_0 if name == "embed_tokens" and self.qtype == Q.Q4_0 else self.qtype
+        qt = Q.Q8_0 if name == "embed_tokens" and self.qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_1) else self.qtype
         return quants.dequantize(quants.quantize(data, qt), qt).reshape(data.shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("quant", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("quant", ["f16", "q8_0", "q4_0", "q4_1", "q5_1"])
 def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant, record_property):
     """Re-quantizing on load: the device's perplexity equals the CPU reference's on the same
     re-quantized weights, and the cost against the file's own types is reported (docs/PERFORMANCE.md)."""
@@ -179,7 +179,7 @@ def test_requantized_perplexity_cost(weights, vk_device, golden, cpu_ppl, quant,
         ppl = windowed_ppl(backend, ids)
     finally:
         backend.close()
-    qtype = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[quant]
+    qtype = Q[quant.upper()]
     reference = windowed_ppl(CpuBackend(_Requantized(weights, qtype), CTX), ids)
     base = cpu_ppl
     record_property(f"ppl_{quant}", ppl)
