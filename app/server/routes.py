@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from phoenix_chat.engine.chat import ChatTemplateError
 from phoenix_chat.engine.generate import prompt_ids_for
+from phoenix_chat.engine.quantization import quant_name
 from phoenix_chat.engine.requests import EngineBusy, PromptTooLong, RequestStream
 
 from .api_errors import APIError, bad_request
@@ -35,13 +36,17 @@ def _state(request: HTTPRequest) -> ServerState:
 async def health(request: HTTPRequest) -> Response:
     s = _state(request)
     sched = s.scheduler
+    backend = sched.model.backend
     return JSONResponse(
         {
             "status": "ok",
             "model": s.model_id,
-            "backend": sched.model.backend.name,
+            "backend": backend.name,
+            "device": backend.device_name,  # what --device picked, as the backend names it
+            "quant": quant_name(backend.quant),  # the re-quantization applied at load (--quant), or "file"
+            "weight_types": backend.weight_types(),  # tensors per type as loaded: --quant's effect
             "context_length": s.context_length,
-            "slots": int(getattr(sched.model.backend, "n_slots", 1)),
+            "slots": int(getattr(backend, "n_slots", 1)),
             "active": sched.active,
             "waiting": sched.waiting,
             "max_queue": sched.max_queue,  # waiting past this is refused with 429

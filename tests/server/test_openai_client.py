@@ -21,13 +21,13 @@ def test_models_lists_the_loaded_model(client, server, model):
     assert [m.id for m in listed] == [model.path.stem] == [server.state.model_id]
 
 
-def test_health_reports_the_engine(server):
+def test_health_reports_the_engine(server, model):
     status, _, body = raw(server, "GET", "/health")
     assert status == 200
-    import json
-
     h = json.loads(body)
     assert h["status"] == "ok" and h["backend"] == "cpu" and h["context_length"] == CONTEXT
+    assert h["device"] == model.backend.device_name and h["quant"] == "file"
+    assert h["weight_types"] == model.backend.weight_types() and h["weight_types"]
 
 
 def test_chat_whole_is_the_engines_greedy_answer(client, server, model):
