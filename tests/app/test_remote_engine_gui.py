@@ -1,6 +1,7 @@
 """Remote engines in the app (issue 21): the real window and worker process answer through a real
 Phoenix Chat `serve` (start_server beside a Scheduler on the embedded 270M, CPU, in this process,
-with an API key), chosen in Settings → Engine….
+with an API key), chosen in Settings → Engine…, and through llama.cpp's own server
+(tests/conftest.py: llama_cpp_server, the same GGUF) from a saved profile.
 
 The keys are kept by `MemoryKeyring` (tests/app/test_remote_settings.py: keyring's plugin API, a
 dict) since this machine has no OS keyring."""
@@ -23,6 +24,7 @@ from phoenix_chat.engine.loader import load
 from phoenix_chat.engine.scheduler import Scheduler
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
 from tests.app.test_remote_settings import MemoryKeyring
+from tests.conftest import LLAMA_CPP_MODEL_ID, llama_cpp_disconnects
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 pytest.importorskip("openai")
@@ -188,6 +190,74 @@ def test_stop_closes_the_stream_and_regenerate_asks_the_server_again(qtbot, make
     assert json.loads(stats)["generation_tokens"] == 12
     assert version == 2 and complete == 1 and second.strip() and second != stopped
     assert chat.messages[-1].versions == 2 and engine == f"remote:{host_of(running.url)}/{app.models.info['model']}"
+
+
+def saved_versions(home) -> list[tuple]:
+    """(version, content, stats) of the earlier versions of every answer."""
+    db = sqlite3.connect(db_path(home))
+    return db.execute("SELECT version, content, stats FROM message_versions ORDER BY message_id, version").fetchall()
+
+
+def test_llama_cpp_server_streams_stops_and_regenerates(qtbot, make_app, home, llama_cpp_server, llama_cpp_log):
+    """llama.cpp's server (no key) as the saved profile "box": an answer streams and is the one
+    llama.cpp gives its own client; Stop closes the stream (the server logs the disconnect) and the
+    next answer comes long before the stopped one could have finished; Regenerate saves a second
+    version and keeps the stopped one as the first."""
+    url, host = llama_cpp_server, host_of(llama_cpp_server)
+    app = remote_app(make_app, home, url, max_tokens=8, secrets=keyring_with())
+    info = wait_loaded(qtbot, app)
+    assert info["remote"] and info["model"] == LLAMA_CPP_MODEL_ID and info["host"] == host
+    assert app.window.model_label.text() == f"remote: {host}, {LLAMA_CPP_MODEL_ID}"
+    chat = app.chat
+
+    question = "Write one sentence about the ocean."
+    reason, text = answer(qtbot, app, question)
+    assert reason == "length" and text.strip()
+    import openai
+
+    direct = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": question}]
+    reply = direct.chat.completions.create(model=LLAMA_CPP_MODEL_ID, messages=messages, max_tokens=8, temperature=0.0)
+    assert text == reply.choices[0].message.content  # the same greedy text llama.cpp gives its own client
+    ((_c, complete, stats, engine, _v),) = saved_answers(home)
+    stats = json.loads(stats)
+    assert complete == 1 and engine == f"remote:{host}/{LLAMA_CPP_MODEL_ID}"
+    assert stats["generation_tokens"] == 8 and stats["ttft_s"] > 0 and stats["gpu_busy"] is None
+
+    # Stop mid-answer: a long answer asked for, stopped once text has streamed in
+    conv = app.store.conversation(chat.conversation_id)
+    chat.set_chat_settings(conv.system_prompt, {**conv.sampling, "max_tokens": 1000})
+    disconnects = llama_cpp_disconnects(llama_cpp_log)
+    chat.send("Tell me a long story about a phoenix and a dragon.")
+    qtbot.waitUntil(lambda: len(chat.answer_text) > 20, timeout=ANSWER_TIMEOUT_MS)  # streamed, not finished
+    assert chat.busy
+    pressed = time.monotonic()
+    with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        chat.stop()
+    assert done.args[1] == "cancelled" and time.monotonic() - pressed < 10.0
+    qtbot.waitUntil(lambda: llama_cpp_disconnects(llama_cpp_log) == disconnects + 1, timeout=SERVER_MS)
+    app.store.flush()
+    stopped, complete, stats, _e, _v = saved_answers(home)[-1]
+    stopped_stats = json.loads(stats)
+    assert stopped.strip() and complete == 1 and stopped_stats["finish_reason"] == "cancelled"
+    generated = stopped_stats["generation_tokens"]
+    assert 0 < generated < 1000
+
+    # Regenerate (12 tokens): it comes at once — long before llama.cpp, one request at a time, could
+    # have finished the 1000 tokens of the stopped answer at the speed it was going
+    chat.set_chat_settings(conv.system_prompt, {**conv.sampling, "max_tokens": 12})
+    with qtbot.waitSignal(chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as done:
+        chat.regenerate()
+    assert done.args[1] == "length"
+    app.store.flush()
+    second, complete, stats, engine, version = saved_answers(home)[-1]
+    stats = json.loads(stats)
+    would_have_taken = (1000 - generated) / stopped_stats["generation_tps"]
+    assert stats["ttft_s"] < would_have_taken / 2, (stats["ttft_s"], would_have_taken)
+    assert version == 2 and complete == 1 and second.strip() and stats["generation_tokens"] == 12
+    assert engine == f"remote:{host}/{LLAMA_CPP_MODEL_ID}" and chat.messages[-1].versions == 2
+    ((first_version, first_content, first_stats),) = saved_versions(home)
+    assert first_version == 1 and first_content == stopped and json.loads(first_stats)["finish_reason"] == "cancelled"
 
 
 def test_edit_and_resend_and_the_system_prompt_reach_the_server(qtbot, make_app, home, served):
