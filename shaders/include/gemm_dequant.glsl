@@ -60,12 +60,12 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     uint w = (row * (n_cols >> 5) + (col >> 5)) * 9u;           // 18 B: d, 16 B of level indexes
     uint j = col & 31u;
     uint q = FN(byte)(2u * w + 2u + (j & 15u));
-    return half_lo(W16[w]) * IQ4_KV[j < 16u ? (q & 15u) : (q >> 4)];
+    return half_lo(W16[w]) * iq4_kv(j < 16u ? (q & 15u) : (q >> 4));
 #elif defined(WTYPE_IQ4_XS)
     uint w = (row * (n_cols >> 8) + (col >> 8)) * 68u;          // 136 B: d, scales_h, scales_l[4], qs[128]
     uint e = col & 255u, ib = e >> 5, j = e & 31u;
     uint q = FN(byte)(2u * w + 8u + 16u * ib + (j & 15u));
-    return half_lo(W16[w]) * FN(iq4xs_scale)(w, ib) * IQ4_KV[j < 16u ? (q & 15u) : (q >> 4)];
+    return half_lo(W16[w]) * FN(iq4xs_scale)(w, ib) * iq4_kv(j < 16u ? (q & 15u) : (q >> 4));
 #elif defined(WTYPE_Q2_K)
     uint w = (row * (n_cols >> 8) + (col >> 8)) * 42u;          // 84 B: scales[16], qs[64], d, dmin
     uint e = col & 255u, h = e >> 7, j = (e & 127u) >> 5, l = e & 31u;
@@ -160,8 +160,8 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
         v[2 * i] = d * float(q & 15u) + m;
         v[2 * i + 1] = d * float((q >> 8) & 15u) + m;
 #else
-        v[2 * i] = d * IQ4_KV[q & 15u];
-        v[2 * i + 1] = d * IQ4_KV[(q >> 8) & 15u];
+        v[2 * i] = d * iq4_kv(q & 15u);
+        v[2 * i + 1] = d * iq4_kv((q >> 8) & 15u);
 #endif
     }
 #elif defined(WTYPE_Q5_1)
@@ -181,8 +181,8 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
     const uint qo = w + 4u + 8u * ib, shift = (e & 16u) >> 2;
     [[unroll]] for (uint i = 0; i < 8; i++) {
         const uint q = uint(W16[qo + i]) >> shift;
-        v[2 * i] = d * IQ4_KV[q & 15u];
-        v[2 * i + 1] = d * IQ4_KV[(q >> 8) & 15u];
+        v[2 * i] = d * iq4_kv(q & 15u);
+        v[2 * i + 1] = d * iq4_kv((q >> 8) & 15u);
     }
 #elif defined(WTYPE_Q2_K) || defined(WTYPE_Q3_K)
     // a run of 16 is one sub-block: one scale; its 16 quants are 2 bits of 16 consecutive bytes

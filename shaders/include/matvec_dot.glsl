@@ -9,7 +9,7 @@
 //   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}         210 B   16 x 16
 //   Q4_1 {f16 d, m; u8 qs[16]}                                  20 B   w = d q + m
 //   Q5_1 {f16 d, m; u8 qh[4]; u8 qs[16]}                        24 B
-//   IQ4_NL {f16 d; u8 qs[16]}                                   18 B   w = d IQ4_KV[nibble]
+//   IQ4_NL {f16 d; u8 qs[16]}                                   18 B   w = d level[nibble]
 //   IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}   136 B   8 x 32, 6-bit scales
 //   Q2_K {u8 scales[16]; u8 qs[64]; f16 d, dmin}                84 B   16 x 16, 2-bit q, 4-bit sc / m
 //   Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}       110 B   16 x 16, 3-bit q - 4
@@ -104,8 +104,8 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, XARG) {
              + float((u >> 12) & 0xFu) * x3;
         sx += (x0 + x1) + (x2 + x3);
 #else
-        acc += IQ4_KV[u & 0xFu] * x0 + IQ4_KV[(u >> 8) & 0xFu] * x1 + IQ4_KV[(u >> 4) & 0xFu] * x2
-             + IQ4_KV[(u >> 12) & 0xFu] * x3;
+        acc += iq4_kv(u & 0xFu) * x0 + iq4_kv((u >> 8) & 0xFu) * x1 + iq4_kv((u >> 4) & 0xFu) * x2
+             + iq4_kv((u >> 12) & 0xFu) * x3;
 #endif
     }
 #if defined(WTYPE_Q4_1)
