@@ -90,7 +90,12 @@ def _status_error(exc: openai.APIStatusError, target: RemoteTarget, model: str |
     detail = f": {said}" if said else ""
     kind: RemoteErrorKind
     if status in (401, 403):
-        what = "no API key was sent" if not key else "it refused the API key"
+        if not key:
+            what = "no API key was sent"
+        elif status == 401:
+            what = "it refused the API key"
+        else:  # 403: the key is known but may not do this (a scope, a model it may not use)
+            what = "the API key may not do this"
         kind, text = "auth", f"{host} said {status} ({what}){detail}"
     elif status == 404 and mentions_model(exc):
         kind, text = "model", f"{host} has no model {model!r} (404){detail}"

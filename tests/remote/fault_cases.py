@@ -87,7 +87,7 @@ FAULTS = [
     Fault("connect-timeout", f"cannot reach {{host}}: no connection within {CONNECT_TIMEOUT_S} s", at_connect=True),
     Fault("cut", "{host} closed the connection: ", kept="".join(WORDS[:2]), prefix=True),
     Fault("gateway", "{host} failed: server error 502: 502 Bad Gateway"),
-    Fault("forbidden", f"{{host}} said 403 (it refused the API key): {FORBIDDEN}"),
+    Fault("forbidden", f"{{host}} said 403 (the API key may not do this): {FORBIDDEN}"),
     Fault("malformed", "{host} sent a malformed event: ", kept=WORDS[0], prefix=True),
     Fault("notachunk", "{host} sent a malformed event: ", prefix=True),
     Fault(

@@ -182,7 +182,7 @@ def test_403_a_key_without_the_permission(double, key):
     assert e.check().startswith("OK")
     text, final, _ = answer(e)
     assert (text, final.finish_reason) == ("", "error")
-    said = "it refused the API key" if key else "no API key was sent"
+    said = "the API key may not do this" if key else "no API key was sent"
     assert one_line(final.error) == f"127.0.0.1:{double.port} said 403 ({said}): {FORBIDDEN}"
 
 
