@@ -205,12 +205,14 @@ def test_270m_in_the_devices_own_shapes(weights, golden, vk_device):
 def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
     """The backend on a device that reports itself an integrated GPU: subgroup-row matvecs
     with their norm/rope fusions, the prompt through the multi-column matvecs, split-K
-    attention, device greedy sampling — the same tokens as transformers. The 262144-row output
+    attention, device greedy sampling — the same tokens as transformers — and one perplexity window
+    through the GPU-shaped GEMM within 1% of the CPU reference's. The 262144-row output
     head keeps the CPU device's shape: in subgroup rows it is 32768 workgroups, which cost
     lavapipe 3 s a token (its GPU shapes are checked above on 70 rows, test_matvec_every_shape)."""
     from phoenix_chat.engine.backends.vulkan import matvec
     from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.perplexity import perplexity_of_ids
 
     cpu_spec = matvec.default_spec(vk_device)
 
@@ -224,5 +226,10 @@ def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
         backend.tuning.matvec["lm"] = MatvecChoice(0.0, False, cpu_spec)
         backend.drop_recordings()
         assert _greedy(backend, golden["capital_prompt_ids"].tolist(), 8) == golden["capital_greedy_ids"][:8].tolist()
+        ids = golden["ppl_ids"][:PPL_CTX].tolist()
+        ppl = perplexity_of_ids(backend, ids, PPL_CTX, 2, max_windows=1)["ppl"]  # the window through the GEMM
     finally:
         backend.close()
+    ref = float(CPU_PPL) if CPU_PPL else cpu_reference_ppl(weights, ids)
+    print(f"perplexity vulkan (GPU shapes) {ppl:.4f} cpu {ref:.4f}")
+    assert abs(ppl / ref - 1) < 0.01
