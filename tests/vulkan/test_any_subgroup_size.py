@@ -114,6 +114,28 @@ def test_multi_column_int8_matvec_long_rows(vk_device):
     test_matvec_cols.test_rows_off_the_block_pair_path(vk_device, Q.Q4_0)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K], ids=lambda q: q.name)
+def test_low_bit_types(vk_device, qtype):
+    """Issue 25's types at this subgroup size: the subgroup-row matvec with f32 and int8
+    activations on 70 odd rows of 768 columns (3 K-quant blocks: fewer chunks than lanes at 32
+    and 64), and the tiled GEMM on an odd shape, against the `gguf` dequantizer in float64."""
+    dev = vk_device
+    rows, cols = 70, 768
+    raw, ref = test_matvec.make_weights(qtype, rows, cols, seed=int(qtype))
+    m = WeightMatrix.upload(dev, raw, qtype, (rows, cols))
+    try:
+        x = np.random.default_rng(5).standard_normal(cols).astype(np.float32)
+        want = ref @ x.astype(np.float64)
+        spec = subgroup_rows_spec(dev, 2)
+        assert test_matvec.nmse(test_matvec.run(dev, [m], x, spec=spec), want) < test_matvec.F32_NMSE
+        if dev.caps.int_dot:
+            got = test_matvec.run(dev, [m], x, int_dot=True, spec=spec)
+            assert test_matvec.nmse(got, want) < test_matvec.INT8_NMSE
+    finally:
+        m.tensor.buffer.destroy()
+    test_ops_gemm.check_gemm(dev, qtype.name, 13, 37, 512, "tiled", int(qtype))
+
+
 @pytest.mark.parametrize("kern", ["tiled", "lanes"])
 def test_gemm(vk_device, kern):
     for seed, wtype in enumerate(("Q8_0", "Q4_K")):
