@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from phoenix_chat.engine.errors import CancelledError, ContextFull, PhoenixError
@@ -25,9 +25,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PromptIds:
-    """A prompt already encoded (engine/prompt_fit.py fits a chat to the context this way)."""
+    """A prompt already encoded (engine/prompt_fit.py fits a chat to the context this way);
+    `images`: its pictures' spans where it holds any (`encode_prompt` of a chat with pictures,
+    done once off the caller's event loop, as the local server does)."""
 
     ids: tuple[int, ...]
+    images: tuple[ImageSpan, ...] = field(default=(), compare=False)
 
 
 # a chat (messages as {"role": ..., "content": ...}), one user message / raw text, or ids
@@ -114,6 +117,11 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, raw: bool = False) -> tupl
 
     if not isinstance(prompt, (str, PromptIds)) and has_images(prompt):
         return encode_chat(model, prompt)
+    if isinstance(prompt, PromptIds) and prompt.images:
+        from phoenix_chat.engine.vision.prompt import require_image_input
+
+        require_image_input(model)
+        return list(prompt.ids), list(prompt.images)
     if isinstance(prompt, PromptIds) and model.vision is not None and model.vision.cfg.image_token_id in prompt.ids:
         # ids alone have lost their pictures: running them would read the placeholders as text
         raise PhoenixError("a prompt with image placeholders needs its pictures: pass the chat messages")

@@ -98,8 +98,9 @@ class SlotPrefix:
         self._start = 0
         self._high = 0
 
-    def plan(self, ids: Sequence[int], backend: Backend) -> ReusePlan:
-        return plan_reuse(self.tokens, self.ring_low, ids, backend)
+    def plan(self, ids: Sequence[int], backend: Backend, images: Sequence[ImageSpan] = ()) -> ReusePlan:
+        """As `PromptCache.plan`; the slot's record holds pictures keyed by hash (`cache_keys`)."""
+        return plan_reuse(self.tokens, self.ring_low, ids, backend, images)
 
     def begin(self, ids: Sequence[int], start: int) -> None:
         """A prefill of `ids` from position `start` begins: only ids[:start] stay valid."""

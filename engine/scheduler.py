@@ -19,6 +19,16 @@ prefix (a conversation's earlier turns, a shared system prompt; the sliding-wind
 engine/prompt_cache.py, with each slot's writes tracked by a `SlotPrefix`), else to the least
 recently used free slot; only the rest of the prompt is prefilled.
 
+Pictures (a chat with image parts, or `PromptIds` carrying its `images`): `submit` encodes them
+on the caller's thread (`encode_prompt`; the encoder caches soft tokens per image hash,
+engine/vision/encoder.py, so a regenerate does not run the tower again), the prefill chunks
+never cut a picture's span and run through `backend.forward_slot_images` (soft tokens in place
+of the placeholders, bidirectional within each picture), and a slot's record holds each
+picture's placeholders keyed by its hash (engine/vision/spans.py `cache_keys`): a cached prefix
+is reused past a picture only where the same picture sits at the same place, and never resumes
+inside one. A backend without the image path (`takes_images` false) refuses such a request at
+submit with one line.
+
 A one-slot backend has nothing to batch: each request runs through `generate_step` with the
 model's `PromptCache`, one token per step, so a backend that keeps the whole token step on the
 device (Vulkan's `generate_tokens`) keeps doing so.
@@ -40,14 +50,15 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from phoenix_chat.engine.backends.base import PREFILL_CHUNK, SeqStep
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK, NoImageBackend, SeqStep, image_chunks
 from phoenix_chat.engine.batch_policy import BatchPolicy
 from phoenix_chat.engine.errors import CancelledError, PhoenixError
-from phoenix_chat.engine.generate import prompt_ids_for
+from phoenix_chat.engine.generate import PromptIds, encode_prompt
 from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
 from phoenix_chat.engine.requests import Delta, EngineBusy, FinishReason, PromptTooLong, Request, RequestStream, Usage
 from phoenix_chat.engine.sampling import Sampler
 from phoenix_chat.engine.stop_strings import StopMatcher
+from phoenix_chat.engine.vision.spans import ImageSpan, cache_keys
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
@@ -72,6 +83,10 @@ def _log_failure(err: Exception, msg: str, *args: object) -> None:
         log.exception(msg, *args)
 
 
+# a request waiting for a slot: its stream, prompt ids, pictures and when it was queued
+_Waiting = tuple[RequestStream, list[int], list[ImageSpan], float]
+
+
 @dataclass
 class _Seq:
     """One admitted request: its prompt, where its prefill stands, and its sampler."""
@@ -93,6 +108,8 @@ class _Seq:
     unsent: list[int] = field(default_factory=list)  # ids not yet handed out in a delta
     first_at: float | None = None
     tokens: Generator[int, None, None] | None = None  # a one-slot backend's generate_step
+    images: list[ImageSpan] = field(default_factory=list)  # the pictures' spans in `ids`
+    keys: list[int] = field(default_factory=list)  # `ids` as the slot's record holds them (cache_keys)
 
     @property
     def pos(self) -> int:
@@ -122,7 +139,7 @@ class Scheduler:
         self._eos = set(model.config.eos_token_ids)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending: collections.deque[tuple[RequestStream, list[int], float]] = collections.deque()
+        self._pending: collections.deque[_Waiting] = collections.deque()
         self._live: set[str] = set()  # ids waiting or running (cancel ignores others)
         self._cancelled: set[str] = set()
         self._running: list[_Seq] = []  # admission order
@@ -139,14 +156,10 @@ class Scheduler:
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Queue `request`; its deltas arrive on the returned stream (async when `loop` is given).
         Raises PromptTooLong before queueing a prompt that leaves no room for an answer, and
-        EngineBusy when `max_queue` requests already wait for a slot. A chat with pictures is
-        refused (PhoenixError): slots carry no image spans yet, and their ids alone would read
-        the placeholders as text (`run --image` goes through stream_generate)."""
-        from phoenix_chat.engine.vision.prompt import has_images
-
-        if has_images(request.prompt):
-            raise PhoenixError("the scheduler does not take pictures yet: send the chat through stream_generate")
-        ids = prompt_ids_for(self.model, request.prompt, request.raw)
+        EngineBusy when `max_queue` requests already wait for a slot. Pictures are encoded
+        here, on the caller's thread; a text-only model refuses them (NoImageInput), so does a
+        backend without the image path (NoImageBackend), and a bad picture is an ImageError."""
+        ids, images = self._encode(request)
         limit = self.backend.context_length
         if len(ids) >= limit:
             raise PromptTooLong(len(ids), limit)
@@ -160,10 +173,20 @@ class Scheduler:
             room = self.max_queue + max(0, len(self.slots) - len(self._running))
             if len(self._pending) >= room:
                 raise EngineBusy(f"{len(self._pending)} requests are waiting (the limit): try again shortly")
-            self._pending.append((stream, ids, time.perf_counter()))
+            self._pending.append((stream, ids, images, time.perf_counter()))
             self._live.add(stream.id)
             self._wake.notify()
         return stream
+
+    def _encode(self, request: Request) -> tuple[list[int], list[ImageSpan]]:
+        from phoenix_chat.engine.vision.prompt import has_images, require_image_input
+
+        prompt = request.prompt
+        if has_images(prompt) or isinstance(prompt, PromptIds) and prompt.images:
+            require_image_input(self.model)
+            if not self.backend.takes_images:
+                raise NoImageBackend(f"the {self.backend.name} backend does not take images yet: use --backend cpu")
+        return encode_prompt(self.model, prompt, request.raw)
 
     def cancel(self, request_id: str) -> None:
         """Stop a waiting or running request (it ends with finish_reason "cancelled" within one step)."""
@@ -240,9 +263,9 @@ class Scheduler:
                 # in this same step, not a step later
                 free = 0 if self._paused else sum(1 for s in self.slots if s.seq is None)
                 admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
-            for stream, ids, queued_at in admit:
+            for stream, ids, images, queued_at in admit:
                 try:
-                    self._admit(stream, ids, queued_at)
+                    self._admit(stream, ids, images, queued_at)
                 except Exception as err:  # a bug: this request ends, the engine goes on
                     _log_failure(err, "request %s could not be admitted", stream.id)
                     with self._lock:
@@ -251,7 +274,7 @@ class Scheduler:
             self._step()
         for seq in list(self._running):
             self._finish(seq, "cancelled")
-        for stream, _, _ in pending:
+        for stream, _, _, _ in pending:
             stream.put(Delta(stream.id, "", finish_reason="cancelled", usage=Usage(0, 0)))
 
     def _done_with(self, request_id: str) -> None:
@@ -262,16 +285,16 @@ class Scheduler:
     def _is_cancelled(self, request_id: str) -> bool:
         return request_id in self._cancelled or self._closed
 
-    def _admit(self, stream: RequestStream, ids: list[int], queued_at: float) -> None:
+    def _admit(self, stream: RequestStream, ids: list[int], images: list[ImageSpan], queued_at: float) -> None:
         """Give a waiting request the free slot with its longest usable prefix (else the least
         recently used free one) and plan its prefill."""
         from phoenix_chat.engine.tokenizer import StreamingDetokenizer
 
         req = stream.request
         if self.cache is not None:
-            slot, plan = self.slots[0], self.cache.plan(ids)
+            slot, plan = self.slots[0], self.cache.plan(ids, images)
         else:
-            slot, plan = self._pick_slot(ids)
+            slot, plan = self._pick_slot(ids, images)
         seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
         seq = _Seq(
             stream=stream,
@@ -286,17 +309,25 @@ class Scheduler:
             reused=plan.reused,
             prefilled=plan.reused,
             history=list(ids),
+            images=images,
+            keys=cache_keys(ids, images),
         )
         slot.seq = seq
         if self.cache is not None:
             seq.tokens = self.cache.generate(
-                self.model, ids, req.params, seq.budget, plan, cancel=lambda: self._is_cancelled(stream.id)
+                self.model,
+                ids,
+                req.params,
+                seq.budget,
+                plan,
+                cancel=lambda: self._is_cancelled(stream.id),
+                images=images,
             )
         else:
-            slot.prefix.begin(ids, plan.reused)
+            slot.prefix.begin(seq.keys, plan.reused)
         self._running.append(seq)
 
-    def _pick_slot(self, ids: list[int]) -> tuple[_Slot, ReusePlan]:
+    def _pick_slot(self, ids: list[int], images: list[ImageSpan]) -> tuple[_Slot, ReusePlan]:
         """The free slot to serve `ids` from. A slot continues when the prompt keeps at least
         half of what it holds (its conversation's next turn, a regenerate; an empty slot
         trivially): the continuing slot with the longest reuse wins. Otherwise the least
@@ -304,7 +335,7 @@ class Scheduler:
         save a few shared template tokens of another (llama.cpp's server picks by the same
         kind of similarity)."""
         free = [s for s in self.slots if s.seq is None]
-        plans = {s.index: s.prefix.plan(ids, self.backend) for s in free}
+        plans = {s.index: s.prefix.plan(ids, self.backend, images) for s in free}
         continuing = [s for s in free if 2 * plans[s.index].reused >= len(s.prefix.tokens)]
         if continuing:
             slot = max(continuing, key=lambda s: (plans[s.index].reused, -s.used_at))
@@ -360,10 +391,13 @@ class Scheduler:
         self._took(seq, token)
 
     def _prefill_chunk(self, seq: _Seq) -> None:
-        """Feed the next chunk of `seq`'s prompt; the last chunk's logits give its first token."""
+        """Feed the next chunk of `seq`'s prompt; the last chunk's logits give its first token.
+        A chunk never cuts a picture's span (it grows to hold one longer than PREFILL_CHUNK)."""
         a = seq.prefilled
-        b = min(a + PREFILL_CHUNK, len(seq.ids))
+        pending = [s for s in seq.images if s.end > a]
+        b = a + image_chunks(len(seq.ids) - a, a, pending, PREFILL_CHUNK)[0][1]
         chunk = seq.ids[a:b]
+        pictured = any(s.start < b for s in pending)
         slot, params = seq.slot, seq.stream.request.params
         seq.slot.prefix.wrote(b)
 
@@ -371,14 +405,17 @@ class Scheduler:
             return self._is_cancelled(seq.stream.id)
 
         token: int | None = None
-        if b == len(seq.ids):
+        if b == len(seq.ids) and not pictured:
             token = self.backend.prefill_sampled(slot.index, chunk, a, params, seq.seed, cancel)
         if token is None:
-            logits = self.backend.forward_slot(slot.index, chunk, a, cancel=cancel)
+            if pictured:
+                logits = self.backend.forward_slot_images(slot.index, chunk, a, pending, cancel=cancel)
+            else:
+                logits = self.backend.forward_slot(slot.index, chunk, a, cancel=cancel)
             if b == len(seq.ids):
                 token = seq.sampler(logits, seq.history)
         seq.prefilled = b
-        slot.prefix.fed(chunk)
+        slot.prefix.fed(seq.keys[a:b])
         if token is not None:
             seq.first_at = time.perf_counter()
             self._took(seq, token)

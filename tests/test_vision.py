@@ -211,22 +211,6 @@ def test_ids_without_their_pictures_are_refused(golden, vision_model):
         list(stream_generate(vision_model, PromptIds(tuple(data["chat/input_ids"].tolist())), max_tokens=1))
 
 
-def test_scheduler_refuses_pictures_instead_of_reading_them_as_text(golden, vision_model):
-    """The scheduler's slots carry no image spans: a chat with pictures is refused at submit
-    (its ids alone would run the placeholders as text); `run --image` uses stream_generate."""
-    from phoenix_chat.engine.errors import PhoenixError
-    from phoenix_chat.engine.requests import Request
-    from phoenix_chat.engine.scheduler import Scheduler
-
-    _, meta = golden
-    scheduler = Scheduler(vision_model)
-    try:
-        with pytest.raises(PhoenixError, match="does not take pictures"):
-            scheduler.submit(Request(chat_with_images(meta), SamplingParams(temperature=0.0), 4))
-    finally:
-        scheduler.close()
-
-
 def test_pictures_on_another_kv_slot_give_the_same_logits(golden, tmp_path):
     """Image spans ride in the forward's segment (models/gemma3.py `Segment`), whatever its slot."""
     data, meta = golden

@@ -135,6 +135,7 @@ class Backend(ABC):
     device_name: str = "?"
     quant: WeightQuant | None = None  # the re-quantization applied at load; None: the file's types
     n_slots: int = 1  # sequences whose K/V this backend holds at once (engine/scheduler.py)
+    takes_images: bool = False  # `forward_images` / `forward_slot_images` exist (the CPU reference)
 
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
@@ -232,6 +233,21 @@ class Backend(ABC):
         if slot != 0:
             raise SlotsUnsupported(f"the {self.name} backend holds one sequence (slot 0), not slot {slot}")
         return self.forward(token_ids, start_pos, all_logits=all_logits, cancel=cancel)
+
+    def forward_slot_images(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """`forward_images` into `slot`'s cache (the last position's logits): a prefill chunk of
+        one sequence among many whose prompt holds pictures (engine/scheduler.py)."""
+        if slot != 0:
+            raise NoImageBackend(f"the {self.name} backend does not take images yet: use --backend cpu")
+        return self.forward_images(token_ids, start_pos, images, cancel=cancel)
 
     def prefill_sampled(
         self,

@@ -55,6 +55,7 @@ def f32_footprint(weights: WeightSource, context_length: int, slots: int = 1) ->
 class CpuBackend(Backend):
     name = "cpu"
     device_name = "CPU (numpy, f32 reference)"
+    takes_images = True
 
     def __init__(
         self,
@@ -112,12 +113,39 @@ class CpuBackend(Backend):
         all_logits: bool = False,
         cancel: CancelCheck | None = None,
     ) -> npt.NDArray[np.float32]:
+        self.wrote_kv(start_pos + len(token_ids))
+        return self._forward_images(0, token_ids, start_pos, images, all_logits, cancel)
+
+    def forward_slot_images(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        self._check_slot(slot)
+        if slot == 0:
+            self.wrote_kv(start_pos + len(token_ids))
+        return self._forward_images(slot, token_ids, start_pos, images, False, cancel)
+
+    def _forward_images(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        all_logits: bool,
+        cancel: CancelCheck | None,
+    ) -> npt.NDArray[np.float32]:
         ids = list(token_ids)
-        self.wrote_kv(start_pos + len(ids))
         outs: list[npt.NDArray[np.float32]] = []
         for i, j in image_chunks(len(ids), start_pos, images, PREFILL_CHUNK):
             check_cancel(cancel)
-            out = self.model.forward(ids[i:j], start_pos + i, all_logits=all_logits, cancel=cancel, images=images)
+            out = self.model.forward(
+                ids[i:j], start_pos + i, all_logits=all_logits, cancel=cancel, images=images, slot=slot
+            )
             if all_logits or j == len(ids):
                 outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1]
