@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 from phoenix_chat.engine.backends.base import PREFILL_CHUNK, NoImageBackend, SeqStep, image_chunks
 from phoenix_chat.engine.batch_policy import BatchPolicy
 from phoenix_chat.engine.errors import CancelledError, PhoenixError
-from phoenix_chat.engine.generate import PromptIds, encode_prompt
+from phoenix_chat.engine.generate import Prompt, PromptIds, encode_prompt
 from phoenix_chat.engine.prompt_cache import PromptCache, ReusePlan, SlotPrefix
 from phoenix_chat.engine.requests import Delta, EngineBusy, FinishReason, PromptTooLong, Request, RequestStream, Usage
 from phoenix_chat.engine.sampling import Sampler
@@ -159,7 +159,7 @@ class Scheduler:
         EngineBusy when `max_queue` requests already wait for a slot. Pictures are encoded
         here, on the caller's thread; a text-only model refuses them (NoImageInput), so does a
         backend without the image path (NoImageBackend), and a bad picture is an ImageError."""
-        ids, images = self._encode(request)
+        ids, images = self.encode(request.prompt, request.raw)
         limit = self.backend.context_length
         if len(ids) >= limit:
             raise PromptTooLong(len(ids), limit)
@@ -178,15 +178,18 @@ class Scheduler:
             self._wake.notify()
         return stream
 
-    def _encode(self, request: Request) -> tuple[list[int], list[ImageSpan]]:
+    def encode(self, prompt: Prompt, raw: bool = False) -> tuple[list[int], list[ImageSpan]]:
+        """Prompt ids and pictures' spans as `submit` takes them (the server calls this off its
+        event loop, then submits `PromptIds` carrying the spans): a text-only model refuses
+        pictures (NoImageInput), so does a backend without the image path (NoImageBackend),
+        both before any picture is decoded."""
         from phoenix_chat.engine.vision.prompt import has_images, require_image_input
 
-        prompt = request.prompt
         if has_images(prompt) or isinstance(prompt, PromptIds) and prompt.images:
             require_image_input(self.model)
             if not self.backend.takes_images:
                 raise NoImageBackend(f"the {self.backend.name} backend does not take images yet: use --backend cpu")
-        return encode_prompt(self.model, prompt, request.raw)
+        return encode_prompt(self.model, prompt, raw)
 
     def cancel(self, request_id: str) -> None:
         """Stop a waiting or running request (it ends with finish_reason "cancelled" within one step)."""

@@ -9,21 +9,31 @@ penalties are mapped onto it as 1 + max(presence, frequency) / 2 when positive (
 0.5 → 1.25); zero or negative ones mean no penalty. `max_tokens` (or
 `max_completion_tokens`) is capped at what the context leaves after the prompt; left out, the
 answer may fill the context.
+
+Pictures: a user message's content may hold OpenAI `image_url` parts whose url is a base64
+`data:` URL (`data:image/png;base64,...`); they become the engine's image parts (the bytes,
+decoded and checked by engine/vision/images.py when the prompt is encoded). Remote http(s)
+URLs are refused, never fetched.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from phoenix_chat.engine.generate import Prompt, PromptIds
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 
 from .api_errors import bad_request
+
+if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.spans import ImageSpan
 
 MAX_STOP_STRINGS = 16
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -43,11 +53,13 @@ class Generation:
     include_usage: bool
     model: str | None
 
-    def to_request(self, prompt_ids: list[int], context_length: int) -> Request:
-        """The engine request for the tokenized prompt, its answer capped by the context left."""
+    def to_request(self, prompt_ids: list[int], context_length: int, images: Sequence[ImageSpan] = ()) -> Request:
+        """The engine request for the tokenized prompt (with its pictures' spans), its answer
+        capped by the context left."""
         room = max(context_length - len(prompt_ids), 1)  # a prompt that leaves none is refused at submit
         wanted = room if self.max_tokens is None else min(self.max_tokens, room)
-        return Request(PromptIds(tuple(prompt_ids)), self.params, max_tokens=wanted, stop=self.stop, raw=True)
+        prompt = PromptIds(tuple(prompt_ids), tuple(images))
+        return Request(prompt, self.params, max_tokens=wanted, stop=self.stop, raw=True)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -162,7 +174,7 @@ def _sampling(body: Mapping[str, Any]) -> SamplingParams:
     return replace(p, **given)
 
 
-def _message(m: Any, i: int) -> dict[str, str]:
+def _message(m: Any, i: int) -> dict[str, Any]:
     param = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad_request(f"{param} must be an object with `role` and `content`", param=param)
@@ -174,18 +186,55 @@ def _message(m: Any, i: int) -> dict[str, str]:
     return {"role": CHAT_ROLES[role], "content": _content(m.get("content"), f"{param}.content")}
 
 
-def _content(content: Any, param: str) -> str:
-    """A string, or OpenAI's array of parts (text parts only: this model reads no images)."""
+def _content(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A string, or OpenAI's array of parts: text parts alone are joined into one string; with
+    `image_url` parts the engine's parts, in order (text, and images as their bytes)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{param}: only text parts are supported", param=param)
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad_request(f"{param} must be a string or an array of text parts", param=param)
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            where = f"{param}[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                parts.append({"type": "image", "image": _image_bytes(part.get("image_url"), f"{where}.image_url")})
+            else:
+                raise bad_request(f"{where}: only text and image_url parts are supported", param=where)
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+    raise bad_request(f"{param} must be a string or an array of text and image_url parts", param=param)
+
+
+def _image_bytes(image_url: Any, param: str) -> bytes:
+    """The picture of an `image_url` part: only base64 `data:` URLs (nothing is fetched)."""
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{param}.url must be a data: URL string", param=f"{param}.url", code="invalid_image_url")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme in ("http", "https"):
+        raise bad_request(
+            f"{param}.url: remote image URLs are not fetched by this server; send the picture inline "
+            "as a data: URL (data:image/png;base64,...)",
+            param=f"{param}.url",
+            code="invalid_image_url",
+        )
+    header, comma, payload = url.partition(",")
+    if scheme != "data" or not comma or not header.lower().endswith(";base64"):
+        raise bad_request(
+            f"{param}.url must be a base64 data: URL (data:image/png;base64,...)",
+            param=f"{param}.url",
+            code="invalid_image_url",
+        )
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_request(f"{param}.url: bad base64 ({exc})", param=f"{param}.url", code="invalid_image") from None
+    if not data:
+        raise bad_request(f"{param}.url: the picture is empty", param=f"{param}.url", code="invalid_image")
+    return data
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

@@ -17,10 +17,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
+from phoenix_chat.engine.backends.base import NoImageBackend
 from phoenix_chat.engine.chat import ChatTemplateError
-from phoenix_chat.engine.generate import prompt_ids_for
 from phoenix_chat.engine.quantization import quant_name
 from phoenix_chat.engine.requests import EngineBusy, PromptTooLong, RequestStream
+from phoenix_chat.engine.vision.images import ImageError
+from phoenix_chat.engine.vision.prompt import NoImageInput
 
 from .api_errors import APIError, bad_request
 from .parsing import Generation, parse_chat, parse_completion, parse_json_object
@@ -85,14 +87,17 @@ async def _generate(request: HTTPRequest, gen: Generation) -> Response:
             param="model",
             code="model_not_found",
         )
-    model = s.scheduler.model
-    try:
-        ids = await run_in_threadpool(prompt_ids_for, model, gen.prompt, gen.kind == "text")
+    try:  # pictures are decoded and encoded here too (soft tokens cached per picture)
+        ids, images = await run_in_threadpool(s.scheduler.encode, gen.prompt, gen.kind == "text")
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
+    except (NoImageInput, NoImageBackend) as exc:
+        raise bad_request(str(exc), param="messages", code="image_input_unsupported") from None
+    except ImageError as exc:  # the picture's one line: not an image, truncated, a decompression bomb
+        raise bad_request(str(exc), param="messages", code="invalid_image") from None
     if len(ids) >= s.context_length:
         raise _too_long(PromptTooLong(len(ids), s.context_length))
-    engine_request = gen.to_request(ids, s.context_length)
+    engine_request = gen.to_request(ids, s.context_length, images)
     try:
         stream = s.scheduler.submit(engine_request, loop=asyncio.get_running_loop())
     except EngineBusy as exc:

@@ -36,7 +36,11 @@ def test_a_json_array_body_is_400(server, client):
         ("messages", "Hello", "messages"),
         ("messages", [{"role": "wizard", "content": "hi"}], "messages[0].role"),
         ("messages", [{"role": "user", "content": 7}], "messages[0].content"),
-        ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
+        (
+            "messages",
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            "messages[0].content[0].image_url.url",
+        ),
         ("model", 3, "model"),
     ],
 )
