@@ -21,7 +21,7 @@ def test_doctor_json_on_this_machine(vk_device, model_path):
     """The real command on the real model with a 2 s budget: lavapipe and the numpy reference
     are both slower than that, so each is cut short to its smallest measurement and says so."""
     from phoenix_chat.engine.backends.vulkan import ops_attention
-    from phoenix_chat.engine.doctor_measure import CONTEXT, FIRST_PROMPT, cpu_weights_bytes
+    from phoenix_chat.engine.doctor_measure import CONTEXT, FIRST_PROMPT, MAX_PROMPT, cpu_weights_bytes
     from phoenix_chat.engine.weights import open_weights
 
     proc = _doctor("--json", "--seconds", "2")
@@ -62,7 +62,9 @@ def test_doctor_json_on_this_machine(vk_device, model_path):
         assert d["tokens"] >= 1 and d["tok_s"] == d["tokens"] / d["seconds"]
         assert m["decode_gb_s"] == m["weights_bytes_per_token"] * d["tok_s"] / 1e9
         assert m["decode_pct_of_copy"] == 100 * m["decode_gb_s"] / m["copy_gb_s"]
-        assert m["cut_short"] is True and d["warm"] is False  # decode's first run alone overran 2 s
+        # the 2 s budget leaves room for the first prompt only, so it is flagged cut short (whether
+        # decode also got a warm run depends on the machine's load: an idle one gets it)
+        assert m["cut_short"] is True and p["tokens"] < MAX_PROMPT
     # lavapipe's weights are the device budget's: the file's 253 MB less what stays on the host
     assert (
         0.5 * rep["model"]["file_bytes"] < dev["measurement"]["weights_bytes_per_token"] <= rep["model"]["file_bytes"]
