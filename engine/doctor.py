@@ -270,9 +270,8 @@ def _xrt(root: Path, pyxrt: str | None) -> dict[str, Any]:
     from phoenix_chat.npu.detect import XRT_DIR, xrt_version
     from phoenix_chat.npu.kernels.build import WRITTEN_FOR
 
-    dirs = [Path(os.environ["XILINX_XRT"])] if root == Path("/") and os.environ.get("XILINX_XRT") else []
-    dirs.append(root / XRT_DIR.lstrip("/"))
-    got = xrt_version(dirs, pyxrt if root == Path("/") else None)
+    on_this_machine = root == Path("/")  # else a copied tree: only its own XRT folder
+    got = xrt_version(None if on_this_machine else [root / XRT_DIR.lstrip("/")], pyxrt if on_this_machine else None)
     got["kernels_need"] = WRITTEN_FOR["xrt"]
     need, have = re.search(r"(\d+)\.(\d+)", WRITTEN_FOR["xrt"]), re.match(r"(\d+)\.(\d+)", got["version"] or "")
     if need and have:

@@ -188,7 +188,7 @@ class Scheduler:
         if has_images(prompt) or isinstance(prompt, PromptIds) and prompt.images:
             require_image_input(self.model)
             if not self.backend.takes_images:
-                raise NoImageBackend(f"the {self.backend.name} backend does not take images yet: use --backend cpu")
+                raise NoImageBackend(self.backend.name)
         return encode_prompt(self.model, prompt, raw)
 
     def cancel(self, request_id: str) -> None:

@@ -101,6 +101,9 @@ def image_chunks(n: int, start_pos: int, images: Sequence[ImageSpan], chunk: int
 class NoImageBackend(PhoenixError):
     """This backend cannot run a prompt with pictures yet."""
 
+    def __init__(self, backend: str) -> None:
+        super().__init__(f"the {backend} backend does not take images yet: use --backend cpu")
+
 
 @dataclass(frozen=True)
 class SeqStep:
@@ -189,7 +192,7 @@ class Backend(ABC):
     ) -> npt.NDArray[np.float32]:
         """`forward` for a prompt with pictures: each span's soft tokens replace its placeholders
         and attend to each other both ways. Only the CPU reference has it so far."""
-        raise NoImageBackend(f"the {self.name} backend does not take images yet: use --backend cpu")
+        raise NoImageBackend(self.name)
 
     def generate_tokens(
         self,
@@ -246,7 +249,7 @@ class Backend(ABC):
         """`forward_images` into `slot`'s cache (the last position's logits): a prefill chunk of
         one sequence among many whose prompt holds pictures (engine/scheduler.py)."""
         if slot != 0:
-            raise NoImageBackend(f"the {self.name} backend does not take images yet: use --backend cpu")
+            raise NoImageBackend(self.name)
         return self.forward_images(token_ids, start_pos, images, cancel=cancel)
 
     def prefill_sampled(

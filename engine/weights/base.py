@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGMLQuantizationType as QType
 
+from phoenix_chat.engine.errors import ModelFileError
+
 if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.tokenizer import Tokenizer
@@ -106,9 +108,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def shape_mismatches(cfg: ModelConfig, tensors: dict[str, TensorInfo]) -> list[str]:
-    """Tensors whose shape disagrees with the config (a broken converter, a mislabelled file):
-    caught at open, since a GPU kernel would read past them without complaint."""
+def check_shapes(path: str | os.PathLike[str], cfg: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
+    """ModelFileError naming the first tensor whose shape disagrees with the config (a broken
+    converter, a mislabelled file): caught at open, since a GPU kernel would read past it
+    without complaint."""
     bad = [
         f"{tensors[n].source_name or n} is {tensors[n].shape}, expected {want}"
         for n, want in expected_shapes(cfg).items()
@@ -117,7 +120,8 @@ def shape_mismatches(cfg: ModelConfig, tensors: dict[str, TensorInfo]) -> list[s
     for n in ("embed_tokens", "lm_head"):
         if n in tensors and tensors[n].shape[-1:] != (cfg.hidden_size,):
             bad.append(f"{tensors[n].source_name or n} is {tensors[n].shape}, expected (vocab, {cfg.hidden_size})")
-    return bad
+    if bad:
+        raise ModelFileError(path, f"{len(bad)} tensor(s) do not match the model's configuration, e.g. {bad[0]}")
 
 
 def release_file_pages(m: mmap.mmap, path: Path, start: int = 0, length: int = 0) -> None:

@@ -24,7 +24,7 @@ from gguf import quants as gguf_quants
 
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
-from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, release_file_pages, shape_mismatches
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, check_shapes, release_file_pages
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -307,11 +307,7 @@ class GGUFFile(WeightSource):
                 self.path,
                 f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}: file incomplete or not a Gemma 3 model",
             )
-        bad = shape_mismatches(cfg, self.tensors)
-        if bad:
-            raise ModelFileError(
-                self.path, f"{len(bad)} tensor(s) do not match the model's configuration, e.g. {bad[0]}"
-            )
+        check_shapes(self.path, cfg, self.tensors)
 
     # ---- WeightSource -------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QType
 from phoenix_chat.engine.config import ModelConfig
 from phoenix_chat.engine.errors import ModelFileError, UnsupportedModelError
 from phoenix_chat.engine.vision_config import VisionConfig
-from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, release_file_pages, shape_mismatches
+from phoenix_chat.engine.weights.base import TensorInfo, WeightSource, check_shapes, release_file_pages
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.tokenizer import Tokenizer
@@ -162,11 +162,7 @@ class HFFolder(WeightSource):
         missing = [n for n in required if n not in self.tensors]
         if missing:
             raise ModelFileError(self.path, f"missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
-        bad = shape_mismatches(cfg, self.tensors)
-        if bad:
-            raise ModelFileError(
-                self.path, f"{len(bad)} tensor(s) do not match the model's configuration, e.g. {bad[0]}"
-            )
+        check_shapes(self.path, cfg, self.tensors)
 
     def raw(self, name: str) -> npt.NDArray[np.uint8]:
         info = self.tensors[name] if name in self.tensors else self.vision_tensors[name]

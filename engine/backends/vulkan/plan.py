@@ -187,22 +187,25 @@ def usable_bytes(heap: Heap, uma: bool) -> int:
     gives a budget, no more than that budget less what this process already uses there (other
     programs' allocations shrink it). The smaller of the two: a budget near the whole heap
     (an idle discrete card reports ~99%) must not remove the headroom."""
-    by_size = int(heap.size * _fraction(heap, uma))
-    if heap.budget is not None:
-        return max(0, min(heap.budget - heap.usage, by_size))
-    return by_size
+    return _usable(heap, uma)[0]
 
 
 def usable_rule(heap: Heap, uma: bool) -> str:
     """Which rule usable_bytes took for `heap`, in words (stats, the doctor, refusals)."""
+    return _usable(heap, uma)[1]
+
+
+def _usable(heap: Heap, uma: bool) -> tuple[int, str]:
+    """usable_bytes and usable_rule from one comparison."""
     gib = 2**30
-    pct = round(100 * _fraction(heap, uma))
-    if heap.budget is not None:
-        budget = f"VK_EXT_memory_budget: {heap.budget / gib:.2f} GiB, {heap.usage / gib:.2f} GiB in use"
-        if heap.budget - heap.usage < heap.size * _fraction(heap, uma):
-            return f"budget from {budget}"
-        return f"{pct}% of heap size (within the budget from {budget})"
-    return f"{pct}% of heap size: no memory budget extension"
+    by_size = int(heap.size * _fraction(heap, uma))
+    pct = f"{round(100 * _fraction(heap, uma))}% of heap size"
+    if heap.budget is None:
+        return by_size, f"{pct}: no memory budget extension"
+    budget = f"VK_EXT_memory_budget: {heap.budget / gib:.2f} GiB, {heap.usage / gib:.2f} GiB in use"
+    if heap.budget - heap.usage < by_size:
+        return max(0, heap.budget - heap.usage), f"budget from {budget}"
+    return by_size, f"{pct} (within the budget from {budget})"
 
 
 def _local_heap(heaps: list[Heap]) -> int | None:
