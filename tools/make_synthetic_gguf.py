@@ -41,6 +41,10 @@ QUANT_TYPES = (
     QType.Q4_K,
     QType.Q5_K,
     QType.Q6_K,
+    QType.IQ3_XXS,
+    QType.IQ3_S,
+    QType.IQ2_XS,
+    QType.IQ2_S,
 )
 # a 256-block type on a row that 256 does not divide (the 270M's 640, the 1B's 1152) falls back
 # as llama.cpp's quantizer does, so the file has the types a real one of that shape would have
@@ -51,6 +55,10 @@ FALLBACK = {
     QType.Q4_K: QType.Q5_0,
     QType.Q5_K: QType.Q5_1,
     QType.Q6_K: QType.Q8_0,
+    QType.IQ3_XXS: QType.IQ4_NL,
+    QType.IQ3_S: QType.IQ4_NL,
+    QType.IQ2_XS: QType.IQ4_NL,
+    QType.IQ2_S: QType.IQ4_NL,
 }
 TYPES = {"f16": QType.F16, **{t.name.lower(): t for t in QUANT_TYPES}}
 _POOL_BLOCKS = 1 << 20
@@ -70,6 +78,10 @@ F16_FIELDS = {
     QType.Q4_K: (0, 2),
     QType.Q5_K: (0, 2),
     QType.Q6_K: (208,),
+    QType.IQ3_XXS: (0,),  # d, then grid indexes and sign/scale words: every index is in range
+    QType.IQ3_S: (0,),
+    QType.IQ2_XS: (0,),
+    QType.IQ2_S: (0,),
 }
 
 

@@ -37,7 +37,8 @@ MAX_KV = 100_000
 MAX_DIMS = 4
 
 # Types this engine can run; anything else is refused at open time with the tensor named.
-# (the low-bit types of popular GGUF releases, Q2_K .. IQ4_XS, included: gguf-py dequantizes them all)
+# (the low-bit types of popular GGUF releases, Q2_K .. IQ4_XS and IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S,
+# included: gguf-py dequantizes them all; the last four have no Vulkan kernel: vulkan/matvec.SUPPORTED)
 SUPPORTED_TYPES = frozenset(
     {
         QType.F32,
@@ -55,6 +56,10 @@ SUPPORTED_TYPES = frozenset(
         QType.Q4_K,
         QType.Q5_K,
         QType.Q6_K,
+        QType.IQ3_XXS,
+        QType.IQ3_S,
+        QType.IQ2_XS,
+        QType.IQ2_S,
     }
 )
 

@@ -21,6 +21,7 @@ from phoenix_chat.engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
+    from phoenix_chat.engine.weights.base import WeightSource
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 # int8 activations: False (f32 x), True (q8_1 x from record_quantize), "regs" (f32 x quantized in registers)
@@ -28,6 +29,12 @@ IntDot: TypeAlias = bool | Literal["regs"]
 # specialization constants by name (Device.pipeline's **spec); SUBGROUP_SIZE: a required subgroup size
 Spec: TypeAlias = dict[str, int]
 MAX_GROUPS_X = 65535
+
+
+def types_without_kernel(weights: WeightSource) -> list[str]:
+    """The file's matrix types no Vulkan kernel reads (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S: their
+    codebook lookups are not built; docs/PERFORMANCE.md says why), by name, sorted."""
+    return sorted({t.qtype.name for t in weights.tensors.values() if len(t.shape) == 2} - {q.name for q in SUPPORTED})
 
 
 def row_bytes(qtype: QType, cols: int) -> int:

@@ -142,7 +142,11 @@ def _weight(dev: Device, weights: WeightSource, name: str, target: QType) -> Wei
     dequantized to f32 by the host first)."""
     t = weights.tensors[name]
     if target not in SUPPORTED:
-        raise UnsupportedModelError(weights.path, f"{t.source_name or name}: type {target.name} has no Vulkan kernel")
+        raise UnsupportedModelError(
+            weights.path,
+            f"{t.source_name or name}: type {target.name} has no Vulkan kernel: run it on the CPU "
+            "(--backend cpu) or re-quantize it for the GPU on load (--quant q4_0 or q8_0)",
+        )
     if len(t.shape) != 2:
         raise UnsupportedModelError(weights.path, f"{t.source_name or name}: shape {t.shape} is not a matrix")
     rows, cols = t.shape
