@@ -7,29 +7,43 @@ transaction. The schema version lives in `PRAGMA user_version`.
 `Store` is synchronous; the GUI uses `StoreThread`, which has the same methods and runs each
 on one background thread (in order) so the GUI thread never waits on the disk for a streaming
 answer's saves.
+
+Pictures (schema 5) are kept **in the database**, in `message_images` (the file's own bytes and
+a PNG thumbnail, keyed by message), not as files beside it: a message and its pictures are
+written in one transaction, so a crash never leaves a message without its pictures or files no
+row points to; deleting a conversation, a message or the messages after an edit removes them by
+`ON DELETE CASCADE` with nothing to sweep on disk; and the history stays one file to back up
+or move. The cost is a larger file (a picture is at most 64 MiB, the engine's limit; a
+message's text and thumbnails are read without the pictures' bytes, which only a prompt or an
+export reads).
 """
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import functools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 from phoenix_chat.app.markdown_fences import self_contained
 from phoenix_chat.app.paths import data_dir
+from phoenix_chat.app.pictures import Picture
 
 # 2: earlier versions of a regenerated answer (message_versions, messages.version);
 # 3: conversations.mode (chat or completion, per chat);
-# 4: messages.engine / message_versions.engine (which engine and model wrote an answer)
-SCHEMA_VERSION = 4
-EXPORT_VERSION = 1  # the export format's own version (it shows each answer's shown version only)
+# 4: messages.engine / message_versions.engine (which engine and model wrote an answer);
+# 5: message_images (a message's pictures)
+SCHEMA_VERSION = 5
+# the export format's own version (it shows each answer's shown version only);
+# 2: a message's pictures ("images", the bytes in base64)
+EXPORT_VERSION = 2
 DB_NAME = "history.sqlite3"
 
 # The versions of an answer not on show (Regenerate keeps the old one here); the shown one is
@@ -47,11 +61,28 @@ CREATE TABLE IF NOT EXISTS message_versions (
 );
 """
 _VERSIONS_ENGINE = "ALTER TABLE message_versions ADD COLUMN engine TEXT;"  # schema 4: who wrote that version
+# A message's pictures in the order attached (schema 5); see the module doc for why in here.
+_IMAGES_TABLE = """
+CREATE TABLE IF NOT EXISTS message_images (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id  INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    position    INTEGER NOT NULL,
+    name        TEXT NOT NULL,
+    format      TEXT NOT NULL,  -- PNG | JPEG | WEBP | GIF
+    width       INTEGER NOT NULL,
+    height      INTEGER NOT NULL,
+    sha256      TEXT NOT NULL,  -- of data
+    data        BLOB NOT NULL,  -- the file's bytes as attached
+    thumbnail   BLOB NOT NULL,  -- PNG
+    UNIQUE (message_id, position)
+);
+"""
 # version → the script that brings a database of the version before up to it
 _MIGRATIONS = {
     2: "ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1;" + _VERSIONS_TABLE,
     3: "ALTER TABLE conversations ADD COLUMN mode TEXT;",
     4: "ALTER TABLE messages ADD COLUMN engine TEXT;" + _VERSIONS_ENGINE,
+    5: _IMAGES_TABLE,
 }
 _SCHEMA = (
     """
@@ -80,6 +111,7 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id,
 """
     + _VERSIONS_TABLE
     + _VERSIONS_ENGINE
+    + _IMAGES_TABLE
 )
 
 
@@ -94,6 +126,19 @@ class Conversation:
     mode: str | None = None  # "chat" | "completion"; None: the model's default
 
 
+@dataclass(frozen=True)
+class ImageRef:
+    """A saved picture as the chat view needs it: everything but the picture's bytes."""
+
+    id: int
+    name: str
+    format: str
+    width: int
+    height: int
+    sha256: str
+    thumbnail: bytes  # PNG
+
+
 @dataclass
 class Message:
     id: int
@@ -106,6 +151,7 @@ class Message:
     version: int = 1  # the version of this answer on show (Regenerate adds one)
     versions: int = 1  # how many versions it has
     engine: str | None = None  # who wrote this answer ("local:gemma-3-270m", "remote:host:8000/model")
+    images: list[ImageRef] = field(default_factory=list)  # a user message's pictures, in order
 
 
 def db_path(home=None) -> Path:
@@ -220,11 +266,57 @@ class Store:
                 " FROM messages m WHERE conversation_id = ? ORDER BY position",
                 (conversation_id,),
             ).fetchall()
-        return [_message(r) for r in rows]
+            pictures = self._db.execute(
+                "SELECT i.id, i.message_id, i.name, i.format, i.width, i.height, i.sha256, i.thumbnail"
+                " FROM message_images i JOIN messages m ON m.id = i.message_id"
+                " WHERE m.conversation_id = ? ORDER BY i.message_id, i.position",
+                (conversation_id,),
+            ).fetchall()
+        by_message: dict[int, list[ImageRef]] = {}
+        for p in pictures:
+            by_message.setdefault(p["message_id"], []).append(
+                ImageRef(p["id"], p["name"], p["format"], p["width"], p["height"], p["sha256"], p["thumbnail"])
+            )
+        return [_message(r, by_message.get(r["id"], [])) for r in rows]
+
+    def message_pictures(self, message_id: int) -> list[Picture]:
+        """A message's pictures with their bytes, in the order attached (for a prompt, an export)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM message_images WHERE message_id = ? ORDER BY position", (message_id,)
+            ).fetchall()
+        return [Picture(r["name"], r["format"], r["data"], r["width"], r["height"], r["thumbnail"]) for r in rows]
+
+    def add_pictures(self, message_id: int, pictures: Sequence[Picture]) -> None:
+        """Attach `pictures` to a message, after the ones it has."""
+        with self._tx() as db:
+            self._insert_pictures(db, message_id, pictures)
+
+    @staticmethod
+    def _insert_pictures(db: sqlite3.Connection, message_id: int, pictures: Sequence[Picture]) -> None:
+        start = db.execute(
+            "SELECT COALESCE(MAX(position), -1) + 1 FROM message_images WHERE message_id = ?", (message_id,)
+        ).fetchone()[0]
+        db.executemany(
+            "INSERT INTO message_images (message_id, position, name, format, width, height, sha256, data, thumbnail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (message_id, start + i, p.name, p.format, p.width, p.height, p.sha256, p.data, p.thumbnail)
+                for i, p in enumerate(pictures)
+            ],
+        )
 
     def add_message(
-        self, conversation_id: int, role: str, content: str, *, complete: bool = True, stats: dict | None = None
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        *,
+        complete: bool = True,
+        stats: dict | None = None,
+        pictures: Sequence[Picture] = (),
     ) -> Message:
+        """A new last message of the conversation; `pictures` are saved with it, in the same transaction."""
         now = time.time()
         with self._tx() as db:
             pos = db.execute(
@@ -236,7 +328,20 @@ class Store:
                 (conversation_id, pos, role, content, int(complete), now, json.dumps(stats or {})),
             )
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
-            return Message(cur.lastrowid, conversation_id, pos, role, content, complete, dict(stats or {}))
+            message_id = cur.lastrowid
+            assert message_id is not None  # an INSERT's rowid
+            self._insert_pictures(db, message_id, pictures)
+            refs = [
+                ImageRef(r["id"], r["name"], r["format"], r["width"], r["height"], r["sha256"], r["thumbnail"])
+                for r in db.execute(
+                    "SELECT id, name, format, width, height, sha256, thumbnail FROM message_images"
+                    " WHERE message_id = ? ORDER BY position",
+                    (message_id,),
+                )
+            ]
+        message = Message(message_id, conversation_id, pos, role, content, complete, dict(stats or {}))
+        message.images = refs
+        return message
 
     def update_message(
         self,
@@ -349,7 +454,8 @@ class Store:
             )
 
     def edit_message(self, message_id: int, content: str) -> None:
-        """Change an earlier message and forget everything after it (edit-and-resend)."""
+        """Change an earlier message and forget everything after it (edit-and-resend); its
+        pictures stay with it."""
         with self._tx() as db:
             db.execute("UPDATE messages SET content = ?, complete = 1 WHERE id = ?", (content, message_id))
         self.truncate_after(message_id)
@@ -375,7 +481,7 @@ class Store:
                                 "created_at": c.created_at,
                                 "system_prompt": c.system_prompt,
                                 "sampling": c.sampling,
-                                "messages": [_exported(m) for m in msgs],
+                                "messages": [_exported(m, self.message_pictures(m.id)) for m in msgs],
                             }
                             for c, msgs in items
                         ],
@@ -394,6 +500,11 @@ class Store:
                 for m in msgs:
                     # Self-contained: a fence a message leaves open must not swallow the rest.
                     out.append(f"## {m.role.capitalize()}\n\n{self_contained(m.content)}\n")
+                    # pictures embedded as data: URLs, so the one file holds them
+                    out.extend(
+                        f"![{_md_alt(p.name)}](data:{p.media_type};base64,{base64.b64encode(p.data).decode()})\n"
+                        for p in (self.message_pictures(m.id) if m.images else [])
+                    )
             return "\n".join(out)
         raise ValueError(f"unknown export format {fmt!r} (json or markdown)")
 
@@ -456,6 +567,8 @@ class StoreThread:
     set_conversation_mode = _waited(Store.set_conversation_mode)
     delete_conversation = _waited(Store.delete_conversation)
     messages = _waited(Store.messages)
+    message_pictures = _waited(Store.message_pictures)
+    add_pictures = _waited(Store.add_pictures)
     add_message = _waited(Store.add_message)
     edit_message = _waited(Store.edit_message)
     truncate_after = _waited(Store.truncate_after)
@@ -489,12 +602,30 @@ class _Transaction:
             self.lock.release()
 
 
-def _exported(m: Message) -> dict:
-    """A message in the JSON export; an answer says which engine wrote it where that is known."""
+def _exported(m: Message, pictures: list[Picture]) -> dict:
+    """A message in the JSON export; an answer says which engine wrote it where that is known,
+    a message with pictures holds them (the file's bytes in base64)."""
     out: dict = {"role": m.role, "content": m.content, "complete": m.complete}
     if m.engine is not None:
         out["engine"] = m.engine
+    if pictures:
+        out["images"] = [
+            {
+                "name": p.name,
+                "media_type": p.media_type,
+                "width": p.width,
+                "height": p.height,
+                "sha256": p.sha256,
+                "data": base64.b64encode(p.data).decode(),
+            }
+            for p in pictures
+        ]
     return out
+
+
+def _md_alt(name: str) -> str:
+    """A file name as Markdown image alt text (no brackets or newlines to break the link)."""
+    return " ".join(name.replace("[", "(").replace("]", ")").split())
 
 
 def _escape_like(text: str) -> str:
@@ -513,7 +644,7 @@ def _conversation(row) -> Conversation:
     )
 
 
-def _message(row) -> Message:
+def _message(row, images: list[ImageRef] | None = None) -> Message:
     return Message(
         row["id"],
         row["conversation_id"],
@@ -525,4 +656,5 @@ def _message(row) -> Message:
         row["version"],
         row["versions"] if "versions" in row.keys() else 1,
         row["engine"],
+        images or [],
     )

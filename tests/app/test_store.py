@@ -22,7 +22,7 @@ def test_wal_mode_and_schema_version(home):
     assert store.path == home / "history.sqlite3"
     store.close()
     db = sqlite3.connect(db_path(home))
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 def test_a_chats_mode_is_kept_and_a_version_1_file_is_upgraded(home):
