@@ -9,6 +9,10 @@
 // Thread layout: WG / BQ threads per query row; each owns head_dim / (2 * WG / BQ) column pairs.
 // Bindings: 0 step, 1 q (f32 [tokens][q_stride], head h at q_offset + h * D), 2 K cache,
 //           3 V cache ([n_kv_heads][cache_slots][D] f16), 4 out (f32 [tokens][n_heads * D]).
+// ATTN_SPANS (a prompt with pictures): binding 5 `vis` (uint [tokens]) holds the last position
+// each query sees: its own for text, its picture's last for a picture's tokens (they attend to
+// each other both ways; the chunk holds the whole picture, so those keys are in the cache).
+// The mask is then (kp <= vis[t]) AND the window's lower bound, as transformers composes it.
 // Dispatch: (ceil(tokens recorded / BQ), n_heads, 1).
 // head_dim is the specialization constant HD (constant trip counts, loads batched 4 at a time).
 // Limits: HD a multiple of 2 * WG / BQ (32 with the defaults) and of 8, HD <= 256, BC % 4 == 0.
@@ -32,6 +36,9 @@ layout(std430, binding = 1) readonly buffer Q { float q[]; };
 layout(std430, binding = 2) readonly buffer KC { uint kc[]; };
 layout(std430, binding = 3) readonly buffer VC { uint vc[]; };
 layout(std430, binding = 4) writeonly buffer O { float outp[]; };
+#ifdef ATTN_SPANS
+layout(std430, binding = 5) readonly buffer VIS { uint vis[]; };
+#endif
 
 shared vec4 qs[BQ * HD / 4];
 shared uvec4 kv[BC * HD / 8];
@@ -64,7 +71,12 @@ void main() {
     float m = -1e30, l = 0.0;                         // running stats of `row` (used by lane 0)
 
     const uint lo = (W > 0 && pos0 + 1 > W) ? pos0 + 1 - W : 0;
+#ifdef ATTN_SPANS
+    uint hi = 0;                                      // last key any row of the block sees
+    for (uint r = 0; r < nq; r++) hi = max(hi, vis[t0 + r]);
+#else
     const uint hi = pos0 + nq - 1;                    // last key any row of the block sees
+#endif
     for (uint kb = lo; kb <= hi; kb += BC) {
         const uint nk = min(BC, hi + 1 - kb);
         barrier();                                    // previous tile's V reads are done
@@ -77,7 +89,11 @@ void main() {
             const uint r = i / BC, j = i % BC;
             const uint qp = pos0 + r, kp = kb + j;
             float s = -1e30;
+#ifdef ATTN_SPANS
+            if (r < nq && j < nk && kp <= vis[t0 + r] && (W == 0 || kp + W > qp)) {
+#else
             if (r < nq && j < nk && kp <= qp && (W == 0 || qp - kp < W)) {
+#endif
                 s = 0.0;
                 for (uint c = 0; c < D8; c += 4) {
                     [[unroll]] for (uint u = 0; u < 4; u++) {

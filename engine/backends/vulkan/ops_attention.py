@@ -117,12 +117,16 @@ def attention_prefill(
     wg: int = 128,
     bq: int = 8,
     bc: int = 32,
+    vis: Binding | None = None,
 ) -> None:
     """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
-    (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32."""
+    (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32.
+    vis (a prompt with pictures): u32 [tokens], the last position each query sees (its own, or
+    its picture's last: a picture's tokens attend to each other both ways)."""
     if head_dim > 256 or head_dim % 8 or head_dim % (2 * wg // bq) or bc % 4:
         raise ValueError(f"attention_prefill: head_dim {head_dim} unsupported with WG={wg}, BQ={bq}, BC={bc}")
-    p = dev.pipeline("attention_prefill_f16_f32", WG=wg, BQ=bq, BC=bc, HD=head_dim)
+    name = "attention_prefill_f16_f32" + ("_spans" if vis is not None else "")
+    p = dev.pipeline(name, WG=wg, BQ=bq, BC=bc, HD=head_dim)
     push = p.push.pack(
         head_dim=head_dim,
         n_heads=n_heads,
@@ -133,4 +137,5 @@ def attention_prefill(
         window=window,
         scale=scale,
     )
-    cl.dispatch(p, [step, q, k_cache, v_cache, out], groups=(-(-max_tokens // bq), n_heads, 1), push=push)
+    binds = [step, q, k_cache, v_cache, out] + ([vis] if vis is not None else [])
+    cl.dispatch(p, binds, groups=(-(-max_tokens // bq), n_heads, 1), push=push)

@@ -7,8 +7,9 @@ constants. `python -m tools.build_shaders` compiles each variant to `shaders/spv
 
 `PushLayout` and `Variant` live in `variants.py` (re-exported here). Variants of the other
 kernel families (norm, rope, attention, embedding, sampling, GEMM) are declared in `ops_table.py`
-as `VARIANTS: list[Variant]` and merged into the one table below. The table holds product kernels
-only: `bench/` registers its probe kernels on a device with `Device.register_variants`.
+(the vision tower's in `ops_vision.py`) as `VARIANTS: list[Variant]` and merged into the one
+table below. The table holds product kernels only: `bench/` registers its probe kernels on a
+device with `Device.register_variants`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from phoenix_chat.engine.backends.vulkan import ops_table
+from phoenix_chat.engine.backends.vulkan import ops_table, ops_vision
 from phoenix_chat.engine.backends.vulkan.ops_norm import NORM_MAXE
 
 # re-exported (`X as X`): the table's vocabulary lives in variants.py
@@ -230,7 +231,7 @@ def _matvec_variants() -> list[Variant]:
 
 
 def _all_variants() -> dict[str, Variant]:
-    variants = _matvec_variants() + _matvec_cols_variants() + list(ops_table.VARIANTS)
+    variants = _matvec_variants() + _matvec_cols_variants() + list(ops_table.VARIANTS) + list(ops_vision.VARIANTS)
     table: dict[str, Variant] = {}
     for v in variants:
         if v.name in table:
