@@ -13,12 +13,12 @@ APT_PACKAGES := libvulkan1 mesa-vulkan-drivers glslc xvfb xauth libxkbcommon-x11
 PACKAGES := app engine npu shaders resources
 LINTED := $(PACKAGES) tests bench tools
 
-.PHONY: run test lint typecheck system-deps venv shaders bench clean peer-server
+.PHONY: run test lint typecheck system-deps venv shaders bench clean peer-server convert-tools
 
 run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
-test: lint typecheck peer-server
+test: lint typecheck peer-server convert-tools
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
 
 lint: $(STAMP)
@@ -63,6 +63,22 @@ $(PEER_STAMP): | $(STAMP)
 	$(PYTHON) -m venv $(PEER_VENV)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEER_VENV)/bin/pip install -q 'llama-cpp-python[server]==$(LLAMA_CPP_PYTHON_VERSION)'
 	touch $(PEER_STAMP)
+
+# llama.cpp's own HF -> GGUF converter (convert_hf_to_gguf.py, from the same llama-cpp-python sdist,
+# unpacked by tools/convert_with_llama_cpp.py into build/llama-cpp-source) needs torch: a tools-only
+# venv (torch 2.13.0 CPU; transformers as llama.cpp's requirements pin it; protobuf new enough for
+# sentencepiece's generated module). tests/test_mmproj.py converts the tiny vision model with it.
+CONVERT_VENV := build/llama-cpp-convert
+CONVERT_STAMP := $(CONVERT_VENV)/.installed
+
+convert-tools: $(CONVERT_STAMP)
+
+$(CONVERT_STAMP): | $(STAMP)
+	$(PYTHON) -m venv $(CONVERT_VENV)
+	$(CONVERT_VENV)/bin/pip install -q torch==2.13.0
+	$(CONVERT_VENV)/bin/pip install -q 'transformers==4.57.6' 'sentencepiece>=0.1.98,<0.3.0' \
+	  'protobuf>=7.36.1' numpy safetensors
+	touch $(CONVERT_STAMP)
 
 shaders:
 	$(PY) -m tools.build_shaders

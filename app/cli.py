@@ -33,6 +33,16 @@ def _add_model_args(p, backend=True):
         )
 
 
+def _add_mmproj_arg(p):
+    p.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        default=None,
+        help="the vision tower of a text GGUF, as llama.cpp splits Gemma 3 4B/12B/27B (mmproj-*.gguf); "
+        "default: the one mmproj*.gguf beside the model, if there is exactly one",
+    )
+
+
 def _add_sampling_args(p):
     # No sampling defaults here: a flag left out is the engine's SamplingParams default.
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
@@ -70,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--raw", action="store_true", help="feed PROMPT as plain text after <bos>, no chat template")
     _add_model_args(p)
+    _add_mmproj_arg(p)
     _add_sampling_args(p)
     p.add_argument(
         "--draft",
@@ -91,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(p)
+    _add_mmproj_arg(p)
     _add_sampling_args(p)
     add_remote_args(p)
 
@@ -100,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="architecture, parameters, tensor types, context, file size, memory fit")
     _add_model_args(p, backend=False)
+    _add_mmproj_arg(p)
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length for the memory estimate")
     p.add_argument("--json", action="store_true")
 
@@ -109,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on this machine (headless)")
     _add_model_args(p)
+    _add_mmproj_arg(p)
     _add_serve_args(p)
 
     p = sub.add_parser("devices", help="what compute is available")
@@ -181,6 +195,7 @@ def _load(args, **kw):
         context_length=getattr(args, "ctx", None),
         quant=getattr(args, "quant", None),
         device=getattr(args, "device", None),
+        mmproj=getattr(args, "mmproj", None),
         **kw,
     )
 
@@ -315,9 +330,10 @@ def cmd_info(args) -> int:
     from phoenix_chat.engine.fit import fit_advice
     from phoenix_chat.engine.loader import AUTO_CONTEXT_FLOOR
     from phoenix_chat.engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights.mmproj import AUTO
 
     path = args.model or embedded_model_path()
-    w = open_weights(path)
+    w = open_weights(path, mmproj=args.mmproj or AUTO)
     cfg = w.config
     # without --ctx: at the smallest context "auto" may pick (loader.AUTO_CONTEXT_FLOOR)
     fit = fit_advice(w, min(args.ctx or AUTO_CONTEXT_FLOOR, cfg.context_length))
@@ -339,6 +355,8 @@ def cmd_info(args) -> int:
         "file_size": w.file_size,
         "chat_template": bool(w.chat_template),
         "image_input": _image_input(w),
+        "mmproj": str(w.mmproj.path) if w.mmproj is not None else None,
+        "mmproj_note": w.mmproj_note or None,
         "fit": {
             "context_length": fit.context_length,
             "need_bytes": fit.need,
@@ -366,6 +384,8 @@ def cmd_info(args) -> int:
     print(f"file size:      {w.file_size / 2**20:.1f} MiB")
     print(f"chat template:  {'yes' if w.chat_template else 'no (Gemma 3 format used)'}")
     print(f"image input:    {info['image_input'] or 'no (text-only model)'}")
+    if w.mmproj is not None or w.mmproj_note:
+        print(f"vision file:    {info['mmproj'] or '-'} ({w.mmproj_note})")
     print(f"memory:         {fit.line()}")
     return 0
 

@@ -17,6 +17,7 @@ from phoenix_chat.engine.fit import fit_advice
 from phoenix_chat.engine.quantization import WeightQuant, quant_name
 from phoenix_chat.engine.weights import embedded_model_path, open_weights
 from phoenix_chat.engine.weights.base import WeightSource
+from phoenix_chat.engine.weights.mmproj import AUTO
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.base import Backend
@@ -51,6 +52,8 @@ class ModelDescription(TypedDict):
     is_instruction_tuned: bool
     load_s: float
     fit: str
+    mmproj: str  # the vision tower's own GGUF paired with a text GGUF ("" when none)
+    mmproj_note: str  # how it was paired (--mmproj, beside the model), or why one beside it was not
 
 
 @dataclass
@@ -89,6 +92,8 @@ class LoadedModel:
             "is_instruction_tuned": self.is_instruction_tuned,
             "load_s": self.load_seconds,
             "fit": self.fit,
+            "mmproj": str(self.weights.mmproj.path) if self.weights.mmproj is not None else "",
+            "mmproj_note": self.weights.mmproj_note,
         }
 
     def close(self) -> None:
@@ -96,13 +101,16 @@ class LoadedModel:
 
 
 def check_loadable(
-    path: str | os.PathLike[str] | None = None, backend: str = "auto", quant: WeightQuant | str | None = None
+    path: str | os.PathLike[str] | None = None,
+    backend: str = "auto",
+    quant: WeightQuant | str | None = None,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> None:
     """Raise the PhoenixError `load` would raise for a bad choice or a missing, corrupt or
-    unsupported file, in a moment and without loading weights: the worker calls it before it
-    drops the model it has, so a file that cannot be opened never costs the working model."""
+    unsupported file (the mmproj too), in a moment and without loading weights: the worker calls
+    it before it drops the model it has, so a file that cannot be opened never costs the working model."""
     _check_choices(backend, quant)
-    open_weights(Path(path).expanduser() if path else embedded_model_path()).close()
+    open_weights(Path(path).expanduser() if path else embedded_model_path(), mmproj=mmproj or AUTO).close()
 
 
 def _check_choices(backend: str, quant: WeightQuant | str | None) -> WeightQuant | None:
@@ -120,6 +128,7 @@ def load(
     progress: Callable[[float, str], None] | None = None,
     cancel: threading.Event | None = None,
     slots: int = 1,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     """Open a GGUF file or Hugging Face folder (default: the embedded 270M) on a backend.
 
@@ -134,6 +143,8 @@ def load(
     slots: sequences the backend holds K/V for at once (engine/scheduler.py batches their decode
     steps); each takes a whole context of KV memory, refused with OutOfMemoryError when they do
     not fit. npu-hybrid holds one.
+    mmproj: a text GGUF's vision tower in its own GGUF (llama.cpp's split form); None: the one
+    `mmproj*.gguf` beside the model if there is exactly one (`describe()` says which, or why none).
     """
     from phoenix_chat.engine.chat import ChatFormat
 
@@ -147,8 +158,10 @@ def load(
     report = progress or (lambda fraction, message: None)
     report(0.0, "opening model file")
     path = Path(path).expanduser() if path else embedded_model_path()
-    weights = open_weights(path)
+    weights = open_weights(path, mmproj=mmproj or AUTO)
     timings["open_s"] = time.perf_counter() - started
+    if weights.mmproj_note:
+        log.info("vision tower %s: %s", weights.mmproj.path if weights.mmproj else "-", weights.mmproj_note)
     cfg = weights.config
     ctx = min(context_length, cfg.context_length) if context_length else None
     # what it needs vs what the machine has, before any allocation ("auto": at the smallest it may pick)

@@ -14,6 +14,12 @@ Real structure, shrunk sizes (Gemma 3 4B's values in brackets):
   (262,208 rows: the embedded 270M's tokenizer plus `<image_soft_token>` = 262144), so the
   image token layout is the real one: `<start_of_image>` 255999, `<end_of_image>` 256000.
 Matrices are stored in BF16 (as real checkpoints are), vectors in F32.
+
+`text_layers=6` gives the same model with four more text layers (layer 5 global, the rest
+sliding: Gemma 3's real pattern of one global layer in six, which is the only one a GGUF can say:
+llama.cpp reads every Gemma 3 GGUF with it). Layers 0-1, the embedding, the vision tower and
+the projector are bit for bit the default model's; layers 2-5 are drawn from a second stream.
+tools/convert_with_llama_cpp.py converts that variant.
 """
 
 from __future__ import annotations
@@ -111,11 +117,21 @@ CHAT_TEMPLATE = """{{ bos_token }}
 """
 
 
-def config() -> dict[str, object]:
+def text_config(text_layers: int = 2) -> dict[str, Any]:
+    """TEXT, or with `text_layers` (> 2) layers in Gemma 3's real pattern (every 6th global)."""
+    if text_layers == 2:
+        return TEXT
+    if text_layers < 6:
+        raise ValueError("text_layers: 2 (the goldens' model) or at least 6 (one global layer in six)")
+    kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(text_layers)]
+    return {**TEXT, "num_hidden_layers": text_layers, "sliding_window_pattern": 6, "layer_types": kinds}
+
+
+def config(text_layers: int = 2) -> dict[str, object]:
     return {
         "architectures": ["Gemma3ForConditionalGeneration"],
         "model_type": "gemma3",
-        "text_config": TEXT,
+        "text_config": text_config(text_layers),
         "vision_config": VISION,
         "mm_tokens_per_image": MM_TOKENS,
         "image_token_index": IMAGE_TOKEN_ID,
@@ -129,10 +145,10 @@ def config() -> dict[str, object]:
     }
 
 
-def tensors(seed: int = 0) -> dict[str, np.ndarray]:
+def tensors(seed: int = 0, text_layers: int = 2) -> dict[str, np.ndarray]:
     """Every parameter of the model, in transformers' names, as f32 (rounded to BF16 on writing)."""
     rng = np.random.default_rng(seed)
-    t, v = TEXT, VISION
+    t, v = text_config(2), VISION
     out: dict[str, np.ndarray] = {}
 
     def normal(name: str, shape: tuple[int, ...], std: float, mean: float = 0.0) -> None:
@@ -143,7 +159,8 @@ def tensors(seed: int = 0) -> dict[str, np.ndarray]:
     lm = "model.language_model."
     normal(lm + "embed_tokens.weight", (int(t["vocab_size"]), h), 0.1)
     normal(lm + "norm.weight", (h,), 0.1)
-    for i in range(int(t["num_hidden_layers"])):
+
+    def text_layer(i: int) -> None:
         p = f"{lm}layers.{i}."
         for n in (
             "input_layernorm",
@@ -161,6 +178,9 @@ def tensors(seed: int = 0) -> dict[str, np.ndarray]:
         normal(p + "mlp.gate_proj.weight", (ffn, h), 0.2)
         normal(p + "mlp.up_proj.weight", (ffn, h), 0.2)
         normal(p + "mlp.down_proj.weight", (h, ffn), 0.2)
+
+    for i in range(int(t["num_hidden_layers"])):
+        text_layer(i)
 
     vw, vffn, patch = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["patch_size"])
     patches = (int(v["image_size"]) // patch) ** 2
@@ -184,6 +204,9 @@ def tensors(seed: int = 0) -> dict[str, np.ndarray]:
     normal(vt + "post_layernorm.bias", (vw,), 0.1)
     normal("model.multi_modal_projector.mm_soft_emb_norm.weight", (vw,), 0.1)
     normal("model.multi_modal_projector.mm_input_projection_weight", (vw, h), 0.2)
+    rng = np.random.default_rng([seed, 1])  # the extra layers: the default model's draws stay as they were
+    for i in range(2, text_layers):
+        text_layer(i)
     return out
 
 
@@ -242,11 +265,11 @@ def write_tokenizer(folder: Path) -> None:
     )
 
 
-def build(folder: str | Path, seed: int = 0) -> Path:
+def build(folder: str | Path, seed: int = 0, text_layers: int = 2) -> Path:
     """Write the checkpoint folder (config, weights, tokenizer, preprocessor settings)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config(), indent=1))
+    (folder / "config.json").write_text(json.dumps(config(text_layers), indent=1))
     (folder / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -267,7 +290,7 @@ def build(folder: str | Path, seed: int = 0) -> Path:
             indent=1,
         )
     )
-    write_safetensors(folder / "model.safetensors", tensors(seed))
+    write_safetensors(folder / "model.safetensors", tensors(seed, text_layers))
     write_tokenizer(folder)
     return folder
 

@@ -9,8 +9,24 @@ from phoenix_chat.engine.errors import ModelFileError
 from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
 
 
-def open_weights(path: str | os.PathLike[str]) -> WeightSource:
+def open_weights(path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None) -> WeightSource:
+    """The model at `path`. mmproj (a text GGUF's vision tower, llama.cpp's split form): a path
+    to pair with it, "auto" (weights/mmproj.AUTO: the one mmproj*.gguf beside the model, if there
+    is exactly one), None (none: a draft, a tokenizer look-up)."""
     path = Path(path).expanduser()
+    weights = _open(path)
+    if mmproj is not None:
+        from phoenix_chat.engine.weights.mmproj import pair
+
+        try:
+            pair(weights, mmproj)
+        except BaseException:
+            weights.close()
+            raise
+    return weights
+
+
+def _open(path: Path) -> WeightSource:
     if path.is_dir():
         from phoenix_chat.engine.weights.hf_folder import HFFolder
 

@@ -14,7 +14,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,19 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.tokenizer import Tokenizer
     from phoenix_chat.engine.vision_config import VisionConfig
+
+
+class VisionFile(Protocol):
+    """A separate file holding the vision tower and projector (llama.cpp's mmproj GGUF)."""
+
+    path: Path
+    file_size: int
+
+    def vision_tensor(self, name: str) -> npt.NDArray[np.float32]: ...
+
+    def tensor_types(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class WeightSource:
     chat_template: str | None = None
     file_size: int = 0
     vision_config: VisionConfig | None = None  # None: a text-only model (no image input)
+    mmproj: VisionFile | None = None  # the tower's own file, paired with a text GGUF (weights/mmproj.py)
+    mmproj_note: str = ""  # how that file was paired, or why one beside the model was not
 
     def raw(self, name: str) -> npt.NDArray[np.uint8]:
         """The tensor's bytes as stored (uint8, memory-mapped, no copy)."""
@@ -63,8 +78,11 @@ class WeightSource:
         raise NotImplementedError
 
     def vision_tensor(self, name: str) -> npt.NDArray[np.float32]:
-        """A vision tower or projector tensor as f32 (only where `vision_config` is set)."""
-        raise NotImplementedError(f"{type(self).__name__} holds no vision tensors")
+        """A vision tower or projector tensor as f32 (only where `vision_config` is set), in
+        transformers' names and conventions (norm weights w, not 1 + w)."""
+        if self.mmproj is None:
+            raise NotImplementedError(f"{type(self).__name__} holds no vision tensors")
+        return self.mmproj.vision_tensor(name)
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors of each storage type: for `info` and the GUI."""

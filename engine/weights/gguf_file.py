@@ -206,28 +206,101 @@ class _Cursor:
         return out
 
 
+def map_file(path: Path) -> tuple[mmap.mmap, int]:
+    """The whole file memory-mapped read-only, and its size (one-line errors for the usual faults)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ModelFileError(path, "file not found") from None
+    except IsADirectoryError:
+        raise ModelFileError(path, "is a folder, not a GGUF file") from None
+    except PermissionError:
+        raise ModelFileError(path, "permission denied") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 24:
+            raise ModelFileError(path, f"not a GGUF file (only {size} bytes)")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), size
+    finally:
+        os.close(fd)
+
+
+def parse_header(buf: memoryview, path: Path) -> tuple[dict[str, Any], list[_RawTensor], int]:
+    """(metadata, tensor records, offset where tensor data starts), every size bounds-checked."""
+    cur = _Cursor(buf, path)
+    cur.need(4, "magic")
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        raise ModelFileError(path, "not a GGUF file (bad magic; expected 'GGUF')")
+    cur.pos = 4
+    version = cur.u32("version")
+    if version not in (2, 3):
+        raise UnsupportedModelError(path, f"unsupported GGUF version {version} (2 and 3 are read)")
+    n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        raise ModelFileError(path, f"corrupt GGUF header: absurd counts ({n_tensors} tensors, {n_kv} keys)")
+    meta: dict[str, Any] = {}  # values: int, float, bool, str, numpy array, list
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        meta[key] = cur.value(cur.u32(key), key)
+    raw = []
+    for i in range(n_tensors):
+        name = cur.string(f"tensor name #{i}")
+        n_dims = cur.u32(name)
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise ModelFileError(path, f"corrupt tensor {name!r}: {n_dims} dimensions")
+        dims = tuple(cur.u64(name) for _ in range(n_dims))
+        raw.append(_RawTensor(name, dims, cur.u32(name), cur.u64(name)))
+    align = int(meta.get("general.alignment", 32))
+    if align <= 0 or align & (align - 1):
+        raise ModelFileError(path, f"corrupt GGUF header: alignment {align}")
+    data_start = (cur.pos + align - 1) // align * align
+    return meta, raw, data_start
+
+
+def known_type(path: Path, t: _RawTensor) -> QType:
+    try:
+        return QType(t.qtype)
+    except ValueError:
+        raise UnsupportedModelError(path, f"tensor {t.name!r} has unknown type id {t.qtype}") from None
+
+
+def locate_tensor(path: Path, file_size: int, t: _RawTensor, data_start: int, name: str) -> tuple[TensorInfo, int]:
+    """(its TensorInfo under `name`, where its bytes start): a type this engine runs, whole
+    blocks per row, and every byte inside the file."""
+    qtype = known_type(path, t)
+    if qtype not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(
+            path,
+            f"tensor {t.name!r} has unsupported type {qtype.name} "
+            f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})",
+        )
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if t.dims[0] % block:
+        raise ModelFileError(path, f"corrupt tensor {t.name!r}: row of {t.dims[0]} not a multiple of {block}")
+    n_elements = int(np.prod(t.dims, dtype=np.uint64))
+    nbytes = n_elements // block * type_size
+    start = data_start + t.offset
+    if start + nbytes > file_size:
+        raise ModelFileError(
+            path, f"truncated file: tensor {t.name!r} ends at byte {start + nbytes}, file has {file_size} bytes"
+        )
+    return TensorInfo(name, qtype, tuple(reversed(t.dims)), nbytes, t.name), start
+
+
 class GGUFFile(WeightSource):
     """An open GGUF model: `metadata`, `tensors` (canonical names), memory-mapped bytes."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ModelFileError(self.path, "file not found") from None
-        except IsADirectoryError:
-            raise ModelFileError(self.path, "is a folder, not a GGUF file") from None
-        except PermissionError:
-            raise ModelFileError(self.path, "permission denied") from None
-        try:
-            self.file_size = os.fstat(fd).st_size
-            if self.file_size < 24:
-                raise ModelFileError(self.path, f"not a GGUF file (only {self.file_size} bytes)")
-            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        self._map, self.file_size = map_file(self.path)
         self._buf = memoryview(self._map)
-        self.metadata, raw_tensors, data_start = self._parse_header()
+        self.metadata, raw_tensors, data_start = parse_header(self._buf, self.path)
+        if self.metadata.get("general.type") == "mmproj":
+            raise UnsupportedModelError(
+                self.path,
+                "this is an mmproj file (a vision tower for a text model): open the text model's GGUF "
+                "and give this one with --mmproj (or keep it beside the model)",
+            )
         self.config = ModelConfig.from_gguf_metadata(self.metadata, self.path)
         self.tensors, self._offsets = self._build_table(raw_tensors, data_start)
         self.chat_template = self.metadata.get("tokenizer.chat_template")
@@ -235,70 +308,17 @@ class GGUFFile(WeightSource):
 
     # ---- parsing ------------------------------------------------------------------
 
-    def _parse_header(self) -> tuple[dict[str, Any], list[_RawTensor], int]:
-        cur = _Cursor(self._buf, self.path)
-        cur.need(4, "magic")
-        if bytes(self._buf[:4]) != GGUF_MAGIC:
-            raise ModelFileError(self.path, "not a GGUF file (bad magic; expected 'GGUF')")
-        cur.pos = 4
-        version = cur.u32("version")
-        if version not in (2, 3):
-            raise UnsupportedModelError(self.path, f"unsupported GGUF version {version} (2 and 3 are read)")
-        n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
-        if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
-            raise ModelFileError(self.path, f"corrupt GGUF header: absurd counts ({n_tensors} tensors, {n_kv} keys)")
-        meta: dict[str, Any] = {}  # values: int, float, bool, str, numpy array, list
-        for i in range(n_kv):
-            key = cur.string(f"metadata key #{i}")
-            meta[key] = cur.value(cur.u32(key), key)
-        raw = []
-        for i in range(n_tensors):
-            name = cur.string(f"tensor name #{i}")
-            n_dims = cur.u32(name)
-            if not 1 <= n_dims <= MAX_DIMS:
-                raise ModelFileError(self.path, f"corrupt tensor {name!r}: {n_dims} dimensions")
-            dims = tuple(cur.u64(name) for _ in range(n_dims))
-            raw.append(_RawTensor(name, dims, cur.u32(name), cur.u64(name)))
-        align = int(meta.get("general.alignment", 32))
-        if align <= 0 or align & (align - 1):
-            raise ModelFileError(self.path, f"corrupt GGUF header: alignment {align}")
-        data_start = (cur.pos + align - 1) // align * align
-        return meta, raw, data_start
-
     def _build_table(
         self, raw_tensors: list[_RawTensor], data_start: int
     ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
         tensors: dict[str, TensorInfo] = {}
         offsets: dict[str, int] = {}
         for t in raw_tensors:
-            try:
-                qtype = QType(t.qtype)
-            except ValueError:
-                raise UnsupportedModelError(self.path, f"tensor {t.name!r} has unknown type id {t.qtype}") from None
             name = canonical_name(t.name)
             if name is None:
+                known_type(self.path, t)  # an unknown type id is refused in a tensor we skip too
                 continue
-            if qtype not in SUPPORTED_TYPES:
-                raise UnsupportedModelError(
-                    self.path,
-                    f"tensor {t.name!r} has unsupported type {qtype.name} "
-                    f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})",
-                )
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            if t.dims[0] % block:
-                raise ModelFileError(
-                    self.path, f"corrupt tensor {t.name!r}: row of {t.dims[0]} not a multiple of {block}"
-                )
-            n_elements = int(np.prod(t.dims, dtype=np.uint64))
-            nbytes = n_elements // block * type_size
-            start = data_start + t.offset
-            if start + nbytes > self.file_size:
-                raise ModelFileError(
-                    self.path,
-                    f"truncated file: tensor {t.name!r} ends at byte {start + nbytes}, file has {self.file_size} bytes",
-                )
-            tensors[name] = TensorInfo(name, qtype, tuple(reversed(t.dims)), nbytes, t.name)
-            offsets[name] = start
+            tensors[name], offsets[name] = locate_tensor(self.path, self.file_size, t, data_start, name)
         return tensors, offsets
 
     def _check_required(self) -> None:
@@ -345,6 +365,8 @@ class GGUFFile(WeightSource):
             release_file_pages(self._map, self.path, self._offsets[name], self.tensors[name].nbytes)
 
     def close(self) -> None:
+        if self.mmproj is not None:
+            self.mmproj.close()
         self._buf.release()
         try:
             self._map.close()
