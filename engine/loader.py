@@ -194,7 +194,13 @@ def load(
 
         t = time.perf_counter()
         report(0.99, "loading the vision tower")
-        vision = ImageEncoder(weights, weights.vision_config)
+        cfg_v = weights.vision_config
+        # on the backend's device where it has the tower there (vulkan), else the numpy reference
+        try:
+            vision = ImageEncoder(weights, cfg_v, tower=engine_backend.vision_tower(cfg_v, weights.vision_tensor))
+        except BaseException:
+            engine_backend.close()  # the text model's device memory too, not only the tower's
+            raise
         timings["vision_s"] = time.perf_counter() - t
     report(1.0, "ready")
     log.info("loaded %s on %s (%s)", path, engine_backend.device_name, note or backend)

@@ -31,7 +31,9 @@ from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from phoenix_chat.engine.vision.encoder import VisionTower
     from phoenix_chat.engine.vision.spans import ImageSpan
+    from phoenix_chat.engine.vision_config import VisionConfig
 
 # tokens per numpy forward (cpu, npu-hybrid prefill): bounds a long prompt's activations and how
 # long Stop waits, since cancel is checked between chunks (docs/PERFORMANCE.md "Stop during prefill")
@@ -138,7 +140,7 @@ class Backend(ABC):
     device_name: str = "?"
     quant: WeightQuant | None = None  # the re-quantization applied at load; None: the file's types
     n_slots: int = 1  # sequences whose K/V this backend holds at once (engine/scheduler.py)
-    takes_images: bool = False  # `forward_images` / `forward_slot_images` exist (the CPU reference)
+    takes_images: bool = False  # `forward_images` / `forward_slot_images` exist (cpu, vulkan)
 
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
@@ -191,8 +193,14 @@ class Backend(ABC):
         cancel: CancelCheck | None = None,
     ) -> npt.NDArray[np.float32]:
         """`forward` for a prompt with pictures: each span's soft tokens replace its placeholders
-        and attend to each other both ways. Only the CPU reference has it so far."""
+        and attend to each other both ways (cpu, vulkan)."""
         raise NoImageBackend(self.name)
+
+    def vision_tower(self, cfg: VisionConfig, tensor: Callable[[str], npt.NDArray[np.float32]]) -> VisionTower | None:
+        """The vision tower + projector on this backend's device (vulkan: siglip_graph.py), built
+        from `tensor` (WeightSource.vision_tensor); None: pictures are encoded by the numpy
+        reference (engine/vision/encoder.py). The backend closes it with itself."""
+        return None
 
     def generate_tokens(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Protocol
 
 import numpy as np
 
@@ -24,19 +25,35 @@ SOFT_NORM = "multi_modal_projector.mm_soft_emb_norm.weight"
 CACHED_IMAGES = 32  # soft tokens are small (256 x width f32: 2.5 MiB on the 4B)
 
 
-class ImageEncoder:
-    """The vision half of a multimodal model on the CPU reference (numpy, f32)."""
+class VisionTower(Protocol):
+    """The tower + projector on a backend's device (Backend.vision_tower; Vulkan: siglip_graph.py)."""
 
-    def __init__(self, weights: WeightSource, cfg: VisionConfig) -> None:
+    def run(self, pixels: F32, keep_tower: bool = True) -> None: ...  # one preprocessed picture [3, size, size]
+
+    def soft_tokens(self) -> F32: ...  # [mm_tokens_per_image, text width] of the last run
+
+    def tower_output(self) -> F32: ...  # [patches, vision width] of the last run
+
+
+class ImageEncoder:
+    """The vision half of a multimodal model: on the CPU reference (numpy, f32), or on the
+    device of the text model's backend where it has a tower there (`tower`)."""
+
+    def __init__(self, weights: WeightSource, cfg: VisionConfig, tower: VisionTower | None = None) -> None:
         self.cfg = cfg
-        self.tower = SiglipVisionTower(cfg, weights.vision_tensor)
-        self.norm_multiplier = weights.vision_tensor(SOFT_NORM) + np.float32(1.0)  # Gemma's RMSNorm: 1 + w
-        self.projection = weights.vision_tensor(PROJECTION)
-        if self.projection.shape != (cfg.hidden_size, cfg.text_hidden_size):
+        self.device_tower = tower  # None: the numpy reference below
+        projection = weights.vision_tensor(PROJECTION)
+        if projection.shape != (cfg.hidden_size, cfg.text_hidden_size):
             raise ModelFileError(
                 weights.path,
-                f"{PROJECTION} has shape {self.projection.shape}, expected ({cfg.hidden_size}, {cfg.text_hidden_size})",
+                f"{PROJECTION} has shape {projection.shape}, expected ({cfg.hidden_size}, {cfg.text_hidden_size})",
             )
+        if tower is None:
+            self.tower: SiglipVisionTower | None = SiglipVisionTower(cfg, weights.vision_tensor)
+            self.norm_multiplier = weights.vision_tensor(SOFT_NORM) + np.float32(1.0)  # Gemma's RMSNorm: 1 + w
+            self.projection = projection
+        else:
+            self.tower = None  # no second copy of the weights in RAM
         self._cache: OrderedDict[str, F32] = OrderedDict()
         self.tower_runs = 0  # how often the tower ran (cache misses): tests read it
 
@@ -44,12 +61,19 @@ class ImageEncoder:
     def key(pixels: F32) -> str:
         return hashlib.sha256(np.ascontiguousarray(pixels, np.float32).tobytes()).hexdigest()
 
-    def tower_output(self, pixels: F32) -> F32:
-        """[patches, vision width] for one preprocessed picture [3, size, size]."""
+    def _check(self, pixels: F32) -> None:
         size = self.cfg.image_size
         if pixels.shape != (3, size, size):
             raise ValueError(f"pixel values of shape {pixels.shape}, expected (3, {size}, {size})")
+
+    def tower_output(self, pixels: F32) -> F32:
+        """[patches, vision width] for one preprocessed picture [3, size, size]."""
+        self._check(pixels)
         self.tower_runs += 1
+        if self.device_tower is not None:
+            self.device_tower.run(pixels)
+            return self.device_tower.tower_output()
+        assert self.tower is not None
         return self.tower.forward(pixels)
 
     def soft_tokens(self, pixels: F32) -> tuple[str, F32]:
@@ -59,7 +83,13 @@ class ImageEncoder:
         if hit is not None:
             self._cache.move_to_end(key)
             return key, hit
-        tokens = project(self.tower_output(pixels), self.norm_multiplier, self.projection, self.cfg)
+        if self.device_tower is not None:  # the pool and projector run there too: only soft tokens come back
+            self._check(pixels)
+            self.tower_runs += 1
+            self.device_tower.run(pixels, keep_tower=False)
+            tokens = self.device_tower.soft_tokens()
+        else:
+            tokens = project(self.tower_output(pixels), self.norm_multiplier, self.projection, self.cfg)
         self._cache[key] = tokens
         while len(self._cache) > CACHED_IMAGES:
             self._cache.popitem(last=False)

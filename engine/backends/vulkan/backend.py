@@ -19,7 +19,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,12 +32,14 @@ from phoenix_chat.engine.backends.base import (
     SeqStep,
     SlotsUnsupported,
     check_cancel,
+    image_chunks,
 )
 from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, bucket_for, record_batch
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
+from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, pack_step, write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
@@ -53,6 +55,12 @@ from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, uploa
 from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.weights.base import WeightSource
 
+if TYPE_CHECKING:
+    from phoenix_chat.engine.backends.vulkan.siglip_graph import SiglipGraph
+    from phoenix_chat.engine.models.gemma3 import F32
+    from phoenix_chat.engine.vision.spans import ImageSpan
+    from phoenix_chat.engine.vision_config import VisionConfig
+
 __all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's constructor argument
 
 MAX_RECORDINGS = 8
@@ -63,6 +71,7 @@ IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the
 
 class VulkanBackend(Backend):
     name = "vulkan"
+    takes_images = True  # forward_images / forward_slot_images: soft tokens in place, pictures bidirectional
 
     def __init__(
         self,
@@ -97,9 +106,11 @@ class VulkanBackend(Backend):
             few_token_matvec=frozenset(range(2, MAX_COLUMNS + 1)) if options.few_token_matvec else frozenset(),
             few_token_int8=frozenset(range(2, autotune.FEW_TOKENS + 1)) if options.few_token_int8 else frozenset(),
         )
-        self._recordings: OrderedDict[tuple[int, ForwardMode, ops_sample.SamplerKind, bool], CommandList] = (
+        self._recordings: OrderedDict[tuple[int, ForwardMode, ops_sample.SamplerKind, bool, bool], CommandList] = (
             OrderedDict()
         )
+        self._image_rows: ImageRows | None = None  # a prompt's pictures, per prefill chunk (first use)
+        self._vision_towers: list[SiglipGraph] = []
         self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
         self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool], CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
@@ -219,6 +230,88 @@ class VulkanBackend(Backend):
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
+
+    def forward_images(
+        self,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        all_logits: bool = False,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """`forward` for a prompt with pictures: chunks that never cut a picture (one grows
+        past `prefill_chunk` only for a longer picture); a chunk holding one runs the recording
+        with the image inputs (image_prefill.py), the others the usual one."""
+        outs = self._prefill_images(0, [int(t) for t in token_ids], start_pos, images, all_logits, cancel)
+        return np.concatenate(outs) if all_logits else outs[-1]
+
+    def forward_slot_images(
+        self,
+        slot: int,
+        token_ids: Sequence[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        *,
+        cancel: CancelCheck | None = None,
+    ) -> npt.NDArray[np.float32]:
+        return self._prefill_images(slot, [int(t) for t in token_ids], start_pos, images, False, cancel)[-1]
+
+    def _prefill_images(
+        self,
+        slot: int,
+        ids: list[int],
+        start_pos: int,
+        images: Sequence[ImageSpan],
+        all_logits: bool,
+        cancel: CancelCheck | None,
+    ) -> list[npt.NDArray[np.float32]]:
+        self._check_slot(slot)
+        where = self._slot_fields(slot)
+        base = where["tok_base"]
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if start_pos < 0 or start_pos + n > self.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
+        if self._image_rows is None:
+            self._image_rows = ImageRows(self.dev, PREFILL_CHUNK, self.config.hidden_size)
+        rows = self._image_rows
+        V = self.config.vocab_size
+        chunk = LOGITS_CHUNK if all_logits else self.prefill_chunk
+        if slot == 0:
+            self.wrote_kv(start_pos + n)
+        outs: list[npt.NDArray[np.float32]] = []
+        for i, j in image_chunks(n, start_pos, images, chunk):
+            check_cancel(cancel)
+            m = j - i
+            if all_logits and m > LOGITS_CHUNK:
+                raise ValueError(
+                    f"every position's logits come back {LOGITS_CHUNK} at a time: a picture of {m} tokens "
+                    "needs one forward (ask for the last position's logits)"
+                )
+            pictured = rows.write(start_pos + i, m, images)
+            self.buffers.tokens_view[base + start_pos + i : base + start_pos + j] = ids[i:j]
+            mode: ForwardMode = "all" if all_logits else ("last" if j == n else "none")
+            cl = self._recording(m, mode, images=pictured)
+            write_step(self.buffers.step, pos=start_pos + i, n_tokens=m, **where)
+            cl.submit(wait=True)
+            self.busy.account(cl)
+            if mode == "all":
+                outs.append(self.dev.download(self.buffers.logits, np.float32, (m, V)))
+            elif mode == "last":
+                outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
+        return outs
+
+    def vision_tower(self, cfg: VisionConfig, tensor: Callable[[str], F32]) -> SiglipGraph:
+        """The SigLIP tower + projector on this device (siglip_graph.py, F16 matrices), recorded
+        once for the model's image size; closed with the backend. Its weights and activations
+        are not in the memory plan: a device without room for them fails here (OutOfMemoryError)."""
+        from phoenix_chat.engine.backends.vulkan.siglip_graph import SiglipGraph
+
+        tower = SiglipGraph(self.dev, cfg, tensor)
+        self._vision_towers.append(tower)
+        return tower
 
     def generate_tokens(
         self,
@@ -420,13 +513,24 @@ class VulkanBackend(Backend):
     # ---- recorded command lists ---------------------------------------------------------------
 
     def _recording(
-        self, T: int, mode: ForwardMode, sampler: ops_sample.SamplerKind = "argmax", penalty: bool = False
+        self,
+        T: int,
+        mode: ForwardMode,
+        sampler: ops_sample.SamplerKind = "argmax",
+        penalty: bool = False,
+        images: bool = False,
     ) -> CommandList:
-        key = (T, mode, sampler, penalty)
+        """images: the chunk holds a picture (the recording reads `_image_rows`)."""
+        key = (T, mode, sampler, penalty, images)
         cl = self._recordings.get(key)
         if cl is None:
             cl = self._recordings[key] = self.graph.record(
-                T, mode, sampler == "argmax", penalty, full_sampler=sampler == "full"
+                T,
+                mode,
+                sampler == "argmax",
+                penalty,
+                full_sampler=sampler == "full",
+                images=self._image_rows if images else None,
             )
             while len(self._recordings) > MAX_RECORDINGS:
                 _, old = self._recordings.popitem(last=False)
@@ -494,13 +598,28 @@ class VulkanBackend(Backend):
         """Details for the bench and diagnostics (profiling.stats): memory, the load-time
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
         many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
-        return {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
+        out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
+        if self._vision_towers:
+            t = self._vision_towers[0]
+            out["vision_tower"] = {
+                "matrix_type": t.matrix_type,
+                "gemm": t.gemm_kernel,
+                "weight_bytes": t.weight_bytes(),
+                "scratch_bytes": t.scratch_bytes(),
+            }
+        return out
 
     def close(self) -> None:
         dev = getattr(self, "dev", None)
         if dev is None:
             return
         self.drop_recordings()
+        for tower in self._vision_towers:
+            tower.close()
+        self._vision_towers = []
+        if self._image_rows is not None:
+            self._image_rows.destroy()
+            self._image_rows = None
         if self._own_device:
             dev.close()
         del self.dev  # closed: a second close() finds none

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -512,6 +513,10 @@ class Device:
                     f"no Vulkan device: vkCreateDevice failed on {caps.name} ({type(exc2).__name__})"
                 ) from None
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        # vkQueueSubmit needs the queue externally synchronized: a picture's vision tower
+        # (siglip_graph.py) is submitted from the thread that encodes it while the scheduler's
+        # thread submits the text model's steps
+        self.queue_lock = threading.Lock()
         self.command_pool = vk.vkCreateCommandPool(
             self.device,
             vk.VkCommandPoolCreateInfo(

@@ -26,9 +26,18 @@ from typing import Literal, TypeAlias
 
 import numpy as np
 
-from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_gemm, ops_norm, ops_rope, ops_sample
+from phoenix_chat.engine.backends.vulkan import (
+    ops_attention,
+    ops_embed,
+    ops_gemm,
+    ops_norm,
+    ops_rope,
+    ops_sample,
+    ops_vision,
+)
 from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, IntDot, Spec, Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
 from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
     REGS_SPEC,
@@ -93,6 +102,7 @@ class Gemma3Graph:
         profile: bool = False,
         steps: int = 1,
         full_sampler: bool = False,
+        images: ImageRows | None = None,
     ) -> CommandList:
         """A command list of one forward over T tokens. mode: 'none' (fill the cache only),
         'last' / 'all' (logits), 'sample' (a decode step, or a prefill chunk ending in the
@@ -100,10 +110,17 @@ class Gemma3Graph:
         token steps back to back in one command buffer; each step's sampler advances step.pos,
         so the next one embeds the token just drawn. profile: a timestamp at every barrier
         (profiling.profile_step); else two bracket the list for the busy gauge. The sampler:
-        argmax (greedy), else top-k, or with full_sampler the one for every top_k (ops_sample)."""
+        argmax (greedy), else top-k, or with full_sampler the one for every top_k (ops_sample).
+        images (a prefill chunk holding pictures): after the embedding, the soft tokens in `images`
+        replace the flagged rows of x, and the attention lets each picture's tokens see each
+        other (image_prefill.py); the host writes `images` before each submission."""
         cfg, dev = self.config, self.dev
         busy_ts = 2 if dev.caps.timestamp_bits else 0
-        cl = dev.commands(name=f"forward[{T},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else busy_ts)
+        assert images is None or steps == 1
+        cl = dev.commands(
+            name=f"forward[{T},{mode}{',images' if images else ''}]",
+            timestamps=(24 * cfg.num_layers + 32) if profile else busy_ts,
+        )
         assert steps == 1 or mode == "sample"
         if profile:
             cl.profile_labels = []
@@ -112,7 +129,7 @@ class Gemma3Graph:
         for i in range(steps):
             if i:
                 mark(cl, "sample")
-            self._record_body(cl, T, mode, greedy, penalty, full_sampler)
+            self._record_body(cl, T, mode, greedy, penalty, full_sampler, images)
         if profile:  # close the last op: the sampler (decode) or the LM head (prefill)
             mark(cl, "sample" if mode == "sample" else "lm_head")
         if busy_ts and not profile:
@@ -121,7 +138,14 @@ class Gemma3Graph:
         return cl.end()
 
     def _record_body(
-        self, cl: CommandList, T: int, mode: ForwardMode, greedy: bool, penalty: bool, full_sampler: bool = False
+        self,
+        cl: CommandList,
+        T: int,
+        mode: ForwardMode,
+        greedy: bool,
+        penalty: bool,
+        full_sampler: bool = False,
+        images: ImageRows | None = None,
     ) -> None:
         cfg, dev, b, w = self.config, self.dev, self.buffers, self.weights
         eps = cfg.rms_norm_eps
@@ -140,6 +164,9 @@ class Gemma3Graph:
             max_tokens=T,
         )
         mark(cl, "embed")
+        if images is not None:  # a picture's soft tokens over its placeholders' embeddings
+            ops_vision.overlay(cl, dev, images.flags, images.rows, b.x, tokens=T, n=H)
+            mark(cl, "image_overlay")
         # Decode: where the matvec reading h takes the int8 path, the norm writing h also writes
         # its q8_1 blocks (hq), so that matvec needs no quantize dispatch; attention does the
         # same for the o matvec (attnq).
@@ -208,6 +235,7 @@ class Gemma3Graph:
                     max_tokens=T,
                     q_stride=self.qkv_dim,
                     q_offset=0,
+                    vis=images.vis if images is not None else None,
                 )
             mark(cl, "attention")
             # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode

@@ -232,7 +232,8 @@ def _one_shot(dev: Device, record: Callable[[Any], None]) -> None:
         None,
     )
     vk.vkEndCommandBuffer(cmd)
-    vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], dev._xfer_fence)
+    with dev.queue_lock:
+        vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], dev._xfer_fence)
     vk.vkWaitForFences(dev.device, 1, [dev._xfer_fence], vk.VK_TRUE, (1 << 64) - 1)
     vk.vkResetFences(dev.device, 1, [dev._xfer_fence])
 

@@ -240,7 +240,8 @@ class CommandList:
             self.wait()
         assert self._raw is not None  # end() built it
         _cmds, info, _fences = self._raw
-        r = lib.vkQueueSubmit(self.dev.queue, 1, info, self.fence)
+        with self.dev.queue_lock:
+            r = lib.vkQueueSubmit(self.dev.queue, 1, info, self.fence)
         if r:
             raise self.dev.vk.exception_codes[r]
         self._pending = True

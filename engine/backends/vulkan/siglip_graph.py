@@ -9,6 +9,10 @@ Per picture (N patches, width W, one command list):
   bidirectional attention over all N patches (vision_attention.comp) B  out GEMM B
   x += o + bias B  LayerNorm B  fc1 GEMM B  gelu_tanh(+ bias) B  fc2 GEMM B  x += o + bias B
   post LayerNorm B  average pool (k x k patches per soft token) B  RMSNorm (1 + w) B  projection GEMM
+The picture goes in and the soft tokens come out through host-mapped buffers copied at the
+list's ends, so a run touches no shared staging buffer or transfer command buffer: pictures
+are encoded on whatever thread submits them (Scheduler.encode) while the scheduler's thread
+runs the text model; the two share only the queue (Device.queue_lock).
 The linears are the text prefill's GEMMs (ops_gemm: matrix cores with f16 operands where the
 device has them, else the f32 kernels; f32 accumulation in every case), bias, GELU, residual,
 LayerNorm, pooling and attention are shaders/vision*.comp (f32). The pool and the projector
@@ -90,11 +94,16 @@ class SiglipGraph:
         self.k_patch = pad32(3 * p * p)
         self.inter = pad32(cfg.intermediate_size)
         self._owned: list[Buffer] = []
+        self._tensors: list[Tensor] = []
+        self._vectors: list[Buffer] = []
         self._lists: list[CommandList] = []
+        self.kept = False
         try:
             self._upload(tensor)
             self._allocate()
-            self.list = self._record()
+            self.list = self._record(keep_tower=False)
+            self.list_keeping = self._record(keep_tower=True)  # + the tower's output (tests, `tower_output`)
+            self.last = self.list
         except BaseException:
             self.close()
             raise
@@ -106,6 +115,7 @@ class SiglipGraph:
         buf = self.dev.buffer(max(data.nbytes, 4), name=name)
         self.dev.upload(buf, data.view(np.uint8))
         self._owned.append(buf)
+        self._vectors.append(buf)
         return buf
 
     def _matrix(self, w: npt.NDArray[Any], name: str, rows: int | None = None, cols: int | None = None) -> Tensor:
@@ -121,6 +131,7 @@ class SiglipGraph:
         raw = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
         t = self.dev.tensor(raw, raw.shape[1], name=name)
         self._owned.append(t.buffer)
+        self._tensors.append(t)
         return t
 
     def _upload(self, tensor: Callable[[str], F32]) -> None:
@@ -176,6 +187,14 @@ class SiglipGraph:
             self._owned.append(b)
             return b
 
+        def host(floats: int, name: str) -> Buffer:
+            b = self.dev.buffer(4 * floats, host=True, name=name)
+            self._owned.append(b)
+            return b
+
+        self.pixels_in = host(N * self.k_patch, "patches_in")
+        self.soft_out = host(self.n_tokens * cfg.text_hidden_size, "soft_tokens_out")
+        self.tower_out = host(N * W, "tower_out")
         self.pixels = buf(N * self.k_patch, "patches")
         self.x = buf(N * W, "vision_x")  # the residual stream
         self.h = buf(N * W, "vision_h")  # LayerNorm outputs; after the post LayerNorm, the tower's output
@@ -207,7 +226,7 @@ class SiglipGraph:
             kernel_name=self.gemm_kernel,
         )
 
-    def _record(self) -> CommandList:
+    def _record(self, keep_tower: bool) -> CommandList:
         cfg, dev, N, W = self.cfg, self.dev, self.n_patches, self.cfg.hidden_size
         eps = cfg.layer_norm_eps
         heads = cfg.num_heads
@@ -215,6 +234,8 @@ class SiglipGraph:
         self._lists.append(cl)
         if dev.caps.timestamp_bits:
             cl.timestamp(0)
+        cl.copy(self.pixels_in, self.pixels, self.pixels.size)
+        mark(cl, "upload")
         self._gemm(cl, self.pixels, self.patch, self.x, N, self.k_patch, W)
         mark(cl, "patch_embedding")
         ops_vision.bias(cl, dev, self.x, self.patch_bias, self.positions, rows=N, n=W, mode=ops_vision.BIAS_POSITION)
@@ -262,6 +283,10 @@ class SiglipGraph:
         ops_norm.norm(cl, dev, self.pooled, self.soft_norm, self.normed, rows=self.n_tokens, n=W, eps=eps)
         mark(cl, "soft_norm")
         self._gemm(cl, self.normed, self.projection, self.soft, self.n_tokens, W, cfg.text_hidden_size)
+        mark(cl, "projection")
+        cl.copy(self.soft, self.soft_out, self.soft.size)
+        if keep_tower:
+            cl.copy(self.h, self.tower_out, self.h.size)
         if dev.caps.timestamp_bits:
             cl.barrier()
             cl.timestamp(1)
@@ -269,54 +294,48 @@ class SiglipGraph:
 
     # ---- running ----------------------------------------------------------------------------
 
-    def run(self, pixels: F32) -> None:
-        """One picture [3, size, size] (preprocessed) through the tower and the projector; the
-        results stay on the device (`soft_tokens`, `tower_output`)."""
+    def run(self, pixels: F32, keep_tower: bool = True) -> None:
+        """One picture [3, size, size] (preprocessed) through the tower and the projector (read
+        the results with `soft_tokens` and, with keep_tower, `tower_output`)."""
         size = self.cfg.image_size
         if pixels.shape != (3, size, size):
             raise ValueError(f"pixel values of shape {pixels.shape}, expected (3, {size}, {size})")
         patches = patchify(np.asarray(pixels, np.float32), self.cfg.patch_size)
         if patches.shape[1] != self.k_patch:
             patches = np.pad(patches, ((0, 0), (0, self.k_patch - patches.shape[1])))
-        self.dev.upload(self.pixels, np.ascontiguousarray(patches).view(np.uint8))
-        self.list.submit(wait=True)
+        self.pixels_in.view(np.float32, patches.size)[:] = patches.reshape(-1)
+        self.last = self.list_keeping if keep_tower else self.list
+        self.last.submit(wait=True)
+        self.kept = keep_tower
 
     def gpu_seconds(self) -> float | None:
         """GPU time of the last `run` (None: the device has no timestamps)."""
         if not self.dev.caps.timestamp_bits:
             return None
-        ts = self.list.timestamps_ns(2)
+        ts = self.last.timestamps_ns(2)
         return float(ts[1] - ts[0]) * 1e-9
 
     def soft_tokens(self) -> F32:
         """[mm_tokens_per_image, text width] of the last `run`."""
-        return self.dev.download(self.soft, np.float32, (self.n_tokens, self.cfg.text_hidden_size))
+        return self.soft_out.view(np.float32, self.soft.size // 4).reshape(self.n_tokens, -1).copy()
 
     def tower_output(self) -> F32:
         """[patches, vision width] of the last `run` (the post LayerNorm's output)."""
-        return self.dev.download(self.h, np.float32, (self.n_patches, self.cfg.hidden_size))
+        if not self.kept:
+            raise ValueError("the last run did not keep the tower's output (run(..., keep_tower=True))")
+        return self.tower_out.view(np.float32, self.h.size // 4).reshape(self.n_patches, -1).copy()
 
     def encode(self, pixels: F32) -> F32:
         """Soft tokens of one preprocessed picture."""
-        self.run(pixels)
+        self.run(pixels, keep_tower=False)
         return self.soft_tokens()
 
     def weight_bytes(self) -> int:
-        return sum(b.size for b in self._owned) - sum(
-            b.size
-            for b in (
-                self.pixels,
-                self.x,
-                self.h,
-                self.qkv,
-                self.attn,
-                self.o,
-                self.mlp,
-                self.pooled,
-                self.normed,
-                self.soft,
-            )
-        )
+        return sum(t.buffer.size for t in self._tensors) + sum(b.size for b in self._vectors)
+
+    def scratch_bytes(self) -> int:
+        """Activations and the host-mapped in/out buffers."""
+        return sum(b.size for b in self._owned) - self.weight_bytes()
 
     def close(self) -> None:
         for cl in self._lists:

@@ -1,0 +1,158 @@
+"""Pictures through the Vulkan backend end to end (lavapipe): a Gemma3ForConditionalGeneration
+loaded on Vulkan encodes pictures with its tower on the device (siglip_graph.py) and prefills
+an image + text prompt with each picture's soft tokens in place and its tokens attending to
+each other both ways (image_prefill.py, attention_prefill.comp's ATTN_SPANS). Checked against
+the CPU backend and transformers' goldens on the tiny model of tools/tiny_vision_model.py.
+
+Its text attention has head_dim 32, which the decode attention kernel does not take (multiples
+of 64), so the generating tests use the same model with head_dim 64 (`_build_head_dim_64`: the
+text attention re-drawn, everything else as in the goldens' model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phoenix_chat import engine
+from phoenix_chat.engine.generate import encode_prompt, stream_generate
+from phoenix_chat.engine.requests import Request
+from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.scheduler import Scheduler
+from phoenix_chat.engine.vision.spans import ImageSpan
+from tests.test_vision import GOLDENS, chat_with_images
+from tools import tiny_vision_model
+
+# Max abs logit differences measured on lavapipe (logits up to ~4.6): Vulkan vs the CPU
+# reference 1.6e-3 (head_dim 32) and 1.5e-3 (head_dim 64); Vulkan vs transformers 1.2e-3 (last
+# position) and 7.0e-4 (each picture's first token). The K/V cache is f16 on Vulkan, f32 on the CPU.
+LOGIT_ATOL = 5e-3
+SOFT_ATOL = 2e-5  # the device tower's soft tokens (F16 matrices) vs transformers: measured 2.6e-6
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _build_head_dim_64(folder: Path) -> Path:
+    folder = tiny_vision_model.build(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text_config"] = {**cfg["text_config"], "head_dim": 64, "query_pre_attn_scalar": 64}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    arrays = tiny_vision_model.tensors()
+    rng = np.random.default_rng(64)
+    h, heads, kv_heads = 64, 2, 1
+    shapes = {
+        "q_proj": (heads * 64, h),
+        "k_proj": (kv_heads * 64, h),
+        "v_proj": (kv_heads * 64, h),
+        "o_proj": (h, heads * 64),
+        "q_norm": (64,),
+        "k_norm": (64,),
+    }
+    for name in arrays:
+        short = name.rsplit(".", 2)[-2]
+        if "language_model" in name and ".self_attn." in name and short in shapes:
+            arrays[name] = rng.normal(0.0, 0.1 if "norm" in short else 0.2, shapes[short]).astype(np.float32)
+    tiny_vision_model.write_safetensors(folder / "model.safetensors", arrays)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def meta():
+    return json.loads((GOLDENS / "transformers_vision.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def golden():
+    data = np.load(GOLDENS / "transformers_vision.npz")
+    return {k: data[k] for k in data.files}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, vk_device):
+    folder = tiny_vision_model.build(tmp_path_factory.mktemp("vision") / "tiny-gemma3-vision")
+    cpu = engine.load(folder, backend="cpu", context_length=256)
+    vk = engine.load(folder, backend="vulkan", context_length=256)
+    yield cpu, vk
+    vk.close()
+    cpu.close()
+
+
+@pytest.fixture(scope="module")
+def models64(tmp_path_factory, vk_device):
+    folder = _build_head_dim_64(tmp_path_factory.mktemp("vision64") / "tiny-gemma3-vision-hd64")
+    cpu = engine.load(folder, backend="cpu", context_length=256)
+    vk = engine.load(folder, backend="vulkan", context_length=256, slots=2)
+    yield cpu, vk
+    vk.close()
+    cpu.close()
+
+
+def test_the_tower_runs_on_the_device(models, golden):
+    _, vk = models
+    encoder = vk.vision
+    assert encoder.device_tower is not None and encoder.tower is None  # no numpy copy of the tower
+    assert vk.backend.stats()["vision_tower"]["matrix_type"] == "F16"
+    for name in ("gray", "portrait_rgba"):
+        np.testing.assert_allclose(
+            encoder.tower_output(golden[f"pixels/{name}"]), golden[f"tower/{name}"], rtol=0, atol=SOFT_ATOL
+        )
+        _, soft = encoder.soft_tokens(golden[f"pixels/{name}"])
+        np.testing.assert_allclose(soft, golden[f"soft/{name}"], rtol=0, atol=SOFT_ATOL)
+
+
+def test_image_chat_logits_match_cpu_and_transformers(models, golden, meta):
+    cpu, vk = models
+    ids, spans = encode_prompt(vk, chat_with_images(meta))
+    assert ids == golden["chat/input_ids"].tolist()
+    want = cpu.backend.forward_images(ids, 0, encode_prompt(cpu, chat_with_images(meta))[1], all_logits=True)
+    got = vk.backend.forward_images(ids, 0, spans, all_logits=True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_ATOL)
+    np.testing.assert_allclose(got[-1], golden["chat/logits_last"], rtol=0, atol=LOGIT_ATOL)
+    starts = got[meta["image_starts"], : meta["logit_slice"]]
+    np.testing.assert_allclose(starts, golden["chat/logits_image_starts"], rtol=0, atol=LOGIT_ATOL)
+    # the last position's logits alone (chunks of the device's prefill size) are the same
+    np.testing.assert_allclose(vk.backend.forward_images(ids, 0, spans), got[-1], rtol=0, atol=1e-5)
+
+
+def test_a_pictures_first_token_sees_its_last(models, meta):
+    """Bidirectional inside a picture: changing a picture's last soft token changes the logits
+    at its first; the text before the picture is unaffected (causal outside)."""
+    _, vk = models
+    ids, spans = encode_prompt(vk, chat_with_images(meta))
+    first = spans[0]
+    emb = first.embeddings.copy()
+    emb[-1] += 1.0
+    changed = [ImageSpan(first.start, emb, "changed"), *spans[1:]]
+    a = vk.backend.forward_images(ids, 0, spans, all_logits=True)
+    b = vk.backend.forward_images(ids, 0, changed, all_logits=True)
+    assert np.abs(a[first.start] - b[first.start]).max() > 20 * LOGIT_ATOL  # measured 0.45
+    np.testing.assert_array_equal(a[: first.start], b[: first.start])
+
+
+def test_greedy_continuation_equals_the_cpu_backend(models64, meta):
+    cpu, vk = models64
+    chat = chat_with_images(meta)
+    want = [r.token for r in stream_generate(cpu, chat, GREEDY, max_tokens=8) if r.token is not None]
+    got = [r.token for r in stream_generate(vk, chat, GREEDY, max_tokens=8) if r.token is not None]
+    assert got == want
+
+
+def test_scheduler_on_vulkan_answers_a_picture(models64, meta):
+    """The scheduler on a Vulkan model (2 slots) answers an image request with the CPU backend's
+    greedy answer, while a text request shares its decode steps."""
+    cpu, vk = models64
+    chat = chat_with_images(meta)
+    want = [r.token for r in stream_generate(cpu, chat, GREEDY, max_tokens=8) if r.token is not None]
+    text = [{"role": "user", "content": "Hello there"}]
+    text_alone = [r.token for r in stream_generate(vk, text, GREEDY, max_tokens=8) if r.token is not None]
+    sched = Scheduler(vk)
+    try:
+        picture = sched.submit(Request(chat, GREEDY, max_tokens=8))
+        words = sched.submit(Request(text, GREEDY, max_tokens=8))
+        got = [t for d in picture for t in d.token_ids]
+        got_text = [t for d in words for t in d.token_ids]
+    finally:
+        sched.close()
+    assert got == want
+    assert got_text == text_alone
