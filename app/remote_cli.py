@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the openai client loads only when --remote is used (`phoeni
 DEFAULT_KEY_ENV = "PHOENIX_CHAT_API_KEY"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # flags that pick or shape this computer's engine: meaningless with --remote, refused rather than ignored
-LOCAL_ONLY = ("model", "device", "ctx", "quant", "draft")
+LOCAL_ONLY = ("model", "device", "ctx", "quant", "draft", "mmproj")
 
 
 def add_remote_args(p) -> None:

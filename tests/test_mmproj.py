@@ -348,3 +348,12 @@ def test_cli_info_names_the_paired_file(split, tmp_path):
     assert proc.returncode == 0, proc.stderr
     paired = model.parent / mmproj.name
     assert f"vision file:    {paired} (paired automatically: the only mmproj*.gguf beside the model)" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_mmproj_with_remote_is_refused(command):
+    """A remote server brings its own model: --mmproj is for this computer's engine, never ignored."""
+    argv = [command, "hi"] if command == "run" else [command]
+    proc = run_cli(*argv, "--remote", "http://127.0.0.1:9", "--mmproj", str(MMPROJ), timeout=120)
+    assert proc.returncode == 2
+    assert "--mmproj: for this computer's engine, not with --remote" in proc.stderr
