@@ -357,3 +357,43 @@ def test_mmproj_with_remote_is_refused(command):
     proc = run_cli(*argv, "--remote", "http://127.0.0.1:9", "--mmproj", str(MMPROJ), timeout=120)
     assert proc.returncode == 2
     assert "--mmproj: for this computer's engine, not with --remote" in proc.stderr
+
+
+def test_serve_with_mmproj_answers_a_picture_as_the_engine(split, tmp_path, pair_model):
+    """`serve --mmproj`: an OpenAI image_url (data: URL) reaches the paired tower; the answer is the
+    engine's own greedy one."""
+    import base64
+    import signal
+
+    from .server.test_serve_cli import _free_port, _get, _serve, _wait_listening
+
+    text, mmproj, _ = split
+    image = Path(picture_chat()[0]["content"][0]["image"])
+    prompt = "What is in this picture?"
+    url = f"data:image/jpeg;base64,{base64.b64encode(image.read_bytes()).decode()}"
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": prompt}],
+            }
+        ],
+        "temperature": 0,
+        "max_tokens": 6,
+    }
+    chat = [{"role": "user", "content": [{"type": "image", "image": str(image)}, {"type": "text", "text": prompt}]}]
+    want = "".join(r.text for r in stream_generate(pair_model, chat, GREEDY, max_tokens=6))
+    assert want.strip()
+    port = _free_port()
+    lone = beside(tmp_path, text)
+    proc = _serve(
+        "--model", str(lone), "--mmproj", str(mmproj), "--backend", "cpu", "--ctx", "256", "--port", str(port)
+    )
+    try:
+        _wait_listening(proc, port)
+        status, _, raw = _get(port, "/v1/chat/completions", method="POST", body=body)
+        assert status == 200, raw
+        assert json.loads(raw)["choices"][0]["message"]["content"] == want
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
