@@ -12,7 +12,10 @@ Tolerances: the converter stores matrices in F16 (the model's BF16 values fit ex
 norms/embeddings in F32, so the pair's tower and soft tokens equal the Hugging Face folder's
 bit for bit (measured max |diff| 0.0) and the logits differ only by summation order in the text
 model's F16-vs-BF16 matrices read as f32 (measured 2.4e-6 on values ~4): asserted at 1e-6 / 2e-5.
-Against transformers' goldens the bounds are test_vision.py's."""
+Against transformers' goldens the bounds are test_vision.py's. Against llama.cpp itself (libmtmd
+of the peer build, tools/llama_cpp_mtmd.py, on the same files and pixels): soft tokens 5e-3 and
+logits 1e-2 (ggml rounds activations to f16 in its F16 matmuls; measured 2.1e-3 and 4.2e-3), the
+same prompt ids and greedy tokens."""
 
 from __future__ import annotations
 
@@ -397,3 +400,46 @@ def test_serve_with_mmproj_answers_a_picture_as_the_engine(split, tmp_path, pair
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_llama_cpp_reads_the_pair_as_we_do(split, tmp_path, pair_model):
+    """llama.cpp's own multimodal path (libmtmd from the peer build: clip.cpp + llama.cpp, through
+    tools/llama_cpp_mtmd.py) on the same two files and pixels: the same prompt ids around the
+    pictures, the same soft tokens and last logits within f16 activation rounding (ggml's CPU
+    matmuls round activations to f16 against F16 weights; measured 2.1e-3 on values ~3.6 and
+    4.2e-3 on ~4), and the same 8 greedy tokens."""
+    from PIL import Image
+
+    from phoenix_chat.engine.vision.images import load_pixels
+    from tools import llama_cpp_mtmd
+    from tools import llama_cpp_server as peer
+
+    if peer.python() is None:
+        pytest.skip("llama.cpp is not built: `make peer-server` (part of `make test`)")
+    text, mmproj, _ = split
+    chat = picture_chat()
+    pictures, paths = [], []
+    for i, part in enumerate(p for p in chat[0]["content"] if p["type"] == "image"):
+        # at the tower's size: clip.cpp's bilinear resize is not Pillow's, the pixels must be the same
+        rgb = Image.open(part["image"]).convert("RGB").resize((112, 112), Image.Resampling.BILINEAR)
+        paths.append(tmp_path / f"picture{i}.png")
+        rgb.save(paths[-1])
+        pictures.append(np.asarray(rgb))
+        part["image"] = str(paths[-1])
+    # the processor's layout written out: "\n\n" around each picture, which mtmd does not add itself
+    prompt = (
+        "<start_of_turn>user\n\n\n<__media__>\n\nWhat is in this picture?\n\n<__media__>\n\n"
+        "And how does this one differ?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    ref = llama_cpp_mtmd.run(text, mmproj, pictures, prompt, answer_tokens=ANSWER)
+
+    ids, spans = encode_prompt(pair_model, chat)
+    theirs = [t for kind, v in ref["chunks"] for t in (v if kind == "text" else [IDS[0]] * v)]
+    assert theirs == ids
+    assert [v for kind, v in ref["chunks"] if kind == "image"] == [s.end - s.start for s in spans] == [16, 16]
+    for path, soft in zip(paths, ref["soft"]):
+        ours = pair_model.vision.soft_tokens(load_pixels(path, pair_model.vision.cfg))[1]
+        np.testing.assert_allclose(ours, soft, rtol=0, atol=5e-3)
+    np.testing.assert_allclose(pair_model.backend.forward_images(ids, 0, spans), ref["logits"], rtol=0, atol=1e-2)
+    ours = [r.token for r in stream_generate(pair_model, chat, GREEDY, max_tokens=ANSWER) if r.token is not None]
+    assert ours == ref["greedy"]
