@@ -226,13 +226,17 @@ class SiglipGraph:
             kernel_name=self.gemm_kernel,
         )
 
-    def _record(self, keep_tower: bool) -> CommandList:
+    def _record(self, keep_tower: bool, profile: bool = False) -> CommandList:
+        """profile: a timestamp at every barrier (`profile`), else two around the list."""
         cfg, dev, N, W = self.cfg, self.dev, self.n_patches, self.cfg.hidden_size
         eps = cfg.layer_norm_eps
         heads = cfg.num_heads
-        cl = dev.commands(name=f"siglip[{N}]", timestamps=2 if dev.caps.timestamp_bits else 0)
+        stamps = (11 * cfg.num_layers + 16 if profile else 2) if dev.caps.timestamp_bits else 0
+        cl = dev.commands(name=f"siglip[{N}]", timestamps=stamps)
         self._lists.append(cl)
-        if dev.caps.timestamp_bits:
+        if profile:
+            cl.profile_labels = []
+        if stamps:
             cl.timestamp(0)
         cl.copy(self.pixels_in, self.pixels, self.pixels.size)
         mark(cl, "upload")
@@ -287,7 +291,9 @@ class SiglipGraph:
         cl.copy(self.soft, self.soft_out, self.soft.size)
         if keep_tower:
             cl.copy(self.h, self.tower_out, self.h.size)
-        if dev.caps.timestamp_bits:
+        if profile:
+            mark(cl, "copy_out")
+        elif stamps:
             cl.barrier()
             cl.timestamp(1)
         return cl.end()
@@ -297,16 +303,20 @@ class SiglipGraph:
     def run(self, pixels: F32, keep_tower: bool = True) -> None:
         """One picture [3, size, size] (preprocessed) through the tower and the projector (read
         the results with `soft_tokens` and, with keep_tower, `tower_output`)."""
+        patches = self._patches(pixels)
+        self.pixels_in.view(np.float32, patches.size)[:] = patches.reshape(-1)
+        self.last = self.list_keeping if keep_tower else self.list
+        self.last.submit(wait=True)
+        self.kept = keep_tower
+
+    def _patches(self, pixels: F32) -> F32:
         size = self.cfg.image_size
         if pixels.shape != (3, size, size):
             raise ValueError(f"pixel values of shape {pixels.shape}, expected (3, {size}, {size})")
         patches = patchify(np.asarray(pixels, np.float32), self.cfg.patch_size)
         if patches.shape[1] != self.k_patch:
             patches = np.pad(patches, ((0, 0), (0, self.k_patch - patches.shape[1])))
-        self.pixels_in.view(np.float32, patches.size)[:] = patches.reshape(-1)
-        self.last = self.list_keeping if keep_tower else self.list
-        self.last.submit(wait=True)
-        self.kept = keep_tower
+        return patches
 
     def gpu_seconds(self) -> float | None:
         """GPU time of the last `run` (None: the device has no timestamps)."""
@@ -314,6 +324,26 @@ class SiglipGraph:
             return None
         ts = self.last.timestamps_ns(2)
         return float(ts[1] - ts[0]) * 1e-9
+
+    def profile(self, pixels: F32, runs: int = 3) -> dict[str, float]:
+        """GPU milliseconds by op kind of one picture (the last of `runs`: the first warm clocks
+        and caches), from a timestamp after every barrier, plus "total". For benchmarks: the
+        profiled list is recorded here, on the calling thread."""
+        if not self.dev.caps.timestamp_bits:
+            raise ValueError(f"{self.dev.name}: the compute queue has no timestamps")
+        cl = self._record(keep_tower=False, profile=True)
+        patches = self._patches(pixels)
+        for _ in range(runs):
+            self.pixels_in.view(np.float32, patches.size)[:] = patches.reshape(-1)
+            cl.submit(wait=True)
+        labels = cl.profile_labels
+        assert labels is not None
+        ms = np.diff(cl.timestamps_ns(len(labels) + 1)) / 1e6
+        out: dict[str, float] = {}
+        for label, t in zip(labels, ms, strict=True):
+            out[label] = out.get(label, 0.0) + float(t)
+        out["total"] = float(ms.sum())
+        return out
 
     def soft_tokens(self) -> F32:
         """[mm_tokens_per_image, text width] of the last `run`."""

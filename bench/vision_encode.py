@@ -1,0 +1,273 @@
+"""Picture encode and image-token prefill on a Vulkan device: `python -m bench.vision_encode`.
+
+1. The SigLIP vision tower + Gemma 3 projector (engine/backends/vulkan/siglip_graph.py) with
+   synthetic weights of the real 4B/12B/27B shape (SigLIP so400m: width 1152, 27 layers, 16
+   heads of 72, MLP 4304, 896 px / patch 14 = 4,096 patches, pooled to 256 soft tokens,
+   projected into 2560): time to encode one picture (pixels in, soft tokens out), warm-up runs
+   then the median of --repeats, wall clock (patchify + copy in, the recorded list, copy out)
+   and GPU time (timestamps), for each --matrix-types; then the GPU time by op of one picture.
+2. The prefill of a prompt holding one picture (256 soft tokens) through a text model on the
+   same device (default: the 4B shape at Q4_0, tools/make_synthetic_gguf.py into --workdir, as
+   bench/run.py makes it), with the picture's span (soft tokens in place, bidirectional inside
+   the picture) and, for comparison, the same ids as plain text.
+
+numpy and the engine only (no torch, no network): the weights are random, seeded per tensor
+name, so the timing is that of the real shapes, not of real pictures. `--tiny`: a small tower
+and the tiny text shape, a smoke test that runs on lavapipe in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phoenix_chat.engine.vision_config import VisionConfig
+
+REAL = VisionConfig()  # Gemma 3 4B/12B/27B: SigLIP so400m, 896 px, 256 soft tokens into 2560
+TINY = VisionConfig(
+    image_size=112,
+    patch_size=14,
+    hidden_size=64,
+    intermediate_size=120,  # not a multiple of 32, like so400m's 4304: the padded MLP runs
+    num_layers=2,
+    num_heads=2,
+    mm_tokens_per_image=16,
+    text_hidden_size=256,  # tools/make_synthetic_gguf.py's "tiny" text shape
+)
+
+
+def synthetic_tensor(cfg: VisionConfig, seed: int = 0):
+    """tensor(name) -> f32 array of the shape transformers' SiglipVisionModel + Gemma 3's projector
+    give it, random (seeded by the name): matrices ~N(0, 0.02), biases ~N(0, 0.01), LayerNorm
+    weights ~1, position embeddings ~N(0, 0.02)."""
+    W, p, inter = cfg.hidden_size, cfg.patch_size, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "embeddings.patch_embedding.weight": (W, 3, p, p),
+        "embeddings.patch_embedding.bias": (W,),
+        "embeddings.position_embedding.weight": (cfg.patches_per_side**2, W),
+        "post_layernorm.weight": (W,),
+        "post_layernorm.bias": (W,),
+    }
+    for i in range(cfg.num_layers):
+        lp = f"encoder.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes[f"{lp}self_attn.{n}.weight"] = (W, W)
+            shapes[f"{lp}self_attn.{n}.bias"] = (W,)
+        for n in ("layer_norm1", "layer_norm2"):
+            shapes[f"{lp}{n}.weight"] = (W,)
+            shapes[f"{lp}{n}.bias"] = (W,)
+        shapes[f"{lp}mlp.fc1.weight"] = (inter, W)
+        shapes[f"{lp}mlp.fc1.bias"] = (inter,)
+        shapes[f"{lp}mlp.fc2.weight"] = (W, inter)
+        shapes[f"{lp}mlp.fc2.bias"] = (W,)
+    from phoenix_chat.engine.backends.vulkan.siglip_graph import PROJECTION, SOFT_NORM
+    from phoenix_chat.engine.models.siglip import PREFIX
+
+    full = {PREFIX + k: v for k, v in shapes.items()}
+    full[SOFT_NORM] = (W,)
+    full[PROJECTION] = (W, cfg.text_hidden_size)
+
+    def tensor(name: str) -> np.ndarray:
+        shape = full[name]
+        rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")])
+        if name.endswith("layer_norm1.weight") or name.endswith("layer_norm2.weight") or "post_layernorm.w" in name:
+            return (1.0 + 0.05 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        std = 0.01 if len(shape) == 1 else 0.02
+        return (std * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+
+    return tensor
+
+
+def _ms(xs: list[float]) -> tuple[float, float, float]:
+    return 1e3 * statistics.median(xs), 1e3 * min(xs), 1e3 * max(xs)
+
+
+def bench_tower(dev, cfg: VisionConfig, matrix_type: str, warmup: int, repeats: int) -> dict[str, Any]:
+    from phoenix_chat.engine.backends.vulkan.siglip_graph import SiglipGraph
+
+    t0 = time.perf_counter()
+    tower = SiglipGraph(dev, cfg, synthetic_tensor(cfg), matrix_type=matrix_type)
+    build_s = time.perf_counter() - t0
+    try:
+        rng = np.random.default_rng(1)
+        pixels = rng.uniform(-1, 1, (3, cfg.image_size, cfg.image_size)).astype(np.float32)
+        for _ in range(warmup):
+            tower.encode(pixels)
+        wall, gpu = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            soft = tower.encode(pixels)
+            wall.append(time.perf_counter() - t)
+            g = tower.gpu_seconds()
+            if g is not None:
+                gpu.append(g)
+        if not np.isfinite(soft).all():
+            raise RuntimeError(f"{matrix_type}: the soft tokens are not finite")
+        ops = tower.profile(pixels) if dev.caps.timestamp_bits else {}
+        return {
+            "matrix_type": matrix_type,
+            "gemm": tower.gemm_kernel,
+            "build_s": build_s,
+            "weight_mib": tower.weight_bytes() / 2**20,
+            "wall_ms": _ms(wall),
+            "gpu_ms": _ms(gpu) if gpu else None,
+            "ops_ms": ops,
+        }
+    finally:
+        tower.close()
+
+
+def tower_flops(cfg: VisionConfig) -> tuple[float, float]:
+    """(linear FLOPs, attention FLOPs) of one picture."""
+    N, W, inter = cfg.patches_per_side**2, cfg.hidden_size, cfg.intermediate_size
+    per_layer = 2 * N * (4 * W * W + 2 * W * inter)
+    linear = cfg.num_layers * per_layer + 2 * N * W * 3 * cfg.patch_size**2
+    linear += 2 * cfg.mm_tokens_per_image * W * cfg.text_hidden_size
+    return linear, cfg.num_layers * 4.0 * N * N * W
+
+
+def bench_prefill(dev, text_path: Path, cfg: VisionConfig, warmup: int, repeats: int) -> dict[str, Any]:
+    """A prompt [bos, <start_of_image>, soft tokens..., <end_of_image>, 8 text ids] through the
+    text model: with the picture's span, and the same ids as text."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.vision.spans import ImageSpan
+    from phoenix_chat.engine.weights import open_weights
+
+    weights = open_weights(text_path)
+    tcfg = weights.config
+    if tcfg.hidden_size != cfg.text_hidden_size:
+        raise ValueError(f"{text_path}: width {tcfg.hidden_size}, the projector makes {cfg.text_hidden_size}")
+    n_img = cfg.mm_tokens_per_image
+    V = tcfg.vocab_size
+    # the placeholder's own embedding is replaced; a small vocabulary (the tiny shape) lacks its id
+    placeholder = cfg.image_token_id if cfg.image_token_id < V else V - 1
+    boi = cfg.boi_token_id if cfg.boi_token_id < V else V - 2
+    eoi = cfg.eoi_token_id if cfg.eoi_token_id < V else V - 3
+    ids = [2, boi, *([placeholder] * n_img), eoi, *range(100, 108)]
+    rng = np.random.default_rng(2)
+    soft = (rng.standard_normal((n_img, tcfg.hidden_size), dtype=np.float32) * 0.5).astype(np.float32)
+    span = ImageSpan(2, soft, "synthetic")
+    t0 = time.perf_counter()
+    backend = VulkanBackend(weights, 1024, VulkanOptions(allow_software=True), device=dev)
+    load_s = time.perf_counter() - t0
+    try:
+        out: dict[str, Any] = {"prompt_tokens": len(ids), "image_tokens": n_img, "load_s": load_s}
+        out["prefill_chunk"] = backend.prefill_chunk
+        for label, run in (
+            ("with_picture", lambda: backend.forward_images(ids, 0, [span])),
+            ("as_text", lambda: backend.forward(ids, 0)),
+        ):
+            for _ in range(warmup):
+                run()
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                logits = run()
+                times.append(time.perf_counter() - t)
+            if not np.isfinite(logits).all():
+                raise RuntimeError(f"prefill {label}: logits not finite")
+            out[label + "_ms"] = _ms(times)
+        return out
+    finally:
+        backend.close()
+        weights.close()
+
+
+def text_model(args: argparse.Namespace) -> Path:
+    if args.text_model:
+        return Path(args.text_model)
+    from tools.make_synthetic_gguf import write
+
+    shape = "tiny" if args.tiny else args.text_shape
+    p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"  # bench/run.py's name: one file for both
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        print(f"generating {p} ...", flush=True)
+        write(p, shape, "q4_0", "q8_0")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="a small tower and text model (smoke test, lavapipe)")
+    ap.add_argument("--device", type=int, default=None, help="Vulkan device index (default: the best)")
+    ap.add_argument("--matrix-types", default="F16,BF16,Q8_0", help="the tower's matrices: F32,F16,BF16,Q8_0")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--text-shape", default="4b", help="synthetic text model shape (tools/make_synthetic_gguf.py)")
+    ap.add_argument("--text-model", help="a GGUF of the text model instead (its width must be the projector's)")
+    ap.add_argument("--no-prefill", action="store_true", help="the tower only")
+    ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+    from phoenix_chat.engine.backends.vulkan.device import Device
+
+    cfg = TINY if args.tiny else REAL
+    dev = Device.open(args.device, allow_software=True)
+    results: dict[str, Any] = {"device": dev.name, "gemm_path": ops_gemm.path(dev), "tower": []}
+    why = ops_gemm.coopmat_refusal(dev)
+    try:
+        N = cfg.patches_per_side**2
+        print(
+            f"vision tower on {dev.name}: {cfg.num_layers} layers, width {cfg.hidden_size}, {cfg.num_heads} heads of "
+            f"{cfg.hidden_size // cfg.num_heads}, MLP {cfg.intermediate_size}, {cfg.image_size} px -> {N} patches -> "
+            f"{cfg.mm_tokens_per_image} soft tokens x {cfg.text_hidden_size}"
+        )
+        print(f"GEMM path: {ops_gemm.path(dev)}" + (f" (matrix cores not used: {why})" if why else ""))
+        linear, attn = tower_flops(cfg)
+        print(f"per picture: {linear / 1e12:.3f} TFLOP in linears, {attn / 1e12:.3f} TFLOP in attention")
+        print(
+            f"{'matrices':<9}{'weights MiB':>12}{'encode ms (wall)':>18}{'GPU ms':>9}"
+            f"{'min..max wall':>16}{'TFLOP/s':>9}"
+        )
+        for mt in args.matrix_types.split(","):
+            r = bench_tower(dev, cfg, mt.strip().upper(), args.warmup, args.repeats)
+            results["tower"].append(r)
+            med, lo, hi = r["wall_ms"]
+            gpu = r["gpu_ms"][0] if r["gpu_ms"] else None
+            rate = (linear + attn) / ((gpu or med) * 1e-3) / 1e12
+            gpu_s = f"{gpu:9.2f}" if gpu is not None else f"{'-':>9}"
+            print(
+                f"{r['matrix_type']:<9}{r['weight_mib']:12.0f}{med:18.2f}{gpu_s}{f'{lo:.1f}..{hi:.1f}':>16}{rate:9.1f}"
+            )
+        first = results["tower"][0]
+        if first["ops_ms"]:
+            ops = first["ops_ms"]
+            total = ops["total"]
+            print(f"GPU time by op, {first['matrix_type']} ({total:.2f} ms):")
+            for label, t in sorted(ops.items(), key=lambda kv: -kv[1]):
+                if label != "total":
+                    print(f"  {label:<16}{t:9.3f} ms {100 * t / total:5.1f} %")
+        else:
+            print("GPU time by op: this device has no timestamps")
+        if not args.no_prefill:
+            path = text_model(args)
+            p = bench_prefill(dev, path, cfg, args.warmup, args.repeats)
+            p["text_model"] = str(path)
+            results["prefill"] = p
+            n = p["prompt_tokens"]
+            print(
+                f"prefill of {n} tokens ({p['image_tokens']} of them one picture) through {path.name}, "
+                f"chunks of {p['prefill_chunk']}:"
+            )
+            for label in ("with_picture", "as_text"):
+                med, lo, hi = p[label + "_ms"]
+                print(f"  {label:<13}{med:10.2f} ms  ({n / med * 1e3:8.0f} tok/s; {lo:.1f}..{hi:.1f} ms)")
+    finally:
+        dev.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
