@@ -20,6 +20,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
+from phoenix_chat.app.controllers.attachments_controller import AttachmentsController
 from phoenix_chat.app.controllers.model_controller import ModelController
 from phoenix_chat.app.controllers.wiring import choice_sets, connect, connect_actions
 from phoenix_chat.app.settings import SettingsModel
@@ -87,6 +88,7 @@ class ChatController(QObject):
         self._tasks: set[asyncio.Task] = set()
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
+        self.attachments = AttachmentsController(self.view, window)  # pictures for the next message
 
         connect(
             self.view,
@@ -278,21 +280,25 @@ class ChatController(QObject):
 
     # -- sending --------------------------------------------------------------------------
     def send(self, text: str) -> None:
-        """Send `text` as a new user message (or as the edit of an earlier one)."""
+        """Send `text` and the pending pictures as a new user message (or as the edit of an
+        earlier one, which keeps its pictures and gains the pending ones)."""
         text = text.strip()
         conv_id = self.conversation_id if self.conversation_id is not None else self.new_conversation()
-        if not text or self._answering_here() or conv_id in self.queue:
+        if not (text or self.attachments.pending) or self._answering_here() or conv_id in self.queue:
             return
+        pictures = self.attachments.take()
         if self.editing_id is not None:
             self.store.edit_message(self.editing_id, text)
+            if pictures:
+                self.store.add_pictures(self.editing_id, pictures)
             self.editing_id = None
             self.view.set_editing(None)
         else:
-            self.store.add_message(conv_id, "user", text)
+            self.store.add_message(conv_id, "user", text, pictures=pictures)
             self.view.input.clear()
             conv = self.store.conversation(conv_id)
             if conv is not None and conv.title == "New chat":
-                title = " ".join(text.split())
+                title = " ".join(text.split()) or pictures[0].name
                 title = title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1] + "…"
                 self.store.rename_conversation(conv_id, title)
         self.messages = self.store.messages(conv_id)
@@ -397,10 +403,17 @@ class ChatController(QObject):
         redo = history.pop() if regenerating and history and history[-1].role == "assistant" else None
         sampling = {**self.settings.values.sampling_defaults(), **(conv.sampling if conv else {})}
         max_tokens = int(sampling.pop("max_tokens", self.settings.values.max_tokens))
-        prompt = []
+        prompt: list[dict] = []
         if conv and conv.system_prompt.strip():
             prompt.append({"role": "system", "content": conv.system_prompt})
-        prompt += [{"role": m.role, "content": m.content} for m in history if m.content]
+        for m in history:
+            if m.images:  # the engine's image parts (the pictures' bytes), then the text
+                parts: list[dict] = [{"type": "image", "image": p.data} for p in self.store.message_pictures(m.id)]
+                if m.content:
+                    parts.append({"type": "text", "text": m.content})
+                prompt.append({"role": m.role, "content": parts})
+            elif m.content:
+                prompt.append({"role": m.role, "content": m.content})
         if continuing:
             answer = history[-1]
             self.answer_prefix = self.answer_text = answer.content
@@ -595,6 +608,7 @@ class ChatController(QObject):
                     figures,
                     m.version,
                     m.versions,
+                    tuple((picture.sha256, picture.thumbnail) for picture in m.images),
                 )
             )
         if pending:

@@ -3,6 +3,10 @@
 The controller hands it messages (`set_messages`, `set_streaming_text`) and which buttons
 apply (`set_controls`); it emits what the user asked for (`send_requested`, `stop_requested`,
 `regenerate_requested`, `continue_requested`, `edit_requested`, `settings_requested`).
+Pictures: the Attach image button (`attach_requested`), files or image data dropped on the pane or
+pasted into the message box (`files_offered` with local paths, `image_offered` with a QImage);
+the controller shows the pending ones with `set_attachments` (✕ emits `attachment_removed`), and
+a message's pictures come as thumbnails in `ShownMessage.images`.
 Re-rendering while streaming is coalesced to ~15 Hz so a fast model cannot flood the GUI thread.
 """
 
@@ -11,8 +15,18 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
+from PySide6.QtCore import QMimeData, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import (
+    QDragEnterEvent,
+    QDragMoveEvent,
+    QDropEvent,
+    QGuiApplication,
+    QImage,
+    QKeyEvent,
+    QPixmap,
+    QTextCursor,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
     QCheckBox,
     QFrame,
@@ -31,6 +45,8 @@ from phoenix_chat.app.views.action_links import ActionLinks
 from phoenix_chat.app.views.markdown_render import render_message
 
 RENDER_INTERVAL_MS = 66
+THUMBNAIL_SCHEME = "thumb"  # <img src="thumb:<sha256>">: a message's picture, from Transcript.thumbnails
+PENDING_PX = 56  # a pending attachment's thumbnail in the strip above the message box
 
 
 @dataclass
@@ -43,6 +59,33 @@ class ShownMessage:
     figures: str = ""  # an answer's tokens, tok/s, TTFT (views/answer_figures.py); "" when not measured
     version: int = 1  # which version of a regenerated answer is shown, of `versions`
     versions: int = 1
+    images: tuple[tuple[str, bytes], ...] = ()  # a message's pictures: (sha256, PNG thumbnail) each
+
+
+def offered_pictures(mime: QMimeData) -> list[str] | QImage | None:
+    """What a drop or paste offers as pictures: image data (a copied picture) first, else local
+    files (the controller has each checked; a file that is no picture is refused there), else None
+    (plain text, web links)."""
+    if mime.hasImage():
+        image = mime.imageData()
+        if isinstance(image, QImage) and not image.isNull():
+            return image
+    paths = [url.toLocalFile() for url in mime.urls() if url.isLocalFile()] if mime.hasUrls() else []
+    return paths or None
+
+
+class Transcript(QTextBrowser):
+    """The messages as rich text; a message's pictures are `thumb:` images served from `thumbnails`."""
+
+    def __init__(self) -> None:
+        super().__init__(openLinks=False, openExternalLinks=False)
+        self.thumbnails: dict[str, QImage] = {}
+
+    def loadResource(self, kind: int, name: QUrl | str):  # noqa: N802 — Qt's name
+        url = QUrl(name)
+        if kind == QTextDocument.ResourceType.ImageResource.value and url.scheme() == THUMBNAIL_SCHEME:
+            return self.thumbnails.get(url.path())
+        return super().loadResource(kind, name)
 
 
 class MessageInput(QPlainTextEdit):
@@ -50,6 +93,20 @@ class MessageInput(QPlainTextEdit):
 
     submitted = Signal()
     escaped = Signal()
+    files_offered = Signal(list)  # local paths pasted or dropped here
+    image_offered = Signal(object)  # a QImage pasted or dropped here
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 — Qt's name
+        return offered_pictures(source) is not None or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802 — paste and drop both come here
+        offered = offered_pictures(source)
+        if isinstance(offered, QImage):
+            self.image_offered.emit(offered)
+        elif offered:
+            self.files_offered.emit(offered)
+        else:
+            super().insertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         shift = event.modifiers() & Qt.KeyboardModifier.ShiftModifier
@@ -72,6 +129,10 @@ class ChatView(QWidget):
     edit_cancelled = Signal()
     settings_requested = Signal()
     completion_toggled = Signal(bool)  # the chat's mode switch: True for completion, False for chat
+    attach_requested = Signal()  # the Attach image button
+    files_offered = Signal(list)  # picture files dropped on the pane or pasted (local paths)
+    image_offered = Signal(object)  # a picture dropped or pasted as image data (QImage)
+    attachment_removed = Signal(int)  # ✕ on the pending picture at this index
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -101,8 +162,11 @@ class ChatView(QWidget):
         notice_row.addWidget(self.notice, 1)
         notice_row.addWidget(self.notice_close, 0, Qt.AlignmentFlag.AlignTop)
 
-        self.transcript = QTextBrowser(openLinks=False, openExternalLinks=False)
+        self.transcript = Transcript()
         self.transcript.setObjectName("transcript")
+        # drops land on the pane (dropEvent below), not in the read-only transcript
+        self.transcript.setAcceptDrops(False)
+        self.transcript.viewport().setAcceptDrops(False)
         self.transcript.setFrameShape(QFrame.Shape.NoFrame)
         self.transcript.anchorClicked.connect(self._on_anchor)
         self.transcript.setPlaceholderText("")
@@ -121,6 +185,22 @@ class ChatView(QWidget):
         self.input.setFixedHeight(84)
         self.input.submitted.connect(self._on_submit)
         self.input.escaped.connect(self._on_escape)
+        self.input.files_offered.connect(self.files_offered)
+        self.input.image_offered.connect(self.image_offered)
+        self.attach_button = QPushButton("Attach image…")
+        self.attach_button.setObjectName("attachButton")
+        self.attach_button.setToolTip(
+            "Add pictures to the message (PNG, JPEG, WebP, GIF); you can also drop them on the chat or paste them"
+        )
+        self.attach_button.clicked.connect(self.attach_requested)
+        # the pictures that go with the next message, as thumbnails with ✕
+        self.attachments = QWidget()
+        self.attachments.setObjectName("attachments")
+        self._attachment_row = QHBoxLayout(self.attachments)
+        self._attachment_row.setContentsMargins(0, 0, 0, 0)
+        self._attachment_row.addStretch(1)
+        self._attachment_tiles: list[QFrame] = []
+        self.attachments.hide()
 
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("sendButton")
@@ -178,8 +258,14 @@ class ChatView(QWidget):
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
         layout.addWidget(self.hint)
-        layout.addWidget(self.input)
+        layout.addWidget(self.attachments)
+        input_row = QHBoxLayout()  # the message box, and the Attach image button beside it
+        input_row.setContentsMargins(0, 0, 0, 0)
+        input_row.addWidget(self.input, 1)
+        input_row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(input_row)
         layout.addLayout(buttons)
+        self.setAcceptDrops(True)
         self.input.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setFocusProxy(self.input)
 
@@ -189,6 +275,44 @@ class ChatView(QWidget):
         self._html_cache.clear()
         self._full_render = True
         self.schedule_render(now=True)
+
+    def set_attachments(self, items: list[tuple[str, bytes]]) -> None:
+        """The pending pictures as (name, PNG thumbnail); each gets a ✕ (`attachment_removed`)."""
+        for old in self._attachment_tiles:
+            self._attachment_row.removeWidget(old)
+            old.deleteLater()
+        self._attachment_tiles = []
+        for index, (name, thumbnail) in enumerate(items):
+            tile = QFrame()
+            tile.setObjectName("attachment")
+            tile.setToolTip(name)
+            row = QHBoxLayout(tile)
+            row.setContentsMargins(2, 2, 2, 2)
+            picture = QLabel()
+            pixmap = QPixmap()
+            pixmap.loadFromData(thumbnail, "PNG")
+            picture.setPixmap(
+                pixmap.scaled(
+                    PENDING_PX,
+                    PENDING_PX,
+                    Qt.AspectRatioMode.KeepAspectRatio,
+                    Qt.TransformationMode.SmoothTransformation,
+                )
+            )
+            remove = QToolButton(autoRaise=True)
+            remove.setText("✕")
+            remove.setObjectName("removeAttachment")
+            remove.setToolTip(f"Remove {name}")
+            remove.clicked.connect(lambda _checked=False, i=index: self.attachment_removed.emit(i))
+            row.addWidget(picture)
+            row.addWidget(remove, 0, Qt.AlignmentFlag.AlignTop)
+            self._attachment_row.insertWidget(index, tile)
+            self._attachment_tiles.append(tile)
+        self.attachments.setVisible(bool(items))
+
+    def attachment_names(self) -> list[str]:
+        """The pending pictures' names, in order (what the strip shows)."""
+        return [tile.toolTip() for tile in self._attachment_tiles]
 
     def set_messages(self, messages: list[ShownMessage]) -> None:
         self._messages = list(messages)
@@ -316,6 +440,7 @@ class ChatView(QWidget):
                 self._html_cache[key] = cached
         body, codes = cached
         self._codes.extend(codes)
+        body = self._pictures_html(m) + body
         dark = self.theme == "dark"
         if m.role == "user":
             bg, who = ("#2b3a55" if dark else "#e8f0fe"), "You"
@@ -337,6 +462,22 @@ class ChatView(QWidget):
             f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom:6px">'
             f'<tr><td bgcolor="{bg}"><b>{who}</b>{links}{body}{note}{self._footer_html(m)}</td></tr></table>'
         )
+
+    def _pictures_html(self, m: ShownMessage) -> str:
+        """A message's pictures as a row of thumbnails (served by the transcript, never fetched)."""
+        if not m.images:
+            return ""
+        tags = []
+        for sha, thumbnail in m.images:
+            if sha not in self.transcript.thumbnails:
+                self.transcript.thumbnails[sha] = QImage.fromData(thumbnail)  # a PNG: the format is in its header
+            image = self.transcript.thumbnails[sha]
+            tags.append(f'<img src="{THUMBNAIL_SCHEME}:{sha}" width="{image.width()}" height="{image.height()}">')
+        return "<p>" + "&nbsp;".join(tags) + "</p>"
+
+    def message_pictures(self) -> list[list[str]]:
+        """Per message shown, the pictures its HTML shows (their sha256) that the transcript can serve."""
+        return [[sha for sha, _ in m.images if not self.transcript.thumbnails[sha].isNull()] for m in self._messages]
 
     def _footer_html(self, m: ShownMessage) -> str:
         """Under an answer: ‹ 2/3 › when it has versions, and its figures once it is finished."""
@@ -373,9 +514,28 @@ class ChatView(QWidget):
         else:
             self.edit_cancelled.emit()
 
+    # -- drops ----------------------------------------------------------------------------
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 — Qt's name
+        if offered_pictures(event.mimeData()) is not None:
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:  # noqa: N802 — Qt's name
+        if offered_pictures(event.mimeData()) is not None:
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 — Qt's name
+        offered = offered_pictures(event.mimeData())
+        if offered is None:
+            return
+        event.acceptProposedAction()
+        if isinstance(offered, QImage):
+            self.image_offered.emit(offered)
+        else:
+            self.files_offered.emit(offered)
+
     def _on_submit(self) -> None:
         if not self.send_button.isEnabled():
             return
         text = self.input.toPlainText().strip()
-        if text:
+        if text or self.attachments.isVisibleTo(self):  # a picture alone is a message too
             self.send_requested.emit(text)

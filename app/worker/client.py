@@ -29,7 +29,8 @@ class WorkerClient(QObject):
     loading_changed = Signal(str, float, str)  # load id, fraction, message
     model_changed = Signal(str, dict)  # load id, model info
     load_failed = Signal(str, str, bool, object)  # load id, message, cancelled, info of the model kept (or None)
-    generation_started = Signal(str, dict)  # generation id, {params, max_tokens, prompt}: what the engine got
+    # generation id, {params, max_tokens, prompt, images (each picture's encoder key)}: what the engine got
+    generation_started = Signal(str, dict)
     prompt_ready = Signal(str, str, list)  # generation id, mode ("chat" | "completion"), prompt ids
     prompt_fitted = Signal(str, dict)  # generation id, {dropped_messages, cut_tokens, total_tokens, context_limit}
     tokens_changed = Signal(str, str)  # generation id, text delta
@@ -247,9 +248,8 @@ class WorkerClient(QObject):
             self.model_info = msg["kept"]
             self.load_failed.emit(msg["id"], msg["message"], msg["cancelled"], msg["kept"])
         elif kind == P.GENERATION_STARTED:
-            self.generation_started.emit(
-                msg["id"], {"params": msg["params"], "max_tokens": msg["max_tokens"], "prompt": msg["prompt"]}
-            )
+            started = {k: msg[k] for k in ("params", "max_tokens", "prompt", "images")}
+            self.generation_started.emit(msg["id"], started)
         elif kind == P.PROMPT_READY:
             self.prompt_ready.emit(msg["id"], msg["mode"], msg["ids"])
         elif kind == P.DRAFT_CHANGED:

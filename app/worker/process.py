@@ -229,6 +229,7 @@ class Worker:
         from phoenix_chat.engine.errors import PhoenixError
         from phoenix_chat.engine.prompt_fit import fit_chat
         from phoenix_chat.engine.sampling import SamplingParams
+        from phoenix_chat.engine.vision.prompt import has_images
 
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
@@ -237,7 +238,9 @@ class Worker:
         completion = msg.get("mode") == "completion"
         overflow = msg.get("overflow") or "drop_oldest"
         try:
-            if completion:  # the conversation as one text the model continues (no chat template)
+            if has_images(msg["messages"]):
+                fitted = self._picture_prompt(msg["messages"], completion, bool(msg.get("continue_answer")))
+            elif completion:  # the conversation as one text the model continues (no chat template)
                 fitted = fit_completion(self.model, msg["messages"], overflow, max_tokens)
             else:
                 fitted = fit_chat(
@@ -259,11 +262,12 @@ class Worker:
                 total_tokens=fitted.total_tokens,
                 context_limit=self.model.backend.context_length,
             )
-        self._report_start(gen_id, fitted.prompt.ids, params, max_tokens)
+        self._report_start(gen_id, fitted.prompt, params, max_tokens)
         stop = ParagraphStop() if completion else None  # a completion ends at a blank line
         with self.lock:
             cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
-        if self.draft is not None:
+        # speculative decoding reads text prompts only: a chat with pictures goes through the scheduler
+        if self.draft is not None and not fitted.prompt.images:
             target = self._answer_with_draft
         else:
             target = self._answer_on_scheduler
@@ -273,6 +277,28 @@ class Worker:
         with self.lock:
             self.answers[gen_id] = thread
         thread.start()
+
+    def _picture_prompt(self, messages: list[dict], completion: bool, continue_final: bool):
+        """A chat with pictures (image parts holding the pictures' bytes) as the prompt ids plus
+        each picture's soft tokens, encoded here by the scheduler (the encoder's cache makes a
+        regenerate or the next turn cheap). Refused in one line: by a text-only model
+        (NoImageInput), a backend without the image path (NoImageBackend), in completion mode
+        (no chat template places a picture), and a bad picture (the engine's ImageError). Not
+        shortened to the context: a chat with pictures longer than it is refused at submit."""
+        from phoenix_chat.engine.errors import PhoenixError
+        from phoenix_chat.engine.generate import PromptIds
+        from phoenix_chat.engine.prompt_fit import FittedPrompt
+        from phoenix_chat.engine.vision.prompt import require_image_input
+
+        assert self.model is not None and self.scheduler is not None  # generate() checked
+        require_image_input(self.model)
+        if completion:
+            raise PhoenixError("pictures are read in chat mode only: turn Completion mode off for this chat")
+        ids, spans = self.scheduler.encode(messages[:-1] if continue_final else messages)
+        if continue_final:  # the partial answer goes on, open (as prompt_fit.encode_chat does)
+            partial = str(messages[-1].get("content", ""))
+            ids += self.model.tokenizer.encode(partial, add_bos=False, parse_special=False)
+        return FittedPrompt(PromptIds(tuple(ids), tuple(spans)), len(ids))
 
     def _answer_on_scheduler(self, gen_id: str, prompt, params, max_tokens: int, stop, cancel) -> None:
         """Submit to the scheduler and pump its deltas to the GUI (tokens ~30/s, stats 4 Hz)."""
@@ -373,8 +399,12 @@ class Worker:
         which closes the HTTP stream)."""
         from phoenix_chat.engine.completion import ParagraphStop, completion_text
         from phoenix_chat.engine.sampling import SamplingParams
+        from phoenix_chat.engine.vision.prompt import has_images
 
         gen_id = msg["id"]
+        if has_images(msg["messages"]):
+            self._finish_failed(gen_id, "pictures go to the local engine only: a remote engine gets no pictures yet")
+            return
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}
         )
@@ -384,7 +414,9 @@ class Worker:
             cancel = self.gen_cancels.setdefault(gen_id, threading.Event())
         # the text the server reads: known in completion mode; a chat is templated on the server
         prompt = completion_text(msg["messages"]) if completion else ""
-        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
+        self.send(
+            P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt, images=[]
+        )
         pump = _AnswerPump(self, gen_id, ParagraphStop() if completion else None)
         thread = threading.Thread(
             target=self._answer_remotely,
@@ -515,11 +547,15 @@ class Worker:
             self.draft_baseline_tps = None
 
     # -- helpers --------------------------------------------------------------------------
-    def _report_start(self, gen_id: str, prompt_ids, params, max_tokens: int) -> None:
-        """Tell the GUI what the engine is given: the sampling applied and the prompt as text."""
+    def _report_start(self, gen_id: str, prompt, params, max_tokens: int) -> None:
+        """Tell the GUI what the engine is given: the sampling applied, the prompt as text and
+        the pictures in it (each one's encoder key: the SHA-256 of its pixel values)."""
         assert self.model is not None  # generate() returns early without one
-        prompt = self.model.tokenizer.decode(prompt_ids)
-        self.send(P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=prompt)
+        text = self.model.tokenizer.decode(prompt.ids)
+        images = [span.key for span in prompt.images]
+        self.send(
+            P.GENERATION_STARTED, id=gen_id, params=asdict(params), max_tokens=max_tokens, prompt=text, images=images
+        )
 
     def _stats(self, r, spec=None) -> P.GenerationStats:
         """`r`: the engine's latest GenerationResponse; the busy gauges from the backend;

@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, replace
 LOAD_REQUESTED = "load_requested"
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
 # id, messages, params, max_tokens, overflow ("drop_oldest" | "truncate_middle"), continue_answer
-# (the last message is a partial answer to go on with), mode ("chat" | "completion": engine/completion.py)
+# (the last message is a partial answer to go on with), mode ("chat" | "completion": engine/completion.py);
+# a message with pictures has content parts: {"type": "image", "image": <the file's bytes>}, then
+# {"type": "text", "text": ...} (the engine's image parts)
 GENERATE_REQUESTED = "generate_requested"
 CANCEL_REQUESTED = "cancel_requested"  # id
 DEVICES_REQUESTED = "devices_requested"
@@ -34,7 +36,8 @@ LOADING_CHANGED = "loading_changed"  # id, fraction, message
 MODEL_CHANGED = "model_changed"  # id, info
 LOAD_FAILED = "load_failed"  # id, message, cancelled, kept (info of the model still loaded, or None)
 # id, params (the SamplingParams fields applied), max_tokens, prompt (the text the model reads,
-# decoded from its fitted prompt ids): what the engine really got, not what the GUI asked for
+# decoded from its fitted prompt ids), images (the encoder key, SHA-256 of the pixel values, of each
+# picture the engine was given, in prompt order): what the engine really got, not what the GUI asked for
 GENERATION_STARTED = "generation_started"
 PROMPT_READY = "prompt_ready"  # id, mode ("chat" | "completion"), ids (the prompt ids the model reads)
 PROMPT_FITTED = "prompt_fitted"  # id, dropped_messages, cut_tokens, cut_from, total_tokens, context_limit

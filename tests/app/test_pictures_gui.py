@@ -1,0 +1,252 @@
+"""Pictures in the window, on the real worker process (issue 22): a tiny random-weight
+Gemma3ForConditionalGeneration (tools/tiny_vision_model.py) on the CPU backend, a real SQLite
+history, real test pictures. Every way in (a drop, Attach image…, a paste) and out (✕ on a
+pending picture, an edit, Regenerate, a restart) is checked where it lands: the pictures the
+engine was given (GENERATION_STARTED's encoder keys), the answer against the engine's own
+greedy answer for that prompt and picture, the rows in the store. The embedded 270M (text-only)
+says so in one line; bad files are refused when attached."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
+from PySide6.QtWidgets import QApplication, QToolButton
+
+from phoenix_chat.app.controllers import attachments_controller
+from phoenix_chat.app.store import db_path
+from phoenix_chat.engine.generate import generate
+from phoenix_chat.engine.loader import load
+from phoenix_chat.engine.sampling import SamplingParams
+from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
+from tests.app.transcript_links import click_link
+from tools.tiny_vision_model import build
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+
+IMAGES = Path(__file__).resolve().parents[1] / "goldens" / "vision_images"
+ANSWER = 6
+GREEDY = SamplingParams(temperature=0.0)  # the app's sampling defaults at temperature 0
+QUESTION = "What is in this picture?"
+
+
+@pytest.fixture(scope="module")
+def vision_path(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("vision") / "tiny-gemma3-vision")
+
+
+@pytest.fixture(scope="module")
+def vision_model(vision_path):
+    """The same model in this process: the engine's own answers and picture keys to compare with."""
+    m = load(vision_path, backend="cpu")
+    yield m
+    m.close()
+
+
+def engine_answer(model, messages: list[dict]) -> str:
+    return generate(model, messages, GREEDY, max_tokens=ANSWER)
+
+
+def key(model, data: bytes) -> str:
+    """The encoder's key for a picture (SHA-256 of its pixel values): what GENERATION_STARTED reports."""
+    return model.vision.encode(data)[0]
+
+
+def user_turn(pictures: list[bytes], text: str) -> dict:
+    return {
+        "role": "user",
+        "content": [*({"type": "image", "image": p} for p in pictures), {"type": "text", "text": text}],
+    }
+
+
+def image_rows(home) -> list[tuple[int, bytes]]:
+    db = sqlite3.connect(db_path(home))
+    return db.execute("SELECT message_id, data FROM message_images ORDER BY message_id, position").fetchall()
+
+
+def drop_files(view, *paths: Path) -> bool:
+    """Drag local files onto the chat pane and drop them, as a file manager does; True when the
+    pane accepted the drag."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    point = QPointF(view.transcript.geometry().center())
+    enter = QDragEnterEvent(
+        point, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    )
+    QApplication.sendEvent(view, enter)
+    drop = QDropEvent(point, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(view, drop)
+    return enter.isAccepted() and drop.isAccepted()
+
+
+class Answers:
+    """What the worker reports for each answer: what the engine was given, and the text."""
+
+    def __init__(self, app):
+        self.started: list[dict] = []
+        self.deltas: list[str] = []
+        app.worker.generation_started.connect(lambda _id, info: self.started.append(info))
+        app.worker.tokens_changed.connect(lambda _id, text: self.deltas.append(text))
+
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+
+def finish(qtbot, app, action):
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        action()
+    return blocker.args  # (answer id, finish reason)
+
+
+def test_a_dropped_picture_is_answered_saved_and_survives_a_restart(qtbot, make_app, home, vision_path, vision_model):
+    preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
+    app = make_app(model_path=str(vision_path))
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    assert not view.completion_switch.isChecked()  # an instruction-tuned model: chat mode
+    picture = IMAGES / "portrait_rgba.png"
+    assert drop_files(view, picture)
+    assert view.attachment_names() == ["portrait_rgba.png"] and view.attachments.isVisible()
+    seen = Answers(app)
+    qtbot.keyClicks(view.input, QUESTION)
+    _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    expected = engine_answer(vision_model, [user_turn([picture.read_bytes()], QUESTION)])
+    assert reason == "length" and expected.strip()
+    assert seen.text() == expected  # streamed, and the engine's own greedy answer for that picture
+    assert seen.started[0]["images"] == [key(vision_model, picture.read_bytes())]
+    assert view.attachment_names() == [] and not view.attachments.isVisible()  # sent with the message
+    # on show: the picture's thumbnail in the user's message, the answer after it
+    user, answer = app.chat.messages
+    assert view.message_pictures() == [[user.images[0].sha256], []]
+    assert expected.strip().splitlines()[0] in view.transcript_text()
+    app.store.flush()
+    assert image_rows(home) == [(user.id, picture.read_bytes())]
+    conversation = app.chat.conversation_id
+    app.shutdown()
+
+    again = make_app(model_path=str(vision_path))  # a restart on the same history
+    view = again.window.chat
+    assert again.chat.conversation_id == conversation
+    user, answer = again.chat.messages
+    assert (user.content, [i.name for i in user.images], answer.content) == (QUESTION, ["portrait_rgba.png"], expected)
+    assert view.message_pictures() == [[user.images[0].sha256], []]
+    wait_loaded(qtbot, again)
+    seen = Answers(again)
+    # Regenerate reads the picture again from the store: the same greedy answer
+    finish(qtbot, again, lambda: qtbot.mouseClick(view.regenerate_button, Qt.MouseButton.LeftButton))
+    assert seen.text() == expected and seen.started[0]["images"] == [key(vision_model, picture.read_bytes())]
+    assert again.chat.messages[1].versions == 2
+    # an edit keeps the message's pictures
+    assert click_link(qtbot, view, "Edit", 0).endswith(f"/edit/{user.id}")
+    view.input.setPlainText("Describe it briefly.")
+    finish(qtbot, again, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    expected_edit = engine_answer(vision_model, [user_turn([picture.read_bytes()], "Describe it briefly.")])
+    assert seen.started[1]["images"] == [key(vision_model, picture.read_bytes())]
+    assert seen.text() == expected + expected_edit
+    again.store.flush()
+    assert image_rows(home) == [(user.id, picture.read_bytes())]
+
+    # the exports carry it
+    again.chat.export_current("json", home / "chat.json")
+    exported = json.loads((home / "chat.json").read_text())["conversations"][0]["messages"][0]
+    assert [(i["name"], i["media_type"]) for i in exported["images"]] == [("portrait_rgba.png", "image/png")]
+    again.chat.export_current("markdown", home / "chat.md")
+    assert "![portrait_rgba.png](data:image/png;base64," in (home / "chat.md").read_text()
+    # deleting the conversation removes its pictures
+    again.chat.delete_conversation(conversation)
+    again.store.flush()
+    assert image_rows(home) == []
+
+
+def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, vision_path, vision_model, monkeypatch):
+    preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
+    app = make_app(model_path=str(vision_path))
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    chosen = [str(IMAGES / "exif_rotated.jpg"), str(IMAGES / "small.webp")]
+    monkeypatch.setattr(
+        attachments_controller.QFileDialog, "getOpenFileNames", lambda *args, **kwargs: (chosen, "Images")
+    )
+    qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
+    assert view.attachment_names() == ["exif_rotated.jpg", "small.webp"]
+    # paste a copied picture (image data, not a file) into the message box
+    QGuiApplication.clipboard().setImage(QImage(str(IMAGES / "gray.png")))
+    view.input.setFocus()
+    qtbot.keyClick(view.input, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    assert view.attachment_names() == ["exif_rotated.jpg", "small.webp", "pasted image.png"]
+    assert view.input.toPlainText() == ""  # the picture went to the attachments, not into the text
+    # ✕ on the WebP: it does not go
+    removes = view.attachments.findChildren(QToolButton, "removeAttachment")
+    qtbot.mouseClick(removes[1], Qt.MouseButton.LeftButton)
+    assert view.attachment_names() == ["exif_rotated.jpg", "pasted image.png"]
+    seen = Answers(app)
+    qtbot.keyClicks(view.input, "Compare them.")
+    finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    user = app.chat.messages[0]
+    saved = [p.data for p in app.store.message_pictures(user.id)]
+    exif = (IMAGES / "exif_rotated.jpg").read_bytes()
+    assert saved[0] == exif
+    # the pasted picture is the same pixels as the file it was copied from
+    assert key(vision_model, saved[1]) == key(vision_model, (IMAGES / "gray.png").read_bytes())
+    assert seen.started[0]["images"] == [key(vision_model, exif), key(vision_model, saved[1])]
+    assert seen.text() == engine_answer(vision_model, [user_turn(saved, "Compare them.")])
+    # a picture alone (no text) is a message too; the earlier pictures stay in the prompt
+    assert drop_files(view, IMAGES / "two_frames.gif")
+    finish(qtbot, app, lambda: qtbot.mouseClick(view.send_button, Qt.MouseButton.LeftButton))
+    gif = (IMAGES / "two_frames.gif").read_bytes()
+    assert seen.started[1]["images"] == [key(vision_model, exif), key(vision_model, saved[1]), key(vision_model, gif)]
+    assert [m.content for m in app.chat.messages][2] == ""
+
+
+def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, monkeypatch):
+    app = make_app(autoload=False)
+    view = app.window.chat
+    whole = (IMAGES / "portrait_rgba.png").read_bytes()
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(whole[: len(whole) // 2])
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a picture")
+    assert drop_files(view, cut, IMAGES / "gray.png")
+    assert view.attachment_names() == ["gray.png"]  # the good one is still attached
+    assert (
+        view.notice_kind() == "error"
+        and "damaged or truncated" in view.notice.text()
+        and "cut.png" in view.notice.text()
+    )
+    monkeypatch.setattr(
+        attachments_controller.QFileDialog, "getOpenFileNames", lambda *args, **kwargs: ([str(notes)], "")
+    )
+    qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
+    assert "not an image Phoenix Chat reads" in view.notice.text()
+    assert view.attachment_names() == ["gray.png"]
+    # text dropped or pasted is still text
+    mime = QMimeData()
+    mime.setText("plain words")
+    view.input.insertFromMimeData(mime)
+    assert view.input.toPlainText() == "plain words" and view.attachment_names() == ["gray.png"]
+
+
+def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
+    """The embedded 270M: the answer fails with the engine's one line, the message and its
+    picture are saved, and the app goes on answering in a new chat."""
+    preset(home, backend="cpu", max_tokens=3, temperature=0.0)
+    app = make_app()
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    assert drop_files(view, IMAGES / "small.webp")
+    qtbot.keyClicks(view.input, "What is this?")
+    _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    assert reason == "error"
+    assert view.notice_kind() == "error" and "this model has no image input" in view.notice.text()
+    app.store.flush()
+    user = app.chat.messages[0]
+    assert (user.content, [i.name for i in user.images]) == ("What is this?", ["small.webp"])
+    assert image_rows(home) == [(user.id, (IMAGES / "small.webp").read_bytes())]
+    app.chat.new_conversation()
+    seen = Answers(app)
+    _, reason = finish(qtbot, app, lambda: app.chat.send("The capital of France is"))
+    assert reason in ("length", "stop") and seen.text().strip()
