@@ -78,6 +78,7 @@ $(CONVERT_STAMP): | $(STAMP)
 	$(CONVERT_VENV)/bin/pip install -q torch==2.13.0
 	$(CONVERT_VENV)/bin/pip install -q 'transformers==4.57.6' 'sentencepiece>=0.1.98,<0.3.0' \
 	  'protobuf>=7.36.1' numpy safetensors
+	$(PY) -c 'from tools.convert_with_llama_cpp import llama_cpp_source; llama_cpp_source()'
 	touch $(CONVERT_STAMP)
 
 shaders:

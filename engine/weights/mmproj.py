@@ -129,8 +129,12 @@ class MmprojFile:
                 known_type(self.path, t)
                 continue
             self.tensors[name], self._offsets[name] = locate_tensor(self.path, self.file_size, t, data_start, name)
-        self.merge = int(meta.get("clip.vision.projector.scale_factor", DEFAULT_MERGE))
-        self.projection_dim = int(self._key("clip.vision.projection_dim"))
+        try:
+            self._geometry = self._read_geometry()
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ModelFileError(self.path, f"mangled clip.* metadata ({exc})") from None
+        self.merge = int(self._geometry["merge"])
+        self.projection_dim = int(self._geometry["projection_dim"])
         self._check_tensors(self.settings(self.projection_dim, (0, 0, 0)))
 
     def _key(self, key: str) -> Any:
@@ -138,32 +142,52 @@ class MmprojFile:
             raise ModelFileError(self.path, f"mmproj metadata lacks {key!r}")
         return self.metadata[key]
 
+    def _read_geometry(self) -> dict[str, Any]:
+        g: dict[str, Any] = {
+            "image_size": int(self._key("clip.vision.image_size")),
+            "patch_size": int(self._key("clip.vision.patch_size")),
+            "hidden_size": int(self._key("clip.vision.embedding_length")),
+            "intermediate_size": int(self._key("clip.vision.feed_forward_length")),
+            "num_layers": int(self._key("clip.vision.block_count")),
+            "num_heads": int(self._key("clip.vision.attention.head_count")),
+            "layer_norm_eps": float(self.metadata.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+            "merge": int(self.metadata.get("clip.vision.projector.scale_factor", DEFAULT_MERGE)),
+            "projection_dim": int(self._key("clip.vision.projection_dim")),
+        }
+        mean = [float(x) for x in self.metadata.get("clip.vision.image_mean", (0.5, 0.5, 0.5))]
+        std = [float(x) for x in self.metadata.get("clip.vision.image_std", (0.5, 0.5, 0.5))]
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError("clip.vision.image_mean/std must have three values")
+        g["image_mean"], g["image_std"] = (mean[0], mean[1], mean[2]), (std[0], std[1], std[2])
+        if min(g["patch_size"], g["merge"], g["num_heads"], g["hidden_size"]) < 1:
+            raise ValueError("a size of 0")
+        side = g["image_size"] // g["patch_size"]
+        if side < 1 or side % g["merge"]:
+            raise ValueError(f"{side} x {side} patches do not pool by {g['merge']}")
+        if g["hidden_size"] % g["num_heads"]:
+            raise ValueError(f"width {g['hidden_size']} does not split into {g['num_heads']} heads")
+        g["mm_tokens_per_image"] = (side // g["merge"]) ** 2
+        return g
+
     def settings(self, text_hidden: int, ids: tuple[int, int, int]) -> VisionConfig:
         """The tower's settings in front of a text model of width `text_hidden` whose vocabulary
         has (placeholder, start-of-image, end-of-image) at `ids`."""
-        image_size, patch = int(self._key("clip.vision.image_size")), int(self._key("clip.vision.patch_size"))
-        side = image_size // patch
-        if self.merge < 1 or side % self.merge:
-            raise ModelFileError(self.path, f"{side} x {side} patches do not pool by {self.merge}")
-        mean = tuple(float(x) for x in self.metadata.get("clip.vision.image_mean", (0.5, 0.5, 0.5)))
-        std = tuple(float(x) for x in self.metadata.get("clip.vision.image_std", (0.5, 0.5, 0.5)))
-        if len(mean) != 3 or len(std) != 3:
-            raise ModelFileError(self.path, "clip.vision.image_mean/std must have three values")
+        g = self._geometry
         return VisionConfig(
-            image_size=image_size,
-            patch_size=patch,
-            hidden_size=int(self._key("clip.vision.embedding_length")),
-            intermediate_size=int(self._key("clip.vision.feed_forward_length")),
-            num_layers=int(self._key("clip.vision.block_count")),
-            num_heads=int(self._key("clip.vision.attention.head_count")),
-            layer_norm_eps=float(self.metadata.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
-            mm_tokens_per_image=(side // self.merge) ** 2,
+            image_size=g["image_size"],
+            patch_size=g["patch_size"],
+            hidden_size=g["hidden_size"],
+            intermediate_size=g["intermediate_size"],
+            num_layers=g["num_layers"],
+            num_heads=g["num_heads"],
+            layer_norm_eps=g["layer_norm_eps"],
+            mm_tokens_per_image=g["mm_tokens_per_image"],
             text_hidden_size=text_hidden,
             image_token_id=ids[0],
             boi_token_id=ids[1],
             eoi_token_id=ids[2],
-            image_mean=(mean[0], mean[1], mean[2]),
-            image_std=(std[0], std[1], std[2]),
+            image_mean=g["image_mean"],
+            image_std=g["image_std"],
         )
 
     def _check_tensors(self, cfg: VisionConfig) -> None:
