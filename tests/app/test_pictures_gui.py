@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QToolButton
 
 from phoenix_chat.app.controllers import attachments_controller
 from phoenix_chat.app.store import db_path
-from phoenix_chat.engine.generate import generate
+from phoenix_chat.engine.generate import PromptIds, encode_prompt, generate
 from phoenix_chat.engine.loader import load
 from phoenix_chat.engine.sampling import SamplingParams
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
@@ -193,13 +193,27 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     # the pasted picture is the same pixels as the file it was copied from
     assert key(vision_model, saved[1]) == key(vision_model, (IMAGES / "gray.png").read_bytes())
     assert seen.started[0]["images"] == [key(vision_model, exif), key(vision_model, saved[1])]
-    assert seen.text() == engine_answer(vision_model, [user_turn(saved, "Compare them.")])
+    first = engine_answer(vision_model, [user_turn(saved, "Compare them.")])
+    assert seen.text() == first
+    # Continue goes on from the answer with the pictures still in the prompt
+    finish(qtbot, app, lambda: qtbot.mouseClick(view.continue_button, Qt.MouseButton.LeftButton))
+    ids, spans = encode_prompt(vision_model, [user_turn(saved, "Compare them.")])
+    ids += vision_model.tokenizer.encode(first, add_bos=False, parse_special=False)
+    more = generate(vision_model, PromptIds(tuple(ids), tuple(spans)), GREEDY, max_tokens=ANSWER)
+    assert seen.started[1]["images"] == seen.started[0]["images"]
+    assert seen.text() == first + more and app.chat.messages[1].content == first + more
     # a picture alone (no text) is a message too; the earlier pictures stay in the prompt
     assert drop_files(view, IMAGES / "two_frames.gif")
     finish(qtbot, app, lambda: qtbot.mouseClick(view.send_button, Qt.MouseButton.LeftButton))
     gif = (IMAGES / "two_frames.gif").read_bytes()
-    assert seen.started[1]["images"] == [key(vision_model, exif), key(vision_model, saved[1]), key(vision_model, gif)]
+    assert seen.started[2]["images"] == [key(vision_model, exif), key(vision_model, saved[1]), key(vision_model, gif)]
     assert [m.content for m in app.chat.messages][2] == ""
+    # completion mode has no template to place a picture: one line says so
+    qtbot.mouseClick(view.completion_switch, Qt.MouseButton.LeftButton)
+    assert view.completion_switch.isChecked()
+    assert drop_files(view, IMAGES / "gray.png")
+    _, reason = finish(qtbot, app, lambda: app.chat.send("And now?"))
+    assert reason == "error" and "pictures are read in chat mode only" in view.notice.text()
 
 
 def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, monkeypatch):
