@@ -28,11 +28,9 @@ CACHED_IMAGES = 32  # soft tokens are small (256 x width f32: 2.5 MiB on the 4B)
 class VisionTower(Protocol):
     """The tower + projector on a backend's device (Backend.vision_tower; Vulkan: siglip_graph.py)."""
 
-    def run(self, pixels: F32, keep_tower: bool = True) -> None: ...  # one preprocessed picture [3, size, size]
+    def encode(self, pixels: F32) -> F32: ...  # [3, size, size] -> [mm_tokens_per_image, text width]
 
-    def soft_tokens(self) -> F32: ...  # [mm_tokens_per_image, text width] of the last run
-
-    def tower_output(self) -> F32: ...  # [patches, vision width] of the last run
+    def encode_with_tower(self, pixels: F32) -> tuple[F32, F32]: ...  # + the tower's [patches, vision width]
 
 
 class ImageEncoder:
@@ -71,8 +69,7 @@ class ImageEncoder:
         self._check(pixels)
         self.tower_runs += 1
         if self.device_tower is not None:
-            self.device_tower.run(pixels)
-            return self.device_tower.tower_output()
+            return self.device_tower.encode_with_tower(pixels)[0]
         assert self.tower is not None
         return self.tower.forward(pixels)
 
@@ -86,8 +83,7 @@ class ImageEncoder:
         if self.device_tower is not None:  # the pool and projector run there too: only soft tokens come back
             self._check(pixels)
             self.tower_runs += 1
-            self.device_tower.run(pixels, keep_tower=False)
-            tokens = self.device_tower.soft_tokens()
+            tokens = self.device_tower.encode(pixels)
         else:
             tokens = project(self.tower_output(pixels), self.norm_multiplier, self.projection, self.cfg)
         self._cache[key] = tokens

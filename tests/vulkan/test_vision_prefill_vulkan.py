@@ -140,7 +140,8 @@ def test_greedy_continuation_equals_the_cpu_backend(models64, meta):
 
 def test_scheduler_on_vulkan_answers_a_picture(models64, meta):
     """The scheduler on a Vulkan model (2 slots) answers an image request with the CPU backend's
-    greedy answer, while a text request shares its decode steps."""
+    greedy answer, while a text request shares its decode steps. The text request goes first, so
+    the picture is encoded on this thread (at submit) while the scheduler's thread decodes."""
     cpu, vk = models64
     chat = chat_with_images(meta)
     want = [r.token for r in stream_generate(cpu, chat, GREEDY, max_tokens=8) if r.token is not None]
@@ -148,11 +149,33 @@ def test_scheduler_on_vulkan_answers_a_picture(models64, meta):
     text_alone = [r.token for r in stream_generate(vk, text, GREEDY, max_tokens=8) if r.token is not None]
     sched = Scheduler(vk)
     try:
-        picture = sched.submit(Request(chat, GREEDY, max_tokens=8))
         words = sched.submit(Request(text, GREEDY, max_tokens=8))
+        picture = sched.submit(Request(chat, GREEDY, max_tokens=8))
         got = [t for d in picture for t in d.token_ids]
         got_text = [t for d in words for t in d.token_ids]
     finally:
         sched.close()
     assert got == want
     assert got_text == text_alone
+
+
+def test_a_tower_without_room_leaves_pictures_to_the_cpu(tmp_path, vk_device, monkeypatch, golden):
+    """Where the device has no room left for the tower (it is not in the memory plan), the model
+    still loads: pictures are encoded by the numpy reference, and the backend says why."""
+    from phoenix_chat.engine.backends.vulkan import siglip_graph
+    from phoenix_chat.engine.errors import OutOfMemoryError
+
+    def no_room(*args, **kwargs):
+        raise OutOfMemoryError("out of device memory allocating vision_x (test)")
+
+    monkeypatch.setattr(siglip_graph, "SiglipGraph", no_room)
+    folder = tiny_vision_model.build(tmp_path / "tiny-gemma3-vision")
+    vk = engine.load(folder, backend="vulkan", context_length=128)
+    try:
+        assert vk.vision.device_tower is None and vk.vision.tower is not None
+        info = vk.backend.stats()["vision_tower"]
+        assert info["on_device"] is False and "does not fit beside the text model" in info["why"]
+        _, soft = vk.vision.soft_tokens(golden["pixels/gray"])
+        np.testing.assert_allclose(soft, golden["soft/gray"], rtol=0, atol=SOFT_ATOL)
+    finally:
+        vk.close()

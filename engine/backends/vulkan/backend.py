@@ -15,6 +15,7 @@ measures about itself (busy gauge, host time, per-op profile, stats) is in profi
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict, deque
@@ -52,6 +53,7 @@ from phoenix_chat.engine.backends.vulkan.plan import (
 )
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
+from phoenix_chat.engine.errors import OutOfMemoryError
 from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.weights.base import WeightSource
 
@@ -60,6 +62,8 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.models.gemma3 import F32
     from phoenix_chat.engine.vision.spans import ImageSpan
     from phoenix_chat.engine.vision_config import VisionConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's constructor argument
 
@@ -111,6 +115,7 @@ class VulkanBackend(Backend):
         )
         self._image_rows: ImageRows | None = None  # a prompt's pictures, per prefill chunk (first use)
         self._vision_towers: list[SiglipGraph] = []
+        self.vision_note = ""  # why pictures are not encoded on this device, when they are not
         self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
         self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool], CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
@@ -303,13 +308,19 @@ class VulkanBackend(Backend):
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
 
-    def vision_tower(self, cfg: VisionConfig, tensor: Callable[[str], F32]) -> SiglipGraph:
+    def vision_tower(self, cfg: VisionConfig, tensor: Callable[[str], F32]) -> SiglipGraph | None:
         """The SigLIP tower + projector on this device (siglip_graph.py, F16 matrices), recorded
         once for the model's image size; closed with the backend. Its weights and activations
-        are not in the memory plan: a device without room for them fails here (OutOfMemoryError)."""
+        are not in the memory plan: where the device has no room left for them, None (pictures
+        are then encoded by the numpy reference), logged and kept in `vision_note` / stats()."""
         from phoenix_chat.engine.backends.vulkan.siglip_graph import SiglipGraph
 
-        tower = SiglipGraph(self.dev, cfg, tensor)
+        try:
+            tower = SiglipGraph(self.dev, cfg, tensor)
+        except OutOfMemoryError as exc:
+            self.vision_note = f"the vision tower does not fit beside the text model on {self.dev.name} ({exc})"
+            log.warning("%s: pictures are encoded on the CPU", self.vision_note)
+            return None
         self._vision_towers.append(tower)
         return tower
 
@@ -599,9 +610,12 @@ class VulkanBackend(Backend):
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
         many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
         out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
+        if self.vision_note:
+            out["vision_tower"] = {"on_device": False, "why": self.vision_note}
         if self._vision_towers:
             t = self._vision_towers[0]
             out["vision_tower"] = {
+                "on_device": True,
                 "matrix_type": t.matrix_type,
                 "gemm": t.gemm_kernel,
                 "weight_bytes": t.weight_bytes(),

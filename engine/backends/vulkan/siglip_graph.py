@@ -27,6 +27,7 @@ on the host by gguf's quantizer). Vectors (biases, norms, position embeddings) s
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,7 @@ class SiglipGraph:
         self._vectors: list[Buffer] = []
         self._lists: list[CommandList] = []
         self.kept = False
+        self._lock = threading.Lock()  # one picture at a time: `encode` may come from several threads
         try:
             self._upload(tensor)
             self._allocate()
@@ -356,9 +358,16 @@ class SiglipGraph:
         return self.tower_out.view(np.float32, self.h.size // 4).reshape(self.n_patches, -1).copy()
 
     def encode(self, pixels: F32) -> F32:
-        """Soft tokens of one preprocessed picture."""
-        self.run(pixels, keep_tower=False)
-        return self.soft_tokens()
+        """Soft tokens of one preprocessed picture (thread-safe; `run` and the reads are not)."""
+        with self._lock:
+            self.run(pixels, keep_tower=False)
+            return self.soft_tokens()
+
+    def encode_with_tower(self, pixels: F32) -> tuple[F32, F32]:
+        """(the tower's output, the soft tokens) of one preprocessed picture (thread-safe)."""
+        with self._lock:
+            self.run(pixels, keep_tower=True)
+            return self.tower_output(), self.soft_tokens()
 
     def weight_bytes(self) -> int:
         return sum(t.buffer.size for t in self._tensors) + sum(b.size for b in self._vectors)
