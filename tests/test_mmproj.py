@@ -41,6 +41,7 @@ from phoenix_chat.engine.weights import open_weights
 from phoenix_chat.engine.weights.mmproj import AUTO, MmprojFile
 
 from .test_cli import cli as run_cli
+from .test_vision import IMAGES as IMAGES_DIR
 from .test_vision import SOFT_ATOL, TOWER_ATOL
 from .test_vision_scheduler import picture_chat
 
@@ -457,3 +458,44 @@ def test_llama_cpp_reads_the_pair_as_we_do(split, tmp_path, pair_model):
     np.testing.assert_allclose(pair_model.backend.forward_images(ids, 0, spans), ref["logits"], rtol=0, atol=1e-2)
     ours = [r.token for r in stream_generate(pair_model, chat, GREEDY, max_tokens=ANSWER) if r.token is not None]
     assert ours == ref["greedy"]
+
+
+@pytest.mark.parametrize(("outtype", "hf_atol", "llama_atol"), [("bf16", 1e-6, 2e-2), ("q8_0", 0.1, 0.1)])
+def test_bf16_and_q8_0_mmproj_files(split, tmp_path, outtype, hf_atol, llama_atol):
+    """mmproj releases also come in BF16 and Q8_0 (the converter's --outtype). BF16 holds the tiny
+    model's values exactly: the HF folder's soft tokens bit for bit (measured 0.0). Q8_0 rounds the
+    layer matrices: within 0.1 of the HF folder (measured 0.046 on values ~3.6). Against llama.cpp on
+    the same file (it also rounds activations: to BF16, or to Q8_0 blocks): measured 8.3e-3 and 0.038."""
+    from PIL import Image
+
+    from phoenix_chat.engine.vision.images import load_pixels
+    from tools import convert_with_llama_cpp as conv
+    from tools import llama_cpp_mtmd
+    from tools import llama_cpp_server as peer
+
+    text, _, folder = split
+    mmproj = text.parent / f"mmproj-tiny-gemma3-vision-{outtype}.gguf"
+    if not mmproj.exists():
+        conv.convert_mmproj(folder, tmp_path / mmproj.name, outtype)
+        shutil.move(tmp_path / mmproj.name, mmproj)
+    weights = open_weights(text, mmproj=mmproj)
+    hf = open_weights(folder)
+    try:
+        assert weights.mmproj is not None
+        kind = {"bf16": "BF16", "q8_0": "Q8_0"}[outtype]
+        assert weights.mmproj.tensor_types() == {kind: 12, "F16": 1, "F32": 26}  # the projection stays F16
+        rgb = Image.open(IMAGES_DIR / "exif_rotated.jpg").convert("RGB").resize((112, 112), Image.Resampling.BILINEAR)
+        rgb.save(tmp_path / "picture.png")
+        pixels = load_pixels(tmp_path / "picture.png", hf.vision_config)
+        assert weights.vision_config is not None and hf.vision_config is not None
+        ours = ImageEncoder(weights, weights.vision_config).soft_tokens(pixels)[1]
+        np.testing.assert_allclose(
+            ours, ImageEncoder(hf, hf.vision_config).soft_tokens(pixels)[1], atol=hf_atol, rtol=0
+        )
+        if peer.python() is None:
+            pytest.skip("llama.cpp is not built: `make peer-server` (part of `make test`)")
+        ref = llama_cpp_mtmd.run(text, mmproj, [np.asarray(rgb)], "<__media__>", answer_tokens=1)
+        np.testing.assert_allclose(ours, ref["soft"][0], atol=llama_atol, rtol=0)
+    finally:
+        weights.close()
+        hf.close()

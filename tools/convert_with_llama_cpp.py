@@ -181,11 +181,20 @@ def convert(out_dir: Path | str, work: Path | str | None = None) -> tuple[Path, 
     out.mkdir(parents=True, exist_ok=True)
     folder = stage(Path(work) if work else out / "tiny-gemma3-vision")
     _run([str(exe), __file__, "tokenizer-model", str(folder)])
-    text, mmproj = out / TEXT_NAME, out / MMPROJ_NAME
-    script = str(source / "convert_hf_to_gguf.py")
-    _run([str(exe), script, str(folder), "--outtype", OUTTYPE, "--outfile", str(text)])
-    _run([str(exe), script, str(folder), "--outtype", OUTTYPE, "--mmproj", "--outfile", str(mmproj)])
-    return text, mmproj
+    text = out / TEXT_NAME
+    _run([str(exe), str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", OUTTYPE, "--outfile", str(text)])
+    return text, convert_mmproj(folder, out / MMPROJ_NAME)
+
+
+def convert_mmproj(folder: Path | str, out: Path | str, outtype: str = OUTTYPE) -> Path:
+    """`convert_hf_to_gguf.py --mmproj --outtype OUTTYPE` of a staged folder (f16, bf16, f32, q8_0:
+    the mmproj releases come as F16, BF16, F32 and Q8_0)."""
+    exe = converter_python()
+    if exe is None:
+        raise ConverterUnavailable(f"the converter's venv is not built: run `make convert-tools` (no {CONVERT_STAMP})")
+    script = str(llama_cpp_source() / "convert_hf_to_gguf.py")
+    _run([str(exe), script, str(folder), "--outtype", outtype, "--mmproj", "--outfile", str(out)])
+    return Path(out)
 
 
 def _run(cmd: list[str]) -> None:
