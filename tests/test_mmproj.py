@@ -188,6 +188,13 @@ def test_missing_tensor_is_named(tmp_path):
         MmprojFile(broken)
 
 
+def test_without_a_scale_factor_the_patches_pool_by_four_as_in_clip_cpp(tmp_path):
+    """Real Gemma 3 mmproj files carry no scale factor (64 x 64 patches -> 16 x 16 = 256 tokens):
+    clip.cpp's n_merge is 4 then; on the tiny model's 8 x 8 patches that leaves 2 x 2."""
+    plain = rewrite(MMPROJ, tmp_path / "mmproj-plain.gguf", drop_keys=("clip.vision.projector.scale_factor",))
+    assert MmprojFile(plain).settings(64, IDS).mm_tokens_per_image == 4
+
+
 def test_mangled_or_missing_clip_metadata_is_refused(tmp_path):
     odd = rewrite(MMPROJ, tmp_path / "mmproj-odd.gguf", meta={"clip.vision.projector.scale_factor": 3})
     with pytest.raises(ModelFileError, match=r"mangled clip.\* metadata \(8 x 8 patches do not pool by 3\)"):
