@@ -124,6 +124,38 @@ def bench_tower(dev, cfg: VisionConfig, matrix_type: str, warmup: int, repeats: 
         tower.close()
 
 
+def check_accuracy(dev, cfg: VisionConfig, matrix_type: str) -> dict[str, float]:
+    """The device tower against the numpy reference (engine/models/siglip.py + projector) at
+    this config's widths but one layer and a 224 px picture (the full tower's reference would
+    take minutes in numpy): max abs difference of the tower's output and of the soft tokens, and
+    the largest magnitudes, on this device's own GEMM path (matrix cores with f16 operands where
+    it has them, which the lavapipe tests cannot reach)."""
+    from dataclasses import replace
+
+    from phoenix_chat.engine.backends.vulkan.siglip_graph import PROJECTION, SOFT_NORM, SiglipGraph
+    from phoenix_chat.engine.models.siglip import SiglipVisionTower
+    from phoenix_chat.engine.vision.projector import project
+
+    side = min(cfg.patches_per_side, 16)
+    tokens = min(cfg.mm_tokens_per_image, (side // cfg.pool_kernel) ** 2)
+    small = replace(cfg, num_layers=1, image_size=side * cfg.patch_size, mm_tokens_per_image=tokens)
+    tensor = synthetic_tensor(small)
+    pixels = np.random.default_rng(3).uniform(-1, 1, (3, small.image_size, small.image_size)).astype(np.float32)
+    ref = SiglipVisionTower(small, tensor).forward(pixels)
+    soft_ref = project(ref, tensor(SOFT_NORM) + np.float32(1), tensor(PROJECTION), small)
+    g = SiglipGraph(dev, small, tensor, matrix_type=matrix_type)
+    try:
+        tower, soft = g.encode_with_tower(pixels)
+    finally:
+        g.close()
+    return {
+        "tower_max_abs_err": float(np.abs(tower - ref).max()),
+        "tower_max_abs": float(np.abs(ref).max()),
+        "soft_max_abs_err": float(np.abs(soft - soft_ref).max()),
+        "soft_max_abs": float(np.abs(soft_ref).max()),
+    }
+
+
 def tower_flops(cfg: VisionConfig) -> tuple[float, float]:
     """(linear FLOPs, attention FLOPs) of one picture."""
     N, W, inter = cfg.patches_per_side**2, cfg.hidden_size, cfg.intermediate_size
@@ -231,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for mt in args.matrix_types.split(","):
             r = bench_tower(dev, cfg, mt.strip().upper(), args.warmup, args.repeats)
+            r["accuracy"] = check_accuracy(dev, cfg, r["matrix_type"])
             results["tower"].append(r)
             med, lo, hi = r["wall_ms"]
             gpu = r["gpu_ms"][0] if r["gpu_ms"] else None
@@ -238,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
             gpu_s = f"{gpu:9.2f}" if gpu is not None else f"{'-':>9}"
             print(
                 f"{r['matrix_type']:<9}{r['weight_mib']:12.0f}{med:18.2f}{gpu_s}{f'{lo:.1f}..{hi:.1f}':>16}{rate:9.1f}"
+            )
+        print("accuracy vs the numpy reference (these widths, 1 layer, <= 16 x 16 patches), max abs error:")
+        for r in results["tower"]:
+            a = r["accuracy"]
+            print(
+                f"  {r['matrix_type']:<7} tower {a['tower_max_abs_err']:.2e} (values to {a['tower_max_abs']:.2f}), "
+                f"soft tokens {a['soft_max_abs_err']:.2e} (to {a['soft_max_abs']:.2f})"
             )
         first = results["tower"][0]
         if first["ops_ms"]:
