@@ -56,11 +56,20 @@ def picture_from_bytes(data: bytes, name: str) -> Picture:
     return _picture(name, data, open_image(data))
 
 
-def _picture(name: str, data: bytes, upright: Image.Image) -> Picture:
-    with Image.open(io.BytesIO(data), formats=FORMATS) as img:  # its format, from the header only
-        fmt = img.format
+def media_type(data: bytes, name: str = "picture") -> str:
+    """The picture's media type ("image/png", ...) from its header (ImageError when it is none we read)."""
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as img:
+            fmt = img.format
+    except (OSError, ValueError):
+        fmt = None
     if fmt not in MEDIA_TYPES:
         raise ImageError(f"{name}: not an image Phoenix Chat reads ({', '.join(FORMATS)})")
+    return MEDIA_TYPES[fmt]
+
+
+def _picture(name: str, data: bytes, upright: Image.Image) -> Picture:
+    fmt = {media: f for f, media in MEDIA_TYPES.items()}[media_type(data, name)]
     thumb = upright.copy()
     thumb.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX), Image.Resampling.BILINEAR)
     out = io.BytesIO()

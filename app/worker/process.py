@@ -23,6 +23,8 @@ from phoenix_chat.app.worker.server_host import ServerHost
 STATS_INTERVAL_S = 0.25  # stats to the GUI at 4 Hz
 DELTA_INTERVAL_S = 0.03  # coalesce token deltas to ~30 messages/s
 PROGRESS_INTERVAL_S = 0.05
+# completion mode reads the chat as one text: no template places a picture there
+CHAT_MODE_ONLY = "pictures are read in chat mode only: turn Completion mode off for this chat"
 BASELINE_TOKENS = 16  # the target alone decodes this many tokens when a draft loads: the speed-up's base
 
 
@@ -293,7 +295,7 @@ class Worker:
         assert self.model is not None and self.scheduler is not None  # generate() checked
         require_image_input(self.model)
         if completion:
-            raise PhoenixError("pictures are read in chat mode only: turn Completion mode off for this chat")
+            raise PhoenixError(CHAT_MODE_ONLY)
         ids, spans = self.scheduler.encode(messages[:-1] if continue_final else messages)
         if continue_final:  # the partial answer goes on, open (as prompt_fit.encode_chat does)
             partial = str(messages[-1].get("content", ""))
@@ -402,8 +404,8 @@ class Worker:
         from phoenix_chat.engine.vision.prompt import has_images
 
         gen_id = msg["id"]
-        if has_images(msg["messages"]):
-            self._finish_failed(gen_id, "pictures go to the local engine only: a remote engine gets no pictures yet")
+        if has_images(msg["messages"]) and msg.get("mode") == "completion":
+            self._finish_failed(gen_id, CHAT_MODE_ONLY)
             return
         params = SamplingParams(
             **{k: v for k, v in (msg.get("params") or {}).items() if k in P.SAMPLING_FIELDS and v is not None}

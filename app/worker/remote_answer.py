@@ -3,9 +3,10 @@
 The worker holds either a local model or a `RemoteEngine` (engine/remote/), never both: a
 LOAD_REQUESTED with `remote={url, model, api_key}` drops the local model and connects here. An
 answer then goes to the server's chat endpoint (chat mode: the conversation's messages, system
-prompt included) or completion endpoint (completion mode: the conversation as one text), and its
-deltas go through the same `_AnswerPump` as a local answer, so Stop, regenerate, continue and the
-status bar's figures (measured here, client-side) behave as they do locally.
+prompt included, pictures as OpenAI `image_url` parts with base64 `data:` URLs) or completion
+endpoint (completion mode: the conversation as one text), and its deltas go through the same
+`_AnswerPump` as a local answer, so Stop, regenerate, continue and the status bar's figures
+(measured here, client-side) behave as they do locally.
 
 The API key stays inside the `RemoteTarget` (kept out of its repr) and the engine's HTTP client;
 nothing here prints, logs or sends it back to the GUI.
@@ -13,9 +14,12 @@ nothing here prints, logs or sends it back to the GUI.
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from phoenix_chat.app.pictures import media_type
 
 
 def connect(remote: dict) -> tuple[Any, dict]:
@@ -50,6 +54,26 @@ def remote_info(target: Any, model: str) -> dict:
     }
 
 
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """The chat as OpenAI's API takes it: each picture (an engine image part holding the file's
+    bytes) as an `image_url` part with a base64 `data:` URL; text as it is."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = [_openai_part(part) for part in content]
+        out.append({**m, "content": content})
+    return out
+
+
+def _openai_part(part: dict) -> dict:
+    if part.get("type") != "image":
+        return part
+    data = part["image"]
+    url = f"data:{media_type(data)};base64,{base64.b64encode(data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def stream_answer(
     engine: Any,
     pump: Any,
@@ -74,7 +98,7 @@ def stream_answer(
     if msg.get("mode") == "completion":
         stream = engine.stream_completion(completion_text(msg["messages"]), params, max_tokens, cancel=closing)
     else:
-        stream = engine.stream_chat(list(msg["messages"]), params, max_tokens, cancel=closing)
+        stream = engine.stream_chat(openai_messages(msg["messages"]), params, max_tokens, cancel=closing)
     reason: str | None = None
     error: str | None = None
     try:

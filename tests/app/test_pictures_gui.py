@@ -18,11 +18,16 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
 from PySide6.QtWidgets import QApplication, QToolButton
 
 from phoenix_chat.app.controllers import attachments_controller
+from phoenix_chat.app.secrets import SecretStore
+from phoenix_chat.app.server.config import ServerConfig
+from phoenix_chat.app.server.running import start_server
 from phoenix_chat.app.store import db_path
 from phoenix_chat.engine.generate import PromptIds, encode_prompt, generate
 from phoenix_chat.engine.loader import load
 from phoenix_chat.engine.sampling import SamplingParams
+from phoenix_chat.engine.scheduler import Scheduler
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
+from tests.app.test_remote_settings import MemoryKeyring
 from tests.app.transcript_links import click_link
 from tools.tiny_vision_model import build
 
@@ -264,3 +269,39 @@ def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
     seen = Answers(app)
     _, reason = finish(qtbot, app, lambda: app.chat.send("The capital of France is"))
     assert reason in ("length", "stop") and seen.text().strip()
+
+
+@pytest.fixture(scope="module")
+def served_vision(vision_path):
+    """The tiny vision model behind a real `serve` on 127.0.0.1 (its own copy: a scheduler must
+    be the only writer to its model)."""
+    model = load(vision_path, backend="cpu")
+    scheduler = Scheduler(model)
+    with start_server(scheduler, ServerConfig(port=0)) as running:
+        yield running
+    scheduler.close()
+    model.close()
+
+
+def test_pictures_go_to_a_remote_server_as_data_urls(qtbot, make_app, home, served_vision, vision_model):
+    """A remote engine (here Phoenix Chat's own server) gets the pictures as OpenAI image_url
+    parts: its answer is the engine's greedy answer for that picture."""
+    preset(
+        home,
+        max_tokens=ANSWER,
+        temperature=0.0,
+        remote_profiles=[{"name": "box", "url": served_vision.url, "model": None}],
+        remote_profile="box",
+        engine="remote",
+    )
+    app = make_app(secrets=SecretStore(MemoryKeyring()))
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    picture = IMAGES / "exif_rotated.jpg"
+    assert drop_files(view, picture)
+    qtbot.keyClicks(view.input, QUESTION)
+    _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    user, answer = app.chat.messages
+    assert reason == "length" and answer.engine is not None and answer.engine.startswith("remote:")
+    assert answer.content == engine_answer(vision_model, [user_turn([picture.read_bytes()], QUESTION)])
+    assert [i.name for i in user.images] == ["exif_rotated.jpg"]
