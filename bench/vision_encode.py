@@ -114,6 +114,7 @@ def bench_tower(dev, cfg: VisionConfig, matrix_type: str, warmup: int, repeats: 
         return {
             "matrix_type": matrix_type,
             "gemm": tower.gemm_kernel,
+            "gemm_timing_us": tower.gemm_timing,
             "build_s": build_s,
             "weight_mib": tower.weight_bytes() / 2**20,
             "wall_ms": _ms(wall),
@@ -279,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {r['matrix_type']:<7} tower {a['tower_max_abs_err']:.2e} (values to {a['tower_max_abs']:.2f}), "
                 f"soft tokens {a['soft_max_abs_err']:.2e} (to {a['soft_max_abs']:.2f})"
             )
+        for r in results["tower"]:
+            if r["gemm_timing_us"]:
+                timing = ", ".join(f"{k} {v:.0f} us" for k, v in sorted(r["gemm_timing_us"].items()))
+                print(f"  {r['matrix_type']:<7} GEMM tile chosen: {r['gemm']} (one layer's GEMMs: {timing})")
         first = results["tower"][0]
         if first["ops_ms"]:
             ops = first["ops_ms"]

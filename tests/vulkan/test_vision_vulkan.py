@@ -213,3 +213,16 @@ def test_real_widths_match_the_cpu_reference(vk_device, matrix_type, atol):
         np.testing.assert_allclose(g.soft_tokens(), soft_ref, rtol=0, atol=atol)
     finally:
         g.close()
+
+
+def test_gemm_kernel_is_chosen_by_timing(vk_device, weights):
+    """On matrix-core devices the tower times their tiles on one layer's GEMMs at build; the same
+    choice among the kernels lavapipe runs."""
+    g = SiglipGraph(vk_device, weights.vision_config, weights.vision_tensor, gemm_kernel="lanes")
+    try:
+        best = g.choose_gemm_kernel(("tiled", "lanes"))
+        assert set(g.gemm_timing) == {"tiled", "lanes"} and all(t > 0 for t in g.gemm_timing.values())
+        assert best == min(g.gemm_timing, key=g.gemm_timing.__getitem__)
+        assert g.gemm_kernel == "lanes"  # choosing does not change the recorded lists' kernel
+    finally:
+        g.close()

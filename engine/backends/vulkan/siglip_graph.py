@@ -82,11 +82,13 @@ class SiglipGraph:
     ) -> None:
         """tensor: a vision tensor by its transformers name (`vision_tower.vision_model.…`,
         `multi_modal_projector.…`) as f32 (WeightSource.vision_tensor). gemm_kernel: one of
-        ops_gemm.KERNELS, None for the device's own."""
+        ops_gemm.KERNELS; None: on a device with matrix cores the fastest of their tiles on
+        this tower's shapes (`choose_gemm_kernel`, timed here), else the device's own."""
         if matrix_type not in MATRIX_TYPES:
             raise ValueError(f"vision tower matrices in {matrix_type}: have {', '.join(MATRIX_TYPES)}")
         self.dev, self.cfg, self.matrix_type = dev, cfg, matrix_type
         self.gemm_kernel = gemm_kernel or ops_gemm.kernel(dev)
+        self.gemm_timing: dict[str, float] = {}  # µs of one layer's GEMMs per kernel, where timed
         W, p = cfg.hidden_size, cfg.patch_size
         if W % cfg.num_heads or (W // cfg.num_heads) % 4:
             raise ValueError(f"vision width {W} / {cfg.num_heads} heads: head_dim must be a multiple of 4")
@@ -103,6 +105,8 @@ class SiglipGraph:
         try:
             self._upload(tensor)
             self._allocate()
+            if gemm_kernel is None and ops_gemm.coopmat_ok(dev):
+                self.gemm_kernel = self.choose_gemm_kernel(ops_gemm.COOPMAT_KERNELS)
             self.list = self._record(keep_tower=False)
             self.list_keeping = self._record(keep_tower=True)  # + the tower's output (tests, `tower_output`)
             self.last = self.list
@@ -227,6 +231,37 @@ class SiglipGraph:
             y_stride=ys,
             kernel_name=self.gemm_kernel,
         )
+
+    def _layer_gemms(self, cl: CommandList, L: _Layer) -> None:
+        """One layer's GEMMs (q, k, v, out, fc1, fc2) on whatever the buffers hold (timing only)."""
+        N, W = self.n_patches, self.cfg.hidden_size
+        for j, m in enumerate(L.qkv):
+            self._gemm(cl, self.h, m, (self.qkv, 4 * j * W, self.qkv.size - 4 * j * W), N, W, 3 * W)
+        self._gemm(cl, self.attn, L.out, self.o, N, W, W)
+        self._gemm(cl, self.h, L.fc1, self.mlp, N, W, self.inter)
+        self._gemm(cl, self.mlp, L.fc2, self.o, N, self.inter, W)
+
+    def choose_gemm_kernel(self, candidates: tuple[str, ...]) -> str:
+        """The fastest of `candidates` (ops_gemm kernel names) on one layer's GEMMs, timed on the
+        device (timing.time_many); the times stay in `gemm_timing`. A bigger tile reads each
+        weight tile for more patches but fills fewer workgroups: which wins is the GPU's."""
+        from phoenix_chat.engine.backends.vulkan.timing import time_many
+
+        chosen = self.gemm_kernel
+        L = self.layers[0]
+
+        def record(kernel: str) -> Callable[[CommandList], None]:
+            def rec(cl: CommandList) -> None:
+                self.gemm_kernel = kernel
+                self._layer_gemms(cl, L)
+
+            return rec
+
+        try:
+            self.gemm_timing = time_many(self.dev, {k: record(k) for k in candidates}, reps=3)
+        finally:
+            self.gemm_kernel = chosen
+        return min(self.gemm_timing, key=self.gemm_timing.__getitem__)
 
     def _record(self, keep_tower: bool, profile: bool = False) -> CommandList:
         """profile: a timestamp at every barrier (`profile`), else two around the list."""
