@@ -254,16 +254,6 @@ def _make_backend(
     if kind == "auto":
         try:
             from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-            from phoenix_chat.engine.backends.vulkan.matvec import types_without_kernel
-
-            missing = types_without_kernel(weights) if quant is None else []
-            if missing:  # said, not silent: the GPU would refuse these matrices at upload
-                note = (
-                    f"auto: CPU backend, because the file's {', '.join(missing)} matrices have no Vulkan "
-                    "kernel (--quant q4_0 or q8_0 re-quantizes them for the GPU on load)"
-                )
-                log.warning(note)
-                return _sized(lambda n: _cpu(weights, n, quant, progress, cancel, slots), ctx, model_max), note
 
             options = VulkanOptions(device_index=device, quant=quant)
             backend = _sized(lambda n: VulkanBackend(weights, n, options, progress=progress, **many), ctx, model_max)

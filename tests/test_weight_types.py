@@ -25,19 +25,15 @@ MIXES = {
 }
 
 
-# IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S: read and run by the CPU reference only (no Vulkan kernel:
-# docs/PERFORMANCE.md says why), so tests/vulkan/test_weight_types_model.py takes MIXES alone
+# the codebook types (a lattice grid index per 4 or 8 weights), IQ4_NL where a row has 128 columns
 CODEBOOK_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S")
-CPU_ONLY_MIXES = {
-    "iq3": ("iq3_xxs", "q8_0", {"attn_output": "iq4_nl", "ffn_gate": "iq3_s", "ffn_up": "iq3_s"}),
-    "iq2": ("iq2_xs", "q8_0", {"attn_output": "iq4_nl", "ffn_down": "iq2_s"}),
-}
-ALL_MIXES = {**MIXES, **CPU_ONLY_MIXES}
+MIXES["iq3"] = ("iq3_xxs", "q8_0", {"attn_output": "iq4_nl", "ffn_gate": "iq3_s", "ffn_up": "iq3_s"})
+MIXES["iq2"] = ("iq2_xs", "q8_0", {"attn_output": "iq4_nl", "ffn_down": "iq2_s"})
 
 
-@pytest.fixture(scope="module", params=sorted(ALL_MIXES))
+@pytest.fixture(scope="module", params=sorted(MIXES))
 def mixed_file(request, tmp_path_factory):
-    wtype, etype, roles = ALL_MIXES[request.param]
+    wtype, etype, roles = MIXES[request.param]
     return write(tmp_path_factory.mktemp("types") / f"{request.param}.gguf", "tiny", wtype, etype, seed=3, roles=roles)
 
 
@@ -47,10 +43,7 @@ def test_every_new_type_is_read():
     for wtype, etype, roles in MIXES.values():
         held |= {wtype, etype, *roles.values()}
     assert {t.lower() for t in NEW_TYPES} <= held
-    held_cpu = set()
-    for wtype, _etype, roles in CPU_ONLY_MIXES.values():
-        held_cpu |= {wtype, *roles.values()}
-    assert {t.lower() for t in CODEBOOK_TYPES} <= held_cpu
+    assert {t.lower() for t in CODEBOOK_TYPES} <= held
 
 
 def test_tensors_dequantize_as_gguf_does(mixed_file):
@@ -86,27 +79,5 @@ def test_cpu_reference_runs_a_model_of_them(mixed_file):
         cpu2 = CpuBackend(w, 64)
         cpu2.forward(ids[:-1], 0)
         np.testing.assert_allclose(cpu2.forward(ids[-1:], len(ids) - 1), logits[-1], rtol=1e-4, atol=1e-4)
-    finally:
-        w.close()
-
-
-@pytest.mark.parametrize("mix", sorted(CPU_ONLY_MIXES))
-def test_auto_backend_says_why_codebook_types_run_on_the_cpu(tmp_path, mix):
-    """`auto` would pick the GPU, whose upload refuses these types: it picks the CPU and says
-    which types and what to do (no silent fallback, no failed load)."""
-    from phoenix_chat.engine.backends.cpu import CpuBackend
-    from phoenix_chat.engine.loader import _make_backend
-
-    wtype, etype, roles = CPU_ONLY_MIXES[mix]
-    w = open_weights(write(tmp_path / f"{mix}.gguf", "tiny", wtype, etype, seed=3, roles=roles))
-    try:
-        backend, note = _make_backend("auto", w, 64, None, None, None, None)
-        try:
-            assert isinstance(backend, CpuBackend)
-            held = sorted({wtype.upper(), *(t.upper() for t in roles.values())} & set(CODEBOOK_TYPES))
-            assert note.startswith("auto: CPU backend, because the file's " + ", ".join(held) + " matrices")
-            assert "--quant q4_0" in note
-        finally:
-            backend.close()
     finally:
         w.close()

@@ -38,7 +38,7 @@ MAX_DIMS = 4
 
 # Types this engine can run; anything else is refused at open time with the tensor named.
 # (the low-bit types of popular GGUF releases, Q2_K .. IQ4_XS and IQ3_XXS / IQ3_S / IQ2_XS / IQ2_S,
-# included: gguf-py dequantizes them all; the last four have no Vulkan kernel: vulkan/matvec.SUPPORTED)
+# included: gguf-py dequantizes them all)
 SUPPORTED_TYPES = frozenset(
     {
         QType.F32,

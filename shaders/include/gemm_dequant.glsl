@@ -78,6 +78,11 @@ float FN(w_at)(uint row, uint col, uint n_cols) {
     uint q = (FN(byte)(2u * w + 32u + 32u * h + l) >> (2u * j)) & 3u;
     uint hb = (FN(byte)(2u * w + l) >> (e >> 5)) & 1u;          // high bit set: no -4
     return half_lo(W16[w + 54u]) * FN(q3k_scale)(2u * w + 96u, e >> 4) * float(int(q | (hb << 2)) - 4);
+#elif defined(WTYPE_IQ_GRID)
+    uint w = IQ_GRID_W16 + (row * (n_cols >> 8) + (col >> 8)) * IQ_BW;
+    uint e = col & 255u, lo, hi;
+    float s = FN(iq_group)(w, e >> 3, lo, hi);
+    return s * iq_byte((e & 4u) != 0u ? hi : lo, e & 3u);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     uint w = (row * (n_cols >> 8) + (col >> 8)) * KQ_BW;
     uint e = col & 255u, j = e >> 5, l = e & 31u;
@@ -207,6 +212,18 @@ void FN(w_run16)(uint row, uint col0, uint n_cols, out float v[16]) {
         v[2 * i] = d * float(int((q & 3u) | ((hb & 1u) << 2)) - 4);
         v[2 * i + 1] = d * float(int(((q >> 8) & 3u) | (((hb >> 8) & 1u) << 2)) - 4);
 #endif
+    }
+#elif defined(WTYPE_IQ_GRID)
+    // a run of 16 is two groups of 8, each one scale and 8 signed grid bytes
+    const uint w = IQ_GRID_W16 + (row * (n_cols >> 8) + (col0 >> 8)) * IQ_BW;
+    const uint g0 = (col0 & 255u) >> 3;
+    [[unroll]] for (uint k = 0; k < 2; k++) {
+        uint lo, hi;
+        const float s = FN(iq_group)(w, g0 + k, lo, hi);
+        [[unroll]] for (uint i = 0; i < 4; i++) {
+            v[8 * k + i] = s * iq_byte(lo, i);
+            v[8 * k + 4 + i] = s * iq_byte(hi, i);
+        }
     }
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     const uint w = (row * (n_cols >> 8) + (col0 >> 8)) * KQ_BW;

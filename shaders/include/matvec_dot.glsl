@@ -13,6 +13,7 @@
 //   IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}   136 B   8 x 32, 6-bit scales
 //   Q2_K {u8 scales[16]; u8 qs[64]; f16 d, dmin}                84 B   16 x 16, 2-bit q, 4-bit sc / m
 //   Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}       110 B   16 x 16, 3-bit q - 4
+//   IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S: codebook types, see gguf_bytes.glsl (grid first in the binding)
 // All sizes are even, so every block is read through 16-bit loads.
 
 #include "gguf_bytes.glsl"
@@ -166,6 +167,17 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, XARG) {
 #else
     return half_lo(W16[w0 + 54u]) * acc;
 #endif
+#elif defined(WTYPE_IQ_GRID)
+    // chunk c: groups 4 (c & 7) .. +3 of its block, each a scale and 8 signed grid bytes
+    uint w = IQ_GRID_W16 + (row * (n_cols >> 8) + (c >> 3)) * IQ_BW;
+    [[unroll]] for (uint k = 0u; k < 4u; k++) {
+        uint lo, hi;
+        float s = FN(iq_group)(w, 4u * (c & 7u) + k, lo, hi);
+        float part = 0.0;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) part += iq_byte(lo, i) * XF(8u * k + i) + iq_byte(hi, i) * XF(8u * k + 4u + i);
+        acc += s * part;
+    }
+    return acc;
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
 #if defined(WTYPE_Q4_K)
     const uint BW = 72u;          // u16 words per block
@@ -342,6 +354,16 @@ float FN(chunk_dot)(uint row, uint c, uint n_cols, uint xb) {
 #else
     return half_lo(W16[w0 + 54u]) * dx * r;
 #endif
+#elif defined(WTYPE_IQ_GRID)
+    // four groups of 8: the signed grid bytes dot 2 words of xq each, times the group's scale
+    uint w = IQ_GRID_W16 + (row * (n_cols >> 8) + (c >> 3)) * IQ_BW;
+    float r = 0.0;
+    [[unroll]] for (uint k = 0u; k < 4u; k++) {
+        uint lo, hi;
+        float s = FN(iq_group)(w, 4u * (c & 7u) + k, lo, hi);
+        r += s * float(sdot4x8(lo, xq[xb + 2u * k], 0) + sdot4x8(hi, xq[xb + 2u * k + 1u], 0));
+    }
+    return dx * r;
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     // sub-block j: 32 nibbles (low or high half of 32 bytes), scale d * sc, offset dmin * m:
     // sum(w x) = d sc dx sum(q xq) - dmin m sx

@@ -114,7 +114,11 @@ def test_multi_column_int8_matvec_long_rows(vk_device):
     test_matvec_cols.test_rows_off_the_block_pair_path(vk_device, Q.Q4_0)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype",
+    [Q.Q4_1, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XS, Q.IQ2_S],
+    ids=lambda q: q.name,
+)
 def test_low_bit_types(vk_device, qtype):
     """Issue 25's types at this subgroup size: the subgroup-row matvec with f32 and int8
     activations on 70 odd rows of 768 columns (3 K-quant blocks: fewer chunks than lanes at 32

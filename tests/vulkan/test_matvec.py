@@ -17,10 +17,12 @@ from tools.make_synthetic_gguf import random_blocks
 
 F32_NMSE = 1e-9
 INT8_NMSE = 2e-4
+CODEBOOK_TYPES = [Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XS, Q.IQ2_S]  # the grid is the start of the matrix's buffer
 QUANT_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+QUANT_TYPES += CODEBOOK_TYPES
 TYPES = [Q.F32, Q.F16, Q.BF16, *QUANT_TYPES]
 # gguf-py cannot quantize these: random valid blocks (every bit pattern, sane f16 scales)
-RANDOM_BLOCK_TYPES = {Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+RANDOM_BLOCK_TYPES = {Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, *CODEBOOK_TYPES}
 
 
 def make_weights(qtype: Q, rows: int, cols: int, seed: int = 0):

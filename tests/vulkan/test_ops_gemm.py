@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
+from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
 from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, is_coopmat, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
@@ -31,11 +32,18 @@ def random_weight(wtype, rows, cols, rng):
     return raw, deq
 
 
+def on_device(wtype, raw):
+    """The bytes as a weight buffer holds them: a codebook type's grid first (WeightMatrix.upload)."""
+    grid = np.frombuffer(grid_prefix(getattr(GGMLQuantizationType, wtype)), dtype=np.uint8)
+    return np.concatenate([grid, raw.reshape(-1)])
+
+
 def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K"]
+TYPES += ["IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S"]  # codebook types: the grid at the start of the binding
 TYPES += ["Q5_K", "Q6_K"]
 EVERY_KERNEL = pytest.mark.parametrize("kern", KERNELS)
 
@@ -54,7 +62,7 @@ def check_gemm(dev, wtype: str, m: int, n: int, k: int, kern: str, seed: int) ->
     raw, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
-        bx, bw, by = b.of(x), b.of(raw), b.zeros(4 * m * n)
+        bx, bw, by = b.of(x), b.of(on_device(wtype, raw)), b.zeros(4 * m * n)
         run(dev, lambda cl: gemm(cl, dev, bx, bw, by, wtype=wtype, m=m, n=n, k=k, kernel_name=kern))
         got = b.read(by, np.float32, (m, n))
     assert nmse(got, x.astype(np.float64) @ w.T) < bound
@@ -67,7 +75,9 @@ def test_gemm(vk_device, wtype, m, n, k, kern):
     check_gemm(vk_device, wtype, m, n, k, kern, seed=m * 131 + n + k)
 
 
-@pytest.mark.parametrize("wtype", ["F16", "Q4_0", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"])
+@pytest.mark.parametrize(
+    "wtype", ["F16", "Q4_0", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XS"]
+)
 @EVERY_KERNEL
 def test_gemm_geglu_strides(vk_device, wtype, kern):
     dev = vk_device
@@ -78,7 +88,7 @@ def test_gemm_geglu_strides(vk_device, wtype, kern):
     ru, wu = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((m, k + 8)).astype(np.float32)  # x rows padded: x_stride = k + 8
     with Bufs(dev) as b:
-        bx, bg, bu, by = b.of(x), b.of(rg), b.of(ru), b.zeros(4 * m * (n + 3))
+        bx, bg, bu, by = b.of(x), b.of(on_device(wtype, rg)), b.of(on_device(wtype, ru)), b.zeros(4 * m * (n + 3))
         run(
             dev,
             lambda cl: gemm(

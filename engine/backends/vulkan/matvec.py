@@ -15,13 +15,13 @@ import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
+from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer, ByteProgress, Tensor
 from phoenix_chat.engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
-    from phoenix_chat.engine.weights.base import WeightSource
 
 SUPPORTED = {QType[t] for t in WEIGHT_TYPES}
 # int8 activations: False (f32 x), True (q8_1 x from record_quantize), "regs" (f32 x quantized in registers)
@@ -29,12 +29,6 @@ IntDot: TypeAlias = bool | Literal["regs"]
 # specialization constants by name (Device.pipeline's **spec); SUBGROUP_SIZE: a required subgroup size
 Spec: TypeAlias = dict[str, int]
 MAX_GROUPS_X = 65535
-
-
-def types_without_kernel(weights: WeightSource) -> list[str]:
-    """The file's matrix types no Vulkan kernel reads (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S: their
-    codebook lookups are not built; docs/PERFORMANCE.md says why), by name, sorted."""
-    return sorted({t.qtype.name for t in weights.tensors.values() if len(t.shape) == 2} - {q.name for q in SUPPORTED})
 
 
 def row_bytes(qtype: QType, cols: int) -> int:
@@ -118,7 +112,8 @@ class WeightMatrix:
         if qtype not in SUPPORTED:
             raise ValueError(f"{name}: weight type {qtype.name} has no matvec kernel")
         rows, cols = shape
-        t = Tensor.upload(dev, raw, row_bytes(qtype, cols), rows=rows, name=name, progress=progress)
+        prefix = grid_prefix(qtype)  # a codebook type's grid goes first (shaders/include/gguf_bytes.glsl)
+        t = Tensor.upload(dev, raw, row_bytes(qtype, cols), rows=rows, name=name, progress=progress, prefix=prefix)
         return cls(t, qtype, rows, cols, name)
 
     @property

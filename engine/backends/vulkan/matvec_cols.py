@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, dummy, fusable, groups_2d
-from phoenix_chat.engine.backends.vulkan.pipelines import INT_DOT_TYPES, matvec_cols_name
+from phoenix_chat.engine.backends.vulkan.pipelines import COLS_TYPES, matvec_cols_name
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -37,7 +37,7 @@ def cols_spec(dev: Device, n_vecs: int, rows: int = 2, tile: int | None = None) 
 def cols_ok(dev: Device, mats: list[WeightMatrix]) -> bool:
     """The int8 multi-column kernel takes these matrices on this device: it has the int8 dot
     and every matrix a type with an int8 decoder (else the f32 multi-column matvec runs)."""
-    return bool(dev.caps.int_dot) and all(m.qtype.name in INT_DOT_TYPES for m in mats) and fusable(mats)
+    return bool(dev.caps.int_dot) and all(m.qtype.name in COLS_TYPES for m in mats) and fusable(mats)
 
 
 def record_matvec_cols(

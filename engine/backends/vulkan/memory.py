@@ -150,14 +150,22 @@ def row_ranges(rows: int, row_bytes: int, limit: int, align: int) -> list[tuple[
 class Tensor:
     """A weight on the device in its file layout (quantized blocks), bound in row ranges."""
 
-    def __init__(self, buffer: Buffer, rows: int, row_bytes: int, name: str = ""):
+    def __init__(self, buffer: Buffer, rows: int, row_bytes: int, name: str = "", prefix: int = 0):
+        """`prefix`: bytes before the first row that every kernel reads from the start of its
+        binding (a codebook type's grid): such a tensor is bound whole, in one range."""
         caps = buffer.dev.caps
         self.buffer = buffer
         self.rows = rows
         self.row_bytes = row_bytes
         self.name = name
-        self.nbytes = rows * row_bytes
+        self.prefix = prefix
+        self.nbytes = prefix + rows * row_bytes
         limit = min(caps.max_storage_buffer_range, 1 << 31)  # keep offsets in 32-bit index math
+        if prefix:
+            if self.nbytes > limit:
+                raise ValueError(f"{name}: {self.nbytes} B with its grid cannot be bound within {limit} B")
+            self.ranges = [RowRange(buffer, 0, self.nbytes, 0, rows)]
+            return
         self.ranges = [
             RowRange(buffer, r * row_bytes, n * row_bytes, r, n)
             for r, n in row_ranges(rows, row_bytes, limit, max(caps.min_storage_offset_alignment, 4))
@@ -173,14 +181,17 @@ class Tensor:
         rows: int | None = None,
         name: str = "",
         progress: ByteProgress | None = None,
+        prefix: bytes = b"",
     ) -> Tensor:
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         rows = raw.size // row_bytes if rows is None else rows
         if rows * row_bytes != raw.size:
             raise ValueError(f"{name}: {raw.size} B is not {rows} rows of {row_bytes} B")
-        buf = Buffer(dev, raw.size, name=name)
-        upload(dev, buf, raw, 0, progress)
-        return cls(buf, rows, row_bytes, name)
+        buf = Buffer(dev, len(prefix) + raw.size, name=name)
+        if prefix:
+            upload(dev, buf, np.frombuffer(prefix, dtype=np.uint8), 0)
+        upload(dev, buf, raw, len(prefix), progress)
+        return cls(buf, rows, row_bytes, name, prefix=len(prefix))
 
     def __repr__(self) -> str:
         return f"<Tensor {self.name} {self.rows}x{self.row_bytes}B in {len(self.ranges)} range(s)>"

@@ -12,7 +12,12 @@ from phoenix_chat.engine.backends.vulkan.variants import PushLayout, Variant
 
 _BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 EMBED_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES)
-GEMM_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES)
+# the codebook types (shaders/include/gguf_bytes.glsl: the grid is the start of the matrix's own
+# buffer): the matvecs and the GEMM read them; the embedding and the multi-column int8 matvec do
+# not (an embedding of these types is re-quantized to Q8_0; few-token forwards and batched steps
+# take the f32 multi-column matvec for them)
+CODEBOOK_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S")
+GEMM_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES, *CODEBOOK_TYPES)
 QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16")  # targets of --quant, made on the device
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan import ops_table, ops_vision
 from phoenix_chat.engine.backends.vulkan.ops_norm import NORM_MAXE
+from phoenix_chat.engine.backends.vulkan.ops_table import CODEBOOK_TYPES
 
 # re-exported (`X as X`): the table's vocabulary lives in variants.py
 from phoenix_chat.engine.backends.vulkan.variants import MAX_PUSH_BYTES as MAX_PUSH_BYTES
@@ -56,9 +57,10 @@ QUANT_KERNEL_TYPES = (
     "Q4_K",
     "Q5_K",
     "Q6_K",
-)  # the block types every kernel family (matvec f32 and int8, GEMM, embedding) reads
-WEIGHT_TYPES = ("F32", "F16", "BF16", *QUANT_KERNEL_TYPES)
-INT_DOT_TYPES = QUANT_KERNEL_TYPES  # types with an int8 x int8 dot-product kernel
+)  # the block types every kernel family (matvec f32 and int8, GEMM, embedding, multi-column) reads
+WEIGHT_TYPES = ("F32", "F16", "BF16", *QUANT_KERNEL_TYPES, *CODEBOOK_TYPES)
+INT_DOT_TYPES = (*QUANT_KERNEL_TYPES, *CODEBOOK_TYPES)  # types with an int8 x int8 dot-product matvec
+COLS_TYPES = QUANT_KERNEL_TYPES  # types the int8 multi-column matvec (matvec_cols.comp) reads
 PAIR_TYPES = ("Q8_0", "Q4_0")  # block-pair kernels (n_cols % 64 == 0)
 # (q/k type, v type) of a fused QKV whose v differs: what llama.cpp's Q4_K_M makes of Gemma 3
 # (rows of 640 / 1152 are no whole K-quant super-blocks: Q5_0 q/k, Q8_0 v; else Q6_K v beside Q4_K)
@@ -135,7 +137,7 @@ def matvec_cols_name(wtype: str, epilogue: str = "", v_type: str | None = None) 
 def _matvec_cols_variants() -> list[Variant]:
     """Bindings: 0 x (q8_1 blocks), 1 y, 2 W0, 3 W1, 4 W2."""
     out = []
-    for wt in INT_DOT_TYPES:
+    for wt in COLS_TYPES:
         for suffix, extra in (("", {}), ("_geglu", {"EPI_GEGLU": None})):
             out.append(
                 Variant(

@@ -10,6 +10,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
+from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.device import Capabilities, Device
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
@@ -104,7 +105,7 @@ def plan_memory(
             continue
         qt = probe.embed_type(t.qtype) if name == "embed_tokens" else probe.target_type(t.qtype)
         block, size = GGML_QUANT_SIZES[qt]
-        w_bytes += int(np.prod(t.shape)) // block * size
+        w_bytes += int(np.prod(t.shape)) // block * size + (0 if name == "embed_tokens" else len(grid_prefix(qt)))
     slots = layer_slots(cfg, context_length, PREFILL_CHUNK)
     kv_bytes = n_slots * sum(slots) * cfg.kv_dim * 2 * 2
     T = PREFILL_CHUNK
