@@ -15,7 +15,7 @@ model's F16-vs-BF16 matrices read as f32 (measured 2.4e-6 on values ~4): asserte
 Against transformers' goldens the bounds are test_vision.py's. Against llama.cpp itself (libmtmd
 of the peer build, tools/llama_cpp_mtmd.py, on the same files and pixels): soft tokens 5e-3 and
 logits 1e-2 (ggml rounds activations to f16 in its F16 matmuls; measured 2.1e-3 and 4.2e-3), the
-same prompt ids and greedy tokens."""
+same prompt ids and greedy tokens. BF16 and Q8_0 mmproj files: see their test."""
 
 from __future__ import annotations
 
