@@ -282,6 +282,18 @@ def test_automatic_pairing_is_described(pair_model):
     assert d["mmproj_note"] == "paired automatically: the only mmproj*.gguf beside the model"
 
 
+def test_automatic_pairing_ignores_case(split, tmp_path):
+    text, mmproj, _ = split
+    model = beside(tmp_path, text)
+    (model.parent / "MMProj-Model-F16.GGUF").symlink_to(mmproj)
+    weights = open_weights(model, mmproj=AUTO)
+    try:
+        assert weights.mmproj is not None and weights.mmproj.path.name == "MMProj-Model-F16.GGUF"
+        assert weights.vision_config is not None
+    finally:
+        weights.close()
+
+
 def test_several_mmproj_files_beside_the_model_are_not_guessed(split, tmp_path):
     text, mmproj, _ = split
     second = tmp_path / "mmproj-other-f16.gguf"

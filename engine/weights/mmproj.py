@@ -251,9 +251,16 @@ class MmprojFile:
 
 
 def candidates(model: Path) -> list[Path]:
-    """The `mmproj*.gguf` files beside a model file (never the model itself)."""
-    folder = model.parent
-    return sorted(p for p in folder.glob("*.gguf") if p.name.lower().startswith("mmproj") and p != model)
+    """The `mmproj*.gguf` files beside a model file, any case (never the model itself)."""
+    try:
+        entries = list(model.parent.iterdir())
+    except OSError:  # a folder we may not list: nothing is paired, as with none there
+        return []
+    return sorted(
+        p
+        for p in entries
+        if p.name.lower().startswith("mmproj") and p.name.lower().endswith(".gguf") and p != model and p.is_file()
+    )
 
 
 def pair(text: WeightSource, mmproj: str | os.PathLike[str] | None) -> None:
