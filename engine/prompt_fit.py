@@ -11,6 +11,10 @@ message is cut out and replaced by a marker.
 
 `fit_chat` also continues an answer: with `continue_final`, the last message is a partial
 assistant answer the model goes on writing (no end-of-turn after it).
+
+A chat with pictures (image parts) is fitted the same way, its prompt carrying the pictures'
+spans (engine/vision/prompt.py; a text-only model refuses it with NoImageInput); a message
+holding pictures is never cut, so messages are only left out for it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from phoenix_chat.engine.generate import PromptIds
+from phoenix_chat.engine.vision.spans import ImageSpan
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.loader import LoadedModel
@@ -56,6 +61,21 @@ def encode_chat(model: LoadedModel, messages: Sequence[Mapping[str, Any]], conti
     return model.chat.encode(before, model.tokenizer) + partial
 
 
+def _encode(
+    model: LoadedModel, messages: Sequence[Mapping[str, Any]], continue_final: bool
+) -> tuple[list[int], tuple[ImageSpan, ...]]:
+    """`encode_chat`'s ids, and the pictures' spans where the chat holds any."""
+    from phoenix_chat.engine.vision.prompt import encode_chat as encode_with_images
+    from phoenix_chat.engine.vision.prompt import has_images
+
+    if not has_images(messages):
+        return encode_chat(model, messages, continue_final), ()
+    ids, spans = encode_with_images(model, messages[:-1] if continue_final else messages)
+    if continue_final:
+        ids += model.tokenizer.encode(str(messages[-1].get("content", "")), add_bos=False, parse_special=False)
+    return ids, tuple(spans)
+
+
 def fit_chat(
     model: LoadedModel,
     messages: Sequence[Mapping[str, Any]],
@@ -70,10 +90,10 @@ def fit_chat(
     ctx = model.backend.context_length
     limit = ctx - answer_reserve(ctx, max_tokens)
     msgs = [dict(m) for m in messages]
-    ids = encode_chat(model, msgs, continue_final)
+    ids, spans = _encode(model, msgs, continue_final)
     total = len(ids)
     if total <= limit:
-        return FittedPrompt(PromptIds(tuple(ids)), total)
+        return FittedPrompt(PromptIds(tuple(ids), spans), total)
 
     system = msgs[:1] if msgs and msgs[0].get("role") == "system" else []
     rest = msgs[len(system) :]
@@ -85,23 +105,32 @@ def fit_chat(
         n = 2 if len(body) - protect >= 2 else 1
         body = body[n:]
         dropped += n
-        ids = encode_chat(model, system + head + body, continue_final)
+        ids, spans = _encode(model, system + head + body, continue_final)
 
     kept = system + head + body
     cut = 0
     for _ in range(MAX_CUT_ROUNDS):
         if len(ids) <= limit:
             break
-        cut += _cut_middle_of_longest(model, kept, len(ids) - limit)
-        ids = encode_chat(model, kept, continue_final)
-    return FittedPrompt(PromptIds(tuple(ids)), total, dropped, cut)
+        removed = _cut_middle_of_longest(model, kept, len(ids) - limit)
+        if not removed:  # only pictures' messages are left: nothing to cut
+            break
+        cut += removed
+        ids, spans = _encode(model, kept, continue_final)
+    return FittedPrompt(PromptIds(tuple(ids), spans), total, dropped, cut)
 
 
 def _cut_middle_of_longest(model: LoadedModel, messages: list[dict[str, Any]], excess: int) -> int:
-    """Cut `excess` tokens (and a little slack) from the middle of the longest message, in place."""
+    """Cut `excess` tokens (and a little slack) from the middle of the longest text message, in place
+    (a message with pictures is not cut)."""
     tok = model.tokenizer
-    lengths = [len(tok.encode(str(m.get("content", "")), add_bos=False, parse_special=False)) for m in messages]
+    lengths = [
+        len(tok.encode(m["content"], add_bos=False, parse_special=False)) if isinstance(m.get("content"), str) else 0
+        for m in messages
+    ]
     i = max(range(len(messages)), key=lengths.__getitem__)
+    if not lengths[i]:
+        return 0
     content = tok.encode(str(messages[i].get("content", "")), add_bos=False, parse_special=False)
     remove = min(len(content), excess + len(tok.encode(CUT_MARK, add_bos=False)) + 8)
     keep = len(content) - remove

@@ -241,8 +241,8 @@ class Worker:
         overflow = msg.get("overflow") or "drop_oldest"
         try:
             if has_images(msg["messages"]):
-                fitted = self._picture_prompt(msg["messages"], completion, bool(msg.get("continue_answer")))
-            elif completion:  # the conversation as one text the model continues (no chat template)
+                self._check_pictures(completion)
+            if completion:  # the conversation as one text the model continues (no chat template)
                 fitted = fit_completion(self.model, msg["messages"], overflow, max_tokens)
             else:
                 fitted = fit_chat(
@@ -280,27 +280,22 @@ class Worker:
             self.answers[gen_id] = thread
         thread.start()
 
-    def _picture_prompt(self, messages: list[dict], completion: bool, continue_final: bool):
-        """A chat with pictures (image parts holding the pictures' bytes) as the prompt ids plus
-        each picture's soft tokens, encoded here by the scheduler (the encoder's cache makes a
-        regenerate or the next turn cheap). Refused in one line: by a text-only model
-        (NoImageInput), a backend without the image path (NoImageBackend), in completion mode
-        (no chat template places a picture), and a bad picture (the engine's ImageError). Not
-        shortened to the context: a chat with pictures longer than it is refused at submit."""
+    def _check_pictures(self, completion: bool) -> None:
+        """Before any picture is decoded, the one-line refusals of a chat with pictures: a
+        text-only model (NoImageInput), a backend without the image path (NoImageBackend) and
+        completion mode (no template places a picture). `fit_chat` then encodes the pictures
+        (the encoder's cache makes a regenerate or the next turn cheap) and fits the chat as it
+        fits a text one, leaving out its oldest messages; a message with pictures is never cut."""
+        from phoenix_chat.engine.backends.base import NoImageBackend
         from phoenix_chat.engine.errors import PhoenixError
-        from phoenix_chat.engine.generate import PromptIds
-        from phoenix_chat.engine.prompt_fit import FittedPrompt
         from phoenix_chat.engine.vision.prompt import require_image_input
 
-        assert self.model is not None and self.scheduler is not None  # generate() checked
+        assert self.model is not None  # generate() checked
         require_image_input(self.model)
+        if not self.model.backend.takes_images:
+            raise NoImageBackend(self.model.backend.name)
         if completion:
             raise PhoenixError(CHAT_MODE_ONLY)
-        ids, spans = self.scheduler.encode(messages[:-1] if continue_final else messages)
-        if continue_final:  # the partial answer goes on, open (as prompt_fit.encode_chat does)
-            partial = str(messages[-1].get("content", ""))
-            ids += self.model.tokenizer.encode(partial, add_bos=False, parse_special=False)
-        return FittedPrompt(PromptIds(tuple(ids), tuple(spans)), len(ids))
 
     def _answer_on_scheduler(self, gen_id: str, prompt, params, max_tokens: int, stop, cancel) -> None:
         """Submit to the scheduler and pump its deltas to the GUI (tokens ~30/s, stats 4 Hz)."""

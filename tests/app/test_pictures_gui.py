@@ -305,3 +305,30 @@ def test_pictures_go_to_a_remote_server_as_data_urls(qtbot, make_app, home, serv
     assert reason == "length" and answer.engine is not None and answer.engine.startswith("remote:")
     assert answer.content == engine_answer(vision_model, [user_turn([picture.read_bytes()], QUESTION)])
     assert [i.name for i in user.images] == ["exif_rotated.jpg"]
+
+
+def test_a_chat_with_pictures_longer_than_the_context_leaves_out_its_oldest_messages(
+    qtbot, make_app, home, vision_path, vision_model
+):
+    """The tiny model's 512-token context: the second turn does not fit with the first, so the
+    model reads the second message alone (its picture included), as a text chat is fitted."""
+    preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
+    app = make_app(model_path=str(vision_path))
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    long_text = "apple " * 460  # with its picture, 488 of the 506 tokens a prompt may take here
+    assert drop_files(view, IMAGES / "gray.png")
+    seen = Answers(app)
+    finish(qtbot, app, lambda: app.chat.send(long_text))
+    assert seen.started[0]["images"] == [key(vision_model, (IMAGES / "gray.png").read_bytes())]
+    second = (IMAGES / "small.webp").read_bytes()
+    assert drop_files(view, IMAGES / "small.webp")
+    fitted = []
+    app.worker.prompt_fitted.connect(lambda _id, info: fitted.append(info))
+    finish(qtbot, app, lambda: app.chat.send("And this one?"))
+    assert fitted and fitted[0]["dropped_messages"] == 2
+    assert seen.started[1]["images"] == [key(vision_model, second)]
+    answer = app.chat.messages[-1].content
+    assert answer == engine_answer(vision_model, [user_turn([second], "And this one?")])
+    assert "without 2 earlier messages" in view.transcript_text()
+    assert [len(m.images) for m in app.chat.messages] == [1, 0, 1, 0]  # the history keeps everything
