@@ -179,3 +179,24 @@ def test_a_tower_without_room_leaves_pictures_to_the_cpu(tmp_path, vk_device, mo
         np.testing.assert_allclose(soft, golden["soft/gray"], rtol=0, atol=SOFT_ATOL)
     finally:
         vk.close()
+
+
+def test_prefix_reuse_past_a_picture(models64, meta):
+    """A PromptCache on Vulkan: the same pictures again reuse all but the last id; another picture
+    in the second span resumes at its start, and the answer is the one from scratch."""
+    from phoenix_chat.engine.prompt_cache import PromptCache
+    from tests.test_vision import IMAGES
+
+    _, vk = models64
+    chat = chat_with_images(meta)
+    cache = PromptCache(vk.backend)
+    list(stream_generate(vk, chat, GREEDY, max_tokens=2, cache=cache))
+    ids, spans = encode_prompt(vk, chat)
+    assert cache.plan(ids, spans).reused == len(ids) - 1
+    swapped = [dict(chat[0], content=list(chat[0]["content"]))]
+    swapped[0]["content"][2] = {"type": "image", "image": str(IMAGES / "gray.png")}
+    ids2, spans2 = encode_prompt(vk, swapped)
+    assert cache.plan(ids2, spans2).reused == spans2[1].start
+    reused = [r.token for r in stream_generate(vk, swapped, GREEDY, max_tokens=4, cache=cache)]
+    fresh = [r.token for r in stream_generate(vk, swapped, GREEDY, max_tokens=4)]
+    assert reused == fresh
