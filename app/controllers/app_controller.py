@@ -110,6 +110,7 @@ class AppController(QObject):
         self.window.device_panel_action.toggled.disconnect(self._on_panel_toggled)
         self.settings.set("window_geometry", self.window.saveGeometry().toHex().toStdString())
         self.chat._save_partial()
+        self.chat.attachments.close()
         self.gauges.stop()
         self.diagnostics.stop()
         self.engines.stop()

@@ -3,12 +3,18 @@ thumbnails above the message box. The chat controller takes them when the messag
 
 Each picture is checked as it is attached by the engine's own decoder (app/pictures.py), so a
 file that is no picture, a truncated one or a decompression bomb is refused at once with the
-engine's one-line reason; the others are still attached.
+engine's one-line reason; the others are still attached. Decoding a large photo takes a good part
+of a second, so the checks run on a thread of their own, one at a time in the order offered
+(their pictures are attached in that order); meanwhile the strip says "checking…" and Send waits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import html
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QIODevice, QObject, Signal
@@ -25,13 +31,16 @@ PASTED_NAME = "pasted image.png"
 
 
 class AttachmentsController(QObject):
-    changed = Signal()  # the pending pictures changed
+    changed = Signal()  # the pending pictures changed, or a check started or ended
 
     def __init__(self, view: ChatView, parent: QWidget):
         super().__init__(parent)
         self.view, self.parent_widget = view, parent
         self.pending: list[Picture] = []
+        self.checking = 0  # offers still being checked
         self.last_dir = str(Path.home())
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="picture-check")
+        self._tasks: set[asyncio.Task] = set()  # references kept: see STYLE 14
         connect(
             view,
             attach_requested=self.ask_files,
@@ -48,13 +57,7 @@ class AttachmentsController(QObject):
 
     def add_files(self, paths: list[str]) -> None:
         """Attach each file that is a picture the engine reads; say why for the others."""
-        pictures, refused = [], []
-        for path in paths:
-            try:
-                pictures.append(read_picture(path))
-            except ImageError as exc:
-                refused.append(str(exc))
-        self._add(pictures, refused)
+        self._check([functools.partial(read_picture, path) for path in paths])
 
     def add_image(self, image: QImage) -> None:
         """A pasted or dropped picture (image data, not a file): kept as PNG."""
@@ -64,10 +67,7 @@ class AttachmentsController(QObject):
         if image.isNull() or not image.save(buffer, "PNG"):  # type: ignore[call-overload]
             self._add([], ["the pasted picture could not be read"])
             return
-        try:
-            self._add([picture_from_bytes(bytes(buffer.data().data()), PASTED_NAME)], [])
-        except ImageError as exc:
-            self._add([], [str(exc)])
+        self._check([functools.partial(picture_from_bytes, bytes(buffer.data().data()), PASTED_NAME)])
 
     def remove(self, index: int) -> None:
         if 0 <= index < len(self.pending):
@@ -80,6 +80,29 @@ class AttachmentsController(QObject):
         self._show()
         return taken
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _check(self, jobs: list[Callable[[], Picture]]) -> None:
+        self.checking += 1
+        self._show()
+        task = asyncio.get_event_loop().create_task(self._run(jobs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, jobs: list[Callable[[], Picture]]) -> None:
+        loop = asyncio.get_event_loop()
+        pictures, refused = [], []
+        try:
+            for job in jobs:
+                try:
+                    pictures.append(await loop.run_in_executor(self._pool, job))
+                except ImageError as exc:
+                    refused.append(str(exc))
+        finally:
+            self.checking -= 1
+        self._add(pictures, refused)
+
     def _add(self, pictures: list[Picture], refused: list[str]) -> None:
         self.pending.extend(pictures)
         self._show()
@@ -88,5 +111,5 @@ class AttachmentsController(QObject):
             self.view.show_notice(f"Not attached: {lines}", "error")
 
     def _show(self) -> None:
-        self.view.set_attachments([(p.name, p.thumbnail) for p in self.pending])
+        self.view.set_attachments([(p.name, p.thumbnail) for p in self.pending], checking=self.checking > 0)
         self.changed.emit()

@@ -89,6 +89,7 @@ class ChatController(QObject):
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
         self.attachments = AttachmentsController(self.view, window)  # pictures for the next message
+        self.attachments.changed.connect(self._sync_controls)  # Send waits while a picture is checked
 
         connect(
             self.view,
@@ -285,6 +286,8 @@ class ChatController(QObject):
         text = text.strip()
         conv_id = self.conversation_id if self.conversation_id is not None else self.new_conversation()
         if not (text or self.attachments.pending) or self._answering_here() or conv_id in self.queue:
+            return
+        if self.attachments.checking:  # Send is off meanwhile; a message must not go without them
             return
         pictures = self.attachments.take()
         if self.editing_id is not None:
@@ -573,7 +576,7 @@ class ChatController(QObject):
                 else f"{title} is writing an answer (● in the list); a message sent here waits for it."
             )
         self.view.set_controls(
-            send=not here and not waiting,
+            send=not here and not waiting and not self.attachments.checking,
             stop=(here and not self.stopping) or waiting,
             regenerate=not self.busy,
             continue_=not self.busy and self._can_continue(),

@@ -198,6 +198,10 @@ class ChatView(QWidget):
         self.attachments.setObjectName("attachments")
         self._attachment_row = QHBoxLayout(self.attachments)
         self._attachment_row.setContentsMargins(0, 0, 0, 0)
+        self.attachments_checking = QLabel("checking…")  # a picture is being checked (app/pictures.py)
+        self.attachments_checking.setObjectName("attachmentsChecking")
+        self.attachments_checking.hide()
+        self._attachment_row.addWidget(self.attachments_checking)
         self._attachment_row.addStretch(1)
         self._attachment_tiles: list[QFrame] = []
         self.attachments.hide()
@@ -276,8 +280,9 @@ class ChatView(QWidget):
         self._full_render = True
         self.schedule_render(now=True)
 
-    def set_attachments(self, items: list[tuple[str, bytes]]) -> None:
-        """The pending pictures as (name, PNG thumbnail); each gets a ✕ (`attachment_removed`)."""
+    def set_attachments(self, items: list[tuple[str, bytes]], *, checking: bool = False) -> None:
+        """The pending pictures as (name, PNG thumbnail); each gets a ✕ (`attachment_removed`);
+        `checking`: more are being checked (a "checking…" after them)."""
         for old in self._attachment_tiles:
             self._attachment_row.removeWidget(old)
             old.deleteLater()
@@ -308,7 +313,8 @@ class ChatView(QWidget):
             row.addWidget(remove, 0, Qt.AlignmentFlag.AlignTop)
             self._attachment_row.insertWidget(index, tile)
             self._attachment_tiles.append(tile)
-        self.attachments.setVisible(bool(items))
+        self.attachments_checking.setVisible(checking)
+        self.attachments.setVisible(bool(items) or checking)
 
     def attachment_names(self) -> list[str]:
         """The pending pictures' names, in order (what the strip shows)."""
@@ -537,5 +543,5 @@ class ChatView(QWidget):
         if not self.send_button.isEnabled():
             return
         text = self.input.toPlainText().strip()
-        if text or self.attachments.isVisibleTo(self):  # a picture alone is a message too
+        if text or self._attachment_tiles:  # a picture alone is a message too
             self.send_requested.emit(text)

@@ -75,17 +75,22 @@ def image_rows(home) -> list[tuple[int, bytes]]:
 
 def drop_files(view, *paths: Path) -> bool:
     """Drag local files onto the chat pane and drop them, as a file manager does; True when the
-    pane accepted the drag."""
+    pane accepted the drag. The pictures are then being checked (`checked` waits for that)."""
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
     point = QPointF(view.transcript.geometry().center())
-    enter = QDragEnterEvent(
-        point, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
-    )
+    buttons, keys = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
     QApplication.sendEvent(view, enter)
-    drop = QDropEvent(point, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    drop = QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
     QApplication.sendEvent(view, drop)
     return enter.isAccepted() and drop.isAccepted()
+
+
+def checked(qtbot, app) -> list[str]:
+    """Wait until the offered pictures are checked; the names of those attached."""
+    qtbot.waitUntil(lambda: not app.chat.attachments.checking, timeout=10_000)
+    return app.window.chat.attachment_names()
 
 
 class Answers:
@@ -115,7 +120,10 @@ def test_a_dropped_picture_is_answered_saved_and_survives_a_restart(qtbot, make_
     assert not view.completion_switch.isChecked()  # an instruction-tuned model: chat mode
     picture = IMAGES / "portrait_rgba.png"
     assert drop_files(view, picture)
-    assert view.attachment_names() == ["portrait_rgba.png"] and view.attachments.isVisible()
+    # checked on a thread: meanwhile the strip says so and Send waits
+    assert view.attachments_checking.isVisible() and not view.send_button.isEnabled()
+    assert checked(qtbot, app) == ["portrait_rgba.png"] and view.attachments.isVisible()
+    assert view.send_button.isEnabled() and not view.attachments_checking.isVisible()
     seen = Answers(app)
     qtbot.keyClicks(view.input, QUESTION)
     _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
@@ -177,12 +185,12 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
         attachments_controller.QFileDialog, "getOpenFileNames", lambda *args, **kwargs: (chosen, "Images")
     )
     qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
-    assert view.attachment_names() == ["exif_rotated.jpg", "small.webp"]
+    assert checked(qtbot, app) == ["exif_rotated.jpg", "small.webp"]
     # paste a copied picture (image data, not a file) into the message box
     QGuiApplication.clipboard().setImage(QImage(str(IMAGES / "gray.png")))
     view.input.setFocus()
     qtbot.keyClick(view.input, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
-    assert view.attachment_names() == ["exif_rotated.jpg", "small.webp", "pasted image.png"]
+    assert checked(qtbot, app) == ["exif_rotated.jpg", "small.webp", "pasted image.png"]
     assert view.input.toPlainText() == ""  # the picture went to the attachments, not into the text
     # ✕ on the WebP: it does not go
     removes = view.attachments.findChildren(QToolButton, "removeAttachment")
@@ -208,7 +216,7 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     assert seen.started[1]["images"] == seen.started[0]["images"]
     assert seen.text() == first + more and app.chat.messages[1].content == first + more
     # a picture alone (no text) is a message too; the earlier pictures stay in the prompt
-    assert drop_files(view, IMAGES / "two_frames.gif")
+    assert drop_files(view, IMAGES / "two_frames.gif") and checked(qtbot, app) == ["two_frames.gif"]
     finish(qtbot, app, lambda: qtbot.mouseClick(view.send_button, Qt.MouseButton.LeftButton))
     gif = (IMAGES / "two_frames.gif").read_bytes()
     assert seen.started[2]["images"] == [key(vision_model, exif), key(vision_model, saved[1]), key(vision_model, gif)]
@@ -216,7 +224,7 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     # completion mode has no template to place a picture: one line says so
     qtbot.mouseClick(view.completion_switch, Qt.MouseButton.LeftButton)
     assert view.completion_switch.isChecked()
-    assert drop_files(view, IMAGES / "gray.png")
+    assert drop_files(view, IMAGES / "gray.png") and checked(qtbot, app) == ["gray.png"]
     _, reason = finish(qtbot, app, lambda: app.chat.send("And now?"))
     assert reason == "error" and "pictures are read in chat mode only" in view.notice.text()
 
@@ -230,7 +238,7 @@ def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, mo
     notes = tmp_path / "notes.txt"
     notes.write_text("not a picture")
     assert drop_files(view, cut, IMAGES / "gray.png")
-    assert view.attachment_names() == ["gray.png"]  # the good one is still attached
+    assert checked(qtbot, app) == ["gray.png"]  # the good one is still attached
     assert (
         view.notice_kind() == "error"
         and "damaged or truncated" in view.notice.text()
@@ -240,8 +248,8 @@ def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, mo
         attachments_controller.QFileDialog, "getOpenFileNames", lambda *args, **kwargs: ([str(notes)], "")
     )
     qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
+    assert checked(qtbot, app) == ["gray.png"]
     assert "not an image Phoenix Chat reads" in view.notice.text()
-    assert view.attachment_names() == ["gray.png"]
     # text dropped or pasted is still text
     mime = QMimeData()
     mime.setText("plain words")
@@ -256,7 +264,7 @@ def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
     app = make_app()
     view = app.window.chat
     wait_loaded(qtbot, app)
-    assert drop_files(view, IMAGES / "small.webp")
+    assert drop_files(view, IMAGES / "small.webp") and checked(qtbot, app) == ["small.webp"]
     qtbot.keyClicks(view.input, "What is this?")
     _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
     assert reason == "error"
@@ -298,7 +306,7 @@ def test_pictures_go_to_a_remote_server_as_data_urls(qtbot, make_app, home, serv
     view = app.window.chat
     wait_loaded(qtbot, app)
     picture = IMAGES / "exif_rotated.jpg"
-    assert drop_files(view, picture)
+    assert drop_files(view, picture) and checked(qtbot, app) == ["exif_rotated.jpg"]
     qtbot.keyClicks(view.input, QUESTION)
     _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
     user, answer = app.chat.messages
@@ -317,12 +325,12 @@ def test_a_chat_with_pictures_longer_than_the_context_leaves_out_its_oldest_mess
     view = app.window.chat
     wait_loaded(qtbot, app)
     long_text = "apple " * 460  # with its picture, 488 of the 506 tokens a prompt may take here
-    assert drop_files(view, IMAGES / "gray.png")
+    assert drop_files(view, IMAGES / "gray.png") and checked(qtbot, app) == ["gray.png"]
     seen = Answers(app)
     finish(qtbot, app, lambda: app.chat.send(long_text))
     assert seen.started[0]["images"] == [key(vision_model, (IMAGES / "gray.png").read_bytes())]
     second = (IMAGES / "small.webp").read_bytes()
-    assert drop_files(view, IMAGES / "small.webp")
+    assert drop_files(view, IMAGES / "small.webp") and checked(qtbot, app) == ["small.webp"]
     fitted = []
     app.worker.prompt_fitted.connect(lambda _id, info: fitted.append(info))
     finish(qtbot, app, lambda: app.chat.send("And this one?"))
