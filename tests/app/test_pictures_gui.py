@@ -196,16 +196,25 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     removes = view.attachments.findChildren(QToolButton, "removeAttachment")
     qtbot.mouseClick(removes[1], Qt.MouseButton.LeftButton)
     assert view.attachment_names() == ["exif_rotated.jpg", "pasted image.png"]
+    # paste a copied file (a file manager's copy: its URL)
+    copied = QMimeData()
+    copied.setUrls([QUrl.fromLocalFile(str(IMAGES / "portrait_rgba.png"))])
+    QGuiApplication.clipboard().setMimeData(copied)
+    qtbot.keyClick(view.input, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    assert checked(qtbot, app) == ["exif_rotated.jpg", "pasted image.png", "portrait_rgba.png"]
+    QGuiApplication.clipboard().clear()  # the clipboard owns `copied`: let it go now, not at exit
     seen = Answers(app)
     qtbot.keyClicks(view.input, "Compare them.")
     finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
     user = app.chat.messages[0]
     saved = [p.data for p in app.store.message_pictures(user.id)]
     exif = (IMAGES / "exif_rotated.jpg").read_bytes()
-    assert saved[0] == exif
+    portrait = (IMAGES / "portrait_rgba.png").read_bytes()
+    assert saved[0] == exif and saved[2] == portrait
     # the pasted picture is the same pixels as the file it was copied from
     assert key(vision_model, saved[1]) == key(vision_model, (IMAGES / "gray.png").read_bytes())
-    assert seen.started[0]["images"] == [key(vision_model, exif), key(vision_model, saved[1])]
+    keys = [key(vision_model, data) for data in saved]
+    assert seen.started[0]["images"] == keys
     first = engine_answer(vision_model, [user_turn(saved, "Compare them.")])
     assert seen.text() == first
     # Continue goes on from the answer with the pictures still in the prompt
@@ -219,7 +228,7 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     assert drop_files(view, IMAGES / "two_frames.gif") and checked(qtbot, app) == ["two_frames.gif"]
     finish(qtbot, app, lambda: qtbot.mouseClick(view.send_button, Qt.MouseButton.LeftButton))
     gif = (IMAGES / "two_frames.gif").read_bytes()
-    assert seen.started[2]["images"] == [key(vision_model, exif), key(vision_model, saved[1]), key(vision_model, gif)]
+    assert seen.started[2]["images"] == [*keys, key(vision_model, gif)]
     assert [m.content for m in app.chat.messages][2] == ""
     # completion mode has no template to place a picture: one line says so
     qtbot.mouseClick(view.completion_switch, Qt.MouseButton.LeftButton)
@@ -250,11 +259,21 @@ def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, mo
     qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
     assert checked(qtbot, app) == ["gray.png"]
     assert "not an image Phoenix Chat reads" in view.notice.text()
+    # a file dropped on the message box is attached too, not typed in as its path
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(IMAGES / "small.webp"))])
+    point = QPointF(view.input.viewport().rect().center())
+    buttons, keys = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
+    QApplication.sendEvent(view.input.viewport(), enter)
+    assert enter.isAccepted()
+    QApplication.sendEvent(view.input.viewport(), QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys))
+    assert checked(qtbot, app) == ["gray.png", "small.webp"] and view.input.toPlainText() == ""
     # text dropped or pasted is still text
     mime = QMimeData()
     mime.setText("plain words")
     view.input.insertFromMimeData(mime)
-    assert view.input.toPlainText() == "plain words" and view.attachment_names() == ["gray.png"]
+    assert view.input.toPlainText() == "plain words" and view.attachment_names() == ["gray.png", "small.webp"]
 
 
 def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
