@@ -322,6 +322,9 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[ShownMessage]) -> None:
         self._messages = list(messages)
+        shown = {sha for m in self._messages for sha, _ in m.images}
+        for sha in set(self.transcript.thumbnails) - shown:  # another chat's pictures are not kept
+            del self.transcript.thumbnails[sha]
         self._full_render = True
         self.schedule_render(now=True)
 

@@ -173,6 +173,7 @@ def test_a_dropped_picture_is_answered_saved_and_survives_a_restart(qtbot, make_
     again.chat.delete_conversation(conversation)
     again.store.flush()
     assert image_rows(home) == []
+    assert view.transcript.thumbnails == {}  # the view keeps no thumbnails of chats not on show
 
 
 def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, vision_path, vision_model, monkeypatch):
