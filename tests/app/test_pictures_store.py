@@ -133,3 +133,9 @@ def test_bad_files_are_refused_when_attached_with_the_engines_reason(tmp_path):
         picture_from_bytes(png_header(100_000, 100_000), "pasted image.png")
     with pytest.raises(ImageError, match="no such image file"):
         read_picture(tmp_path / "gone.png")
+    huge = tmp_path / "huge.png"  # sparse: refused from its size, before a byte is read
+    with huge.open("wb") as f:
+        f.write(whole)
+        f.truncate(65 * 2**20)
+    with pytest.raises(ImageError, match="over the 64 MiB image limit"):
+        read_picture(huge)
