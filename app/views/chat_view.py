@@ -285,6 +285,8 @@ class ChatView(QWidget):
         `checking`: more are being checked (a "checking…" after them)."""
         for old in self._attachment_tiles:
             self._attachment_row.removeWidget(old)
+            old.hide()
+            old.setParent(None)  # out of the strip now (findChildren, layout), deleted later
             old.deleteLater()
         self._attachment_tiles = []
         for index, (name, thumbnail) in enumerate(items):

@@ -73,18 +73,23 @@ def image_rows(home) -> list[tuple[int, bytes]]:
     return db.execute("SELECT message_id, data FROM message_images ORDER BY message_id, position").fetchall()
 
 
+def drop(widget, mime: QMimeData) -> bool:
+    """Drag `mime` onto `widget` and drop it there; True when the widget accepted both."""
+    point = QPointF(widget.rect().center())
+    args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    enter = QDragEnterEvent(point, *args)
+    QApplication.sendEvent(widget, enter)
+    dropped = QDropEvent(point, *args)
+    QApplication.sendEvent(widget, dropped)
+    return enter.isAccepted() and dropped.isAccepted()
+
+
 def drop_files(view, *paths: Path) -> bool:
-    """Drag local files onto the chat pane and drop them, as a file manager does; True when the
-    pane accepted the drag. The pictures are then being checked (`checked` waits for that)."""
+    """Drop local files on the chat pane, as a file manager does; True when the pane accepted
+    them. The pictures are then being checked (`checked` waits for that)."""
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    point = QPointF(view.transcript.geometry().center())
-    buttons, keys = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
-    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
-    QApplication.sendEvent(view, enter)
-    drop = QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
-    QApplication.sendEvent(view, drop)
-    return enter.isAccepted() and drop.isAccepted()
+    return drop(view, mime)
 
 
 def checked(qtbot, app) -> list[str]:
@@ -195,6 +200,7 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     assert view.input.toPlainText() == ""  # the picture went to the attachments, not into the text
     # ✕ on the WebP: it does not go
     removes = view.attachments.findChildren(QToolButton, "removeAttachment")
+    assert [r.toolTip() for r in removes] == ["Remove exif_rotated.jpg", "Remove small.webp", "Remove pasted image.png"]
     qtbot.mouseClick(removes[1], Qt.MouseButton.LeftButton)
     assert view.attachment_names() == ["exif_rotated.jpg", "pasted image.png"]
     # paste a copied file (a file manager's copy: its URL)
@@ -263,15 +269,17 @@ def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, mo
     # a file dropped on the message box is attached too, not typed in as its path
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(IMAGES / "small.webp"))])
-    point = QPointF(view.input.viewport().rect().center())
-    buttons, keys = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
-    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys)
-    QApplication.sendEvent(view.input.viewport(), enter)
-    assert enter.isAccepted()
-    QApplication.sendEvent(view.input.viewport(), QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, keys))
+    assert drop(view.input.viewport(), mime)
     assert checked(qtbot, app) == ["gray.png", "small.webp"] and view.input.toPlainText() == ""
-    # text dropped or pasted is still text
+    # a picture dragged from a web page or an editor comes as image data
+    data = QMimeData()
+    data.setImageData(QImage(str(IMAGES / "portrait_rgba.png")))
+    assert drop(view, data)
+    assert checked(qtbot, app) == ["gray.png", "small.webp", "pasted image.png"]
+    qtbot.mouseClick(view.attachments.findChildren(QToolButton, "removeAttachment")[2], Qt.MouseButton.LeftButton)
+    assert view.attachment_names() == ["gray.png", "small.webp"]
     mime = QMimeData()
+    # text dropped or pasted is still text
     mime.setText("plain words")
     view.input.insertFromMimeData(mime)
     assert view.input.toPlainText() == "plain words" and view.attachment_names() == ["gray.png", "small.webp"]
