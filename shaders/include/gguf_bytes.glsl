@@ -77,8 +77,13 @@ uint iq_signed(uint e, uint signs) {
 float iq_byte(uint q, uint i) { return float(int(q << (24u - 8u * i)) >> 24); }
 #endif
 
-// u32 word i of the grid at the start of the binding
+// u32 word i of the grid at the start of the binding (one 32-bit load where the kernel has the
+// binding's u32 view: the grid is 4-byte aligned, the blocks after it need not be)
+#ifdef W32
+uint FN(grid_word)(uint i) { return W32[i]; }
+#else
 uint FN(grid_word)(uint i) { return uint(W16[2u * i]) | (uint(W16[2u * i + 1u]) << 16); }
+#endif
 
 // group g (0..31) of the block at u16 word w: its scale, and its 8 signed grid values as int8
 // bytes (weights 8g .. 8g+3 in lo, 8g+4 .. 8g+7 in hi)
