@@ -28,6 +28,10 @@ from phoenix_chat.engine.vision.images import ImageError
 
 FILE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
 PASTED_NAME = "pasted image.png"
+NO_IMAGE_INPUT = (
+    "this model has no image input: the picture is kept with your message, but a text-only model cannot "
+    "read it (pictures need a Gemma 3 4B, 12B or 27B multimodal model)"
+)
 
 
 class AttachmentsController(QObject):
@@ -38,6 +42,7 @@ class AttachmentsController(QObject):
         self.view, self.parent_widget = view, parent
         self.pending: list[Picture] = []
         self.checking = 0  # offers still being checked
+        self.image_input: bool | None = None  # whether the loaded model reads pictures (None: not known)
         self.last_dir = str(Path.home())
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="picture-check")
         self._tasks: set[asyncio.Task] = set()  # references kept: see STYLE 14
@@ -109,6 +114,8 @@ class AttachmentsController(QObject):
         if refused:
             lines = "<br>".join(html.escape(line) for line in refused)
             self.view.show_notice(f"Not attached: {lines}", "error")
+        elif pictures and self.image_input is False:  # said now, not only when the answer fails
+            self.view.show_notice(html.escape(NO_IMAGE_INPUT), "warning")
 
     def _show(self) -> None:
         self.view.set_attachments([(p.name, p.thumbnail) for p in self.pending], checking=self.checking > 0)

@@ -585,6 +585,7 @@ class ChatController(QObject):
 
     def _on_model_ready(self, info: dict) -> None:
         self.model_is_base = not info.get("is_instruction_tuned", True)
+        self.attachments.image_input = info.get("image_input")  # None: not known (a remote server)
         self._show_mode()
         self.window.set_auto_context(
             info.get("context_length") if self.settings.values.context_length is None else None

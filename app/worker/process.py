@@ -724,8 +724,9 @@ class _AnswerPump:
 
 def describe_model(model) -> dict:
     """The model info the GUI gets: the engine's own `LoadedModel.describe()` (which carries the
-    quantization the backend applied and the weight types it holds, not what was asked for)."""
-    return dict(model.describe())
+    quantization the backend applied and the weight types it holds, not what was asked for), and
+    whether it reads pictures (`image_input`: it has a vision encoder)."""
+    return {**model.describe(), "image_input": model.vision is not None}
 
 
 def _probe_devices() -> list:

@@ -121,13 +121,14 @@ def test_a_dropped_picture_is_answered_saved_and_survives_a_restart(qtbot, make_
     preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
     app = make_app(model_path=str(vision_path))
     view = app.window.chat
-    wait_loaded(qtbot, app)
+    assert wait_loaded(qtbot, app)["image_input"] is True
     assert not view.completion_switch.isChecked()  # an instruction-tuned model: chat mode
     picture = IMAGES / "portrait_rgba.png"
     assert drop_files(view, picture)
     # checked on a thread: meanwhile the strip says so and Send waits
     assert view.attachments_checking.isVisible() and not view.send_button.isEnabled()
     assert checked(qtbot, app) == ["portrait_rgba.png"] and view.attachments.isVisible()
+    assert view.notice_kind() is None  # this model reads pictures: nothing to warn about
     assert view.send_button.isEnabled() and not view.attachments_checking.isVisible()
     seen = Answers(app)
     qtbot.keyClicks(view.input, QUESTION)
@@ -293,10 +294,15 @@ def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
     view = app.window.chat
     wait_loaded(qtbot, app)
     assert drop_files(view, IMAGES / "small.webp") and checked(qtbot, app) == ["small.webp"]
+    # said when the picture is attached, and again (the engine's line) when the answer fails
+    assert view.notice_kind() == "warning" and "this model has no image input" in view.notice.text()
     qtbot.keyClicks(view.input, "What is this?")
     _, reason = finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
     assert reason == "error"
-    assert view.notice_kind() == "error" and "this model has no image input" in view.notice.text()
+    assert (
+        view.notice_kind() == "error"
+        and "The engine reported an error: this model has no image input: " in view.notice.text()
+    )
     app.store.flush()
     user = app.chat.messages[0]
     assert (user.content, [i.name for i in user.images]) == ("What is this?", ["small.webp"])
