@@ -156,7 +156,7 @@ def test_a_schema_3_file_gains_the_engine_of_each_answer(home):
     old.executescript(SCHEMA_V3)
     old.close()
     s = Store(home=home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     user, answer = s.messages(1)
     assert (user.content, answer.content, answer.version, answer.versions) == ("Hi", "second", 2, 2)
     assert answer.engine is None  # written before engines were recorded: not known, not guessed
