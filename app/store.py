@@ -287,6 +287,12 @@ class Store:
             ).fetchall()
         return [Picture(r["name"], r["format"], r["data"], r["width"], r["height"], r["thumbnail"]) for r in rows]
 
+    def picture(self, image_id: int) -> Picture | None:
+        """One saved picture with its bytes (the chat view shows it full size)."""
+        with self._lock:
+            r = self._db.execute("SELECT * FROM message_images WHERE id = ?", (image_id,)).fetchone()
+        return Picture(r["name"], r["format"], r["data"], r["width"], r["height"], r["thumbnail"]) if r else None
+
     def add_pictures(self, message_id: int, pictures: Sequence[Picture]) -> None:
         """Attach `pictures` to a message, after the ones it has."""
         with self._tx() as db:
@@ -568,6 +574,7 @@ class StoreThread:
     delete_conversation = _waited(Store.delete_conversation)
     messages = _waited(Store.messages)
     message_pictures = _waited(Store.message_pictures)
+    picture = _waited(Store.picture)
     add_pictures = _waited(Store.add_pictures)
     add_message = _waited(Store.add_message)
     edit_message = _waited(Store.edit_message)

@@ -18,7 +18,7 @@ import html
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
 
 from phoenix_chat.app.controllers.attachments_controller import AttachmentsController
 from phoenix_chat.app.controllers.model_controller import ModelController
@@ -84,6 +84,7 @@ class ChatController(QObject):
         self.stopping = False
         self.queue: list[int] = []  # chats whose sent message waits for the running answer
         self.live_stats: GenerationStats | None = None
+        self.picture_window: QWidget | None = None  # a message's picture shown full size
         self.model_is_base: bool | None = None  # of the last model that loaded (None: none yet)
         self._tasks: set[asyncio.Task] = set()
         self._save_timer = QTimer(self, interval=SAVE_INTERVAL_MS)
@@ -102,6 +103,7 @@ class ChatController(QObject):
             edit_cancelled=self.cancel_edit,
             settings_requested=self._edit_chat_settings,
             completion_toggled=self._on_completion_toggled,
+            picture_requested=self.show_picture,
         )
         connect(
             self.list_view,
@@ -257,6 +259,18 @@ class ChatController(QObject):
     def _show_mode(self) -> None:
         mode = self.chat_mode()
         self.view.set_mode(mode == "completion", MODE_LINES.get((mode, bool(self.model_is_base)), ""))
+
+    def show_picture(self, image_id: int) -> None:
+        """A message's picture full size, in a window of its own (kept: `picture_window`)."""
+        from phoenix_chat.app.views.picture_window import PictureWindow
+
+        picture = self.store.picture(image_id)
+        if picture is None:
+            return
+        if self.picture_window is not None:
+            self.picture_window.close()
+        self.picture_window = PictureWindow(picture.name, picture.data, self.window)
+        self.picture_window.show()
 
     # -- export ---------------------------------------------------------------------------
     def export_current(self, fmt: str, path: str | Path) -> None:
@@ -612,7 +626,7 @@ class ChatController(QObject):
                     figures,
                     m.version,
                     m.versions,
-                    tuple((picture.sha256, picture.thumbnail) for picture in m.images),
+                    tuple((picture.id, picture.sha256, picture.thumbnail) for picture in m.images),
                 )
             )
         if pending:

@@ -12,7 +12,8 @@ import re
 import secrets
 
 ACTION_SCHEME = "phoenix-action"
-ACTIONS = ("edit", "copy", "copymsg", "older", "newer")  # older/newer: an answer's versions (‹ ›)
+# older/newer: an answer's versions (‹ ›); picture: a message's picture, full size (its saved id)
+ACTIONS = ("edit", "copy", "copymsg", "older", "newer", "picture")
 
 
 class ActionLinks:

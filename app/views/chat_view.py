@@ -59,7 +59,7 @@ class ShownMessage:
     figures: str = ""  # an answer's tokens, tok/s, TTFT (views/answer_figures.py); "" when not measured
     version: int = 1  # which version of a regenerated answer is shown, of `versions`
     versions: int = 1
-    images: tuple[tuple[str, bytes], ...] = ()  # a message's pictures: (sha256, PNG thumbnail) each
+    images: tuple[tuple[int, str, bytes], ...] = ()  # a message's pictures: (saved id, sha256, PNG thumbnail) each
 
 
 def offered_pictures(mime: QMimeData) -> list[str] | QImage | None:
@@ -133,6 +133,7 @@ class ChatView(QWidget):
     files_offered = Signal(list)  # picture files dropped on the pane or pasted (local paths)
     image_offered = Signal(object)  # a picture dropped or pasted as image data (QImage)
     attachment_removed = Signal(int)  # ✕ on the pending picture at this index
+    picture_requested = Signal(int)  # a message's thumbnail clicked: its saved id
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -324,7 +325,7 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[ShownMessage]) -> None:
         self._messages = list(messages)
-        shown = {sha for m in self._messages for sha, _ in m.images}
+        shown = {sha for m in self._messages for _, sha, _ in m.images}
         for sha in set(self.transcript.thumbnails) - shown:  # another chat's pictures are not kept
             del self.transcript.thumbnails[sha]
         self._full_render = True
@@ -475,20 +476,24 @@ class ChatView(QWidget):
         )
 
     def _pictures_html(self, m: ShownMessage) -> str:
-        """A message's pictures as a row of thumbnails (served by the transcript, never fetched)."""
+        """A message's pictures as a row of thumbnails (served by the transcript, never fetched);
+        clicking one asks for it full size (`picture_requested`)."""
         if not m.images:
             return ""
         tags = []
-        for sha, thumbnail in m.images:
+        for image_id, sha, thumbnail in m.images:
             if sha not in self.transcript.thumbnails:
                 self.transcript.thumbnails[sha] = QImage.fromData(thumbnail)  # a PNG: the format is in its header
             image = self.transcript.thumbnails[sha]
-            tags.append(f'<img src="{THUMBNAIL_SCHEME}:{sha}" width="{image.width()}" height="{image.height()}">')
+            tags.append(
+                f'<a href="{self.links.href("picture", image_id)}">'
+                f'<img src="{THUMBNAIL_SCHEME}:{sha}" width="{image.width()}" height="{image.height()}"></a>'
+            )
         return "<p>" + "&nbsp;".join(tags) + "</p>"
 
     def message_pictures(self) -> list[list[str]]:
         """Per message shown, the pictures its HTML shows (their sha256) that the transcript can serve."""
-        return [[sha for sha, _ in m.images if not self.transcript.thumbnails[sha].isNull()] for m in self._messages]
+        return [[sha for _, sha, _ in m.images if not self.transcript.thumbnails[sha].isNull()] for m in self._messages]
 
     def _footer_html(self, m: ShownMessage) -> str:
         """Under an answer: ‹ 2/3 › when it has versions, and its figures once it is finished."""
@@ -517,6 +522,8 @@ class ChatView(QWidget):
             self.edit_requested.emit(arg)
         elif name in ("older", "newer"):
             self.version_requested.emit(arg, -1 if name == "older" else 1)
+        elif name == "picture":
+            self.picture_requested.emit(arg)
 
     def _on_escape(self) -> None:
         """Esc stops a running answer, otherwise leaves edit mode."""

@@ -13,8 +13,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage
+from PIL import Image
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolButton
 
 from phoenix_chat.app.controllers import attachments_controller
@@ -92,6 +93,32 @@ def drop_files(view, *paths: Path) -> bool:
     return drop(view, mime)
 
 
+def click_picture(qtbot, view, nth: int = 0) -> str:
+    """Click the nth picture in the transcript with the mouse; returns the link under it."""
+    doc = view.transcript.document()
+    positions = []
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            if fragment.charFormat().isImageFormat():
+                positions += range(fragment.position(), fragment.position() + fragment.length())
+            it += 1
+        block = block.next()
+    cursor = QTextCursor(doc)
+    cursor.setPosition(positions[nth])
+    view.transcript.setTextCursor(cursor)
+    view.transcript.ensureCursorVisible()
+    left = view.transcript.cursorRect(cursor)
+    cursor.movePosition(QTextCursor.MoveOperation.NextCharacter)
+    right = view.transcript.cursorRect(cursor)
+    point = QPoint((left.x() + right.x()) // 2, left.center().y())
+    href = view.transcript.anchorAt(point)
+    qtbot.mouseClick(view.transcript.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    return href
+
+
 def checked(qtbot, app) -> list[str]:
     """Wait until the offered pictures are checked; the names of those attached."""
     qtbot.waitUntil(lambda: not app.chat.attachments.checking, timeout=10_000)
@@ -153,6 +180,11 @@ def test_a_dropped_picture_is_answered_saved_and_survives_a_restart(qtbot, make_
     user, answer = again.chat.messages
     assert (user.content, [i.name for i in user.images], answer.content) == (QUESTION, ["portrait_rgba.png"], expected)
     assert view.message_pictures() == [[user.images[0].sha256], []]
+    # a click on the thumbnail shows the picture full size
+    assert click_picture(qtbot, view).endswith(f"/picture/{user.images[0].id}")
+    shown = again.chat.picture_window
+    assert shown is not None and shown.isVisible() and shown.windowTitle().startswith("portrait_rgba.png")
+    assert (shown.size_shown.width(), shown.size_shown.height()) == (user.images[0].width, user.images[0].height)
     wait_loaded(qtbot, again)
     seen = Answers(again)
     # Regenerate reads the picture again from the store: the same greedy answer
@@ -219,6 +251,13 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     exif = (IMAGES / "exif_rotated.jpg").read_bytes()
     portrait = (IMAGES / "portrait_rgba.png").read_bytes()
     assert saved[0] == exif and saved[2] == portrait
+    # full size, upright as the model reads it (the JPEG's EXIF orientation turns it)
+    click_picture(qtbot, view, 0)
+    shown = app.chat.picture_window
+    assert shown is not None and shown.isVisible()
+    assert (shown.size_shown.width(), shown.size_shown.height()) == (user.images[0].width, user.images[0].height)
+    with Image.open(IMAGES / "exif_rotated.jpg") as stored:
+        assert user.images[0].width == stored.height != stored.width
     # the pasted picture is the same pixels as the file it was copied from
     assert key(vision_model, saved[1]) == key(vision_model, (IMAGES / "gray.png").read_bytes())
     keys = [key(vision_model, data) for data in saved]
