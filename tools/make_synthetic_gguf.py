@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGUFWriter, RopeScalingType, TokenType
 from gguf import GGMLQuantizationType as QType
 
 # layers, hidden, heads, kv heads, head_dim, intermediate, vocab, window, rope scaling, query_pre_attn_scalar
@@ -146,8 +146,12 @@ def write(
     seed: int = 0,
     context_length: int = 32768,
     roles: Mapping[str, str] | None = None,
+    vocab_from: str | Path | None = None,
 ) -> Path:
-    """roles: {"attn_output": "iq4_nl", ...} matrices of another type than `wtype`."""
+    """roles: {"attn_output": "iq4_nl", ...} matrices of another type than `wtype`.
+    vocab_from: a Gemma 3 GGUF whose tokenizer the file gets (fitted to this shape's vocabulary
+    by `vocabulary`) and a chat template: what llama.cpp's tools that tokenize text (llama-mtmd-cli)
+    need; without it the file has ids only (tokenizer model "none")."""
     L, H, nh, nkv, hd, inter, vocab, window, rope_scale, qpas = SHAPES[shape]
     wt, et = TYPES[wtype], TYPES[etype]
     rng = np.random.default_rng(seed)
@@ -175,9 +179,12 @@ def write(
     if rope_scale != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scale)
-    w.add_tokenizer_model("none")  # ids only: llama.cpp loads it without a vocabulary (bench side by side)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
+    if vocab_from is None:
+        w.add_tokenizer_model("none")  # ids only: llama.cpp loads it without a vocabulary (bench side by side)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+    else:
+        add_vocabulary(w, vocab_from, vocab)
     for name, shp, t in plan:
         if t == QType.F32:
             w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
@@ -200,15 +207,70 @@ def write(
     return Path(path)
 
 
+IMAGE_SOFT_TOKEN = 262144  # Gemma 3 4B/12B/27B: <image_soft_token>, the first id past the 262144 text tokens
+# Gemma 3's turns, without the BOS (llama.cpp's tools add it): tokenizer.chat_template
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def vocabulary(source: str | Path, size: int) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """(tokens, scores, token types, other tokenizer.ggml.* keys) of a Gemma 3 GGUF's tokenizer
+    fitted to `size` entries: cut (a tiny shape keeps the first ids: the specials and byte tokens)
+    or padded as the 4B's 262208 are (<image_soft_token> at 262144, unused entries after it)."""
+    from phoenix_chat.engine.weights.gguf_file import GGUFFile
+
+    src = GGUFFile(source)
+    try:
+        meta = dict(src.metadata)
+    finally:
+        src.close()
+    tokens = list(meta.pop("tokenizer.ggml.tokens"))[:size]
+    scores = np.asarray(meta.pop("tokenizer.ggml.scores"), np.float32)[:size]
+    types = np.asarray(meta.pop("tokenizer.ggml.token_type"), np.int32)[:size]
+    extra = size - len(tokens)
+    if extra > 0:
+        pad = [f"<unused_pad_{i}>" for i in range(len(tokens), size)]
+        if len(tokens) <= IMAGE_SOFT_TOKEN < size:
+            pad[IMAGE_SOFT_TOKEN - len(tokens)] = "<image_soft_token>"
+        tokens += pad
+        scores = np.concatenate([scores, np.zeros(extra, np.float32)])
+        pad_types = np.full(extra, int(TokenType.UNUSED), np.int32)
+        if len(types) <= IMAGE_SOFT_TOKEN < size:
+            pad_types[IMAGE_SOFT_TOKEN - len(types)] = int(TokenType.USER_DEFINED)
+        types = np.concatenate([types, pad_types])
+    rest = {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+    return tokens, scores, types, rest
+
+
+def add_vocabulary(w: GGUFWriter, source: str | Path, size: int) -> None:
+    tokens, scores, types, rest = vocabulary(source, size)
+    w.add_tokenizer_model(str(rest.pop("tokenizer.ggml.model")))
+    if "tokenizer.ggml.pre" in rest:
+        w.add_tokenizer_pre(str(rest.pop("tokenizer.ggml.pre")))
+    w.add_token_list(tokens)
+    w.add_token_scores([float(x) for x in scores])
+    w.add_token_types([int(x) for x in types])
+    for key, value in rest.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int) and value < size:
+            w.add_uint32(key, value)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="270m")
     ap.add_argument("--type", choices=sorted(TYPES), default="q4_0", help="matrix weights")
     ap.add_argument("--embed-type", choices=sorted(TYPES), default="q8_0")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-from", help="a Gemma 3 GGUF whose tokenizer to copy (llama-mtmd-cli needs one)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
-    p = write(args.output, args.shape, args.type, args.embed_type, args.seed)
+    p = write(args.output, args.shape, args.type, args.embed_type, args.seed, vocab_from=args.vocab_from)
     print(f"{p}: {p.stat().st_size / 2**30:.2f} GiB")
     return 0
 
