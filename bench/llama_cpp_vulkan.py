@@ -14,8 +14,11 @@ The GPU machine reaches no network, so the work is in three steps:
     python -m bench.llama_cpp_vulkan build          # GPU machine: .peer/ -> BUILD/bin/llama-bench
     python -m bench.llama_cpp_vulkan bench A.gguf   # llama-bench, full build and KHR-only
     python -m bench.llama_cpp_vulkan batched A.gguf # llama-batched-bench: decode at 1..32 streams
+    python -m bench.llama_cpp_vulkan mtmd TEXT.gguf MMPROJ.gguf PICTURE.png
+                                                    # llama-mtmd-cli: picture encode + its prefill
 
-`bench.run --llama-vulkan BUILD/bin/llama-bench` runs the peer beside our engine in the same run.
+`bench.run --llama-vulkan BUILD/bin/llama-bench` runs the peer beside our engine in the same run;
+`bench.vision_encode --llama-mtmd BUILD/bin/llama-mtmd-cli` its picture encode beside ours.
 Pitfall (shared/DESIGN.md): CMake puts the folder of Vulkan_LIBRARY on the binary's RUNPATH; if
 Debian 13's libc sat there every run would abort with "stack smashing detected". The build links
 against a folder holding only a `libvulkan.so` link and sets CMAKE_SKIP_RPATH.
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -138,7 +142,8 @@ def build(jobs: int | None = None, configure_only: bool = False) -> Path:
             raise SystemExit(f"glslc does not support {ext}: that build would be the weakened peer")
     if configure_only:
         return out
-    targets = ["llama-bench", "llama-batched-bench"]  # the batched one: many-stream decode (issue 19)
+    # the batched one: many-stream decode (issue 19); mtmd-cli: picture encode (tools/mtmd, issue 22)
+    targets = ["llama-bench", "llama-batched-bench", "llama-mtmd-cli"]
     subprocess.run(["ninja", "-C", str(out), *(["-j", str(jobs)] if jobs else []), *targets], check=True)
     binary = out / "bin" / "llama-bench"
     print(binary)
@@ -241,6 +246,88 @@ def run_batched_bench(
     return out
 
 
+@dataclass
+class PeerMtmd:
+    """llama-mtmd-cli on one picture: clip.cpp's encode (pixels in, soft tokens out: its line
+    "mtmd batch encoding done in N ms") and the prefill of the picture's soft tokens through the
+    text model (mtmd-helper's "image decoded (batch 1/1) in N ms"), whole milliseconds as it prints
+    them; one process per run, the first of them a warm-up (file cache, driver's shader cache);
+    each process also warms clip.cpp up at load (mtmd's warmup encode) before the timed one."""
+
+    text_model: str
+    mmproj: str
+    picture: str
+    mode: str
+    flash_attn: str
+    device_line: str  # ggml_vulkan's own line
+    clip_backend: str  # clip.cpp's "CLIP using ... backend": the tower ran on the GPU
+    image_tokens: int
+    encode_ms: float  # median of the timed runs
+    image_prefill_ms: float
+    encode_runs_ms: list[float]
+    image_prefill_runs_ms: list[float]
+
+
+ENCODE_LINE = re.compile(r"mtmd batch encoding done in (\d+) ms")
+SLICE_LINE = re.compile(r"image slice encoded in (\d+) ms")  # mtmd_helper_eval_chunk_single's path
+DECODE_LINE = re.compile(r"image decoded \(batch (\d+)/(\d+)\) in (\d+) ms")
+TOKENS_LINE = re.compile(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)")
+
+
+def parse_mtmd_log(log: str) -> tuple[float, float, int]:
+    """(encode ms, image prefill ms summed over its batches, image tokens) from one run's output."""
+    enc = ENCODE_LINE.findall(log) or SLICE_LINE.findall(log)
+    dec = DECODE_LINE.findall(log)
+    if len(enc) != 1 or not dec:
+        raise RuntimeError(f"llama-mtmd-cli printed {len(enc)} encode and {len(dec)} image decode lines, not 1 and 1+")
+    tokens = sum(int(n) for n in TOKENS_LINE.findall(log))
+    return float(enc[0]), float(sum(int(ms) for _b, _n, ms in dec)), tokens
+
+
+def run_mtmd(
+    binary: Path,
+    text_model: Path,
+    mmproj: Path,
+    picture: Path,
+    repeats: int = 3,
+    mode: str = "full",
+    flash_attn: str = "auto",
+    ctx: int = 1024,
+) -> PeerMtmd:
+    """llama.cpp's picture encode and image-token prefill on the same GPU: `1 + repeats` runs of
+    llama-mtmd-cli (all layers and the tower on the GPU, one answer token), medians of the timed."""
+    env = {**os.environ, **(KHR_ONLY if mode == "khr" else {})}
+    cmd = [str(binary), "-m", str(text_model), "--mmproj", str(mmproj), "--image", str(picture)]
+    cmd += ["-p", "Describe this picture.", "-ngl", "99", "-n", "1", "-c", str(ctx), "--temp", "0"]
+    cmd += ["-fa", flash_attn]
+    enc, dec, device, clip, tokens = [], [], "?", "?", 0
+    for i in range(1 + repeats):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        log = r.stdout + "\n" + r.stderr
+        if r.returncode:
+            raise RuntimeError(f"llama-mtmd-cli failed ({r.returncode}): {log[-3000:]}")
+        e, d, tokens = parse_mtmd_log(log)
+        device = next((ln.strip() for ln in log.splitlines() if re.match(r"ggml_vulkan: \d+ = ", ln)), device)
+        clip = next((ln.strip() for ln in log.splitlines() if "CLIP using" in ln), clip)
+        if i:  # the first run is the warm-up
+            enc.append(e)
+            dec.append(d)
+    return PeerMtmd(
+        text_model=str(text_model),
+        mmproj=str(mmproj),
+        picture=str(picture),
+        mode=mode,
+        flash_attn=flash_attn,
+        device_line=device,
+        clip_backend=clip,
+        image_tokens=tokens,
+        encode_ms=statistics.median(enc),
+        image_prefill_ms=statistics.median(dec),
+        encode_runs_ms=enc,
+        image_prefill_runs_ms=dec,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -262,7 +349,27 @@ def main(argv: list[str] | None = None) -> int:
     bb.add_argument("-p", "--prompt-tokens", type=int, default=128)
     bb.add_argument("-n", "--gen-tokens", type=int, default=128)
     bb.add_argument("--json")
+    mt = sub.add_parser("mtmd", help="llama-mtmd-cli: one picture's encode and image-token prefill")
+    mt.add_argument("text_model", type=Path)
+    mt.add_argument("mmproj", type=Path)
+    mt.add_argument("picture", type=Path)
+    mt.add_argument("--binary", type=Path, default=BUILD / "build/bin/llama-mtmd-cli")
+    mt.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up")
+    mt.add_argument("--flash-attn", default="on,off", help="llama.cpp's -fa values to run")
+    mt.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.step == "mtmd":
+        found = []
+        for fa in args.flash_attn.split(","):
+            rec = run_mtmd(args.binary, args.text_model, args.mmproj, args.picture, args.repeats, "full", fa)
+            print(
+                f"llama.cpp mtmd [fa={fa}]: encode {rec.encode_ms:.0f} ms, {rec.image_tokens} image tokens "
+                f"prefilled in {rec.image_prefill_ms:.0f} ms ({rec.device_line}; {rec.clip_backend})"
+            )
+            found.append(asdict(rec))
+        if args.json:
+            Path(args.json).write_text(json.dumps(found, indent=1))
+        return 0
     if args.step == "batched":
         found = []
         for model in args.models:

@@ -11,6 +11,13 @@
    bench/run.py makes it), with the picture's span (soft tokens in place, bidirectional inside
    the picture) and, for comparison, the same ids as plain text.
 
+3. With `--llama-mtmd BUILD/bin/llama-mtmd-cli` (bench/llama_cpp_vulkan.py builds it): llama.cpp's
+   own picture encode (clip.cpp) and image-token prefill on the same GPU after ours, on a
+   synthetic mmproj of the same tower shape (tools/make_synthetic_mmproj.py, F16 matrices as
+   llama.cpp's converter writes them) beside the same text GGUF, which then carries Gemma 3's
+   tokenizer (copied from the embedded 270M: llama-mtmd-cli tokenizes its prompt), and one
+   picture of the tower's size; its figures, ours beside them and the ratios go into the JSON.
+
 numpy and the engine only (no torch, no network): the weights are random, seeded per tensor
 name, so the timing is that of the real shapes, not of real pictures. `--tiny`: a small tower
 and the tiny text shape, a smoke test that runs on lavapipe in seconds.
@@ -23,6 +30,7 @@ import hashlib
 import json
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -214,17 +222,125 @@ def bench_prefill(dev, text_path: Path, cfg: VisionConfig, warmup: int, repeats:
 
 
 def text_model(args: argparse.Namespace) -> Path:
+    """The text GGUF both engines prefill: --text-model, else the synthetic one of --text-shape
+    (with a tokenizer when llama-mtmd-cli is to read it too: another file, the same tensors)."""
     if args.text_model:
         return Path(args.text_model)
     from tools.make_synthetic_gguf import write
 
     shape = "tiny" if args.tiny else args.text_shape
-    p = Path(args.workdir) / f"synthetic-{shape}-q4_0.gguf"  # bench/run.py's name: one file for both
+    vocab = bool(args.llama_mtmd)
+    # bench/run.py's name: one file for both; with a vocabulary, a file of its own
+    p = Path(args.workdir) / f"synthetic-{shape}-q4_0{'-vocab' if vocab else ''}.gguf"
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
         print(f"generating {p} ...", flush=True)
-        write(p, shape, "q4_0", "q8_0")
+        vocab_from = None
+        if vocab:
+            from phoenix_chat.engine.weights import embedded_model_path
+
+            vocab_from = embedded_model_path()
+        part = p.with_name(p.name + ".partial")
+        write(part, shape, "q4_0", "q8_0", vocab_from=vocab_from)
+        part.rename(p)
     return p
+
+
+def llama_mtmd_inputs(cfg: VisionConfig, workdir: Path) -> tuple[Path, Path]:
+    """(synthetic mmproj of this tower, F16 as the converter writes it; a picture of its size)."""
+    from PIL import Image
+
+    from tools.make_synthetic_mmproj import write
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    tag = f"{cfg.hidden_size}x{cfg.num_layers}-{cfg.image_size}px-to{cfg.text_hidden_size}"
+    mmproj = workdir / f"mmproj-synthetic-{tag}-f16.gguf"
+    if not mmproj.exists():
+        print(f"generating {mmproj} ...", flush=True)
+        part = mmproj.with_name(mmproj.name + ".partial")
+        write(part, cfg, "f16")
+        part.rename(mmproj)
+    picture = workdir / f"picture-{cfg.image_size}.png"
+    if not picture.exists():
+        rng = np.random.default_rng(4)
+        pixels = rng.integers(0, 256, (cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").save(picture)
+    return mmproj, picture
+
+
+def bench_llama_mtmd(
+    binary: Path, text: Path, cfg: VisionConfig, workdir: Path, repeats: int, ours: dict[str, Any]
+) -> dict[str, Any]:
+    """llama.cpp's encode and image prefill (best of flash attention on/off, each the median of
+    `repeats` runs after a warm-up) beside ours: our F16 tower's wall-clock encode (else the first
+    matrix type measured) and our prefill of the prompt holding the picture, as rates too since
+    the token counts differ (ours: bos + the picture's span + 8 ids; llama.cpp's: the picture's
+    soft tokens, its text chunks being decoded apart)."""
+    from bench.llama_cpp_vulkan import run_mtmd
+
+    mmproj, picture = llama_mtmd_inputs(cfg, workdir)
+    runs = []
+    for fa in ("on", "off"):
+        try:
+            runs.append(run_mtmd(binary, text, mmproj, picture, repeats, "full", fa))
+        except RuntimeError as exc:
+            print(f"llama.cpp mtmd -fa {fa}: {exc}", flush=True)
+    if not runs:
+        raise RuntimeError("llama-mtmd-cli failed with flash attention on and off")
+    enc = min(runs, key=lambda r: r.encode_ms)
+    dec = min(runs, key=lambda r: r.image_prefill_ms)
+    out: dict[str, Any] = {
+        "binary": str(binary),
+        "mmproj": str(mmproj),
+        "picture": str(picture),
+        "text_model": str(text),
+        "device_line": enc.device_line,
+        "clip_backend": enc.clip_backend,
+        "runs": [asdict(r) for r in runs],
+        "encode_ms": enc.encode_ms,
+        "encode_flash_attn": enc.flash_attn,
+        "image_prefill_ms": dec.image_prefill_ms,
+        "image_prefill_flash_attn": dec.flash_attn,
+        "image_tokens": dec.image_tokens,
+    }
+    tower = next((t for t in ours["tower"] if t["matrix_type"] == "F16"), ours["tower"][0] if ours["tower"] else None)
+    if tower is not None:
+        mine = tower["wall_ms"][0]
+        out["ours_encode_ms"] = mine
+        out["ours_encode_matrix_type"] = tower["matrix_type"]
+        out["encode_speedup_vs_llama"] = enc.encode_ms / mine  # > 1: ours is faster
+    if "prefill" in ours:
+        p = ours["prefill"]
+        mine = p["with_picture_ms"][0]
+        out["ours_prefill_ms"] = mine
+        out["ours_prefill_tokens"] = p["prompt_tokens"]
+        ours_rate = p["prompt_tokens"] / mine * 1e3
+        llama_rate = dec.image_tokens / dec.image_prefill_ms * 1e3 if dec.image_prefill_ms else float("inf")
+        out["ours_prefill_tok_s"], out["llama_image_prefill_tok_s"] = ours_rate, llama_rate
+        out["prefill_rate_ratio_vs_llama"] = ours_rate / llama_rate  # > 1: ours is faster
+    return out
+
+
+def print_llama_mtmd(m: dict[str, Any]) -> None:
+    print(f"llama.cpp mtmd ({m['device_line']}; {m['clip_backend']}):")
+    for r in m["runs"]:
+        print(
+            f"  -fa {r['flash_attn']:<4} encode {r['encode_ms']:7.1f} ms (runs {r['encode_runs_ms']}), "
+            f"{r['image_tokens']} image tokens prefilled in {r['image_prefill_ms']:.1f} ms "
+            f"(runs {r['image_prefill_runs_ms']})"
+        )
+    if "ours_encode_ms" in m:
+        print(
+            f"  encode: llama.cpp {m['encode_ms']:.1f} ms, ours ({m['ours_encode_matrix_type']}, wall) "
+            f"{m['ours_encode_ms']:.2f} ms: ours {m['encode_speedup_vs_llama']:.2f}x llama.cpp's speed"
+        )
+    if "ours_prefill_ms" in m:
+        print(
+            f"  picture prefill: llama.cpp {m['image_prefill_ms']:.1f} ms for {m['image_tokens']} image tokens "
+            f"({m['llama_image_prefill_tok_s']:.0f} tok/s), ours {m['ours_prefill_ms']:.2f} ms for "
+            f"{m['ours_prefill_tokens']} tokens ({m['ours_prefill_tok_s']:.0f} tok/s): "
+            f"ours {m['prefill_rate_ratio_vs_llama']:.2f}x llama.cpp's rate"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefill", action="store_true", help="the tower only")
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--llama-mtmd",
+        metavar="LLAMA_MTMD_CLI",
+        help="llama.cpp's llama-mtmd-cli (python -m bench.llama_cpp_vulkan build): its encode beside ours",
+    )
+    ap.add_argument("--llama-repeats", type=int, default=3, help="llama-mtmd-cli runs timed after one warm-up")
     args = ap.parse_args(argv)
 
     from phoenix_chat.engine.backends.vulkan import ops_gemm
@@ -309,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:<13}{med:10.2f} ms  ({n / med * 1e3:8.0f} tok/s; {lo:.1f}..{hi:.1f} ms)")
     finally:
         dev.close()
+    if args.llama_mtmd:  # after ours, our device closed: the GPU is llama.cpp's alone
+        binary = Path(args.llama_mtmd)
+        if not binary.exists():
+            raise SystemExit(f"{binary}: no such file (python -m bench.llama_cpp_vulkan build makes it)")
+        results["llama_mtmd"] = bench_llama_mtmd(
+            binary, text_model(args), cfg, Path(args.workdir), args.llama_repeats, results
+        )
+        print_llama_mtmd(results["llama_mtmd"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
