@@ -18,7 +18,9 @@ Images: a content part `{"type": "image", "image": <path or bytes>}` renders as 
 expands each into what Gemma 3's processor writes: "\\n\\n", `<start_of_image>`, the soft-token
 placeholders, `<end_of_image>`, "\\n\\n" — the newlines joined with the neighbouring text before
 tokenizing, as the processor's text replacement does. Only the template's own markers become
-images (message text is guarded as above).
+images (message text is guarded as above). A picture with pan-and-scan crops (`crops=`, one count
+per image part) becomes the processor's "Here is the original image " + that sequence +
+" and here are some crops to help you see better " + one sequence per crop, joined by " ".
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ START_OF_TURN = "<start_of_turn>"
 START_OF_IMAGE = "<start_of_image>"
 END_OF_IMAGE = "<end_of_image>"
 END_OF_TURN = "<end_of_turn>"
+# Gemma3Processor's words around a picture with pan-and-scan crops
+PAS_ORIGINAL = "Here is the original image "
+PAS_CROPS = " and here are some crops to help you see better "
 
 # U+FDD0 is a Unicode noncharacter: never valid in interchanged text, safe to drop from input
 _GUARD = "\ufdd0"
@@ -112,9 +117,11 @@ class ChatFormat:
         tokenizer: Tokenizer | None = None,
         add_generation_prompt: bool = True,
         images: ImageLayout | None = None,
+        crops: Sequence[int] = (),
     ) -> list[int]:
         """Prompt ids; message content never turns into control tokens (see the module doc).
-        images: the model's image layout; without it a message with an image part is refused."""
+        images: the model's image layout; without it a message with an image part is refused.
+        crops: each image part's pan-and-scan crops, in order (none given: no crops)."""
         tokenizer = tokenizer or self.tokenizer
         if tokenizer is None:
             raise ValueError("ChatFormat.encode needs a tokenizer")
@@ -127,7 +134,7 @@ class ChatFormat:
         else:
             parts = self._jinja_parts(messages, add_generation_prompt, tokenizer)
         if images is not None:
-            parts = _expand_images(parts, images, wanted)
+            parts = _expand_images(parts, images, wanted, crops)
         return _encode_parts(parts, tokenizer)
 
     # -- Gemma 3 ----------------------------------------------------------------------------
@@ -258,22 +265,32 @@ def _without_image_data(message: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**message, "content": [{"type": "image"} if is_image_part(i) else i for i in content]}
 
 
-def _expand_images(parts: list[_Part], layout: ImageLayout, wanted: int) -> list[_Part]:
-    """Each `<start_of_image>` marker -> the processor's full image sequence (module doc)."""
+def _expand_images(parts: list[_Part], layout: ImageLayout, wanted: int, crops: Sequence[int]) -> list[_Part]:
+    """Each `<start_of_image>` marker -> the processor's full image sequence, or with crops the
+    original's and each crop's with the processor's words around them (module doc)."""
+    if crops and len(crops) != wanted:
+        raise ChatTemplateError(f"{len(crops)} crop counts for the {wanted} image(s) in the conversation")
+    sequence = [
+        _Part("\n\n", False),
+        _Part(START_OF_IMAGE, True, layout.boi_id),
+        *[_Part("", True, layout.image_id)] * layout.tokens,
+        _Part(END_OF_IMAGE, True, layout.eoi_id),
+        _Part("\n\n", False),
+    ]
     out: list[_Part] = []
     found = 0
     for part in parts:
         if not (part.marker and part.text == START_OF_IMAGE):
             out.append(part)
             continue
+        n = crops[found] if crops and found < len(crops) else 0
         found += 1
-        out += [
-            _Part("\n\n", False),
-            _Part(START_OF_IMAGE, True, layout.boi_id),
-            *[_Part("", True, layout.image_id)] * layout.tokens,
-            _Part(END_OF_IMAGE, True, layout.eoi_id),
-            _Part("\n\n", False),
-        ]
+        if not n:
+            out += sequence
+            continue
+        out += [_Part(PAS_ORIGINAL, False), *sequence, _Part(PAS_CROPS, False), *sequence]
+        for _ in range(n - 1):
+            out += [_Part(" ", False), *sequence]
     if found != wanted:
         raise ChatTemplateError(f"the chat template placed {found} image(s) for the {wanted} in the conversation")
     return out

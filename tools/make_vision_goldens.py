@@ -2,6 +2,9 @@
 
     /work/toolsvenv/bin/python tools/make_vision_goldens.py [--python .venv/bin/python]
 
+(that venv: `python3.11 -m venv /work/toolsvenv`, then pip install the CPU wheel of torch 2.13.0,
+transformers==5.24.0 and Pillow 13.0.0, the project's Pillow: the resize must be the same code)
+
 1. the project's python builds the tiny checkpoint (tools/tiny_vision_model.py, numpy, seeded)
    into a temporary folder;
 2. this script writes the test images (Pillow, fixed pixels: odd sizes, an EXIF-rotated JPEG,
@@ -12,7 +15,13 @@
    `load_image` + the PIL-backend `Gemma3ImageProcessorPil`), the vision tower's output, the
    projected soft tokens, and for a chat with two images: the prompt ids the processor and chat
    template make, logits at each image's first soft token and at the last position, and the
-   greedy continuation.
+   greedy continuation;
+4. pan-and-scan (`do_pan_and_scan=True` at the processor's call, its other settings Gemma3Processor's
+   own defaults, recorded in the .json): how many crops each test image gets, and for a one-image
+   chat with the wide picture (900 x 300): the pixel values of the original and every crop, the
+   prompt ids (the processor's "Here is the original image ... and here are some crops ..." text),
+   token types, logits at each picture's first soft token and at the last position, the greedy
+   continuation, and the same chat's ids with pan-and-scan off.
 Nothing else writes those files.
 """
 
@@ -24,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -32,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDENS = ROOT / "tests" / "goldens"
 IMAGES = GOLDENS / "vision_images"
 PROMPT_TEXT = ("What is in this picture?", "And how does this one differ?")
+PAS_IMAGE = "wide.png"
+PAS_TEXT = "Describe this wide picture."
 GREEDY_TOKENS = 8
 LOGIT_SLICE = 8192  # vocabulary rows kept at the image positions (the last position keeps all)
 
@@ -66,6 +78,9 @@ def write_images() -> list[Path]:
     paths.append(path)
     path = IMAGES / "small.webp"
     Image.fromarray(_pattern(17, 9, 6)).save(path, lossless=True)
+    paths.append(path)
+    path = IMAGES / PAS_IMAGE  # 3:1, wide enough for three pan-and-scan crops of 300 x 300
+    Image.fromarray(_pattern(900, 300, 7)).save(path)
     paths.append(path)
     return paths
 
@@ -164,9 +179,57 @@ def main() -> None:
                     "logit_slice": LOGIT_SLICE,
                 }
             )
+            pan_and_scan(model, processor, image_processor, paths, pil_images, out, meta)
     np.savez_compressed(GOLDENS / "transformers_vision.npz", **out)
     (GOLDENS / "transformers_vision.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps({k: v for k, v in meta.items() if k != "chat_text"}, indent=1))
+
+
+def pan_and_scan(
+    model: Any,
+    processor: Any,
+    image_processor: Any,
+    paths: list[Path],
+    pil_images: list[Any],
+    out: dict[str, np.ndarray],
+    meta: dict[str, Any],
+) -> None:
+    """Step 4 of the module doc (under torch.no_grad)."""
+    defaults = {k: v for k, v in type(processor).images_kwargs.items() if k.startswith("pan_and_scan")}
+    meta["pan_and_scan_settings"] = defaults
+    meta["pan_and_scan_num_crops"] = {
+        p.name: int(image_processor(im, do_pan_and_scan=True, **defaults)["num_crops"][0])
+        for p, im in zip(paths, pil_images, strict=True)
+    }
+    wide = pil_images[[p.name for p in paths].index(PAS_IMAGE)]
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PAS_TEXT}]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    off = processor(text=text, images=[wide], return_tensors="pt")
+    inputs = processor(text=text, images=[wide], do_pan_and_scan=True, return_tensors="pt")
+    inputs.pop("num_crops", None)  # the processor's bookkeeping, not a model input
+    ids = inputs["input_ids"][0]
+    image_id = model.config.image_token_id
+    firsts = [int(i) for i in range(len(ids)) if ids[i] == image_id and (i == 0 or ids[i - 1] != image_id)]
+    logits = model(**inputs).logits[0]
+    generated = model.generate(**inputs, do_sample=False, max_new_tokens=GREEDY_TOKENS)
+    new = generated[0, len(ids) :].tolist()
+    last = logits[-1].numpy()
+    top2 = np.sort(last)[-2:]
+    out["pas/pixels"] = inputs["pixel_values"].numpy()
+    out["pas/input_ids"] = ids.numpy().astype(np.int64)
+    out["pas/input_ids_off"] = off["input_ids"][0].numpy().astype(np.int64)
+    out["pas/token_type_ids"] = inputs["token_type_ids"][0].numpy().astype(np.int64)
+    out["pas/logits_last"] = last
+    out["pas/logits_image_starts"] = logits[firsts, :LOGIT_SLICE].numpy()
+    out["pas/greedy"] = np.asarray(new, np.int64)
+    meta["pan_and_scan_chat"] = {
+        "chat": chat,
+        "image": PAS_IMAGE,
+        "text": processor.tokenizer.decode(ids),
+        "image_starts": firsts,
+        "greedy": new,
+        "last_top2_margin": float(top2[1] - top2[0]),
+    }
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import numpy as np
 from phoenix_chat.engine.errors import ModelFileError
 from phoenix_chat.engine.models.gemma3 import F32
 from phoenix_chat.engine.models.siglip import SiglipVisionTower
-from phoenix_chat.engine.vision.images import ImageInput, load_pixels
+from phoenix_chat.engine.vision.images import ImageInput, load_pixels, preprocess
 from phoenix_chat.engine.vision.projector import project
 from phoenix_chat.engine.vision_config import VisionConfig
 from phoenix_chat.engine.weights.base import WeightSource
@@ -94,3 +94,8 @@ class ImageEncoder:
     def encode(self, source: ImageInput) -> tuple[str, F32]:
         """Decode (under the limits), preprocess and encode one picture."""
         return self.soft_tokens(load_pixels(source, self.cfg))
+
+    def encode_with_crops(self, source: ImageInput, pan_and_scan: bool) -> list[tuple[str, F32]]:
+        """The picture's (key, soft tokens), then each pan-and-scan crop's (none when off, or
+        for a picture close to square): every crop is cached like a picture of its own."""
+        return [self.soft_tokens(pixels) for pixels in preprocess(source, self.cfg, pan_and_scan)]

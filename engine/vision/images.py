@@ -6,16 +6,24 @@ decompressed: a few-KB PNG can claim 100,000 x 100,000 pixels); a truncated or u
 is an `ImageError` with one line saying which. Then, as transformers' `load_image` does: the
 EXIF orientation applied and the picture converted to RGB (alpha dropped, grayscale repeated).
 
-Preprocessing (`Gemma3ImageProcessor`'s settings, pan-and-scan off as in the reference): a
-bilinear resize to image_size x image_size, rescale by 1/255, normalize with mean = std = 0.5,
-channels first.
+Preprocessing (`Gemma3ImageProcessor`'s settings): a bilinear resize to image_size x image_size,
+rescale by 1/255, normalize with mean = std = 0.5, channels first.
+
+Pan-and-scan (off by default, as in the reference; `preprocess(..., pan_and_scan=True)`): a picture
+at least 1.2 times wider than tall (or taller than wide) is also cut into 2 to 4 equal crops along
+its long side, each at least 256 pixels on its short side, and every crop is preprocessed like a
+picture of its own, after the original (transformers' `Gemma3ImageProcessor.pan_and_scan` with
+`Gemma3Processor`'s defaults, which take precedence over preprocessor_config.json's).
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
@@ -99,3 +107,42 @@ def pixel_values(img: Image.Image, cfg: VisionConfig) -> npt.NDArray[np.float32]
 def load_pixels(source: ImageInput, cfg: VisionConfig) -> npt.NDArray[np.float32]:
     """Decode (under the limits) and preprocess one picture."""
     return pixel_values(open_image(source), cfg)
+
+
+@dataclass(frozen=True)
+class PanAndScan:
+    """Pan-and-scan's settings: Gemma3Processor's defaults (its `images_kwargs`)."""
+
+    min_crop_size: int = 256
+    max_num_crops: int = 4
+    min_ratio_to_activate: float = 1.2
+
+
+def pan_and_scan_boxes(width: int, height: int, pas: PanAndScan = PanAndScan()) -> list[tuple[int, int, int, int]]:
+    """The crops' (left, top, right, bottom) boxes, row by row; none for a picture close to
+    square or too small to give crops of `min_crop_size` (transformers' arithmetic exactly)."""
+    if width >= height:
+        if width / height < pas.min_ratio_to_activate:
+            return []
+        across = min(math.floor(width / pas.min_crop_size), math.floor(width / height + 0.5))
+        across, down = min(pas.max_num_crops, max(2, across)), 1
+    else:
+        if height / width < pas.min_ratio_to_activate:
+            return []
+        down = min(math.floor(height / pas.min_crop_size), math.floor(height / width + 0.5))
+        across, down = 1, min(pas.max_num_crops, max(2, down))
+    crop_w, crop_h = math.ceil(width / across), math.ceil(height / down)
+    if min(crop_w, crop_h) < pas.min_crop_size:
+        return []
+    # clipped to the picture as a numpy slice is (Pillow's crop would pad past the edge with black)
+    return [
+        (x, y, min(x + crop_w, width), min(y + crop_h, height))
+        for y, x in itertools.product(range(0, down * crop_h, crop_h), range(0, across * crop_w, crop_w))
+    ]
+
+
+def preprocess(source: ImageInput, cfg: VisionConfig, pan_and_scan: bool = False) -> list[npt.NDArray[np.float32]]:
+    """Decode once; the picture's pixel values, then (with `pan_and_scan`) each crop's."""
+    img = open_image(source)
+    crops = [img.crop(box) for box in pan_and_scan_boxes(*img.size)] if pan_and_scan else []
+    return [pixel_values(im, cfg) for im in (img, *crops)]
