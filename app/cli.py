@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a picture (PNG, JPEG, WebP, GIF) placed before PROMPT; repeat for several "
         "(Gemma 3 4B/12B/27B multimodal models, CPU backend for now)",
     )
+    p.add_argument(
+        "--pan-and-scan",
+        action="store_true",
+        help="with --image: also show the model up to 4 crops of a wide or tall picture "
+        "(Gemma 3's pan-and-scan; more prompt tokens, finer detail)",
+    )
     add_remote_args(p)
 
     p = sub.add_parser("chat", help="interactive chat in the terminal")
@@ -200,15 +206,20 @@ def _load(args, **kw):
     )
 
 
-def _messages(system, prompt, images=()):
+def _messages(system, prompt, images=(), pan_and_scan=False):
     msgs = [{"role": "system", "content": system}] if system else []
     if images:  # the pictures first, then the question (as Gemma 3's model card writes it)
-        parts = [{"type": "image", "image": path} for path in images] + [{"type": "text", "text": prompt}]
+        pictures = [{"type": "image", "image": path, "pan_and_scan": pan_and_scan} for path in images]
+        parts = [*pictures, {"type": "text", "text": prompt}]
         return msgs + [{"role": "user", "content": parts}]
     return msgs + [{"role": "user", "content": prompt}]
 
 
 def cmd_run(args) -> int:
+    if args.pan_and_scan and not args.image:
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError("--pan-and-scan crops pictures: give one with --image")
     if args.remote:
         from phoenix_chat.app.remote_cli import run_remote
 
@@ -218,7 +229,7 @@ def cmd_run(args) -> int:
 
         raise PhoenixError("--image needs the chat format: leave out --raw")
     model = _load(args)
-    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image)
+    prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image, args.pan_and_scan)
     if args.draft or args.image:
         # the scheduler carries no pictures yet (it refuses them: engine/scheduler.py), so
         # --image goes through stream_generate, as --draft does

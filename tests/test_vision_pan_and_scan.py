@@ -181,3 +181,33 @@ def test_scheduler_answer_with_crops_is_transformers(golden, folder, slots):
     assert [t for d in deltas for t in d.token_ids] == data["pas/greedy"].tolist()
     assert deltas[-1].usage.prompt_tokens == len(data["pas/input_ids"]) == 113
     assert off[-1].usage.prompt_tokens == len(data["pas/input_ids_off"]) == 33
+
+
+# ---- the CLI ------------------------------------------------------------------------------
+
+
+def test_cli_run_pan_and_scan_gives_transformers_prompt_and_answer(golden, folder, vision_model):
+    """`run --image wide.png --pan-and-scan`: the goldens' chat (picture, then the text), so the
+    prompt is the processor's 113 ids and the answer the engine's greedy one with crops; without
+    the flag the 33 ids of the picture alone."""
+    from .test_cli import cli
+
+    data, meta = golden
+    text = meta["pan_and_scan_chat"]["chat"][0]["content"][1]["text"]
+    args = ("--model", str(folder), "--backend", "cpu", "--temperature", "0", "--max-tokens", "8")
+    wide = str(IMAGES / "wide.png")
+    on = cli("run", text, *args, "--image", wide, "--pan-and-scan")
+    assert on.returncode == 0, on.stderr
+    off = cli("run", text, *args, "--image", wide)
+    assert off.returncode == 0, off.stderr
+    expected = "".join(r.text for r in stream_generate(vision_model, wide_chat(meta, True), GREEDY, max_tokens=8))
+    assert on.stdout == expected + "\n"
+    assert f"prompt {len(data['pas/input_ids'])} tok" in on.stderr
+    assert f"prompt {len(data['pas/input_ids_off'])} tok" in off.stderr
+
+
+def test_cli_pan_and_scan_needs_a_picture():
+    from .test_cli import cli
+
+    proc = cli("run", "hi", "--pan-and-scan")
+    assert proc.returncode == 2 and "--pan-and-scan crops pictures: give one with --image" in proc.stderr

@@ -13,7 +13,9 @@ answer may fill the context.
 Pictures: a user message's content may hold OpenAI `image_url` parts whose url is a base64
 `data:` URL (`data:image/png;base64,...`); they become the engine's image parts (the bytes,
 decoded and checked by engine/vision/images.py when the prompt is encoded). Remote http(s)
-URLs are refused, never fetched.
+URLs are refused, never fetched. Gemma 3's pan-and-scan crops (engine/vision/images.py) are asked
+for with the extension field `"pan_and_scan": true` at the request's top level (OpenAI has none):
+every picture of the request is then also shown to the model as up to 4 crops (off by default).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def parse_chat(body: Mapping[str, Any]) -> Generation:
     if not isinstance(messages, list) or not messages:
         raise bad_request("`messages` must be a non-empty array of messages", param="messages")
     chat = [_message(m, i) for i, m in enumerate(messages)]
+    if _bool(body.get("pan_and_scan"), "pan_and_scan", False):  # our extension: every picture of the request
+        chat = [_with_pan_and_scan(m) for m in chat]
     for key in ("tools", "functions"):
         if body.get(key):
             raise bad_request(f"`{key}` is not supported by this server", param=key)
@@ -184,6 +188,14 @@ def _message(m: Any, i: int) -> dict[str, Any]:
             f"{param}.role must be one of {', '.join(sorted(CHAT_ROLES))} (got {role!r})", param=f"{param}.role"
         )
     return {"role": CHAT_ROLES[role], "content": _content(m.get("content"), f"{param}.content")}
+
+
+def _with_pan_and_scan(message: dict[str, Any]) -> dict[str, Any]:
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    parts = [{**p, "pan_and_scan": True} if p["type"] == "image" else p for p in content]
+    return {**message, "content": parts}
 
 
 def _content(content: Any, param: str) -> str | list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 
 from phoenix_chat.app.server.config import ServerConfig
 from phoenix_chat.app.server.running import start_server
-from phoenix_chat.engine.generate import generate
+from phoenix_chat.engine.generate import encode_prompt, generate
 from phoenix_chat.engine.loader import load
 from phoenix_chat.engine.scheduler import Scheduler
 from tools.tiny_vision_model import build
@@ -156,3 +156,54 @@ def test_image_url_parts_become_the_engines_image_parts():
     ]
     text_only = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
     assert text_only.prompt == [{"role": "user", "content": "Hi"}]
+
+
+def test_pan_and_scan_extension_field_shows_the_model_the_crops(vision_client, vision_id, vision_model):
+    """`"pan_and_scan": true` at the top level (our extension): the engine gets every picture with
+    its crops (wide.png: 3, the prompt grows by 3 pictures and the processor's words) and the answer
+    is the engine's own with pan-and-scan; left out, the prompt is the picture alone."""
+    picture = (IMAGES / "wide.png").read_bytes()
+    messages = picture_message(data_url(picture), "Describe this wide picture.")
+    on = vision_client.chat.completions.create(
+        model=vision_id, messages=messages, max_tokens=ANSWER, temperature=0, extra_body={"pan_and_scan": True}
+    )
+    off = vision_client.chat.completions.create(model=vision_id, messages=messages, max_tokens=ANSWER, temperature=0)
+    part = {"type": "image", "image": picture, "pan_and_scan": True}
+    engine_chat = [{"role": "user", "content": [{"type": "text", "text": "Describe this wide picture."}, part]}]
+    assert on.choices[0].message.content == generate(vision_model, engine_chat, GREEDY, max_tokens=ANSWER)
+    ids, spans = encode_prompt(vision_model, engine_chat)
+    assert len(spans) == 4 and on.usage is not None and on.usage.prompt_tokens == len(ids)
+    part["pan_and_scan"] = False
+    assert off.usage is not None and off.usage.prompt_tokens == len(encode_prompt(vision_model, engine_chat)[0])
+    assert off.usage.prompt_tokens < on.usage.prompt_tokens - 3 * 16
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None], ids=["string", "number", "null-is-off"])
+def test_pan_and_scan_must_be_a_boolean(vision_server, vision_id, value):
+    body = {
+        "model": vision_id,
+        "messages": picture_message(data_url((IMAGES / "gray.png").read_bytes())),
+        "max_tokens": 1,
+        "pan_and_scan": value,
+    }
+    status, _, data = raw(vision_server, "POST", "/v1/chat/completions", body)
+    if value is None:  # JSON null: the field left out
+        assert status == 200, data
+        return
+    err = error_of(data)
+    assert status == 400 and err["param"] == "pan_and_scan" and err["type"] == "invalid_request_error"
+    assert err["message"] == "`pan_and_scan` must be true or false"
+
+
+def test_pan_and_scan_marks_every_image_part():
+    from phoenix_chat.app.server.parsing import parse_chat
+
+    picture = (IMAGES / "gray.png").read_bytes()
+    messages = picture_message(data_url(picture), "Hi") + [
+        {"role": "assistant", "content": "A gradient."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(picture)}}]},
+    ]
+    g = parse_chat({"messages": messages, "pan_and_scan": True})
+    pictures = [p for m in g.prompt for p in m["content"] if isinstance(p, dict) and p["type"] == "image"]
+    assert len(pictures) == 2 and all(p["pan_and_scan"] is True for p in pictures)
+    assert g.prompt[1] == {"role": "assistant", "content": "A gradient."}
