@@ -1,4 +1,4 @@
-"""Real GGUF files of the low-bit types (Q2_K, Q3_K, Q4_1, Q5_1, IQ4_NL, IQ4_XS), made by
+"""Real GGUF files of the low-bit types (Q2_K, Q3_K, Q4_1, Q5_1, IQ4_NL, IQ4_XS, IQ3_S), made by
 llama.cpp's own quantizer from an input GGUF (by default the embedded Gemma 3 270M Q4_K_M).
 
 Why: a synthetic file (tools/make_synthetic_gguf.py) holds blocks written by gguf-py's quantizer,
@@ -47,6 +47,9 @@ TYPES = {
     "Q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
     "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
     "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    # the one codebook type llama.cpp quantizes without an importance matrix (IQ3_XXS, IQ2_XS and
+    # IQ2_S refuse: "this quantization requires an imatrix")
+    "IQ3_S": "LLAMA_FTYPE_MOSTLY_IQ3_S",
 }
 # the token embedding (tied: also the output head) of a --pure file: Q8_0, what llama.cpp's mixes
 # give it on the 270M (rows of 640 are no whole K-quant block), so only the matrices change
