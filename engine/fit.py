@@ -19,7 +19,18 @@ from phoenix_chat.engine.models.kv_plan import layer_slots
 from phoenix_chat.engine.weights.base import WeightSource
 
 # weight types to suggest, best quality first (the ones popular GGUF releases ship)
-CANDIDATES = (QType.Q8_0, QType.Q6_K, QType.Q5_K, QType.Q4_K, QType.Q4_0, QType.IQ4_XS, QType.Q3_K, QType.Q2_K)
+CANDIDATES = (
+    QType.Q8_0,
+    QType.Q6_K,
+    QType.Q5_K,
+    QType.Q4_K,
+    QType.Q4_0,
+    QType.IQ4_XS,
+    QType.Q3_K,
+    QType.IQ3_XXS,
+    QType.Q2_K,
+    QType.IQ2_XS,
+)
 FORWARD_TOKENS = 512  # prefill chunk of the GPU backend: activations are sized by it
 USABLE = 0.9  # of the available memory: the rest is the app, the driver, the page cache
 GIB = 2**30

@@ -83,7 +83,7 @@ def test_loader_reports_the_line_and_keeps_it(model_path):
 
 
 def test_out_of_memory_names_the_type_that_would_fit(model_path, monkeypatch):
-    """The CPU reference refuses (f32 weights) on a machine the 270M fits at Q2_K: the error
+    """The CPU reference refuses (f32 weights) on a machine the 270M fits at the smallest type: the error
     says so, in one line, instead of failing mid-load."""
     import psutil
 
@@ -94,7 +94,7 @@ def test_out_of_memory_names_the_type_that_would_fit(model_path, monkeypatch):
     at_q2 = weight_bytes(w, CANDIDATES[-1]) + probe.kv_cache + probe.working
     w.close()
     assert at_q2 < probe.need
-    avail = int((at_q2 + probe.need) / 2 / USABLE)  # fits at Q2_K, not as stored
+    avail = int((at_q2 + probe.need) / 2 / USABLE)  # fits at the smallest type, not as stored
     VM = namedtuple("VM", "total available")
     monkeypatch.setattr(psutil, "virtual_memory", lambda: VM(2 * avail, avail))
     with pytest.raises(OutOfMemoryError, match=r"CPU backend needs .* weights it would fit the machine") as exc:
