@@ -54,6 +54,8 @@ class Settings:
     repetition_penalty: float = _ENGINE_SAMPLING.repetition_penalty
     last_conversation_id: int | None = None
     window_geometry: str | None = None  # hex of QWidget.saveGeometry()
+    # Settings → Pan-and-scan pictures: Gemma 3's crops of wide or tall pictures (this computer's engine)
+    pan_and_scan: bool = False
     server_enabled: bool = False  # Server → Run local server: started at launch once the model loads
     server_port: int = DEFAULT_PORT  # on 127.0.0.1 (0: any free port)
     # Settings → Engine…: "local" (this computer) or "remote" (the profile named remote_profile)
@@ -133,6 +135,7 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "min_p": _in_range(0.0, 1.0),
     "repetition_penalty": _in_range(1.0, 2.0),
     "draft_model": lambda v: v is None or isinstance(v, str),
+    "pan_and_scan": lambda v: isinstance(v, bool),
     "server_enabled": lambda v: isinstance(v, bool),
     "server_port": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535,
     "engine": lambda v: v in ENGINES,

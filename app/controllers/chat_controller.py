@@ -131,6 +131,8 @@ class ChatController(QObject):
 
         choice_sets(window.overflow_group, settings, "context_overflow")
         window.overflow_actions[settings.values.context_overflow].setChecked(True)
+        window.pan_and_scan_action.setChecked(settings.values.pan_and_scan)
+        window.pan_and_scan_action.toggled.connect(lambda on: settings.set("pan_and_scan", on))
         models.model_ready.connect(self._on_model_ready)
         self.store.close_unfinished_answers(INTERRUPTED_NOTE)  # nothing streams yet: these were cut off
 
@@ -425,7 +427,9 @@ class ChatController(QObject):
             prompt.append({"role": "system", "content": conv.system_prompt})
         for m in history:
             if m.images:  # the engine's image parts (the pictures' bytes), then the text
-                parts: list[dict] = [{"type": "image", "image": p.data} for p in self.store.message_pictures(m.id)]
+                pas = self.settings.values.pan_and_scan
+                pictures = self.store.message_pictures(m.id)
+                parts: list[dict] = [{"type": "image", "image": p.data, "pan_and_scan": pas} for p in pictures]
                 if m.content:
                     parts.append({"type": "text", "text": m.content})
                 prompt.append({"role": m.role, "content": parts})

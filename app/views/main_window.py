@@ -202,6 +202,13 @@ class MainWindow(QMainWindow):
         self.defaults_action = settings_menu.addAction("Defaults for new chats…")
         self.defaults_action.setMenuRole(QAction.MenuRole.PreferencesRole)
         self.engine_action = settings_menu.addAction("Engine… (this computer or a remote server)")
+        settings_menu.setToolTipsVisible(True)
+        self.pan_and_scan_action = settings_menu.addAction("Pan-and-scan pictures (crops of wide or tall ones too)")
+        self.pan_and_scan_action.setCheckable(True)
+        self.pan_and_scan_action.setToolTip(
+            "Gemma 3's pan-and-scan: a picture much wider than tall (or taller than wide) is also given "
+            "to the model as 2 to 4 crops: finer detail, more prompt tokens (this computer's engine)"
+        )
 
         help_menu = mb.addMenu("&Help")
         self.diagnostics_action = help_menu.addAction("Diagnostics…")  # DiagnosticsController

@@ -56,7 +56,8 @@ def remote_info(target: Any, model: str) -> dict:
 
 def openai_messages(messages: list[dict]) -> list[dict]:
     """The chat as OpenAI's API takes it: each picture (an engine image part holding the file's
-    bytes) as an `image_url` part with a base64 `data:` URL; text as it is."""
+    bytes) as an `image_url` part with a base64 `data:` URL; text as it is. A part's
+    `pan_and_scan` stays here: OpenAI's API has no such field (the remote server's own setting applies)."""
     out = []
     for m in messages:
         content = m.get("content")

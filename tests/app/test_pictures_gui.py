@@ -285,6 +285,39 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     assert reason == "error" and "pictures are read in chat mode only" in view.notice.text()
 
 
+def test_pan_and_scan_setting_gives_the_engine_the_crops(qtbot, make_app, home, vision_path, vision_model):
+    """Settings → Pan-and-scan pictures: off by default (the engine gets wide.png alone); checked,
+    Regenerate gives the engine the picture and its 3 crops (GENERATION_STARTED's keys: the
+    picture's, then each crop's) and the answer is the engine's own with pan-and-scan; the
+    choice is saved in the settings file."""
+    from phoenix_chat.app.settings import SettingsModel
+
+    preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
+    app = make_app(model_path=str(vision_path))
+    view, action = app.window.chat, app.window.pan_and_scan_action
+    wait_loaded(qtbot, app)
+    assert action.isCheckable() and not action.isChecked()
+    wide = IMAGES / "wide.png"
+    assert drop_files(view, wide) and checked(qtbot, app) == ["wide.png"]
+    seen = Answers(app)
+    qtbot.keyClicks(view.input, QUESTION)
+    finish(qtbot, app, lambda: qtbot.keyClick(view.input, Qt.Key.Key_Return))
+    data = wide.read_bytes()
+    keys = [k for k, _ in vision_model.vision.encode_with_crops(data, True)]
+    assert len(keys) == 4 and seen.started[0]["images"] == keys[:1]
+    expected_off = engine_answer(vision_model, [user_turn([data], QUESTION)])
+    assert seen.text() == expected_off
+
+    action.trigger()  # Settings → Pan-and-scan pictures
+    assert action.isChecked() and SettingsModel(home).values.pan_and_scan is True
+    finish(qtbot, app, lambda: qtbot.mouseClick(view.regenerate_button, Qt.MouseButton.LeftButton))
+    assert seen.started[1]["images"] == keys
+    part = {"type": "image", "image": data, "pan_and_scan": True}
+    expected_on = engine_answer(vision_model, [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}])
+    assert seen.text() == expected_off + expected_on
+    assert seen.started[1]["prompt"] != seen.started[0]["prompt"]  # the processor's words around the crops
+
+
 def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, monkeypatch):
     app = make_app(autoload=False)
     view = app.window.chat
