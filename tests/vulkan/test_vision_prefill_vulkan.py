@@ -200,3 +200,39 @@ def test_prefix_reuse_past_a_picture(models64, meta):
     reused = [r.token for r in stream_generate(vk, swapped, GREEDY, max_tokens=4, cache=cache)]
     fresh = [r.token for r in stream_generate(vk, swapped, GREEDY, max_tokens=4)]
     assert reused == fresh
+
+
+def _pan_and_scan_chat(meta: dict) -> list[dict]:
+    """The goldens' one-picture chat (wide.png) with pan-and-scan on: the picture and 3 crops."""
+    from tests.test_vision import IMAGES
+
+    chat = meta["pan_and_scan_chat"]
+    part = {"type": "image", "image": str(IMAGES / chat["image"]), "pan_and_scan": True}
+    return [{"role": "user", "content": [part, chat["chat"][0]["content"][1]]}]
+
+
+def test_pan_and_scan_logits_match_transformers(models, golden, meta):
+    """Pan-and-scan on Vulkan: four pictures (the original and 3 crops), each a span of its own
+    encoded by the device tower; the logits are transformers' (tests/test_vision_pan_and_scan.py
+    checks the CPU reference the same way)."""
+    _, vk = models
+    ids, spans = encode_prompt(vk, _pan_and_scan_chat(meta))
+    assert ids == golden["pas/input_ids"].tolist() and len(spans) == 4
+    got = vk.backend.forward_images(ids, 0, spans, all_logits=True)
+    np.testing.assert_allclose(got[-1], golden["pas/logits_last"], rtol=0, atol=LOGIT_ATOL)
+    starts = got[meta["pan_and_scan_chat"]["image_starts"], : meta["logit_slice"]]
+    np.testing.assert_allclose(starts, golden["pas/logits_image_starts"], rtol=0, atol=LOGIT_ATOL)
+
+
+def test_scheduler_on_vulkan_answers_with_pan_and_scan(models64):
+    """Through the Scheduler on Vulkan (2 slots): the CPU backend's greedy answer with crops."""
+    cpu, vk = models64
+    chat = _pan_and_scan_chat(json.loads((GOLDENS / "transformers_vision.json").read_text()))
+    want = [r.token for r in stream_generate(cpu, chat, GREEDY, max_tokens=8) if r.token is not None]
+    sched = Scheduler(vk)
+    try:
+        final = list(sched.submit(Request(chat, GREEDY, max_tokens=8)))
+    finally:
+        sched.close()
+    assert [t for d in final for t in d.token_ids] == want
+    assert final[-1].usage is not None and final[-1].usage.prompt_tokens == len(encode_prompt(cpu, chat)[0])
