@@ -271,6 +271,8 @@ class PeerMtmd:
 ENCODE_LINE = re.compile(r"mtmd batch encoding done in (\d+) ms")
 SLICE_LINE = re.compile(r"image slice encoded in (\d+) ms")  # mtmd_helper_eval_chunk_single's path
 DECODE_LINE = re.compile(r"image decoded \(batch (\d+)/(\d+)\) in (\d+) ms")
+VULKAN_DEVICE = re.compile(r"ggml_vulkan: \d+ = .*")
+CLIP_BACKEND = re.compile(r"CLIP using .* backend")
 TOKENS_LINE = re.compile(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)")
 
 
@@ -302,13 +304,16 @@ def run_mtmd(
     cmd += ["-fa", flash_attn]
     enc, dec, device, clip, tokens = [], [], "?", "?", 0
     for i in range(1 + repeats):
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        # -lv 4: the libraries' INFO lines (mtmd-helper's timings, clip's backend); the warm-up at
+        # 5 (debug) also prints ggml_vulkan's device line (int dot, matrix cores), its time unused
+        r = subprocess.run([*cmd, "-lv", "4" if i else "5"], capture_output=True, text=True, env=env)
         log = r.stdout + "\n" + r.stderr
         if r.returncode:
             raise RuntimeError(f"llama-mtmd-cli failed ({r.returncode}): {log[-3000:]}")
         e, d, tokens = parse_mtmd_log(log)
-        device = next((ln.strip() for ln in log.splitlines() if re.match(r"ggml_vulkan: \d+ = ", ln)), device)
-        clip = next((ln.strip() for ln in log.splitlines() if "CLIP using" in ln), clip)
+        # its lines carry a time and level prefix ("0.00.062.079 I "): kept from the message on
+        device = next((m.group(0).strip() for m in map(VULKAN_DEVICE.search, log.splitlines()) if m), device)
+        clip = next((m.group(0).strip() for m in map(CLIP_BACKEND.search, log.splitlines()) if m), clip)
         if i:  # the first run is the warm-up
             enc.append(e)
             dec.append(d)

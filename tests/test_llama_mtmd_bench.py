@@ -27,9 +27,10 @@ n = int(open(state).read()) if os.path.exists(state) else 0
 open(state, "w").write(str(n + 1))
 with open(state + ".log", "a") as log:
     log.write(json.dumps(args) + "\n")
-print("ggml_vulkan: 0 = NVIDIA H100 80GB HBM3 (NVIDIA) | uma: 0 | fp16: 1 | int dot: 1 | matrix cores: NV_coopmat2",
-      file=sys.stderr)
-print("clip_ctx: CLIP using Vulkan0 backend")
+if value("-lv") == "5":  # ggml_vulkan prints its device line at debug level
+    print("0.00.062.079 D ggml_vulkan: 0 = NVIDIA H100 80GB HBM3 (NVIDIA) | uma: 0 | fp16: 1 | int dot: 1 | "
+          "matrix cores: NV_coopmat2", file=sys.stderr)
+print("0.00.073.782 I clip_ctx: CLIP using Vulkan0 backend")
 print("encoding mtmd batch, n_chunks = 1 (done = 1, total = 3)")
 enc = 500 if n == 0 else 40 + n  # the warm-up is slow
 fa = value("-fa")
@@ -70,7 +71,7 @@ def test_run_mtmd_drops_the_warm_up_and_takes_medians(tmp_path):
     rec = peer.run_mtmd(exe, *files, repeats=3, flash_attn="on")
     assert rec.encode_runs_ms == [41.0, 42.0, 43.0] and rec.encode_ms == 42.0  # run 0 (500 ms) dropped
     assert rec.image_prefill_runs_ms == [21.0, 22.0, 23.0] and rec.image_prefill_ms == 22.0
-    assert rec.image_tokens == 256 and "CLIP using Vulkan0" in rec.clip_backend
+    assert rec.image_tokens == 256 and rec.clip_backend == "CLIP using Vulkan0 backend"
     assert rec.device_line.startswith("ggml_vulkan: 0 = NVIDIA H100")
     assert state.read_text() == "4"
 
@@ -83,6 +84,25 @@ def test_run_mtmd_failure_shows_its_output(tmp_path):
     exe.chmod(0o755)
     with pytest.raises(RuntimeError, match=r"(?s)llama-mtmd-cli failed \(1\): .*failed to load model"):
         peer.run_mtmd(exe, tmp_path / "a", tmp_path / "b", tmp_path / "c")
+
+
+def test_the_real_llama_mtmd_cli_on_synthetic_files(tmp_path, model_path):
+    """llama.cpp's own llama-mtmd-cli (any build; $PHOENIX_LLAMA_MTMD_CLI, e.g. a CPU build of the
+    vendored source) on the tiny synthetic mmproj + text GGUF with a tokenizer: it loads both, the
+    chat template and prompt tokenize, and its timing lines parse."""
+    import os
+
+    from bench import vision_encode as ve
+    from tools.make_synthetic_gguf import write
+
+    binary = os.environ.get("PHOENIX_LLAMA_MTMD_CLI")
+    if not binary:
+        pytest.skip("no llama-mtmd-cli here (set PHOENIX_LLAMA_MTMD_CLI; the GPU machine builds it)")
+    mmproj, picture = ve.llama_mtmd_inputs(ve.TINY, tmp_path)
+    text = write(tmp_path / "text.gguf", "tiny", "q4_0", "q8_0", vocab_from=model_path)
+    rec = peer.run_mtmd(Path(binary), text, mmproj, picture, repeats=1, flash_attn="on")
+    assert rec.image_tokens == ve.TINY.mm_tokens_per_image
+    assert rec.encode_ms >= 0 and rec.image_prefill_ms >= 0 and "CLIP using" in rec.clip_backend
 
 
 def test_vision_encode_puts_llama_cpp_beside_ours(tmp_path):
@@ -99,7 +119,14 @@ def test_vision_encode_puts_llama_cpp_beside_ours(tmp_path):
     }
     m = ve.bench_llama_mtmd(exe, text, ve.TINY, tmp_path / "work", 2, ours)
     args = [json.loads(line) for line in Path(str(state) + ".log").read_text().splitlines()]
-    assert len(args) == 6 and {a[a.index("-fa") + 1] for a in args} == {"on", "off"}
+    assert [(a[a.index("-fa") + 1], a[a.index("-lv") + 1]) for a in args] == [
+        ("on", "5"),  # the warm-up at debug level (ggml_vulkan's device line)
+        ("on", "4"),
+        ("on", "4"),
+        ("off", "5"),
+        ("off", "4"),
+        ("off", "4"),
+    ]
     mmproj = Path(m["mmproj"])
     assert all(a[a.index("--mmproj") + 1] == str(mmproj) and a[a.index("-m") + 1] == str(text) for a in args)
     from phoenix_chat.engine.weights.mmproj import MmprojFile
