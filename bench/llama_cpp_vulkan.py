@@ -366,12 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "mtmd":
         found = []
         for fa in args.flash_attn.split(","):
-            rec = run_mtmd(args.binary, args.text_model, args.mmproj, args.picture, args.repeats, "full", fa)
+            rec_m = run_mtmd(args.binary, args.text_model, args.mmproj, args.picture, args.repeats, "full", fa)
             print(
-                f"llama.cpp mtmd [fa={fa}]: encode {rec.encode_ms:.0f} ms, {rec.image_tokens} image tokens "
-                f"prefilled in {rec.image_prefill_ms:.0f} ms ({rec.device_line}; {rec.clip_backend})"
+                f"llama.cpp mtmd [fa={fa}]: encode {rec_m.encode_ms:.0f} ms, {rec_m.image_tokens} image tokens "
+                f"prefilled in {rec_m.image_prefill_ms:.0f} ms ({rec_m.device_line}; {rec_m.clip_backend})"
             )
-            found.append(asdict(rec))
+            found.append(asdict(rec_m))
         if args.json:
             Path(args.json).write_text(json.dumps(found, indent=1))
         return 0

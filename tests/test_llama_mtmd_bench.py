@@ -68,7 +68,8 @@ def test_run_mtmd_drops_the_warm_up_and_takes_medians(tmp_path):
     files = [tmp_path / n for n in ("text.gguf", "mmproj.gguf", "pic.png")]
     for f in files:
         f.write_bytes(b"x")
-    rec = peer.run_mtmd(exe, *files, repeats=3, flash_attn="on")
+    text, mmproj, picture = files
+    rec = peer.run_mtmd(exe, text, mmproj, picture, repeats=3, flash_attn="on")
     assert rec.encode_runs_ms == [41.0, 42.0, 43.0] and rec.encode_ms == 42.0  # run 0 (500 ms) dropped
     assert rec.image_prefill_runs_ms == [21.0, 22.0, 23.0] and rec.image_prefill_ms == 22.0
     assert rec.image_tokens == 256 and rec.clip_backend == "CLIP using Vulkan0 backend"
