@@ -239,20 +239,23 @@ class Worker:
         max_tokens = int(msg.get("max_tokens") or 256)
         completion = msg.get("mode") == "completion"
         overflow = msg.get("overflow") or "drop_oldest"
+        messages, left_out = msg["messages"], ""
         try:
-            if has_images(msg["messages"]):
-                self._check_pictures(completion)
+            if has_images(messages):
+                messages, left_out = self._readable_pictures(messages, completion)
             if completion:  # the conversation as one text the model continues (no chat template)
-                fitted = fit_completion(self.model, msg["messages"], overflow, max_tokens)
+                fitted = fit_completion(self.model, messages, overflow, max_tokens)
             else:
                 fitted = fit_chat(
-                    self.model, msg["messages"], overflow, max_tokens, continue_final=bool(msg.get("continue_answer"))
+                    self.model, messages, overflow, max_tokens, continue_final=bool(msg.get("continue_answer"))
                 )
         except Exception as exc:  # noqa: BLE001 — reported; the worker goes on
             if not isinstance(exc, PhoenixError):
                 traceback.print_exc()
             self._finish_failed(gen_id, str(exc) if isinstance(exc, PhoenixError) else f"{type(exc).__name__}: {exc}")
             return
+        if left_out:
+            self.send(P.NOTICE_RAISED, id=gen_id, message=left_out)
         self.send(P.PROMPT_READY, id=gen_id, mode="completion" if completion else "chat", ids=list(fitted.prompt.ids))
         if fitted.changed:
             self.send(
@@ -279,6 +282,34 @@ class Worker:
         with self.lock:
             self.answers[gen_id] = thread
         thread.start()
+
+    def _readable_pictures(self, messages: list[dict], completion: bool) -> tuple[list[dict], str]:
+        """The chat as this model reads it. A turn whose own message (the last user message)
+        holds pictures the model or mode cannot read is refused (`_check_pictures`); pictures
+        only in earlier messages are then left out of the prompt, with a note saying how many
+        and why, so a chat that once held a picture goes on with a text-only model or in
+        completion mode (the pictures stay in the history)."""
+        from phoenix_chat.engine.chat import is_image_part
+        from phoenix_chat.engine.errors import PhoenixError
+        from phoenix_chat.engine.vision.prompt import has_images
+
+        try:
+            self._check_pictures(completion)
+            return messages, ""
+        except PhoenixError as exc:
+            users = [m for m in messages if m.get("role") == "user"]
+            if users and has_images([users[-1]]):
+                raise
+            reason = str(exc)
+        kept, left = [], 0
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, list):
+                text = [part for part in content if not is_image_part(part)]
+                left += len(content) - len(text)
+                m = {**m, "content": text or ""}
+            kept.append(m)
+        return kept, f"{left} earlier picture{'s' if left != 1 else ''} left out of the prompt: {reason}"
 
     def _check_pictures(self, completion: bool) -> None:
         """Before any picture is decoded, the one-line refusals of a chat with pictures: a

@@ -360,7 +360,7 @@ def test_bad_files_are_refused_when_attached(qtbot, make_app, home, tmp_path, mo
 
 def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
     """The embedded 270M: the answer fails with the engine's one line, the message and its
-    picture are saved, and the app goes on answering in a new chat."""
+    picture are saved; the same chat goes on without the picture (said), and a new chat answers."""
     preset(home, backend="cpu", max_tokens=3, temperature=0.0)
     app = make_app()
     view = app.window.chat
@@ -379,6 +379,17 @@ def test_the_text_only_model_says_it_has_no_image_input(qtbot, make_app, home):
     user = app.chat.messages[0]
     assert (user.content, [i.name for i in user.images]) == ("What is this?", ["small.webp"])
     assert image_rows(home) == [(user.id, (IMAGES / "small.webp").read_bytes())]
+    # the same chat goes on: the earlier picture is left out of the prompt (said in the status
+    # bar), kept in the history; the engine reads the two text turns without an image token
+    seen = Answers(app)
+    with qtbot.waitSignal(app.worker.notice_raised, timeout=ANSWER_TIMEOUT_MS) as note:
+        _, reason = finish(qtbot, app, lambda: app.chat.send("The capital of France is"))
+    assert note.args[1].startswith("1 earlier picture left out of the prompt: this model has no image input: ")
+    assert reason in ("length", "stop") and seen.text().strip()
+    assert seen.started[-1]["images"] == [] and "<start_of_image>" not in seen.started[-1]["prompt"]
+    assert "What is this?" in seen.started[-1]["prompt"] and "The capital of France is" in seen.started[-1]["prompt"]
+    assert "left out of the prompt" in app.window.statusBar().currentMessage()
+    assert [i.name for i in app.chat.messages[0].images] == ["small.webp"]
     app.chat.new_conversation()
     seen = Answers(app)
     _, reason = finish(qtbot, app, lambda: app.chat.send("The capital of France is"))
