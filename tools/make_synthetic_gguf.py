@@ -217,16 +217,16 @@ CHAT_TEMPLATE = (
 
 
 def vocabulary(source: str | Path, size: int) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """(tokens, scores, token types, other tokenizer.ggml.* keys) of a Gemma 3 GGUF's tokenizer
-    fitted to `size` entries: cut (a tiny shape keeps the first ids: the specials and byte tokens)
-    or padded as the 4B's 262208 are (<image_soft_token> at 262144, unused entries after it)."""
-    from phoenix_chat.engine.weights.gguf_file import GGUFFile
+    """(tokens, scores, token types, other tokenizer.ggml.* keys) of a Gemma 3 GGUF's tokenizer (a
+    model, or a file holding only its tokenizer.ggml.* keys) fitted to `size` entries: cut (a tiny
+    shape keeps the first ids: the specials and byte tokens) or padded as the 4B's 262208 are
+    (<image_soft_token> at 262144, unused entries after it)."""
+    from gguf import GGUFReader
 
-    src = GGUFFile(source)
-    try:
-        meta = dict(src.metadata)
-    finally:
-        src.close()
+    # gguf-py's reader, not the engine's: it also opens a vocabulary-only file (no model config),
+    # which is how the tokenizer travels to a GPU machine the 240 MB embedded model cannot reach
+    reader = GGUFReader(str(source))
+    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.ggml.")}
     tokens = list(meta.pop("tokenizer.ggml.tokens"))[:size]
     scores = np.asarray(meta.pop("tokenizer.ggml.scores"), np.float32)[:size]
     types = np.asarray(meta.pop("tokenizer.ggml.token_type"), np.int32)[:size]
