@@ -12,6 +12,9 @@
 // step stages x (converted to f16) and the dequantized W tile (f16) in shared memory; the
 // workgroup is 8 subgroups in a 2 (M) x 4 (N) grid, each owning CM_TM x CM_TN accumulators
 // (16 CM_TM x 16 CM_TN). The backend picks the tile by timing both at load (autotune.choose_gemm_tile).
+// CM_DB ("_ld": the 128 x 128 tile): two shared buffers, so the next K step is staged while the
+// current one is multiplied and one barrier per step remains instead of two (a GEGLU kernel's
+// three tiles would not fit 48 KiB twice: it stays single-buffered).
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
 // normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
 // saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
@@ -52,8 +55,13 @@ layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 
 // Staging in f16vec4s: one 8-byte store per 4 values (a scalar f16 store each was most of the
 // staging's instructions); coopMatLoad counts offsets and strides in the array's element type.
-shared f16vec4 xs[BM * SK4];
-shared f16vec4 ws0[BN * SK4];
+#if defined(CM_DB) && !defined(GEMM_GEGLU)
+#define NBUF 2
+#else
+#define NBUF 1
+#endif
+shared f16vec4 xs[NBUF * BM * SK4];
+shared f16vec4 ws0[NBUF * BN * SK4];
 #ifdef GEMM_GEGLU
 shared f16vec4 ws1[BN * SK4];
 #endif
@@ -61,8 +69,32 @@ shared float cs[8 * C16 * C16];   // one 16 x 16 f32 staging tile per subgroup, 
 
 #define ACC coopmat<float, gl_ScopeSubgroup, C16, C16, gl_MatrixUseAccumulator>
 
+// x and W of the K step at k0 into shared buffer `buf` (f16; W dequantized from its blocks)
+void stage(uint k0, uint buf, uint m0, uint n0) {
+    const uint tid = gl_LocalInvocationID.x, M = pc.m, N = pc.n, K = pc.k;
+    const uint xo = buf * BM * SK4, wo = buf * BN * SK4;
+    for (uint run = tid; run < BM * BK / 4u; run += WG) {       // x: runs of 4 of one token
+        const uint r = run / (BK / 4u), kq = run % (BK / 4u);
+        const uint m = m0 + r;
+        const vec4 v = m < M ? x4[(m * pc.x_stride + k0) / 4u + kq] : vec4(0.0);
+        xs[xo + r * SK4 + kq] = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
+    }
+    for (uint run = tid; run < BN * BK / 16u; run += WG) {      // W: runs of 16 of one row
+        const uint r = run / (BK / 16u), kk = (run % (BK / 16u)) * 16u;
+        const uint n = n0 + r;
+        float v[16];
+        if (n < N) w_run16_w0(n, k0 + kk, K, v); else [[unroll]] for (uint i = 0; i < 16; i++) v[i] = 0.0;
+        [[unroll]] for (uint i = 0; i < 4; i++)
+            ws0[wo + r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+#ifdef GEMM_GEGLU
+        if (n < N) w_run16_w1(n, k0 + kk, K, v);
+        [[unroll]] for (uint i = 0; i < 4; i++)
+            ws1[r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+#endif
+    }
+}
+
 void main() {
-    const uint tid = gl_LocalInvocationID.x;
     const uint sg = gl_SubgroupID;
     const uint sg_m = sg / 4u, sg_n = sg % 4u;          // 2 x 4 subgroup grid
     const uint n0 = gl_WorkGroupID.x * BN, m0 = gl_WorkGroupID.y * BM;
@@ -79,38 +111,30 @@ void main() {
 #endif
     }
 
-    for (uint k0 = 0; k0 < K; k0 += BK) {
-        for (uint run = tid; run < BM * BK / 4u; run += WG) {       // x: runs of 4 of one token
-            const uint r = run / (BK / 4u), kq = run % (BK / 4u);
-            const uint m = m0 + r;
-            const vec4 v = m < M ? x4[(m * pc.x_stride + k0) / 4u + kq] : vec4(0.0);
-            xs[r * SK4 + kq] = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
-        }
-        for (uint run = tid; run < BN * BK / 16u; run += WG) {      // W: runs of 16 of one row
-            const uint r = run / (BK / 16u), kk = (run % (BK / 16u)) * 16u;
-            const uint n = n0 + r;
-            float v[16];
-            if (n < N) w_run16_w0(n, k0 + kk, K, v); else [[unroll]] for (uint i = 0; i < 16; i++) v[i] = 0.0;
-            [[unroll]] for (uint i = 0; i < 4; i++)
-                ws0[r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-#ifdef GEMM_GEGLU
-            if (n < N) w_run16_w1(n, k0 + kk, K, v);
-            [[unroll]] for (uint i = 0; i < 4; i++)
-                ws1[r * SK4 + kk / 4u + i] = f16vec4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+#if NBUF == 2
+    stage(0u, 0u, m0, n0);
+    barrier();
 #endif
-        }
+    uint buf = 0u;
+    for (uint k0 = 0; k0 < K; k0 += BK) {
+#if NBUF == 2
+        if (k0 + BK < K) stage(k0 + BK, buf ^ 1u, m0, n0);   // the next step, while this one multiplies
+#else
+        stage(k0, 0u, m0, n0);
         barrier();
+#endif
+        const uint xo = buf * BM * SK4, wo = buf * BN * SK4;
         // subgroups past the 8 of the tile grid (a driver running narrower waves than the
         // subgroupSize it reports) only help with the staging above
         if (sg < 8u) [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
             coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseA> a[TM];
             [[unroll]] for (uint i = 0; i < TM; i++)
-                coopMatLoad(a[i], xs, (sg_m * TM * C16 + i * C16) * SK4 + kk / 4u, SK4,
+                coopMatLoad(a[i], xs, xo + (sg_m * TM * C16 + i * C16) * SK4 + kk / 4u, SK4,
                             gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint j = 0; j < TN; j++) {
                 const uint nb = (sg_n * TN * C16 + j * C16) * SK4 + kk / 4u;
                 coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseB> b;
-                coopMatLoad(b, ws0, nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b, ws0, wo + nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < TM; i++) acc0[i][j] = coopMatMulAdd(a[i], b, acc0[i][j]);
 #ifdef GEMM_GEGLU
                 coopMatLoad(b, ws1, nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
@@ -119,6 +143,9 @@ void main() {
             }
         }
         barrier();
+#if NBUF == 2
+        buf ^= 1u;
+#endif
     }
 
     // Out through a per-subgroup staging tile: the block edges need bounds checks that a

@@ -1,9 +1,9 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
-accumulation) where the device has VK_KHR_cooperative_matrix, in four tiles (CM_TILES: "coopmat"
-64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_m" 32 x 128, "coopmat_s"
-32 x 64; the backend picks one for full prefill chunks and one for a few tokens by timing at
+accumulation) where the device has VK_KHR_cooperative_matrix, in five tiles (CM_TILES: "coopmat"
+64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_ld" the same with two
+shared buffers, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full prefill chunks and one for a few tokens by timing at
 load, autotune.choose_gemm_tile); shaders/gemm_lanes.comp on CPU
 Vulkan devices (lavapipe: register tiles, no shared memory or barriers, which a CPU pays for
 lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` says which one a
@@ -27,7 +27,13 @@ TILE = 64  # gemm.comp: 64 tokens x 64 columns
 # gemm_coopmat.comp: kernel -> (tokens, columns) per workgroup; the "_m"/"_s" tiles serve a few
 # tokens (a short prefill, a batched decode step), where a 64- or 128-token tile computes mostly
 # padding and the narrow grid leaves most of a big GPU idle
-CM_TILES = {"coopmat": (64, 128), "coopmat_l": (128, 128), "coopmat_m": (32, 128), "coopmat_s": (32, 64)}
+CM_TILES = {
+    "coopmat": (64, 128),
+    "coopmat_l": (128, 128),
+    "coopmat_ld": (128, 128),  # _l with two shared buffers: the next K step staged during the MMAs
+    "coopmat_m": (32, 128),
+    "coopmat_s": (32, 64),
+}
 CM_SUBGROUPS = 8
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at

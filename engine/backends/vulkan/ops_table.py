@@ -172,10 +172,11 @@ def _variants() -> list[Variant]:
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        # tokens x columns per workgroup: 64 x 128, 128 x 128, 32 x 128, 32 x 64 (ops_gemm.CM_TILES)
+        # tokens x columns per workgroup: 64 x 128, 128 x 128 (twice), 32 x 128, 32 x 64 (ops_gemm.CM_TILES)
         tiles: tuple[tuple[str, dict[str, str | None]], ...] = (
             ("", {}),
             ("_l", {"CM_TM": "4"}),
+            ("_ld", {"CM_TM": "4", "CM_DB": None}),  # 128 x 128, double-buffered (not the GEGLU)
             ("_m", {"CM_TM": "1"}),
             ("_s", {"CM_TM": "1", "CM_TN": "1"}),
         )
