@@ -40,7 +40,8 @@ class AttachmentsController(QObject):
     def __init__(self, view: ChatView, parent: QWidget):
         super().__init__(parent)
         self.view, self.parent_widget = view, parent
-        self.pending: list[Picture] = []
+        self.pending: list[Picture] = []  # the open chat's
+        self._parked: dict[int, list[Picture]] = {}  # other chats' pending pictures, by conversation id
         self.checking = 0  # offers still being checked
         self.image_input: bool | None = None  # whether the loaded model reads pictures (None: not known)
         self.last_dir = str(Path.home())
@@ -78,6 +79,18 @@ class AttachmentsController(QObject):
         if 0 <= index < len(self.pending):
             del self.pending[index]
             self._show()
+
+    def switch(self, old: int | None, new: int) -> None:
+        """Another chat is opened: its own pending pictures come back, the old chat's wait for it
+        (a picture still being checked joins whichever chat is open when its check ends)."""
+        if old is not None and self.pending:
+            self._parked[old] = self.pending
+        self.pending = self._parked.pop(new, [])
+        self._show()
+
+    def forget(self, conversation_id: int) -> None:
+        """A deleted chat's pending pictures go with it."""
+        self._parked.pop(conversation_id, None)
 
     def take(self) -> list[Picture]:
         """The pending pictures, for the message being sent (none pending afterwards)."""

@@ -163,6 +163,7 @@ class ChatController(QObject):
         if conversation_id == self.conversation_id:
             return
         self.cancel_edit()
+        self.attachments.switch(self.conversation_id, conversation_id)  # pending pictures are per chat
         self.conversation_id = conversation_id
         self.messages = self.store.messages(conversation_id)
         self.settings.set("last_conversation_id", conversation_id)
@@ -187,6 +188,7 @@ class ChatController(QObject):
         if self.busy and self.gen_conversation == conversation_id:
             self.stop()
         self.store.delete_conversation(conversation_id)
+        self.attachments.forget(conversation_id)
         if conversation_id == self.conversation_id:
             self.conversation_id = None
             convs = self.store.list_conversations()

@@ -285,6 +285,27 @@ def test_attach_button_paste_and_remove_reach_the_engine(qtbot, make_app, home, 
     assert reason == "error" and "pictures are read in chat mode only" in view.notice.text()
 
 
+def test_pending_pictures_belong_to_their_chat(qtbot, make_app, home, vision_path, vision_model):
+    """A picture attached in one chat waits there: another chat opened meanwhile shows none and
+    sends none; back in the first chat it is pending again and goes with that chat's message."""
+    preset(home, backend="cpu", max_tokens=ANSWER, temperature=0.0)
+    app = make_app(model_path=str(vision_path))
+    view = app.window.chat
+    wait_loaded(qtbot, app)
+    first = app.chat.conversation_id
+    assert drop_files(view, IMAGES / "small.webp") and checked(qtbot, app) == ["small.webp"]
+    app.chat.new_conversation()
+    assert view.attachment_names() == []
+    seen = Answers(app)
+    finish(qtbot, app, lambda: app.chat.send("Hello"))
+    assert seen.started[-1]["images"] == [] and app.store.message_pictures(app.chat.messages[0].id) == []
+    app.chat.open_conversation(first)
+    assert view.attachment_names() == ["small.webp"]
+    finish(qtbot, app, lambda: app.chat.send("What is this?"))
+    assert seen.started[-1]["images"] == [key(vision_model, (IMAGES / "small.webp").read_bytes())]
+    assert view.attachment_names() == []
+
+
 def test_pan_and_scan_setting_gives_the_engine_the_crops(qtbot, make_app, home, vision_path, vision_model):
     """Settings → Pan-and-scan pictures: off by default (the engine gets wide.png alone); checked,
     Regenerate gives the engine the picture and its 3 crops (GENERATION_STARTED's keys: the
