@@ -3,12 +3,12 @@
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
 accumulation) where the device has VK_KHR_cooperative_matrix, in five tiles (CM_TILES: "coopmat"
 64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_ld" the same with two
-shared buffers, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full prefill chunks and one for a few tokens by timing at
-load, autotune.choose_gemm_tile); shaders/gemm_lanes.comp on CPU
-Vulkan devices (lavapipe: register tiles, no shared memory or barriers, which a CPU pays for
-lane by lane); else shaders/gemm.comp (f32 shared-memory tiles). `kernel(dev)` says which one a
-device gets; PHOENIX_VULKAN_COOPMAT=0 turns the matrix-core kernel off (for comparisons), and
-the backend reports the choice in stats().
+shared buffers, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full
+prefill chunks and one for a few tokens by timing at load, autotune.choose_gemm_tile);
+shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shared memory or
+barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
+tiles). `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
+matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
 
 from __future__ import annotations
