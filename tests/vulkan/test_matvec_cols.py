@@ -15,8 +15,12 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_quantize
-from phoenix_chat.engine.backends.vulkan.matvec_cols import COLS_TILES, cols_spec, record_matvec_cols
-from tests.vulkan.test_matvec import QUANT_TYPES, make_weights, nmse
+from phoenix_chat.engine.backends.vulkan.matvec_cols import COLS_TILES, cols_ok, cols_spec, record_matvec_cols
+from tests.vulkan.test_matvec import CODEBOOK_TYPES, QUANT_TYPES, make_weights, nmse
+
+# the int8 multi-column kernel reads every block type but the codebook ones (pipelines.COLS_TYPES):
+# for those the f32 multi-column matvec runs (test_matvec's test_several_vectors_in_one_pass)
+COLS_TYPES = [q for q in QUANT_TYPES if q not in CODEBOOK_TYPES]
 
 EXACT_NMSE = 1e-10  # f32 accumulation of exact int8 products against the f64 sum
 
@@ -90,7 +94,17 @@ def shape_for(qtype):
     return (37, 512) if GGML_QUANT_SIZES[qtype][0] == 256 else (37, 640)
 
 
-@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", CODEBOOK_TYPES, ids=lambda q: q.name)
+def test_codebook_types_are_left_to_the_f32_multi_column_matvec(vk_device, qtype):
+    raw, _ = make_weights(qtype, 8, 256)
+    m = WeightMatrix.upload(vk_device, raw, qtype, (8, 256))
+    try:
+        assert not cols_ok(vk_device, [m])
+    finally:
+        m.tensor.buffer.destroy()
+
+
+@pytest.mark.parametrize("qtype", COLS_TYPES, ids=lambda q: q.name)
 def test_every_type_every_small_count(vk_device, qtype):
     """1..8 vectors (one tile of the default shape) and 13 (one tile of 16), every int8 type."""
     dev = vk_device
