@@ -5,6 +5,7 @@ the `phoenix-chat` CLI in a subprocess; waiting for a server to go idle."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +71,14 @@ def cli(
         timeout=timeout,
         env=cli_env(env),
     )
+
+
+def sigint_as_in_a_terminal() -> None:
+    """Popen's preexec_fn for a CLI that a test interrupts: SIGINT at its default, as a shell
+    starts a command. A process started with SIGINT ignored (pytest run as a background job, whose
+    shell ignores it, or after a test that ignored it) would pass that on, and Python installs no
+    KeyboardInterrupt handler for an ignored SIGINT: the CLI would run to its end and exit 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 from tests.conftest import LLAMA_CPP_MODEL_ID, llama_cpp_disconnects
 
-from .conftest import GREEDY, cli, cli_env
+from .conftest import GREEDY, cli, cli_env, sigint_as_in_a_terminal
 from .recording import retry_chat
 
 PROMPT = "The capital of France is"
@@ -128,7 +128,9 @@ def test_cli_ctrl_c_closes_the_stream(llama_cpp_server, llama_cpp_log, engine):
     before = llama_cpp_disconnects(llama_cpp_log)
     command = [sys.executable, "-m", "phoenix_chat.app.cli", "run", "--remote", llama_cpp_server, "--raw"]
     command += ["Once upon a time", "--max-tokens", "1500", "--temperature", "0"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), preexec_fn=sigint_as_in_a_terminal
+    )
     try:
         first = os.read(proc.stdout.fileno(), 64)  # blocks until the answer's first text arrives
         assert first

@@ -24,7 +24,7 @@ from phoenix_chat.engine.remote.faults import describe
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
 
-from .conftest import GREEDY, cli, cli_env, wait_idle
+from .conftest import GREEDY, cli, cli_env, sigint_as_in_a_terminal, wait_idle
 from .recording import retry_chat
 
 PROMPT = "The capital of France is"
@@ -166,6 +166,7 @@ def test_cli_ctrl_c_closes_the_stream(scheduler, phoenix_server):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=cli_env(),
+        preexec_fn=sigint_as_in_a_terminal,
     )
     try:
         first = os.read(proc.stdout.fileno(), 64)  # blocks until the answer's first text arrives
