@@ -198,14 +198,9 @@ class VulkanBackend(Backend):
         every chunk (all_logits) or of the last position; with `sampling` (params, seed) the last
         chunk ends in the decode step's sampler instead (the id lands in the slot's
         tokens[start_pos + n])."""
-        self._check_slot(slot)
-        where = self._slot_fields(slot)
+        where = self._checked_span(slot, len(ids), start_pos)
         base = where["tok_base"]
         n = len(ids)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if start_pos < 0 or start_pos + n > self.context_length:
-            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         V = self.config.vocab_size
         chunk = LOGITS_CHUNK if all_logits else self.prefill_chunk
         if slot == 0:
@@ -235,6 +230,15 @@ class VulkanBackend(Backend):
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
+
+    def _checked_span(self, slot: int, n: int, start_pos: int) -> dict[str, int]:
+        """The slot's step fields, once `n` ids at `start_pos` fit it (one check for every prefill)."""
+        self._check_slot(slot)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if start_pos < 0 or start_pos + n > self.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
+        return self._slot_fields(slot)
 
     def forward_images(
         self,
@@ -271,14 +275,9 @@ class VulkanBackend(Backend):
         all_logits: bool,
         cancel: CancelCheck | None,
     ) -> list[npt.NDArray[np.float32]]:
-        self._check_slot(slot)
-        where = self._slot_fields(slot)
+        where = self._checked_span(slot, len(ids), start_pos)
         base = where["tok_base"]
         n = len(ids)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if start_pos < 0 or start_pos + n > self.context_length:
-            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} exceed the context of {self.context_length}")
         if self._image_rows is None:
             self._image_rows = ImageRows(self.dev, PREFILL_CHUNK, self.config.hidden_size)
         rows = self._image_rows
