@@ -223,7 +223,10 @@ def run_bench(
             k: stats[k] for k in ("qkv_rope", "qkv_rope_timing", "geglu_q8_1", "geglu_q8_1_timing") if k in stats
         }
         or None,
-        prefill_options={k: stats[k] for k in ("prefill_gemm", "gemm_kernel", "gemm_timing") if k in stats} or None,
+        prefill_options={
+            k: stats[k] for k in ("prefill_gemm", "prefill_attention", "gemm_kernel", "gemm_timing") if k in stats
+        }
+        or None,
     )
 
 

@@ -1,11 +1,15 @@
 """Causal chunk attention against numpy: GQA, sliding window over a ring cache, chunks that are
-not multiples of the query block, a chunk starting mid-context, fewer tokens than recorded."""
+not multiples of the query block, a chunk starting mid-context, fewer tokens than recorded.
+Both kernels: the scalar f32 one (every device) and the matrix-core one
+(attention_prefill_coopmat.comp: f16 Q and P, f32 softmax and accumulators; skipped where the
+device has no cooperative matrices, as lavapipe)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from phoenix_chat.engine.backends.vulkan import ops_attention
 from phoenix_chat.engine.backends.vulkan.ops_attention import attention_prefill
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 from tests.vulkan.test_ops_attention import attend_ref
@@ -17,21 +21,43 @@ CASES = [  # D, H, KV, window, slots, pos0, n_tokens, max_tokens
     (128, 32, 16, 24, 24 + 9, 70, 9, 16),  # 27B shape, local, short window
     (256, 8, 4, 0, 64, 0, 64, 64),  # whole chunk from position 0
 ]
+# the matrix-core kernel: 64-row blocks of tokens x query heads of one kv head, key tiles of 32
+# (head_dim 256) or 64, so also blocks and tiles cut by the chunk's end, the window and the ring
+CM_CASES = CASES + [
+    (256, 8, 4, 1024, 1024 + 64, 1500, 63, 64),  # 4B local, ring wrapped, window cut mid-tile
+    (256, 4, 1, 512, 512 + 64, 700, 37, 40),  # 1B/270M local, ring wrapped, odd tokens
+    (128, 32, 16, 1024, 1024 + 512, 3000, 512, 512),  # 27B local: a full chunk, window across the ring
+    (128, 32, 16, 0, 2200, 1600, 131, 160),  # 27B global: ~1.7k keys, chunk mid-context
+    (256, 2, 1, 0, 2048, 0, 2048, 2048),  # GQA 2/1, 2k tokens from 0 (2k keys)
+    (256, 4, 1, 0, 2100, 2000, 67, 80),  # 270M global: a 67-token chunk after 2k positions
+    (128, 8, 1, 0, 300, 5, 33, 40),  # G = 8: 8 tokens x 8 heads a block
+    (128, 6, 2, 0, 200, 10, 21, 24),  # G = 3: one head a block
+    (64, 4, 2, 40, 64, 100, 17, 32),  # head_dim 64, ring of 64
+    (256, 4, 1, 512, 512 + 64, 0, 1, 8),  # one token
+]
+CM_NMSE = 2e-5  # f16 Q and P: ~5e-7 in a numpy model of the rounding (per-row worst ~2e-6)
 
 
-@pytest.mark.parametrize("D,H,KV,window,slots,pos0,n_tokens,max_tokens", CASES)
-def test_attention_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens):
-    dev = vk_device
+def need_coopmat(dev, head_dim):
+    why = ops_attention.prefill_refusal(dev, head_dim)
+    if why is not None:
+        pytest.skip(f"no coopmat prefill attention: {why}")
+
+
+def check_prefill(dev, D, H, KV, window, slots, pos0, n_tokens, max_tokens, *, kernel, slot=0, vis=None):
+    """Run attention_prefill on random q and caches (slot `slot` of slot + 1), compare with numpy
+    in float64. vis: the last position each token sees (None: its own)."""
     rng = np.random.default_rng(D + H + pos0 + n_tokens)
-    kc = (rng.standard_normal((KV, slots, D)) * 2).astype(np.float16)
-    vc = rng.standard_normal((KV, slots, D)).astype(np.float16)
+    kc = (rng.standard_normal((slot + 1, KV, slots, D)) * 2).astype(np.float16)
+    vc = rng.standard_normal((slot + 1, KV, slots, D)).astype(np.float16)
     stride = (H + 2 * KV) * D  # q inside a fused QKV buffer
     qkv = (rng.standard_normal((max_tokens, stride)) * 2).astype(np.float32)
     scale = 1.0 / np.sqrt(168.0 if D == 128 else 256.0)
     with Bufs(dev) as b:
         out = b.of(np.full((max_tokens, H * D), 5.0, np.float32))
-        step = b.step(pos=pos0, n_tokens=n_tokens)
+        step = b.step(pos=pos0, n_tokens=n_tokens, slot=slot)
         bq, bk, bv = b.of(qkv), b.of(kc), b.of(vc)
+        bvis = b.of(np.asarray(vis, np.uint32)) if vis is not None else None
         run(
             dev,
             lambda cl: attention_prefill(
@@ -50,12 +76,140 @@ def test_attention_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, m
                 scale=scale,
                 max_tokens=max_tokens,
                 q_stride=stride,
+                vis=bvis,
+                kernel=kernel,
             ),
         )
         got = b.read(out, np.float32, (max_tokens, H, D))
-    k32, v32 = kc.astype(np.float32), vc.astype(np.float32)
+    k32, v32 = kc[slot].astype(np.float32), vc[slot].astype(np.float32)
     want = np.stack(
-        [attend_ref(qkv[t, : H * D].reshape(H, D), k32, v32, pos0 + t, window, slots, scale) for t in range(n_tokens)]
+        [
+            attend_ref(qkv[t, : H * D].reshape(H, D), k32, v32, pos0 + t, window, slots, scale)
+            if vis is None
+            else spans_ref(qkv[t, : H * D].reshape(H, D), k32, v32, pos0 + t, int(vis[t]), window, slots, scale)
+            for t in range(n_tokens)
+        ]
     )
-    assert nmse(got[:n_tokens], want) < 1e-9
     assert np.all(got[n_tokens:] == 5.0), "rows beyond step.n_tokens must stay untouched"
+    return nmse(got[:n_tokens], want)
+
+
+def spans_ref(q, kc, vc, pos, last, window, slots, scale):
+    """attend_ref with keys up to `last` (a picture's tokens see the whole picture), the window's
+    lower bound from the query's own position."""
+    H, D = q.shape
+    G = H // kc.shape[0]
+    lo = max(0, pos - window + 1) if window else 0
+    slot = np.arange(lo, last + 1) % slots
+    out = np.zeros((H, D))
+    for h in range(H):
+        K, V = kc[h // G, slot].astype(np.float64), vc[h // G, slot].astype(np.float64)
+        s = K @ q[h].astype(np.float64) * scale
+        p = np.exp(s - s.max())
+        out[h] = p @ V / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("D,H,KV,window,slots,pos0,n_tokens,max_tokens", CASES)
+def test_attention_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens):
+    err = check_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens, kernel="scalar")
+    assert err < 1e-9
+
+
+@pytest.mark.parametrize("D,H,KV,window,slots,pos0,n_tokens,max_tokens", CM_CASES)
+def test_attention_prefill_coopmat(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens):
+    need_coopmat(vk_device, D)
+    err = check_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens, kernel="coopmat")
+    print(f"\ncoopmat prefill attention nmse {err:.2e}")
+    assert err < CM_NMSE
+
+
+@pytest.mark.parametrize("kernel", ["scalar", "coopmat"])
+def test_attention_prefill_second_slot(vk_device, kernel):
+    """A sequence in KV slot 1 reads its own slot's cache (step.slot)."""
+    if kernel == "coopmat":
+        need_coopmat(vk_device, 128)
+    err = check_prefill(vk_device, 128, 8, 4, 24, 24 + 16, 40, 15, 16, kernel=kernel, slot=1)
+    assert err < (CM_NMSE if kernel == "coopmat" else 1e-9)
+
+
+SPANS_CASES = [  # D, H, KV, window, slots, pos0, n_tokens, (picture's first, last token)
+    (256, 4, 1, 512, 512 + 80, 3, 70, (5, 60)),  # a picture inside the chunk
+    (128, 8, 4, 16, 16 + 80, 100, 70, (2, 40)),  # a picture longer than the window
+]
+
+
+@pytest.mark.parametrize("kernel", ["scalar", "coopmat"])
+@pytest.mark.parametrize("D,H,KV,window,slots,pos0,n_tokens,span", SPANS_CASES)
+def test_attention_prefill_spans(vk_device, kernel, D, H, KV, window, slots, pos0, n_tokens, span):
+    """ATTN_SPANS: a picture's tokens see each other both ways, text tokens causally."""
+    if kernel == "coopmat":
+        need_coopmat(vk_device, D)
+    vis = np.arange(pos0, pos0 + n_tokens)
+    vis[span[0] : span[1] + 1] = pos0 + span[1]
+    err = check_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, n_tokens, kernel=kernel, vis=vis)
+    assert err < (CM_NMSE if kernel == "coopmat" else 1e-9)
+
+
+def test_prefill_kernel_choice(vk_device, monkeypatch):
+    """The coopmat kernel where the device has cooperative matrices and the head_dim is built,
+    the switch forces the scalar one, a forced coopmat kernel on a device without refuses."""
+    dev = vk_device
+    assert ops_attention.prefill_kernel(dev, 96) == "scalar"
+    assert "head_dim 96" in ops_attention.prefill_path(dev, 96) or not dev.caps.cooperative_matrix
+    want = "coopmat" if ops_attention.prefill_refusal(dev, 256) is None else "scalar"
+    assert ops_attention.prefill_kernel(dev, 256) == want
+    monkeypatch.setenv("PHOENIX_VULKAN_ATTN_COOPMAT", "0")
+    assert ops_attention.prefill_kernel(dev, 256) == "scalar"
+    if dev.caps.cooperative_matrix:
+        assert ops_attention.prefill_refusal(dev, 256) == "disabled by PHOENIX_VULKAN_ATTN_COOPMAT=0"
+    with Bufs(dev) as b:
+        x = b.of(np.zeros(4, np.float32))
+        with pytest.raises(ValueError, match="no coopmat kernel"):
+            attention_prefill(
+                dev.commands(),
+                dev,
+                x,
+                x,
+                x,
+                x,
+                x,
+                head_dim=256,
+                n_heads=4,
+                n_kv_heads=1,
+                cache_slots=8,
+                window=0,
+                scale=1.0,
+                max_tokens=1,
+                kernel="coopmat",
+            )
+
+
+def test_prefill_refusal_rules():
+    """prefill_refusal on made-up devices: each limit with its reason."""
+    from types import SimpleNamespace
+
+    def dev(**kw):
+        caps = dict(
+            cooperative_matrix=True,
+            refused={},
+            subgroup_size=32,
+            max_workgroup_invocations=1024,
+            shared_memory=48 << 10,
+        )
+        return SimpleNamespace(caps=SimpleNamespace(**{**caps, **kw}))
+
+    assert ops_attention.prefill_refusal(dev(), 256) is None
+    assert ops_attention.prefill_refusal(dev(), 128) is None
+    assert ops_attention.prefill_refusal(dev(cooperative_matrix=False), 256) == "no cooperative matrices"
+    assert "head_dim 80" in ops_attention.prefill_refusal(dev(), 80)
+    assert "maxComputeWorkGroupInvocations" in ops_attention.prefill_refusal(dev(subgroup_size=256), 256)
+    assert "shared memory" in ops_attention.prefill_refusal(dev(shared_memory=32 << 10), 128)
+    assert ops_attention.prefill_refusal(dev(shared_memory=32 << 10), 256) is None  # 31 KiB at 256
+    assert [ops_attention.heads_per_group(h, kv) for h, kv in ((4, 1), (8, 4), (32, 16), (16, 1), (6, 2))] == [
+        4,
+        2,
+        2,
+        8,
+        1,
+    ]

@@ -7,11 +7,20 @@ fixed at record time; the visible positions (step.pos and the window) are read a
 one recording serves every position. With `q`, the combining workgroups also write the q8_1
 blocks of the output rows (`attention_decode_f16_f32_q8_1`), bit-identical to
 `matvec.record_quantize` of `out`, so an int8 o-proj matvec needs no quantize dispatch.
+
+Prefill: `attention_prefill` runs a chunk's queries against the cache, on matrix cores
+(attention_prefill_coopmat.comp: S = Q K^T and O += P V as 16x16x16 f16 -> f32 cooperative
+matrices, the online softmax in f32) where `prefill_kernel(dev, head_dim)` says "coopmat", else
+the scalar f32 kernel (attention_prefill.comp). PHOENIX_VULKAN_ATTN_COOPMAT=0 forces the scalar
+one (for comparisons); `prefill_path` is what the backend reports in stats()["prefill_attention"].
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
+
+from phoenix_chat.engine.backends.vulkan.ops_table import ATTN_CM_HEAD_DIMS
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -96,6 +105,60 @@ def attention_decode(
     cl.dispatch(p, binds, groups=(n_splits, n_kv_heads, max(rows, 1)), push=push)
 
 
+CM_ROWS = 64  # attention_prefill_coopmat.comp: query rows (tokens x heads of one kv head) per workgroup
+CM_SUBGROUPS = 8
+CM_MAX_GW = 8  # query heads of one kv head per workgroup, at most (so at least 8 tokens a block)
+
+
+def cm_shared_bytes(head_dim: int) -> int:
+    """Shared memory attention_prefill_coopmat.comp declares for `head_dim` (its arrays: one K/V
+    tile of BC keys in f16, S in f32 and P in f16 for 64 rows, a float per row)."""
+    bc = ATTN_CM_HEAD_DIMS[head_dim]
+    return bc * (head_dim + 8) * 2 + CM_ROWS * (bc + 4) * 4 + CM_ROWS * (bc + 8) * 2 + CM_ROWS * 4
+
+
+def prefill_refusal(dev: Device, head_dim: int) -> str | None:
+    """Why the prefill attention does not run on matrix cores here (None: it does)."""
+    c = dev.caps
+    if not c.cooperative_matrix:
+        return c.refused.get("cooperative_matrix_f16", "no cooperative matrices")
+    if os.environ.get("PHOENIX_VULKAN_ATTN_COOPMAT", "1") == "0":
+        return "disabled by PHOENIX_VULKAN_ATTN_COOPMAT=0"
+    if head_dim not in ATTN_CM_HEAD_DIMS:
+        return f"head_dim {head_dim}: the coopmat kernel is built for {sorted(ATTN_CM_HEAD_DIMS)}"
+    if CM_SUBGROUPS * c.subgroup_size > c.max_workgroup_invocations:
+        return (
+            f"{CM_SUBGROUPS} subgroups of {c.subgroup_size} exceed maxComputeWorkGroupInvocations "
+            f"{c.max_workgroup_invocations}"
+        )
+    if c.subgroup_size < 8:
+        return f"subgroup size {c.subgroup_size} (the softmax needs 8 x subgroup size >= 64 threads)"
+    need = cm_shared_bytes(head_dim)
+    if c.shared_memory < need:
+        return f"{c.shared_memory} B of shared memory, the coopmat attention needs {need} B at head_dim {head_dim}"
+    return None
+
+
+def prefill_kernel(dev: Device, head_dim: int) -> str:
+    """The prefill attention kernel a device gets for `head_dim`: "coopmat" or "scalar"."""
+    return "coopmat" if prefill_refusal(dev, head_dim) is None else "scalar"
+
+
+def prefill_path(dev: Device, head_dim: int) -> str:
+    """The prefill attention path in words, with the reason where it is the scalar kernel."""
+    why = prefill_refusal(dev, head_dim)
+    return "coopmat f16 x f16 -> f32 (flash)" if why is None else f"scalar f32 ({why})"
+
+
+def heads_per_group(n_heads: int, n_kv_heads: int) -> int:
+    """Query heads a coopmat workgroup takes (all of one kv head's where they fit): the largest
+    power of two <= CM_MAX_GW dividing n_heads / n_kv_heads."""
+    g, gw = n_heads // n_kv_heads, 1
+    while gw * 2 <= CM_MAX_GW and g % (gw * 2) == 0:
+        gw *= 2
+    return gw
+
+
 def attention_prefill(
     cl: CommandList,
     dev: Device,
@@ -118,16 +181,18 @@ def attention_prefill(
     bq: int = 8,
     bc: int = 32,
     vis: Binding | None = None,
+    kernel: str | None = None,
 ) -> None:
     """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
     (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32.
     vis (a prompt with pictures): u32 [tokens], the last position each query sees (its own, or
-    its picture's last: a picture's tokens attend to each other both ways)."""
-    if head_dim > 256 or head_dim % 8 or head_dim % (2 * wg // bq) or bc % 4:
-        raise ValueError(f"attention_prefill: head_dim {head_dim} unsupported with WG={wg}, BQ={bq}, BC={bc}")
-    name = "attention_prefill_f16_f32" + ("_spans" if vis is not None else "")
-    p = dev.pipeline(name, WG=wg, BQ=bq, BC=bc, HD=head_dim)
-    push = p.push.pack(
+    its picture's last: a picture's tokens attend to each other both ways).
+    kernel: "coopmat" or "scalar"; None takes prefill_kernel(dev, head_dim). "coopmat" where the
+    device refuses it raises (no silent fallback). wg, bq, bc tune the scalar kernel only."""
+    if n_heads % n_kv_heads:
+        raise ValueError("attention_prefill: n_heads must be a multiple of n_kv_heads")
+    kernel = prefill_kernel(dev, head_dim) if kernel is None else kernel
+    push_values = dict(
         head_dim=head_dim,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
@@ -138,4 +203,21 @@ def attention_prefill(
         scale=scale,
     )
     binds = [step, q, k_cache, v_cache, out] + ([vis] if vis is not None else [])
-    cl.dispatch(p, binds, groups=(-(-max_tokens // bq), n_heads, 1), push=push)
+    spans = "_spans" if vis is not None else ""
+    if kernel == "coopmat":
+        why = prefill_refusal(dev, head_dim)
+        if why is not None:
+            raise ValueError(f"attention_prefill: no coopmat kernel here: {why}")
+        gw = heads_per_group(n_heads, n_kv_heads)
+        p = dev.pipeline(
+            f"attention_prefill_f16_f32{spans}_coopmat_d{head_dim}", WG=CM_SUBGROUPS * dev.caps.subgroup_size, GW=gw
+        )
+        groups = (-(-max_tokens // (CM_ROWS // gw)), n_heads // gw, 1)
+        cl.dispatch(p, binds, groups=groups, push=p.push.pack(**push_values))
+        return
+    if kernel != "scalar":
+        raise ValueError(f"attention_prefill: unknown kernel {kernel!r} (coopmat, scalar)")
+    if head_dim > 256 or head_dim % 8 or head_dim % (2 * wg // bq) or bc % 4:
+        raise ValueError(f"attention_prefill: head_dim {head_dim} unsupported with WG={wg}, BQ={bq}, BC={bc}")
+    p = dev.pipeline("attention_prefill_f16_f32" + spans, WG=wg, BQ=bq, BC=bc, HD=head_dim)
+    cl.dispatch(p, binds, groups=(-(-max_tokens // bq), n_heads, 1), push=p.push.pack(**push_values))

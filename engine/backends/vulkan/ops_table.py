@@ -68,6 +68,9 @@ ATTN_PREFILL_PUSH = PushLayout(
         ("scale", "f32"),
     ],
 )
+# attention_prefill_coopmat.comp: head_dim -> keys per tile (shared memory: a 64-row block's S
+# in f32 and P in f16, one K/V tile of BC keys; 31 KiB at 256 x 32, 43 KiB at 128 x 64)
+ATTN_CM_HEAD_DIMS = {64: 64, 128: 64, 256: 32}
 # ---- embedding (shaders/embed.comp) ----
 EMBED_PUSH = PushLayout(
     "embed",
@@ -159,6 +162,21 @@ def _variants() -> list[Variant]:
             {"WG": (0, 128), "BQ": (1, 8), "BC": (2, 32), "HD": (3, 256)},
         ),
     ]
+    # the same on matrix cores (shaders/attention_prefill_coopmat.comp), one variant per head_dim
+    # (constant trip counts, coopmat arrays sized at compile time); _spans: the picture mask
+    for hd, bc in ATTN_CM_HEAD_DIMS.items():
+        for spans, defs, nb in (("", {}, 5), ("_spans", {"ATTN_SPANS": None}, 6)):
+            v.append(
+                Variant(
+                    f"attention_prefill_f16_f32{spans}_coopmat_d{hd}",
+                    "attention_prefill_coopmat.comp",
+                    nb,
+                    ATTN_PREFILL_PUSH,
+                    {"CM_HD": str(hd), "CM_BC": str(bc), **defs},
+                    {"WG": (0, 256), "GW": (1, 1)},
+                    requires=("cooperative_matrix",),
+                )
+            )
     for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("full_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, SAMPLE_PUSH, {define: None}, sample_spec))

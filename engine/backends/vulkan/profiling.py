@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from phoenix_chat.engine.backends.vulkan import ops_gemm
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_gemm
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
 from phoenix_chat.engine.backends.vulkan.plan import PREFILL_CHUNK
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
@@ -120,6 +120,7 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         "int_dot": backend.int_dot,
         "int_dot_why": backend.int_dot_why,
         "prefill_gemm": ops_gemm.path(dev),
+        "prefill_attention": ops_attention.prefill_path(dev, backend.config.head_dim),
         **tuning.stats(),
         # the path each matrix of a recorded forward of T > 1 tokens or batched step of T rows took
         "few_token_paths": {T: dict(paths) for T, paths in sorted(backend.graph.few_token_paths.items())},
