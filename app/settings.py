@@ -26,6 +26,7 @@ SETTINGS_NAME = "settings.json"
 QUANT_CHOICES = (AS_IN_FILE, *(q.value for q in WeightQuant))  # "file": as stored in the model file
 NPU_CHOICES = ("off", "prefill")
 CONTEXT_CHOICES = (None, 2048, 4096, 8192, 32768)  # None: auto, the largest the model and memory allow
+PARALLEL_CHOICES = (1, 2, 4)  # Devices → Parallel answers: the engine's KV slots (chats answered at once)
 OVERFLOW_CHOICES = ("drop_oldest", "truncate_middle")  # engine.prompt_fit.OVERFLOW_POLICIES
 THEMES = ("light", "dark")
 MAX_RECENT = 8
@@ -42,6 +43,9 @@ class Settings:
     npu: str = "off"
     context_length: int | None = None  # auto
     context_overflow: str = "drop_oldest"  # what the model reads when a chat outgrows the context
+    # chats answered at once: the model loads with this many KV slots (each a whole context of KV memory;
+    # one loads where they do not fit); a chat sent beyond them waits its turn
+    parallel_answers: int = 2
     theme: str = "light"
     show_device_panel: bool = True
     max_tokens: int = 512
@@ -126,6 +130,7 @@ _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "theme": lambda v: v in THEMES,
     "backend": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("vulkan")),
     "context_length": lambda v: v is None or (isinstance(v, int) and v > 0),
+    "parallel_answers": lambda v: v in PARALLEL_CHOICES and not isinstance(v, bool),
     "max_tokens": lambda v: isinstance(v, int) and v > 0,
     # the defaults for new chats (Settings → Defaults for new chats…): a bad hand edit is ignored
     "system_prompt": lambda v: isinstance(v, str),

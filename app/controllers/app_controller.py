@@ -52,7 +52,9 @@ class AppController(QObject):
         self.models = ModelController(self.window, self.worker, self.settings)
         self.chat = ChatController(self.window, self.worker, self.store, self.settings, self.models)
         self.drafts = DraftController(self.window, self.worker, self.settings, self.models)
-        self.models.stop_answer = self.chat.stop  # "stop the answer and reload": the chat's own Stop
+        self.models.stop_answer = self.chat.stop_all  # "stop the answer and reload": every chat's Stop
+        self.chat.draft_active = lambda: self.drafts.info is not None  # a draft answers one chat at a time
+        self.drafts.draft_ready.connect(lambda _info: self.chat.capacity_changed())
         self.defaults = DefaultsController(self.window, self.settings)
         self.diagnostics = DiagnosticsController(self.window)
         self.secrets = secrets if secrets is not None else SecretStore()

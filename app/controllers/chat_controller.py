@@ -6,15 +6,20 @@ token (complete=0) and is re-saved every SAVE_INTERVAL_MS while it grows, so a c
 at most that much text; one still unfinished at the next start is marked interrupted, with
 Continue and Regenerate offered.
 
-One answer is written at a time. A message sent in another chat meanwhile waits its turn
-(the list marks which chat writes and which waits); Stop and the status-bar figures belong
-to the open chat.
+Several chats answer at once, each with its own state (`_Answer`: its generation id, text,
+stop, figures): as many as the engine holds KV slots for (Devices → Parallel answers, the
+model info's "slots"), one with a draft model (speculative decoding runs one conversation at a
+time). A chat sent beyond them waits its turn, and the hint line says so (the list marks which
+chats write and which wait). Stop, the transcript's live text and the status-bar figures belong
+to the open chat; every worker event is routed to its chat by the generation id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -51,6 +56,23 @@ MODE_LINES = {  # (mode, base model?) → the one line above the transcript
 STAT_FIELDS = frozenset(GenerationStats.__dataclass_fields__)
 
 
+@dataclass
+class _Answer:
+    """One chat's answer being written (or its model loaded for it)."""
+
+    conv_id: int
+    gen_id: str | None = None  # the worker's id for it, once asked (every event about it carries it)
+    answer_id: int | None = None  # its row in the store
+    text: str = ""
+    dirty: bool = False  # text not yet saved
+    prefix: str = ""  # a continued answer's earlier text
+    fit_note: str = ""  # what the model left out of a chat longer than its context
+    error: str | None = None  # the engine's one-line error for it (a cut remote stream)
+    engine: str | None = None  # who writes it ("local:…", "remote:host/model"), saved with it
+    stopping: bool = False
+    stats: GenerationStats | None = None  # its latest live figures
+
+
 class ChatController(QObject):
     answer_finished = Signal(int, str)  # assistant message id, finish reason
     conversation_changed = Signal(int)
@@ -70,20 +92,11 @@ class ChatController(QObject):
         self.messages: list[Message] = []
         self.editing_id: int | None = None
         self.search = ""
-        # the answer being generated
-        self.gen_id: str | None = None
-        self.gen_conversation: int | None = None
-        self.answer_id: int | None = None
-        self.answer_text = ""
-        self.answer_dirty = False
-        self.answer_prefix = ""  # a continued answer's earlier text
-        self.fit_note = ""  # what the model left out of a chat longer than its context
-        self.gen_error: str | None = None  # the engine's one-line error for this answer (a cut remote stream)
-        self.answer_engine: str | None = None  # who writes it ("local:…", "remote:host/model"), saved with it
-        self.busy = False
-        self.stopping = False
-        self.queue: list[int] = []  # chats whose sent message waits for the running answer
-        self.live_stats: GenerationStats | None = None
+        self.answers: dict[int, _Answer] = {}  # conversation id → its answer being written
+        self.queue: list[int] = []  # chats whose answer waits for a free slot (oldest first)
+        self._queued: dict[int, tuple[bool, bool]] = {}  # ... and what it waits to do: (continuing, regenerating)
+        # Whether a draft model is in use (AppController points it at DraftController): one answer at a time.
+        self.draft_active: Callable[[], bool] = lambda: False
         self.picture_window: QWidget | None = None  # a message's picture shown full size
         self.model_is_base: bool | None = None  # of the last model that loaded (None: none yet)
         self._tasks: set[asyncio.Task] = set()
@@ -134,6 +147,7 @@ class ChatController(QObject):
         window.pan_and_scan_action.setChecked(settings.values.pan_and_scan)
         window.pan_and_scan_action.toggled.connect(lambda on: settings.set("pan_and_scan", on))
         models.model_ready.connect(self._on_model_ready)
+        settings.subscribe(lambda name, _value: self.capacity_changed() if name == "parallel_answers" else None)
         self.store.close_unfinished_answers(INTERRUPTED_NOTE)  # nothing streams yet: these were cut off
 
         last = settings.values.last_conversation_id
@@ -146,11 +160,61 @@ class ChatController(QObject):
             self.new_conversation()
 
     # -- conversations --------------------------------------------------------------------
+    # -- the open chat's answer, and how many may be written at once -------------------------
+    @property
+    def busy(self) -> bool:
+        """Whether any chat's answer is being written."""
+        return bool(self.answers)
+
+    def _open_answer(self) -> _Answer | None:
+        return self.answers.get(self.conversation_id) if self.conversation_id is not None else None
+
+    @property
+    def gen_id(self) -> str | None:
+        """The worker's id of the open chat's answer (None: none is asked for)."""
+        answer = self._open_answer()
+        return answer.gen_id if answer else None
+
+    @property
+    def answer_text(self) -> str:
+        """The open chat's answer as written so far ("" when it writes none)."""
+        answer = self._open_answer()
+        return answer.text if answer else ""
+
+    def capacity(self) -> int:
+        """How many chats may answer at once: the loaded model's KV slots (the worker reports what
+        the backend really holds), 1 with a draft model or before a model is loaded; a remote
+        server's requests are Devices → Parallel answers at once (it queues the rest itself)."""
+        info = self.models.info
+        if info is None:
+            return 1
+        if info.get("remote"):
+            return self.settings.values.parallel_answers
+        if self.draft_active():
+            return 1
+        return max(1, int(info.get("slots") or 1))
+
+    def capacity_changed(self) -> None:
+        """A draft model came or went, or Parallel answers changed for a remote server: start the
+        waiting chats that now have room, and say so."""
+        self._start_waiting()
+        self._sync_controls()
+        self.refresh_list()
+
+    def _why_one_at_a_time(self) -> str:
+        info = self.models.info or {}
+        if info.get("remote") or self.capacity() > 1:
+            return ""
+        if self.draft_active():
+            return " (a draft model answers one chat at a time)"
+        if info.get("slots_note"):
+            return f" ({info['slots_note']})"
+        return " (Devices → Parallel answers)"
+
     def refresh_list(self) -> None:
         convs = self.store.list_conversations(self.search)
         marks = {conv_id: "waiting" for conv_id in self.queue}
-        if self.busy and self.gen_conversation is not None:
-            marks[self.gen_conversation] = "writing"
+        marks.update({conv_id: "writing" for conv_id in self.answers})
         self.list_view.set_conversations([(c.id, c.title) for c in convs], self.conversation_id, marks)
 
     def new_conversation(self) -> int:
@@ -167,10 +231,11 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self.messages = self.store.messages(conversation_id)
         self.settings.set("last_conversation_id", conversation_id)
-        # back to the chat that is answering: its answer row (saved every 0.5 s) shows the live text
-        self._show_messages(pending=self._answering_here() and self.answer_id is None)
-        if self._answering_here() and self.answer_id is not None:
-            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
+        # back to a chat that is answering: its answer row (saved every 0.5 s) shows its live text
+        answer = self.answers.get(conversation_id)
+        self._show_messages(pending=answer is not None and answer.answer_id is None)
+        if answer is not None and answer.answer_id is not None:
+            self.view.set_streaming_text(answer.text, note=self._streaming_note(answer))
         self._show_chat_stats()
         self._show_mode()
         self._sync_controls()
@@ -183,10 +248,9 @@ class ChatController(QObject):
         self.refresh_list()
 
     def delete_conversation(self, conversation_id: int) -> None:
-        if conversation_id in self.queue:
-            self.queue.remove(conversation_id)
-        if self.busy and self.gen_conversation == conversation_id:
-            self.stop()
+        self._unqueue(conversation_id)
+        if conversation_id in self.answers:
+            self._stop(conversation_id)
         self.store.delete_conversation(conversation_id)
         self.attachments.forget(conversation_id)
         if conversation_id == self.conversation_id:
@@ -303,7 +367,7 @@ class ChatController(QObject):
         earlier one, which keeps its pictures and gains the pending ones)."""
         text = text.strip()
         conv_id = self.conversation_id if self.conversation_id is not None else self.new_conversation()
-        if not (text or self.attachments.pending) or self._answering_here() or conv_id in self.queue:
+        if not (text or self.attachments.pending) or conv_id in self.answers or conv_id in self.queue:
             return
         if self.attachments.checking:  # Send is off meanwhile; a message must not go without them
             return
@@ -323,25 +387,18 @@ class ChatController(QObject):
                 title = title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1] + "…"
                 self.store.rename_conversation(conv_id, title)
         self.messages = self.store.messages(conv_id)
-        if self.busy:  # another chat is answering: this one waits its turn
-            self.queue.append(conv_id)
-            self._show_messages()  # the hint line and the list's mark say it waits
-            self._sync_controls()
-            self.refresh_list()
-            return
-        self.refresh_list()
-        self._start_answer(conv_id)
+        self._begin(conv_id)
 
     def regenerate(self) -> None:
         """Answer the last user message again; the old answer is kept as an earlier version (‹ ›)."""
-        if self.busy or not self.messages:
+        if self._busy_here() or not self.messages:
             return
-        self._start_answer(self._open_id(), regenerating=self.messages[-1].role == "assistant")
+        self._begin(self._open_id(), regenerating=self.messages[-1].role == "assistant")
 
     def show_version(self, message_id: int, step: int) -> None:
         """‹ ›: show the previous (-1) or next (+1) version of an answer; the conversation goes
         on from the version shown (it is what the next prompt holds)."""
-        if self._answering_here():
+        if self._busy_here():
             return
         msg = next((m for m in self.messages if m.id == message_id and m.role == "assistant"), None)
         if msg is None or not 1 <= msg.version + step <= msg.versions:
@@ -354,9 +411,9 @@ class ChatController(QObject):
 
     def continue_answer(self) -> None:
         """Go on writing the last answer where it stopped (interrupted, stopped, length limit)."""
-        if self.busy or not self._can_continue():
+        if self._busy_here() or not self._can_continue():
             return
-        self._start_answer(self._open_id(), continuing=True)
+        self._begin(self._open_id(), continuing=True)
 
     def begin_edit(self, message_id: int) -> None:
         if self._answering_here():
@@ -372,52 +429,87 @@ class ChatController(QObject):
             self.view.set_editing(None)
 
     def stop(self) -> None:
-        """Stop the open chat's answer (or its waiting turn); says "stopping…" at once, since
-        the engine may be in the middle of reading a long prompt."""
-        conv_id = self.conversation_id
-        if conv_id in self.queue:
-            self.queue.remove(conv_id)
-            self._show_messages()
+        """Stop the open chat's answer (or its waiting turn); the other chats' answers go on."""
+        if self.conversation_id is not None:
+            self._stop(self.conversation_id)
+
+    def stop_all(self) -> None:
+        """Stop every chat's answer and waiting turn (before a reload)."""
+        for conv_id in list(self.queue):
+            self._stop(conv_id)
+        for conv_id in list(self.answers):
+            self._stop(conv_id)
+
+    def _stop(self, conv_id: int) -> None:
+        """Stop one chat's answer; says "stopping…" at once, since the engine may be in the
+        middle of reading a long prompt."""
+        if self._unqueue(conv_id):
+            if conv_id == self.conversation_id:
+                self._show_messages()
             self._sync_controls()
             self.refresh_list()
             return
-        if not self._answering_here() or self.stopping:
+        answer = self.answers.get(conv_id)
+        if answer is None or answer.stopping:
             return
-        self.stopping = True
-        if self.gen_id is not None:
-            self.worker.cancel_generation(self.gen_id)
-        else:
-            # Still loading the model for this answer: give up on it.
+        answer.stopping = True
+        if answer.gen_id is not None:
+            self.worker.cancel_generation(answer.gen_id)
+        elif not any(a.gen_id is None for a in self.answers.values() if a is not answer):
+            # Still loading the model for this answer alone: give up on it (the answer notices once
+            # the load ends, as one that waits for a load another chat needs does).
             self.models.cancel_load()
-        self.view.set_streaming_text(self.answer_text, note=STOPPING_NOTE)
-        self.view.schedule_render(now=True)  # acknowledged now, not at the next coalesced redraw
-        self._sync_controls()
+        if conv_id == self.conversation_id:
+            self.view.set_streaming_text(answer.text, note=STOPPING_NOTE)
+            self.view.schedule_render(now=True)  # acknowledged now, not at the next coalesced redraw
+            self._sync_controls()
+
+    def _unqueue(self, conv_id: int) -> bool:
+        """Take a chat's waiting turn out of the queue; True when it had one."""
+        if conv_id not in self.queue:
+            return False
+        self.queue.remove(conv_id)
+        self._queued.pop(conv_id, None)
+        return True
+
+    def _begin(self, conv_id: int, continuing: bool = False, regenerating: bool = False) -> None:
+        """Start the chat's answer now, or queue it while as many chats answer as may at once."""
+        if len(self.answers) >= self.capacity():
+            self.queue.append(conv_id)
+            self._queued[conv_id] = (continuing, regenerating)
+            if conv_id == self.conversation_id:
+                self._show_messages()  # the hint line and the list's mark say it waits
+            self._sync_controls()
+            self.refresh_list()
+            return
+        self._start_answer(conv_id, continuing, regenerating)
+
+    def _start_waiting(self) -> None:
+        """Start the waiting chats' answers while there is room (oldest first)."""
+        while self.queue and len(self.answers) < self.capacity():
+            conv_id = self.queue.pop(0)
+            continuing, regenerating = self._queued.pop(conv_id, (False, False))
+            self._start_answer(conv_id, continuing, regenerating)
 
     def _start_answer(self, conv_id: int, continuing: bool = False, regenerating: bool = False) -> None:
-        self.busy = True
-        self.stopping = False
-        self.gen_conversation = conv_id
-        self.answer_text = ""
-        self.answer_prefix = ""
-        self.fit_note = ""
-        self.gen_error = None
-        self.live_stats = None
+        answer = self.answers[conv_id] = _Answer(conv_id)
         if conv_id == self.conversation_id:
             self._show_messages(pending=not continuing, replacing=regenerating)
             self._show_chat_stats()
         self._sync_controls()
         self.refresh_list()
-        task = asyncio.get_event_loop().create_task(self._answer(conv_id, continuing, regenerating))
+        task = asyncio.get_event_loop().create_task(self._answer(answer, continuing, regenerating))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, conv_id: int, continuing: bool, regenerating: bool = False) -> None:
+    async def _answer(self, answer: _Answer, continuing: bool, regenerating: bool = False) -> None:
         if not await self.models.ensure_loaded():
-            self._finish_view("The model is not loaded, so there is no answer. See the message above.")
+            self._finish_view(answer, "The model is not loaded, so there is no answer. See the message above.")
             return
-        if self.stopping:  # Stop came while the model loaded
-            self._finish_view(FINISH_NOTES["cancelled"])
+        if answer.stopping:  # Stop came while the model loaded
+            self._finish_view(answer, FINISH_NOTES["cancelled"])
             return
+        conv_id = answer.conv_id
         conv = self.store.conversation(conv_id)
         history = self.store.messages(conv_id)
         # Regenerate: the prompt ends before the answer it replaces, which stays as a version
@@ -438,20 +530,20 @@ class ChatController(QObject):
             elif m.content:
                 prompt.append({"role": m.role, "content": m.content})
         if continuing:
-            answer = history[-1]
-            self.answer_prefix = self.answer_text = answer.content
-            self.store.update_message(answer.id, answer.content, complete=False)
+            row = history[-1]
+            answer.prefix = answer.text = row.content
+            self.store.update_message(row.id, row.content, complete=False)
         elif redo is not None and redo.content:
-            answer = self.store.add_version(redo.id)
+            row = self.store.add_version(redo.id)
         elif redo is not None:  # an empty answer (it failed at once) is not worth keeping as a version
-            answer = redo
+            row = redo
             self.store.update_message(redo.id, "", complete=False, stats={})
         else:
-            answer = self.store.add_message(conv_id, "assistant", "", complete=False)
-        self.answer_id = answer.id
-        self.answer_dirty = False
-        self.answer_engine = self.models.engine_label()
-        self.gen_id = self.worker.request_generation(
+            row = self.store.add_message(conv_id, "assistant", "", complete=False)
+        answer.answer_id = row.id
+        answer.dirty = False
+        answer.engine = self.models.engine_label()
+        answer.gen_id = self.worker.request_generation(
             prompt,
             sampling,
             max_tokens,
@@ -461,9 +553,13 @@ class ChatController(QObject):
         )
         self._save_timer.start()
 
-    # -- events from the worker -----------------------------------------------------------
+    # -- events from the worker (each routed to its chat by the generation id) -------------
+    def _answer_for(self, gen_id: str) -> _Answer | None:
+        return next((a for a in self.answers.values() if a.gen_id == gen_id), None) if gen_id else None
+
     def _on_prompt_fitted(self, gen_id: str, info: dict) -> None:
-        if gen_id != self.gen_id:
+        answer = self._answer_for(gen_id)
+        if answer is None:
             return
         left_out = []
         if info["dropped_messages"]:
@@ -472,47 +568,56 @@ class ChatController(QObject):
             left_out.append(f"the first {info['cut_tokens']:,} tokens of the text")
         elif info["cut_tokens"]:
             left_out.append(f"{info['cut_tokens']:,} tokens from the middle of a long message")
-        self.fit_note = (
+        answer.fit_note = (
             f"This chat ({info['total_tokens']:,} tokens) is longer than the model's context "
             f"({info['context_limit']:,}): the model read it without {' and '.join(left_out)} "
             "(Devices → Context length)."
         )
-        if self.conversation_id == self.gen_conversation:
-            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
+        if answer.conv_id == self.conversation_id:
+            self.view.set_streaming_text(answer.text, note=self._streaming_note(answer))
 
-    def _streaming_note(self) -> str:
-        if self.stopping:
+    def _streaming_note(self, answer: _Answer) -> str:
+        if answer.stopping:
             return STOPPING_NOTE
-        return f"{self.fit_note} Writing…" if self.fit_note else ""
+        return f"{answer.fit_note} Writing…" if answer.fit_note else ""
 
     def _on_tokens(self, gen_id: str, delta: str) -> None:
-        if gen_id != self.gen_id:
+        answer = self._answer_for(gen_id)
+        if answer is None:
             return
-        self.answer_text += delta
-        self.answer_dirty = True
-        if self.conversation_id == self.gen_conversation:
-            self.view.set_streaming_text(self.answer_text, note=self._streaming_note())
+        answer.text += delta
+        answer.dirty = True
+        if answer.conv_id == self.conversation_id:
+            self.view.set_streaming_text(answer.text, note=self._streaming_note(answer))
 
     def _on_stats(self, gen_id: str, stats: GenerationStats) -> None:
-        if gen_id == self.gen_id:
-            self.live_stats = stats
-            if self.conversation_id == self.gen_conversation:
+        answer = self._answer_for(gen_id)
+        if answer is not None:
+            answer.stats = stats
+            if answer.conv_id == self.conversation_id:
                 self._show_stats(stats)
 
     def _on_error(self, request_id: str, message: str) -> None:
-        if request_id and request_id == self.gen_id:
-            self.gen_error = message
-            self.view.show_notice(html.escape(f"The engine reported an error: {message}"), "error")
+        answer = self._answer_for(request_id)
+        if answer is None:
+            return
+        answer.error = message
+        text = f"The engine reported an error: {message}"
+        if answer.conv_id != self.conversation_id:  # the banner is shared: say whose answer failed
+            conv = self.store.conversation(answer.conv_id)
+            text = f"“{conv.title if conv else 'Another chat'}”: {text}"
+        self.view.show_notice(html.escape(text), "error")
 
     def _on_finished(self, gen_id: str, reason: str, stats: GenerationStats, text: str) -> None:
-        if gen_id != self.gen_id:
+        answer = self._answer_for(gen_id)
+        if answer is None:
             return
-        self.answer_text = self.answer_prefix + text if text else self.answer_text
+        answer.text = answer.prefix + text if text else answer.text
         note = FINISH_NOTES.get(reason, "The answer failed (see the message above)." if reason == "error" else "")
         if reason == "cut":  # a remote stream that broke off: what came is kept
-            note = f"Answer cut: {self.gen_error or 'the stream ended early'}"
-        note = " ".join(n for n in (self.fit_note, note) if n)
-        self._close_answer(note, reason, stats)
+            note = f"Answer cut: {answer.error or 'the stream ended early'}"
+        note = " ".join(n for n in (answer.fit_note, note) if n)
+        self._close_answer(answer, note, reason, stats)
 
     def _on_worker_died(self, reason: str) -> None:
         message = (
@@ -521,54 +626,54 @@ class ChatController(QObject):
         )
         self.view.show_notice(html.escape(message), "error")
         self.window.statusBar().showMessage(message, 10000)
-        if self.gen_id is not None:
-            self._close_answer("Interrupted: the engine stopped.", "crashed", None)
-        elif self.busy:
-            self._finish_view("Interrupted: the engine stopped.")
+        for answer in list(self.answers.values()):
+            if answer.gen_id is not None:
+                self._close_answer(answer, "Interrupted: the engine stopped.", "crashed", None)
+            else:
+                self._finish_view(answer, "Interrupted: the engine stopped.")
 
-    def _close_answer(self, note: str, reason: str, stats: GenerationStats | None) -> None:
-        self._save_timer.stop()
-        answer_id = self.answer_id
+    def _close_answer(self, answer: _Answer, note: str, reason: str, stats: GenerationStats | None) -> None:
+        answer_id = answer.answer_id
         if answer_id is not None:
             saved = {**(stats.to_dict() if stats else {}), "finish_reason": reason, **({"note": note} if note else {})}
-            self.store.update_message(
-                answer_id, self.answer_text, complete=True, stats=saved, engine=self.answer_engine
-            )
-        self.gen_id = None
-        self.answer_id = None
-        if self.conversation_id is not None and self.gen_conversation == self.conversation_id:
-            self.messages = self.store.messages(self.conversation_id)
-        self._finish_view(None)
+            self.store.update_message(answer_id, answer.text, complete=True, stats=saved, engine=answer.engine)
+        answer.gen_id = None
+        answer.answer_id = None
+        if answer.conv_id == self.conversation_id:
+            self.messages = self.store.messages(answer.conv_id)
+        self._finish_view(answer, None)
         if answer_id is not None:
             self.answer_finished.emit(answer_id, reason)
 
-    def _finish_view(self, note: str | None) -> None:
-        here = self.gen_conversation == self.conversation_id
-        self.busy = False
-        self.stopping = False
-        if here:
+    def _finish_view(self, answer: _Answer, note: str | None) -> None:
+        self.answers.pop(answer.conv_id, None)
+        if not self.answers:
+            self._save_timer.stop()
+        if answer.conv_id == self.conversation_id:
             if note is not None:
-                self.view.set_streaming_text(self.answer_text, complete=True, note=note)
+                self.view.set_streaming_text(answer.text, complete=True, note=note)
             else:
                 self._show_messages()
             self._show_chat_stats()
             self.view.input.setFocus()
-        self.gen_conversation = None
-        if self.queue:  # the next chat's turn
-            self._start_answer(self.queue.pop(0))
-        else:
-            self._sync_controls()
-            self.refresh_list()
+        self._start_waiting()  # a slot is free: the next waiting chat's turn
+        self._sync_controls()
+        self.refresh_list()
 
     def _save_partial(self) -> None:
-        if self.answer_dirty and self.answer_id is not None:
-            self.answer_dirty = False
-            self.store.update_message(self.answer_id, self.answer_text, complete=False)
+        for answer in self.answers.values():
+            if answer.dirty and answer.answer_id is not None:
+                answer.dirty = False
+                self.store.update_message(answer.answer_id, answer.text, complete=False)
 
     # -- view -----------------------------------------------------------------------------
     def _answering_here(self) -> bool:
         """Whether the open chat's answer is being written (or its model loaded for it)."""
-        return self.busy and self.gen_conversation == self.conversation_id
+        return self.conversation_id in self.answers
+
+    def _busy_here(self) -> bool:
+        """Whether the open chat answers or waits to: its regenerate, continue and versions wait."""
+        return self.conversation_id in self.answers or self.conversation_id in self.queue
 
     def _can_continue(self) -> bool:
         last = self.messages[-1] if self.messages else None
@@ -579,27 +684,43 @@ class ChatController(QObject):
             and last.stats.get("finish_reason") in CONTINUABLE
         )
 
+    def _writers(self) -> str:
+        """The chats writing an answer, in a few words ("“Hi”", "2 chats")."""
+        others = [c for c in self.answers if c != self.conversation_id]
+        if len(others) != 1:
+            return f"{len(others)} chats"
+        conv = self.store.conversation(others[0])
+        return f"“{conv.title}”" if conv else "Another chat"
+
     def _sync_controls(self) -> None:
         """Send, Stop, Regenerate, Continue and the hint line for the open chat."""
-        here = self._answering_here()
+        answer = self._open_answer()
+        here = answer is not None
         waiting = self.conversation_id in self.queue
+        others = len(self.answers) - (1 if here else 0)
+        full = len(self.answers) >= self.capacity()
+        writers = self._writers()
         hint = ""
-        if here and self.stopping:
+        if answer is not None and answer.stopping:
             hint = "Stopping the answer…"
-        elif self.busy and not here:
-            conv = self.store.conversation(self.gen_conversation) if self.gen_conversation is not None else None
-            title = f"“{conv.title}”" if conv else "Another chat"
+        elif waiting:
+            one = others == 1
             hint = (
-                f"Waiting: {title} is still answering; this chat's answer starts when it finishes "
-                "(Stop cancels the wait)."
-                if waiting
-                else f"{title} is writing an answer (● in the list); a message sent here waits for it."
+                f"Waiting: {writers} {'is' if one else 'are'} still answering{self._why_one_at_a_time()}; this "
+                f"chat's answer starts when {'it' if one else 'one'} finishes (Stop cancels the wait)."
+            )
+        elif not here and others:
+            verb = "is writing an answer" if others == 1 else "are writing answers"
+            hint = f"{writers} {verb} (● in the list); " + (
+                f"a message sent here waits for {'it' if others == 1 else 'one to finish'}{self._why_one_at_a_time()}."
+                if full
+                else "a message sent here is answered at the same time."
             )
         self.view.set_controls(
             send=not here and not waiting and not self.attachments.checking,
-            stop=(here and not self.stopping) or waiting,
-            regenerate=not self.busy,
-            continue_=not self.busy and self._can_continue(),
+            stop=(here and answer is not None and not answer.stopping) or waiting,
+            regenerate=not here and not waiting,
+            continue_=not here and not waiting and self._can_continue(),
             hint=hint,
         )
 
@@ -610,6 +731,8 @@ class ChatController(QObject):
         self.window.set_auto_context(
             info.get("context_length") if self.settings.values.context_length is None else None
         )
+        self._start_waiting()  # chats that waited for the load while its slot count was not known
+        self._sync_controls()
 
     def _show_messages(self, pending: bool = False, replacing: bool = False) -> None:
         """replacing: leave the last answer out (Regenerate writes its next version in its place)."""
@@ -642,8 +765,9 @@ class ChatController(QObject):
     def _show_chat_stats(self) -> None:
         """The open chat's figures: the live ones while it answers, else its last answer's saved
         ones, else none (never another chat's)."""
-        if self._answering_here():
-            self._show_stats(self.live_stats)
+        answer = self._open_answer()
+        if answer is not None:
+            self._show_stats(answer.stats)
             return
         saved = next(
             (m.stats for m in reversed(self.messages) if m.role == "assistant" and "prompt_tokens" in m.stats), None

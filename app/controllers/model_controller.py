@@ -29,8 +29,8 @@ from phoenix_chat.app.views.dialogs import ModelInfoDialog, ReloadQuestion
 from phoenix_chat.app.views.main_window import APP_TITLE, QUANT_LABELS, MainWindow
 from phoenix_chat.app.worker.client import WorkerClient
 
-RELOAD_KEYS = ("engine", "remote_profile", "model_path", "quant", "backend", "npu", "context_length")
-LOCAL_KEYS = ("model_path", "quant", "backend", "npu", "context_length")  # shape a local model only
+LOCAL_KEYS = ("model_path", "quant", "backend", "npu", "context_length", "parallel_answers")  # shape a local model only
+RELOAD_KEYS = ("engine", "remote_profile", *LOCAL_KEYS)
 EMBEDDED_NAME = "Gemma 3 270M (embedded)"
 CHANGE_NAMES = {  # what the reload question says about the change
     "reload": "Reload model loads the model again.",
@@ -39,6 +39,7 @@ CHANGE_NAMES = {  # what the reload question says about the change
     "backend": "The new backend needs the model loaded again.",
     "npu": "The new NPU setting needs the model loaded again.",
     "context_length": "The new context length needs the model loaded again.",
+    "parallel_answers": "A new number of parallel answers needs the model loaded again (its KV slots).",
     "engine": "The engine you chose (Settings → Engine) takes over from the current one.",
     "remote_profile": "The remote server you chose takes over from the current one.",
 }
@@ -90,6 +91,7 @@ class ModelController(QObject):
         choice_sets(window.npu_group, settings, "npu")
         choice_sets(window.context_group, settings, "context_length", lambda n: n or None)
         choice_sets(window.backend_group, settings, "backend")
+        choice_sets(window.parallel_group, settings, "parallel_answers")
         settings.subscribe(self._on_setting)
         self._sync_menus()
         self._refresh_recent()
@@ -117,6 +119,7 @@ class ModelController(QObject):
             quant=s.quant,  # the engine's own spelling ("file" or a WeightQuant value)
             context_length=s.context_length,
             npu=s.npu if s.npu != "off" else None,
+            slots=s.parallel_answers,
         )
         self.window.show_loading(0.0, "Starting engine")
         self._set_model_label(loading=True)
@@ -177,6 +180,8 @@ class ModelController(QObject):
             self._after_rollback = None
         else:  # a model works now: earlier errors no longer apply (a base model's line is the chat's mode line)
             self.window.chat.hide_notice()
+        if info.get("slots_note"):  # fewer answers at once than Devices → Parallel answers asked, or a shorter context
+            self._say(f"Parallel answers: {info['slots_note']}.")
         if self._load_future is not None and not self._load_future.done():
             self._load_future.set_result(True)
         self.model_ready.emit(info)
@@ -356,6 +361,8 @@ class ModelController(QObject):
         ]
         if values["npu"] != "off":
             parts.append("NPU prefill")
+        if values.get("parallel_answers", 1) > 1:
+            parts.append(f"{values['parallel_answers']} answers at once")
         return f"{name} ({', '.join(parts)})"
 
     def _sync_menus(self) -> None:
@@ -368,6 +375,8 @@ class ModelController(QObject):
             w.npu_actions[s.npu].setChecked(True)
         if s.context_length in w.context_actions:
             w.context_actions[s.context_length].setChecked(True)
+        if s.parallel_answers in w.parallel_actions:
+            w.parallel_actions[s.parallel_answers].setChecked(True)
         if s.backend in w.backend_actions:
             w.backend_actions[s.backend].setChecked(True)
         elif s.backend.startswith("vulkan") and s.backend not in w.backend_actions:
@@ -432,6 +441,8 @@ class ModelController(QObject):
             text = f"{name} · {quant} · {i.get('backend')} on {i.get('device')}"
             if ctx:
                 text += f" · {ctx:,} ctx"
+            if i.get("slots", 1) > 1:
+                text += f" · {i['slots']} answers at once"
             if not i.get("is_instruction_tuned", True):
                 text += " · base model"
             if self.reload_waiting:

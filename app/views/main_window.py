@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter
 
-from phoenix_chat.app.settings import CONTEXT_CHOICES, OVERFLOW_CHOICES, QUANT_CHOICES
+from phoenix_chat.app.settings import CONTEXT_CHOICES, OVERFLOW_CHOICES, PARALLEL_CHOICES, QUANT_CHOICES
 from phoenix_chat.app.views.chat_view import ChatView
 from phoenix_chat.app.views.conversation_list import ConversationListView
 from phoenix_chat.app.views.elided_label import ElidedLabel
@@ -177,6 +177,17 @@ class MainWindow(QMainWindow):
             a.setData(key)
             self.overflow_group.addAction(a)
             self.overflow_actions[key] = a
+        parallel_menu = dev_menu.addMenu("Parallel answers")
+        parallel_menu.setToolTipsVisible(True)
+        self.parallel_group = QActionGroup(self)
+        self.parallel_actions: dict[int, QAction] = {}
+        for n in PARALLEL_CHOICES:
+            a = parallel_menu.addAction("1 (one chat answers at a time)" if n == 1 else f"{n} chats at once")
+            a.setCheckable(True)
+            a.setData(n)
+            a.setToolTip("Each answer at once holds its own KV cache (a whole context of memory)")
+            self.parallel_group.addAction(a)
+            self.parallel_actions[n] = a
 
         view_menu = mb.addMenu("&View")
         self.device_panel_action = self.device_dock.toggleViewAction()

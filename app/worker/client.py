@@ -124,7 +124,9 @@ class WorkerClient(QObject):
             # The reader thread will report the death; nothing else to do here.
             pass
 
-    def request_load(self, *, path, backend, device, quant, context_length, npu) -> str:
+    def request_load(self, *, path, backend, device, quant, context_length, npu, slots: int = 1) -> str:
+        """slots: answers the engine writes at once (its KV slots; the worker may load fewer and
+        says why in the model info's slots_note)."""
         load_id = P.new_id("load")
         self.model_info = None
         self.send(
@@ -136,6 +138,7 @@ class WorkerClient(QObject):
             quant=quant,
             context_length=context_length,
             npu=npu,
+            slots=slots,
         )
         return load_id
 

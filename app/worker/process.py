@@ -143,7 +143,7 @@ class Worker:
 
         try:
             engine = self._engine()
-            from phoenix_chat.engine.errors import CancelledError, PhoenixError
+            from phoenix_chat.engine.errors import CancelledError, OutOfMemoryError, PhoenixError
             from phoenix_chat.engine.loader import check_loadable
         except Exception as exc:  # noqa: BLE001 — reported to the user, worker stays up
             self._load_failed(load_id, f"engine unavailable: {exc}", kept=self.model_info)
@@ -166,9 +166,20 @@ class Worker:
             progress=progress,
             cancel=cancel,
         )
+        slots, slots_note = max(1, int(msg.get("slots") or 1)), ""
+        if slots > 1 and backend == "npu-hybrid":
+            slots, slots_note = 1, "the NPU prefill backend writes one answer at a time"
         try:
             self.send(P.LOADING_CHANGED, id=load_id, fraction=0.0, message="Opening model")
-            model = engine.load(**kwargs)
+            try:
+                model = engine.load(**kwargs, slots=slots)
+            except OutOfMemoryError as exc:
+                if slots == 1:
+                    raise
+                # each slot holds a whole context of KV cache: one answer at a time rather than no model
+                slots_note = f"{slots} answers at once do not fit ({exc}): one at a time"
+                slots = 1
+                model = engine.load(**kwargs, slots=1)
             if cancel.is_set():
                 raise CancelledError("loading cancelled")
         except CancelledError as exc:
@@ -188,7 +199,14 @@ class Worker:
         self.load_args = {"backend": "auto" if backend == "npu-hybrid" else backend, "device": msg.get("device")}
         self.load_args["quant"] = msg.get("quant")
         self.scheduler = importlib.import_module(f"{engine.__name__}.scheduler").Scheduler(model)
-        self.model_info = describe_model(model)
+        wanted_ctx = msg.get("context_length")
+        if slots > 1 and not wanted_ctx and model.backend.context_length < model.config.context_length:
+            # "auto" context: the largest that fits `slots` KV caches, so fewer slots may give a longer one
+            slots_note = (
+                f"{slots} answers at once share the memory: the context is {model.backend.context_length:,} "
+                "tokens (Devices → Parallel answers → 1 may allow a longer one)"
+            )
+        self.model_info = {**describe_model(model), "slots_note": slots_note}
         self.send(P.MODEL_CHANGED, id=load_id, info=self.model_info)
         self.server.attach(self.scheduler)  # serves the new model when the server is on
 
@@ -338,7 +356,7 @@ class Worker:
         reason: str | None = None
         stream = None
         try:
-            stream = scheduler.submit(Request(prompt, params, max_tokens))
+            stream = scheduler.submit(Request(prompt, params, max_tokens, id=gen_id))
             with self.lock:
                 self.streams[gen_id] = stream
             if cancel.is_set():  # Stop came before the stream existed
@@ -755,9 +773,10 @@ class _AnswerPump:
 
 def describe_model(model) -> dict:
     """The model info the GUI gets: the engine's own `LoadedModel.describe()` (which carries the
-    quantization the backend applied and the weight types it holds, not what was asked for), and
-    whether it reads pictures (`image_input`: it has a vision encoder)."""
-    return {**model.describe(), "image_input": model.vision is not None}
+    quantization the backend applied and the weight types it holds, not what was asked for),
+    whether it reads pictures (`image_input`: it has a vision encoder) and how many answers its
+    backend holds K/V for at once (`slots`)."""
+    return {**model.describe(), "image_input": model.vision is not None, "slots": model.backend.n_slots}
 
 
 def _probe_devices() -> list:

@@ -12,16 +12,20 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 
 # GUI → worker
-# id, path, backend, device, quant, context_length, npu; or id, remote ({url, model, api_key}: answers come
-# from that OpenAI-compatible server, app/worker/remote_answer.py; the local model is dropped)
+# id, path, backend, device, quant, context_length, npu, slots (answers written at once: the engine's KV
+# slots; where that many do not fit or the backend holds one, one loads and MODEL_CHANGED's info says why);
+# or id, remote ({url, model, api_key}: answers come from that OpenAI-compatible server,
+# app/worker/remote_answer.py; the local model is dropped)
 LOAD_REQUESTED = "load_requested"
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id
 # id, messages, params, max_tokens, overflow ("drop_oldest" | "truncate_middle"), continue_answer
 # (the last message is a partial answer to go on with), mode ("chat" | "completion": engine/completion.py);
 # a message with pictures has content parts: {"type": "image", "image": <the file's bytes>}, then
 # {"type": "text", "text": ...} (the engine's image parts)
+# The id names the answer in every event about it (and is the engine Request's id), so several
+# answers stream at once and each event reaches its conversation.
 GENERATE_REQUESTED = "generate_requested"
-CANCEL_REQUESTED = "cancel_requested"  # id
+CANCEL_REQUESTED = "cancel_requested"  # id: stops that answer only
 DEVICES_REQUESTED = "devices_requested"
 DRAFT_REQUESTED = "draft_requested"  # id, path (None: no draft model)
 DRAFT_CANDIDATES_REQUESTED = "draft_candidates_requested"  # id, paths (which could draft for the loaded model)
@@ -33,7 +37,7 @@ SHUTDOWN_REQUESTED = "shutdown_requested"
 WORKER_READY = "worker_ready"  # pid
 DEVICES_CHANGED = "devices_changed"  # devices: [{id, name, kind}], npu: {present, reason}
 LOADING_CHANGED = "loading_changed"  # id, fraction, message
-MODEL_CHANGED = "model_changed"  # id, info
+MODEL_CHANGED = "model_changed"  # id, info (slots: answers at once; slots_note: why fewer than asked, or "")
 LOAD_FAILED = "load_failed"  # id, message, cancelled, kept (info of the model still loaded, or None)
 # id, params (the SamplingParams fields applied), max_tokens, prompt (the text the model reads,
 # decoded from its fitted prompt ids), images (the encoder key, SHA-256 of the pixel values, of each

@@ -141,7 +141,8 @@ def test_a_chat_longer_than_the_context_keeps_working(qtbot, make_app, home):
 
 
 def test_a_second_chat_waits_its_turn_and_figures_stay_with_their_chat(qtbot, make_app, home):
-    preset(home, backend="cpu", max_tokens=60, temperature=0.0)
+    # one answer at a time (Devices → Parallel answers → 1); two at once: test_parallel_chats_gui.py
+    preset(home, backend="cpu", max_tokens=60, temperature=0.0, parallel_answers=1)
     app = make_app()
     wait_loaded(qtbot, app)
     w, chat = app.window, app.window.chat
