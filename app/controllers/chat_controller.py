@@ -202,7 +202,9 @@ class ChatController(QObject):
         self.refresh_list()
 
     def _why_one_at_a_time(self) -> str:
-        info = self.models.info or {}
+        info = self.models.info
+        if info is None:
+            return " (until the model has loaded)"
         if info.get("remote") or self.capacity() > 1:
             return ""
         if self.draft_active():

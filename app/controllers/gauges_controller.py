@@ -35,17 +35,19 @@ class GaugesController(QObject):
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._tick)
         worker.stats_changed.connect(self._on_stats)
-        worker.generation_finished.connect(lambda _id, _r, stats, _t: self._on_stats(_id, stats))
+        worker.generation_finished.connect(lambda gen_id, _r, stats, _t: self._on_finished(gen_id, stats))
         worker.devices_changed.connect(
             lambda _d, npu: sampler.report_npu(bool(npu.get("present")), npu.get("reason", ""))
         )
         worker.model_changed.connect(self._on_model)
         self.backend: str | None = None
-        worker.worker_died.connect(lambda *_: sampler.report_engine(None))
+        worker.worker_died.connect(self._on_worker_died)
         self.last: Snapshot | None = None
+        self.live: dict[str, GenerationStats] = {}  # generation id → latest figures of each answer being written
 
     def _on_model(self, _load_id: str, info: dict) -> None:
         self.backend = info.get("backend")
+        self.live.clear()
         self.sampler.report_engine(None)
         self.panel.sparkline.clear()
         self.panel.tps_value.setText("—")
@@ -56,6 +58,10 @@ class GaugesController(QObject):
             )
         else:
             self.panel.engine_label.setText(f"Engine — this computer: {info.get('backend')} on {info.get('device')}")
+
+    def _on_worker_died(self, _reason: str) -> None:
+        self.live.clear()
+        self.sampler.report_engine(None)
 
     def start(self) -> None:
         self._timer.start()
@@ -80,11 +86,29 @@ class GaugesController(QObject):
             return
         self.show(fut.result())
 
-    def _on_stats(self, _gen_id: str, stats: GenerationStats) -> None:
+    def _on_stats(self, gen_id: str, stats: GenerationStats) -> None:
+        """Tokens/s is the engine's: the sum over the answers being written (chats answering at
+        once each report their own rate); the busy gauges are the backend's, the same in each."""
+        self.live[gen_id] = stats
         self.sampler.report_engine(stats)
+        self._show_rate()
+
+    def _on_finished(self, gen_id: str, stats: GenerationStats) -> None:
+        self.live.pop(gen_id, None)
+        if self.live:  # others still answer: their next figures update the panel
+            return
+        self.sampler.report_engine(stats)  # idle now (busy at 0)
         if stats.generation_tokens:
             self.panel.sparkline.add(stats.generation_tps)
             self.panel.tps_value.setText(f"{stats.generation_tps:.1f}")
+
+    def _show_rate(self) -> None:
+        rates = [s.generation_tps for s in self.live.values() if s.generation_tokens]
+        if not rates:
+            return
+        total = sum(rates)
+        self.panel.sparkline.add(total)
+        self.panel.tps_value.setText(f"{total:.1f}" if len(rates) == 1 else f"{total:.1f} ({len(rates)} answers)")
 
     def show(self, snap: Snapshot) -> None:
         p = self.panel

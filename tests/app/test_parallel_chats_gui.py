@@ -111,7 +111,7 @@ def test_two_chats_stream_at_once_each_into_its_own_conversation(qtbot, make_app
     b = app.chat.new_conversation()
     assert "answered at the same time" in view.hint.text() and view.send_button.isEnabled()
     app.chat.set_chat_mode("chat")
-    app.chat.set_chat_settings("", {**app.settings.values.sampling_defaults(), "max_tokens": 16})
+    app.chat.set_chat_settings("", {**app.settings.values.sampling_defaults(), "max_tokens": 24})
     app.chat.send(HELLO)
     assert app.chat.queue == [] and set(app.chat.answers) == {a, b}  # B did not wait for A
     qtbot.waitUntil(lambda: app.chat.answers[b].gen_id is not None, timeout=ANSWER_TIMEOUT_MS)
@@ -120,6 +120,9 @@ def test_two_chats_stream_at_once_each_into_its_own_conversation(qtbot, make_app
     assert sum(t.startswith("●") for t in titles) == 2  # both marked as writing
 
     qtbot.waitUntil(lambda: events.seen("tokens", b_gen), timeout=ANSWER_TIMEOUT_MS)
+    # the device panel's tokens/s is the engine's: both answers' rates summed while both write
+    tps = app.window.devices.tps_value
+    qtbot.waitUntil(lambda: "(2 answers)" in tps.text(), timeout=10_000)
     # each chat shows its own live text (what the view holds for its last bubble), A's then B's
     assert a in app.chat.answers  # 120 tokens: A is still writing
     app.chat.open_conversation(a)
@@ -140,7 +143,7 @@ def test_two_chats_stream_at_once_each_into_its_own_conversation(qtbot, make_app
     app.store.flush()
     rows = stored(home)
     assert rows[a] == (expected(reference, events, a_gen, STORY, 120), 1)
-    assert rows[b] == (expected(reference, events, b_gen, HELLO, 16), 1)
+    assert rows[b] == (expected(reference, events, b_gen, HELLO, 24), 1)
     assert rows[a][0].strip() and rows[b][0].strip()
     assert "writing" not in view.hint.text() and not app.chat.queue
 
