@@ -224,7 +224,19 @@ def run_bench(
         }
         or None,
         prefill_options={
-            k: stats[k] for k in ("prefill_gemm", "prefill_attention", "gemm_kernel", "gemm_timing") if k in stats
+            k: stats[k]
+            for k in (
+                "prefill_gemm",
+                "prefill_attention",
+                "gemm_kernel",
+                "gemm_timing",
+                "gemm_kernels",
+                "gemm_shape_timing",
+                "gemm_kernels_note",
+                "gemm_kernel_few",
+                "gemm_few_timing",
+            )
+            if k in stats
         }
         or None,
     )

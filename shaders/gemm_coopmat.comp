@@ -15,11 +15,18 @@
 // CM_DB ("_ld": the 128 x 128 tile): two shared buffers, so the next K step is staged while the
 // current one is multiplied and one barrier per step remains instead of two (a GEGLU kernel's
 // three tiles would not fit 48 KiB twice: it stays single-buffered).
+// CM_GM x CM_GN: the subgroup grid (default 2 x 4; the "_w" tiles run 2 x 2 subgroups of 64 x 64,
+// so each A/B fragment read from shared memory feeds 4 matrix products instead of 2-4).
+// CM_PF ("_p" tiles): two shared buffers filled through registers: the next K step's x and W are
+// loaded and dequantized into registers (no branch: rows past the edge read the last row, their
+// products are never stored), the current step is multiplied, then the registers go to the other
+// buffer — one barrier per step, and the global loads' latency hidden behind the MMAs.
 // Accumulation is f32 (Gemma 3's sums overflow f16). Only the operands are f16: x is the
 // normalized activation (RMSNorm or GEGLU output), clamped to the f16 range so an outlier
 // saturates instead of turning into inf; rounding x to f16 costs ~5e-4 relative error per dot.
-// WG (spec constant) is 8 x the device's reported subgroup size (ops_gemm sets it): 8 subgroups
-// own the 2 x 4 tile grid; if a driver runs narrower waves, the extra subgroups only stage data.
+// WG (spec constant) is CM_GM x CM_GN x the device's reported subgroup size (ops_gemm sets it):
+// those subgroups own the tile grid; if a driver runs narrower waves, the extra subgroups only
+// stage data (CM_PF: they repeat a grid subgroup's products, which only the owner stores).
 // (Wider waves than reported would leave tiles unowned: no driver we know does that.)
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
 // Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / BN), ceil(m / BM), 1).
@@ -40,8 +47,15 @@ layout(constant_id = 0) const uint WG = 256;
 #define CM_TN 2
 #endif
 #define TN CM_TN             // ... and along N
-#define BM (2 * TM * C16)
-#define BN (4 * TN * C16)
+#ifndef CM_GM
+#define CM_GM 2
+#endif
+#ifndef CM_GN
+#define CM_GN 4
+#endif
+#define NSG (CM_GM * CM_GN)  // subgroups in the tile grid
+#define BM (CM_GM * TM * C16)
+#define BN (CM_GN * TN * C16)
 #define BK 32
 #define SK (BK + 8)          // shared row stride in halves: 80 bytes, a multiple of 16
 #define SK4 (SK / 4)         // ... in f16vec4s: shared memory is written 4 halves at a time
@@ -55,7 +69,7 @@ layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 
 // Staging in f16vec4s: one 8-byte store per 4 values (a scalar f16 store each was most of the
 // staging's instructions); coopMatLoad counts offsets and strides in the array's element type.
-#if defined(CM_DB) && !defined(GEMM_GEGLU)
+#if (defined(CM_DB) && !defined(GEMM_GEGLU)) || defined(CM_PF)
 #define NBUF 2
 #else
 #define NBUF 1
@@ -63,9 +77,9 @@ layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 shared f16vec4 xs[NBUF * BM * SK4];
 shared f16vec4 ws0[NBUF * BN * SK4];
 #ifdef GEMM_GEGLU
-shared f16vec4 ws1[BN * SK4];
+shared f16vec4 ws1[NBUF * BN * SK4];
 #endif
-shared float cs[8 * C16 * C16];   // one 16 x 16 f32 staging tile per subgroup, for bounded stores
+shared float cs[NSG * C16 * C16];   // one 16 x 16 f32 staging tile per subgroup, for bounded stores
 
 #define ACC coopmat<float, gl_ScopeSubgroup, C16, C16, gl_MatrixUseAccumulator>
 
@@ -94,9 +108,72 @@ void stage(uint k0, uint buf, uint m0, uint n0) {
     }
 }
 
+#ifdef CM_PF
+// The next K step in registers: x as f16 runs of 4, W as f16 runs of 16 (RX / RW per invocation
+// at the nominal WG of NSG x 32; wider subgroups leave some slots unused).
+#define XRUNS (BM * BK / 4u)
+#define WRUNS (BN * BK / 16u)
+#define RX ((XRUNS + NSG * 32u - 1u) / (NSG * 32u))
+#define RW ((WRUNS + NSG * 32u - 1u) / (NSG * 32u))
+f16vec4 rx[RX];
+f16vec4 rw0[RW * 4];
+#ifdef GEMM_GEGLU
+f16vec4 rw1[RW * 4];
+#endif
+
+void fetch(uint k0, uint m0, uint n0) {
+    const uint tid = gl_LocalInvocationID.x, M = pc.m, N = pc.n, K = pc.k;
+    [[unroll]] for (uint i = 0; i < RX; i++) {
+        const uint run = tid + i * WG;
+        const uint r = min(run / (BK / 4u), BM - 1u), kq = run % (BK / 4u);
+        const uint m = min(m0 + r, M - 1u);
+        const vec4 v = x4[(m * pc.x_stride + k0) / 4u + kq];
+        rx[i] = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
+    }
+    [[unroll]] for (uint i = 0; i < RW; i++) {
+        const uint run = tid + i * WG;
+        const uint r = min(run / (BK / 16u), BN - 1u), kk = (run % (BK / 16u)) * 16u;
+        const uint n = min(n0 + r, N - 1u);
+        float v[16];
+        w_run16_w0(n, k0 + kk, K, v);
+        [[unroll]] for (uint j = 0; j < 4; j++)
+            rw0[4 * i + j] = f16vec4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+#ifdef GEMM_GEGLU
+        w_run16_w1(n, k0 + kk, K, v);
+        [[unroll]] for (uint j = 0; j < 4; j++)
+            rw1[4 * i + j] = f16vec4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+#endif
+    }
+}
+
+void put(uint buf) {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint xo = buf * BM * SK4, wo = buf * BN * SK4;
+    [[unroll]] for (uint i = 0; i < RX; i++) {
+        const uint run = tid + i * WG;
+        if (run < XRUNS) xs[xo + (run / (BK / 4u)) * SK4 + run % (BK / 4u)] = rx[i];
+    }
+    [[unroll]] for (uint i = 0; i < RW; i++) {
+        const uint run = tid + i * WG;
+        if (run < WRUNS) {
+            const uint o = wo + (run / (BK / 16u)) * SK4 + (run % (BK / 16u)) * 4u;
+            [[unroll]] for (uint j = 0; j < 4; j++) ws0[o + j] = rw0[4 * i + j];
+#ifdef GEMM_GEGLU
+            [[unroll]] for (uint j = 0; j < 4; j++) ws1[o + j] = rw1[4 * i + j];
+#endif
+        }
+    }
+}
+#endif
+
 void main() {
     const uint sg = gl_SubgroupID;
-    const uint sg_m = sg / 4u, sg_n = sg % 4u;          // 2 x 4 subgroup grid
+#ifdef CM_PF
+    const uint gs = sg % NSG;                           // extra subgroups repeat one's products
+#else
+    const uint gs = sg;
+#endif
+    const uint sg_m = gs / CM_GN, sg_n = gs % CM_GN;    // CM_GM x CM_GN subgroup grid
     const uint n0 = gl_WorkGroupID.x * BN, m0 = gl_WorkGroupID.y * BM;
     const uint M = pc.m, N = pc.n, K = pc.k;
 
@@ -111,22 +188,31 @@ void main() {
 #endif
     }
 
-#if NBUF == 2
+#if defined(CM_PF)
+    fetch(0u, m0, n0);
+    put(0u);
+    barrier();
+#elif NBUF == 2
     stage(0u, 0u, m0, n0);
     barrier();
 #endif
     uint buf = 0u;
     for (uint k0 = 0; k0 < K; k0 += BK) {
-#if NBUF == 2
+#if defined(CM_PF)
+        fetch(min(k0 + BK, K - BK), m0, n0);                  // the next step (the last one again at the end)
+#elif NBUF == 2
         if (k0 + BK < K) stage(k0 + BK, buf ^ 1u, m0, n0);   // the next step, while this one multiplies
 #else
         stage(k0, 0u, m0, n0);
         barrier();
 #endif
         const uint xo = buf * BM * SK4, wo = buf * BN * SK4;
-        // subgroups past the 8 of the tile grid (a driver running narrower waves than the
-        // subgroupSize it reports) only help with the staging above
-        if (sg < 8u) [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
+#ifndef CM_PF
+        // subgroups past the grid (a driver running narrower waves than the subgroupSize it
+        // reports) only help with the staging above
+        if (sg < NSG)
+#endif
+        [[unroll]] for (uint kk = 0; kk < BK; kk += C16) {
             coopmat<float16_t, gl_ScopeSubgroup, C16, C16, gl_MatrixUseA> a[TM];
             [[unroll]] for (uint i = 0; i < TM; i++)
                 coopMatLoad(a[i], xs, xo + (sg_m * TM * C16 + i * C16) * SK4 + kk / 4u, SK4,
@@ -137,11 +223,14 @@ void main() {
                 coopMatLoad(b, ws0, wo + nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < TM; i++) acc0[i][j] = coopMatMulAdd(a[i], b, acc0[i][j]);
 #ifdef GEMM_GEGLU
-                coopMatLoad(b, ws1, nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b, ws1, wo + nb, SK4, gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < TM; i++) acc1[i][j] = coopMatMulAdd(a[i], b, acc1[i][j]);
 #endif
             }
         }
+#ifdef CM_PF
+        put(buf ^ 1u);
+#endif
         barrier();
 #if NBUF == 2
         buf ^= 1u;
@@ -150,7 +239,7 @@ void main() {
 
     // Out through a per-subgroup staging tile: the block edges need bounds checks that a
     // direct coopMatStore into y cannot make.
-    if (sg >= 8u) return;
+    if (sg >= NSG) return;
     const uint lane = gl_SubgroupInvocationID, sgs = gl_SubgroupSize;
     [[unroll]] for (uint i = 0; i < TM; i++) [[unroll]] for (uint j = 0; j < TN; j++) {
         ACC r = acc0[i][j];

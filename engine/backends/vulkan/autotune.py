@@ -98,10 +98,18 @@ class Tuning:
     gemm_kernel_few: str | None = None
     gemm_few_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of a FEW_TOKENS forward
 
-    def gemm_kernel_for(self, tokens: int) -> str | None:
-        """The GEMM kernel a forward of `tokens` tokens runs."""
+    # full prefill chunks per weight shape (gemm_tuning.shape_key -> kernel; gemm_tuning.py)
+    gemm_kernels: dict[str, str] = field(default_factory=dict)
+    gemm_shape_timing: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> kernel -> µs
+    gemm_kernels_note: str = ""  # why no shape was timed on a GPU (no matrix cores, no scratch memory)
+
+    def gemm_kernel_for(self, tokens: int, shape: str | None = None) -> str | None:
+        """The GEMM kernel a forward of `tokens` tokens runs for a weight of `shape`
+        (gemm_tuning.shape_key): the shape's own tile where one was timed, else the forward's."""
         if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
             return self.gemm_kernel_few
+        if shape is not None and shape in self.gemm_kernels:
+            return self.gemm_kernels[shape]
         return self.gemm_kernel
 
     def cols_spec_for(self, dev: Device, key: str | None, tokens: int) -> Spec:
@@ -134,6 +142,11 @@ class Tuning:
         out["gemm_kernel"] = self.gemm_kernel
         if self.gemm_timing:
             out["gemm_timing"] = self.gemm_timing
+        if self.gemm_kernels:
+            out["gemm_kernels"] = self.gemm_kernels
+            out["gemm_shape_timing"] = self.gemm_shape_timing
+        if self.gemm_kernels_note:
+            out["gemm_kernels_note"] = self.gemm_kernels_note
         out["gemm_kernel_few"] = self.gemm_kernel_few
         if self.gemm_few_timing:
             out["gemm_few_timing"] = self.gemm_few_timing

@@ -35,7 +35,7 @@ from phoenix_chat.engine.backends.base import (
     check_cancel,
     image_chunks,
 )
-from phoenix_chat.engine.backends.vulkan import autotune, kv_handoff, ops_sample, profiling, resident
+from phoenix_chat.engine.backends.vulkan import autotune, gemm_tuning, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, bucket_for, record_batch
 from phoenix_chat.engine.backends.vulkan.device import Device
@@ -150,7 +150,11 @@ class VulkanBackend(Backend):
             self.graph, time_matvecs=options.autotune if options.autotune is not None else not caps.is_software
         )
         if not caps.is_software:
-            self.tuning.gemm_kernel = autotune.choose_gemm_tile(self, min(PREFILL_CHUNK, context_length - 1))
+            chunk = min(PREFILL_CHUNK, context_length - 1)
+            self.tuning.gemm_kernels_note = gemm_tuning.choose_gemm_kernels(self.graph, chunk) or ""
+            # the tile of shapes not timed (the LM head of an all-logits forward): the most
+            # common per-shape choice, or, where no shape was timed, a whole forward's timing
+            self.tuning.gemm_kernel = gemm_tuning.most_chosen(self.tuning) or autotune.choose_gemm_tile(self, chunk)
             few = min(autotune.FEW_TOKENS, context_length - 1)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
         if not caps.is_software and options.autotune is not False:

@@ -37,6 +37,7 @@ from phoenix_chat.engine.backends.vulkan import (
 )
 from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, IntDot, Spec, Tuning
 from phoenix_chat.engine.backends.vulkan.device import Device
+from phoenix_chat.engine.backends.vulkan.gemm_tuning import shape_key
 from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
 from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
@@ -508,7 +509,9 @@ class Gemma3Graph:
                     x_stride=x_cols,
                     y_stride=y_cols,
                     w_up=mats[1].tensor,
-                    kernel_name=self.tuning.gemm_kernel_for(T),
+                    kernel_name=self.tuning.gemm_kernel_for(
+                        T, shape_key(mats[0].qtype.name, mats[0].rows, x_cols, geglu=True)
+                    ),
                 )
                 return
             assert epilogue is None
@@ -535,7 +538,7 @@ class Gemma3Graph:
                     k=x_cols,
                     x_stride=x_cols,
                     y_stride=y_cols,
-                    kernel_name=self.tuning.gemm_kernel_for(T),
+                    kernel_name=self.tuning.gemm_kernel_for(T, shape_key(m.qtype.name, m.rows, x_cols, geglu=False)),
                 )
                 off += m.rows
             return

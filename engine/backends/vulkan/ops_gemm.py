@@ -1,9 +1,10 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
-accumulation) where the device has VK_KHR_cooperative_matrix, in five tiles (CM_TILES: "coopmat"
+accumulation) where the device has VK_KHR_cooperative_matrix, in several tiles (CM_TILES: "coopmat"
 64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_ld" the same with two
-shared buffers, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full
+shared buffers, "coopmat_p" two buffers filled through registers, "coopmat_w"/"_wp" 4 subgroups
+of 64 x 64, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full
 prefill chunks and one for a few tokens by timing at load, autotune.choose_gemm_tile);
 shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shared memory or
 barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
@@ -17,7 +18,7 @@ import os
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_table import GEMM_TYPES
+from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -33,8 +34,29 @@ CM_TILES = {
     "coopmat_ld": (128, 128),  # _l with two shared buffers: the next K step staged during the MMAs
     "coopmat_m": (32, 128),
     "coopmat_s": (32, 64),
+    "coopmat_p": (128, 128),  # two shared buffers filled through registers (loads behind the MMAs)
+    "coopmat_pm": (64, 128),  # the same, 64 tokens
+    "coopmat_w": (128, 128),  # 4 subgroups of 64 x 64 (more products per shared-memory fragment)
+    "coopmat_wp": (128, 128),  # _w filled through registers
 }
-CM_SUBGROUPS = 8
+CM_SUBGROUPS = 8  # the most subgroups a tile has (the device check)
+CM_TILE_SUBGROUPS = {"coopmat_w": 4, "coopmat_wp": 4}  # the others have CM_SUBGROUPS
+# the GEGLU kernels whose tile has half the columns (ops_table.CM_GEGLU_HALF_N)
+CM_TILES_GEGLU = {
+    name: (tm, tn // 2) for name, (tm, tn) in CM_TILES.items() if name.removeprefix("coopmat") in CM_GEGLU_HALF_N
+}
+CM_DOUBLE_BUFFERED = ("coopmat_ld", "coopmat_p", "coopmat_pm", "coopmat_wp")  # _ld: not its GEGLU
+
+
+def cm_shared_bytes(kernel_name: str, geglu: bool) -> int:
+    """Shared memory of a matrix-core tile (gemm_coopmat.comp): x and W tiles of 32 + 8 halves a
+    row (two of each where double-buffered), and a 16 x 16 f32 output tile per subgroup."""
+    tm, tn = CM_TILES_GEGLU.get(kernel_name, CM_TILES[kernel_name]) if geglu else CM_TILES[kernel_name]
+    nbuf = 2 if kernel_name in CM_DOUBLE_BUFFERED and not (geglu and kernel_name == "coopmat_ld") else 1
+    rows = nbuf * (tm + tn) + (nbuf * tn if geglu else 0)
+    return rows * 40 * 2 + CM_TILE_SUBGROUPS.get(kernel_name, CM_SUBGROUPS) * 16 * 16 * 4
+
+
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
 # 1.5-1.7 GMAC/s against 0.22 for gemm.comp; 32 x 32 is ~2x faster again but takes llvmpipe
@@ -119,8 +141,14 @@ def gemm(
     name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
     kn = kernel(dev) if kernel_name is None else kernel_name
     if kn in CM_TILES:
-        p = dev.pipeline(name + "_" + kn, WG=CM_SUBGROUPS * dev.caps.subgroup_size)
-        tm, tn = CM_TILES[kn]
+        if cm_shared_bytes(kn, w_up is not None) > dev.caps.shared_memory:
+            raise ValueError(
+                f"gemm: tile {kn} needs {cm_shared_bytes(kn, w_up is not None)} B of shared memory, "
+                f"the device has {dev.caps.shared_memory}"
+            )
+        sgs = CM_TILE_SUBGROUPS.get(kn, CM_SUBGROUPS)
+        p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
+        tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
     elif kn == "lanes":
         wg = max(1, min(64, dev.caps.subgroup_size))
         rn = LANES_RN // 2 if w_up is not None else LANES_RN

@@ -19,6 +19,9 @@ EMBED_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES)
 CODEBOOK_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S")
 GEMM_TYPES = ("F32", "F16", "BF16", *_BLOCK_TYPES, *CODEBOOK_TYPES)
 QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16")  # targets of --quant, made on the device
+# matrix-core GEMM tiles whose GEGLU kernel has half the columns: its two accumulators and three
+# shared tiles would not fit the registers or 48 KiB of shared memory (ops_gemm.CM_TILES_GEGLU)
+CM_GEGLU_HALF_N = ("_p", "_pm", "_w", "_wp")
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -190,23 +193,33 @@ def _variants() -> list[Variant]:
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_geglu", "gemm.comp", 4, GEMM_PUSH, {**base, "GEMM_GEGLU": None}))
         # the same on matrix cores (shaders/gemm_coopmat.comp), where VK_KHR_cooperative_matrix exists
         cm = {"WG": (0, 256)}
-        # tokens x columns per workgroup: 64 x 128, 128 x 128 (twice), 32 x 128, 32 x 64 (ops_gemm.CM_TILES)
+        # tokens x columns per workgroup and subgroups: ops_gemm.CM_TILES
         tiles: tuple[tuple[str, dict[str, str | None]], ...] = (
             ("", {}),
             ("_l", {"CM_TM": "4"}),
             ("_ld", {"CM_TM": "4", "CM_DB": None}),  # 128 x 128, double-buffered (not the GEGLU)
             ("_m", {"CM_TM": "1"}),
             ("_s", {"CM_TM": "1", "CM_TN": "1"}),
+            ("_p", {"CM_TM": "4", "CM_PF": None}),  # 128 x 128 filled through registers
+            ("_pm", {"CM_TM": "2", "CM_PF": None}),  # 64 x 128 filled through registers
+            # 2 x 2 subgroups of 64 x 64
+            ("_w", {"CM_TM": "4", "CM_TN": "4", "CM_GN": "2"}),
+            ("_wp", {"CM_TM": "4", "CM_TN": "4", "CM_GN": "2", "CM_PF": None}),
         )
         for tile, tile_defs in tiles:
             for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                # the GEGLU's two accumulators and three shared tiles: half the columns where
+                # either would not fit (ops_gemm.CM_TILES_GEGLU; 48 KiB of shared memory)
+                tdefs = dict(tile_defs)
+                if epi and tile in CM_GEGLU_HALF_N:
+                    tdefs["CM_TN"] = str(int(tile_defs.get("CM_TN") or 2) // 2)
                 v.append(
                     Variant(
                         f"gemm_{wt.lower()}_f32_f32{epi}_coopmat{tile}",
                         "gemm_coopmat.comp",
                         nb,
                         GEMM_PUSH,
-                        {**base, **epi_defs, **tile_defs},
+                        {**base, **epi_defs, **tdefs},
                         cm,
                         requires=("cooperative_matrix",),
                     )

@@ -1,0 +1,84 @@
+"""The prefill GEMM's tile per weight shape (engine/backends/vulkan/gemm_tuning.py): every
+shape of the model timed on a matrix-core device and looked up by the graph; a device without
+matrix cores says why nothing was timed. The matrix-core half runs on GPUs that have them
+(checked on an NVIDIA H100, docs/PERFORMANCE.md); on lavapipe only the refusal and the lookup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phoenix_chat.engine.backends.vulkan import gemm_tuning, ops_gemm
+from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, Tuning
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=5)
+    w = open_weights(path)
+    yield w
+    w.close()
+
+
+def test_lookup_prefers_the_shape_then_the_forward_then_few():
+    t = Tuning(gemm_kernel="coopmat_l", gemm_kernel_few="coopmat_s")
+    key = gemm_tuning.shape_key("q4_0", 96, 64, geglu=False)
+    assert key == "Q4_0 96x64"
+    assert gemm_tuning.shape_key("Q6_K", 128, 64, geglu=True) == "Q6_K 128x64 geglu"
+    t.gemm_kernels[key] = "coopmat_p"
+    assert t.gemm_kernel_for(512, key) == "coopmat_p"
+    assert t.gemm_kernel_for(512, "Q8_0 1x1") == "coopmat_l"  # not timed: the forward's tile
+    assert t.gemm_kernel_for(FEW_TOKENS, key) == "coopmat_s"  # a few tokens: the few-token tile
+    assert gemm_tuning.most_chosen(t) == "coopmat_p"
+    assert gemm_tuning.most_chosen(Tuning()) is None
+
+
+def test_every_tile_fits_its_shared_memory_budget():
+    # the largest tiles were sized to 48 KiB, the least a matrix-core GPU we target offers
+    for kn in ops_gemm.COOPMAT_KERNELS:
+        for geglu in (False, True):
+            assert ops_gemm.cm_shared_bytes(kn, geglu) <= 48 << 10, (kn, geglu)
+
+
+def test_without_matrix_cores_nothing_is_timed_and_it_says_why(tiny_weights, vk_device):
+    if ops_gemm.coopmat_ok(vk_device):
+        pytest.skip(f"{vk_device.name} has matrix cores")
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
+    be = VulkanBackend(tiny_weights, 64, device=vk_device)
+    try:
+        why = gemm_tuning.choose_gemm_kernels(be.graph, 32)
+        assert why == ops_gemm.coopmat_refusal(vk_device) and why
+        assert be.tuning.gemm_kernels == {}
+    finally:
+        be.close()
+
+
+def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
+    if not ops_gemm.coopmat_ok(vk_device):
+        pytest.skip(f"{vk_device.name} has no VK_KHR_cooperative_matrix f16 16x16x16")
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
+    be = VulkanBackend(tiny_weights, 64, device=vk_device)
+    try:
+        st = be.stats()
+        shapes = gemm_tuning.model_shapes(be.graph)
+        assert set(st["gemm_kernels"]) == set(shapes)  # q, k, v, o, gate/up, down of the tiny model
+        for key, kn in st["gemm_kernels"].items():
+            timed = st["gemm_shape_timing"][key]
+            assert kn == min(timed, key=timed.__getitem__)
+            assert set(timed) <= set(ops_gemm.COOPMAT_KERNELS)
+        assert st["gemm_kernel"] == gemm_tuning.most_chosen(be.tuning)
+        # the prefill through the chosen tiles is the CPU's (argmax of every position)
+        from phoenix_chat.engine.backends.cpu import CpuBackend
+
+        ids = np.random.default_rng(4).integers(3, 4096, 60).tolist()
+        got = be.forward(ids, 0, all_logits=True)
+        cpu = CpuBackend(tiny_weights, 64).forward(ids, 0, all_logits=True)
+        assert np.mean(got.argmax(-1) == cpu.argmax(-1)) >= 0.98
+        np.testing.assert_allclose(got, cpu, atol=2e-2 * np.abs(cpu).max())
+    finally:
+        be.close()
