@@ -8,7 +8,8 @@ its cooperative-matrix and integer-dot shaders), llama.cpp's Vulkan backend runs
 in the same run, on the same device, full build and KHR-coopmat-only, and the ratios are printed.
 No figure of the peer is quoted from elsewhere: a ratio exists only for a peer measured here.
 With --streams 1,2,4,... the many-stream bench (engine/bench_streams.py: the scheduler over that
-many slots) runs per file and backend too.
+many slots) runs per file and backend too (--admit-tokens: a long prompt admitted beside the
+largest count; --alternate-chats: scripted chats taking turns); --only-streams runs nothing else.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     from phoenix_chat.engine.bench import run_bench
+    from phoenix_chat.engine.bench_streams import add_streams_arguments
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="", help="comma-separated shapes: tiny,270m,1b,4b,12b,27b")
@@ -45,7 +47,15 @@ def main(argv=None) -> int:
         help="also the many-stream bench per file and backend, e.g. 1,2,4,8,16,32 (engine/bench_streams.py)",
     )
     ap.add_argument("--chat-turns", type=int, default=10, help="with --streams: turns of the scripted chat")
+    add_streams_arguments(ap)
+    ap.add_argument(
+        "--only-streams",
+        action="store_true",
+        help="with --streams: only the many-stream bench (no single-stream, no peers)",
+    )
     args = ap.parse_args(argv)
+    if args.only_streams and not args.streams:
+        ap.error("--only-streams needs --streams")
 
     runs = []
     if args.synthetic:
@@ -71,17 +81,20 @@ def main(argv=None) -> int:
     for label, path in runs:
         for backend in args.backends.split(","):
             print(f"== {label} on {backend}", flush=True)
-            r = run_bench(path, backend, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
-            d = asdict(r)
-            d["label"] = label
-            print(r.table(), flush=True)
-            results.append(d)
-            if args.json:
-                Path(args.json).write_text(json.dumps(results, indent=1))
+            if not args.only_streams:
+                r = run_bench(path, backend, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+                d = asdict(r)
+                d["label"] = label
+                print(r.table(), flush=True)
+                results.append(d)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=1))
             if args.streams:
                 results.append(_streams(label, path, backend, args))
                 if args.json:
                     Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.only_streams:
+            continue
         if args.llama_vulkan:
             results.extend(_llama_vulkan_side_by_side(label, path, args, [d for d in results if d["label"] == label]))
             if args.json:
@@ -95,19 +108,13 @@ def main(argv=None) -> int:
 
 def _streams(label, path, backend, args) -> dict:
     """The scheduler under N concurrent streams on one backend (slots = the largest N)."""
-    from phoenix_chat.engine.bench_streams import (
-        CHAT_ANSWER_TOKENS,
-        CHAT_MESSAGE_TOKENS,
-        parse_streams,
-        run_streams_bench,
-    )
-    from phoenix_chat.engine.loader import load
+    from phoenix_chat.engine.bench_streams import load_for_streams, parse_streams, run_streams_bench
 
     counts = parse_streams(args.streams)
-    ctx = max(args.prompt_tokens + args.gen_tokens, (args.chat_turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS))
-    model = load(path, backend=backend, context_length=ctx + 8, slots=max(counts))
+    turns, admit, chats = args.chat_turns, args.admit_tokens, args.alternate_chats
+    model = load_for_streams(path, backend, counts, args.prompt_tokens, args.gen_tokens, turns, admit, chats)
     try:
-        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, args.chat_turns)
+        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, turns, "", admit, chats)
     finally:
         model.close()
     print(r.table(), flush=True)

@@ -1,6 +1,9 @@
 """Many-stream benchmark (`phoenix-chat bench --streams 1,2,4,...`): the scheduler under N
-concurrent requests — aggregate and per-stream decode tok/s, p50/p99 inter-token latency — and
-prefix reuse's time to first token, turn 1 vs turn N of a scripted chat.
+concurrent requests — aggregate and per-stream decode tok/s, p50/p99 inter-token latency —,
+one long prompt admitted beside running streams (`admit_tokens`: their token gaps before and
+while it is prefilled in chunks, and its time to first token), and prefix reuse's time to first
+token over a scripted chat's turns, one conversation or several taking turns
+(`alternate_chats`: each must keep its own prefix in its own slot).
 
 Every request goes through `Scheduler.submit` (engine/scheduler.py), the path every client
 takes, so the figures include chunked prefill, host sampling where the backend has no device
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,7 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from phoenix_chat.engine.backends.base import PREFILL_CHUNK
 from phoenix_chat.engine.bench import bench_backend, bench_prompt
+from phoenix_chat.engine.errors import PhoenixError
 from phoenix_chat.engine.generate import PromptIds
 from phoenix_chat.engine.requests import Request
 from phoenix_chat.engine.sampling import SamplingParams
@@ -27,7 +33,8 @@ from phoenix_chat.engine.sampling import SamplingParams
 if TYPE_CHECKING:
     from phoenix_chat.engine.config import ModelConfig
     from phoenix_chat.engine.loader import LoadedModel
-    from phoenix_chat.engine.requests import RequestStream
+    from phoenix_chat.engine.quantization import WeightQuant
+    from phoenix_chat.engine.requests import RequestStream, Usage
     from phoenix_chat.engine.scheduler import Scheduler
 
 
@@ -43,22 +50,52 @@ class StreamsPoint:
 
 
 @dataclass
+class AdmissionPoint:
+    """One long prompt submitted while `streams` others decode: the others' token gaps before it
+    and during its admission (its submit to its first token), and its time to first token."""
+
+    streams: int  # requests decoding when it was submitted
+    admit_tokens: int  # its prompt
+    chunks: int  # prefill chunks of PREFILL_CHUNK tokens its prompt takes, one per scheduler step
+    ttft_ms: float
+    reused: int  # prompt tokens a slot already held (0 on a fresh scheduler)
+    running_tokens: int  # answer tokens the running streams received between its submit and first token
+    still_running: int  # running streams with a gap inside the admission window (eos ends one early)
+    before_p50_ms: float  # the running streams' inter-token gaps while all decode, before the submit
+    before_p99_ms: float
+    before_max_ms: float
+    during_p50_ms: float  # gaps that overlap the admission window
+    during_p99_ms: float
+    during_max_ms: float  # the worst step latency a running stream saw meanwhile
+
+
+@dataclass
+class ChatTurns:
+    """One scripted conversation, per turn: time to first token, prompt tokens, reused prompt tokens."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)
+
+
+@dataclass
 class StreamsResult:
     model: str
     backend: str
     device: str
     slots: int
+    context: int
     prompt_tokens: int
     gen_tokens: int
     points: list[StreamsPoint] = field(default_factory=list)
+    admission: AdmissionPoint | None = None
     chat_turns: int = 0
-    chat_ttft_ms: list[float] = field(default_factory=list)  # per turn, the scripted chat's
-    chat_reused: list[int] = field(default_factory=list)  # prompt tokens reused per turn
+    chats: list[ChatTurns] = field(default_factory=list)  # one, or the conversations that took turns
     date: str = ""
 
     def table(self) -> str:
         lines = [
-            f"{self.model} on {self.backend} ({self.device}), {self.slots} slots, "
+            f"{self.model} on {self.backend} ({self.device}), {self.slots} slots, context {self.context}, "
             f"prompt {self.prompt_tokens} tok, {self.gen_tokens} tok per stream",
             f"{'streams':>7} {'aggregate tok/s':>16} {'per stream':>11} {'ITL p50 ms':>11} {'p99 ms':>8} {'batch':>6}",
         ]
@@ -67,20 +104,73 @@ class StreamsResult:
                 f"{p.streams:>7} {p.aggregate_tok_s:>16.1f} {p.per_stream_tok_s:>11.1f} "
                 f"{p.itl_p50_ms:>11.1f} {p.itl_p99_ms:>8.1f} {p.max_batch:>6}"
             )
-        if self.chat_ttft_ms:
+        a = self.admission
+        if a is not None:
+            lines += [
+                f"admit a {a.admit_tokens}-token prompt ({a.chunks} chunks) beside {a.streams} decoding streams: "
+                f"TTFT {a.ttft_ms:.0f} ms; the streams got {a.running_tokens} tokens meanwhile "
+                f"({a.still_running} still running)",
+                f"{'ITL ms':>16} {'p50':>8} {'p99':>8} {'max':>8}",
+                f"{'before':>16} {a.before_p50_ms:>8.1f} {a.before_p99_ms:>8.1f} {a.before_max_ms:>8.1f}",
+                f"{'during admission':>16} {a.during_p50_ms:>8.1f} {a.during_p99_ms:>8.1f} {a.during_max_ms:>8.1f}",
+            ]
+        for i, c in enumerate(self.chats):
+            name = f"chat {chr(ord('A') + i)}" if len(self.chats) > 1 else "chat"
+            turns = " ".join(f"{p}/{r}" for p, r in zip(c.prompt_tokens, c.reused))
             lines.append(
-                f"chat TTFT: turn 1 {self.chat_ttft_ms[0]:.0f} ms, turn {self.chat_turns} "
-                f"{self.chat_ttft_ms[-1]:.0f} ms ({self.chat_ttft_ms[-1] / self.chat_ttft_ms[0]:.2f}x), "
-                f"reused {self.chat_reused[-1]} prompt tokens on the last turn"
+                f"{name} TTFT: turn 1 {c.ttft_ms[0]:.0f} ms, turn {len(c.ttft_ms)} {c.ttft_ms[-1]:.0f} ms "
+                f"({c.ttft_ms[-1] / c.ttft_ms[0]:.2f}x); prompt/reused tokens per turn: {turns}"
             )
         return "\n".join(lines)
 
 
-def _read(stream: RequestStream, times: list[tuple[float, int]]) -> None:
-    """Collect (arrival time, tokens) per delta of one stream."""
+def _read(
+    stream: RequestStream, times: list[tuple[float, int]], ready: threading.Event | None = None, after: int = 0
+) -> Usage | None:
+    """Collect (arrival time, tokens) per delta of one stream; set `ready` once `after` tokens
+    came (or the stream ended). The last delta's usage."""
+    got = 0
+    usage = None
     for d in stream:
         if d.token_ids:
             times.append((time.perf_counter(), len(d.token_ids)))
+            got += len(d.token_ids)
+        if ready is not None and got >= after:
+            ready.set()
+        usage = d.usage
+    if ready is not None:
+        ready.set()
+    return usage
+
+
+def _gaps(times: list[tuple[float, int]], start: float = float("-inf"), end: float = float("inf")) -> list[float]:
+    """Seconds between consecutive tokens, for gaps (a, b] that overlap (start, end]; a delta
+    holding k tokens counts as k gaps of a k-th each."""
+    gaps: list[float] = []
+    for (a, _), (b, k) in zip(times, times[1:]):
+        if a < end and b > start:
+            gaps.extend([(b - a) / k] * k)
+    return gaps
+
+
+def _ms(gaps: list[float], q: float) -> float:
+    return float(np.percentile(gaps, q)) * 1000 if gaps else 0.0
+
+
+def _submit_streams(
+    scheduler: Scheduler, cfg: ModelConfig, n: int, prompt_tokens: int, budget: int
+) -> list[RequestStream]:
+    """N sampled requests of `prompt_tokens`-token prompts (seeded: the same every run)."""
+    return [
+        scheduler.submit(
+            Request(
+                PromptIds(tuple(bench_prompt(cfg, prompt_tokens, seed=i + 1))),
+                SamplingParams(temperature=1.0, top_k=40, seed=i),
+                max_tokens=budget,
+            )
+        )
+        for i in range(n)
+    ]
 
 
 def measure_streams(
@@ -89,16 +179,7 @@ def measure_streams(
     """N requests at once, each read on its own thread; the rates over the span when all N decode."""
     scheduler.max_batch = 0
     times: list[list[tuple[float, int]]] = [[] for _ in range(n)]
-    streams = [
-        scheduler.submit(
-            Request(
-                PromptIds(tuple(bench_prompt(cfg, prompt_tokens, seed=i + 1))),
-                SamplingParams(temperature=1.0, top_k=40, seed=i),
-                max_tokens=gen_tokens,
-            )
-        )
-        for i in range(n)
-    ]
+    streams = _submit_streams(scheduler, cfg, n, prompt_tokens, gen_tokens)
     readers = [threading.Thread(target=_read, args=(s, t)) for s, t in zip(streams, times)]
     for r in readers:
         r.start()
@@ -110,18 +191,77 @@ def measure_streams(
     in_span = sum(k for t in live for (at, k) in t if start < at <= end)
     span = end - start
     aggregate = in_span / span if span > 0 else 0.0
-    gaps: list[float] = []
-    for t in live:
-        for (a, _), (b, k) in zip(t, t[1:]):
-            gaps.extend([(b - a) / k] * k)  # a delta holding k tokens: k gaps of a k-th each
+    gaps = [g for t in live for g in _gaps(t)]
     return StreamsPoint(
         streams=n,
         aggregate_tok_s=aggregate,
         per_stream_tok_s=aggregate / n,
-        itl_p50_ms=float(np.percentile(gaps, 50)) * 1000 if gaps else 0.0,
-        itl_p99_ms=float(np.percentile(gaps, 99)) * 1000 if gaps else 0.0,
+        itl_p50_ms=_ms(gaps, 50),
+        itl_p99_ms=_ms(gaps, 99),
         max_batch=scheduler.max_batch,
         tokens=sum(k for t in times for _, k in t),
+    )
+
+
+ADMIT_ANSWER_TOKENS = 2  # the admitted request's answer: only its first token is measured
+
+
+def admission_budget(admit_tokens: int, gen_tokens: int) -> int:
+    """Answer tokens of each running stream in the admission run: `gen_tokens` before the
+    submit, one per step while the prompt's chunks are prefilled, and as many again after."""
+    return 2 * max(gen_tokens, 2) + -(-admit_tokens // PREFILL_CHUNK) + 2
+
+
+def measure_admission(
+    scheduler: Scheduler, cfg: ModelConfig, streams: int, admit_tokens: int, prompt_tokens: int, gen_tokens: int
+) -> AdmissionPoint:
+    """`streams` requests decode; once each has `gen_tokens` tokens, one more request with an
+    `admit_tokens`-token prompt is submitted. The scheduler prefills it a chunk per step between
+    the running streams' decode steps, so they keep receiving tokens until its first one: their
+    gaps before the submit vs those overlapping (submit, first token], and its TTFT.
+    Needs a scheduler with `streams` + 1 slots."""
+    before = max(gen_tokens, 2)
+    times: list[list[tuple[float, int]]] = [[] for _ in range(streams)]
+    ready = [threading.Event() for _ in range(streams)]
+    running = _submit_streams(scheduler, cfg, streams, prompt_tokens, admission_budget(admit_tokens, gen_tokens))
+    readers = [threading.Thread(target=_read, args=(s, t, e, before)) for s, t, e in zip(running, times, ready)]
+    for r in readers:
+        r.start()
+    for e in ready:
+        e.wait()
+    submitted = time.perf_counter()
+    admitted = scheduler.submit(
+        Request(
+            PromptIds(tuple(bench_prompt(cfg, admit_tokens, seed=10_000))),
+            SamplingParams(temperature=0.0),
+            max_tokens=ADMIT_ANSWER_TOKENS,
+        )
+    )
+    usage = _read(admitted, [])
+    for r in readers:
+        r.join()
+    if usage is None or usage.ttft_s is None:
+        raise RuntimeError("the admitted request ended without a token")
+    first = submitted + usage.ttft_s  # the scheduler's queued_at is a few µs after `submitted`
+    live = [t for t in times if t]
+    start = max(t[0][0] for t in live)  # all decode from here
+    before_gaps = [g for t in live for g in _gaps([x for x in t if start <= x[0] <= submitted])]
+    during = [_gaps(t, submitted, first) for t in live]
+    during_gaps = [g for d in during for g in d]
+    return AdmissionPoint(
+        streams=streams,
+        admit_tokens=admit_tokens,
+        chunks=-(-(admit_tokens - usage.prompt_reused) // PREFILL_CHUNK),
+        ttft_ms=usage.ttft_s * 1000,
+        reused=usage.prompt_reused,
+        running_tokens=sum(k for t in times for at, k in t if submitted < at <= first),
+        still_running=sum(1 for d in during if d),
+        before_p50_ms=_ms(before_gaps, 50),
+        before_p99_ms=_ms(before_gaps, 99),
+        before_max_ms=max(before_gaps, default=0.0) * 1000,
+        during_p50_ms=_ms(during_gaps, 50),
+        during_p99_ms=_ms(during_gaps, 99),
+        during_max_ms=max(during_gaps, default=0.0) * 1000,
     )
 
 
@@ -129,26 +269,58 @@ CHAT_MESSAGE_TOKENS = 64  # every turn of the scripted chat adds a message this 
 CHAT_ANSWER_TOKENS = 8
 
 
-def scripted_chat(scheduler: Scheduler, cfg: ModelConfig, turns: int) -> tuple[list[float], list[int]]:
-    """A conversation of `turns` turns: the first prompt is <bos> and a 64-token message, each
-    next one the previous prompt, its answer and a new 64-token message — so every turn computes
-    about the same number of new tokens, and TTFT growth is what the history costs. TTFT (ms)
-    and reused prompt tokens per turn."""
-    answer_tokens = CHAT_ANSWER_TOKENS
-    ids = bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=1000)
-    ttft: list[float] = []
-    reused: list[int] = []
-    for turn in range(turns):
+class _Conversation:
+    """A scripted conversation: the first prompt is <bos> and a 64-token message, each next one
+    the previous prompt, its answer and a new 64-token message — so every turn computes about
+    the same number of new tokens, and TTFT growth is what the history costs. Conversation
+    `index` has messages of its own (index 0: the single scripted chat's)."""
+
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
+        self.cfg, self.index = cfg, index
+        self.ids = bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=1000 + index)
+        self.turns = ChatTurns()
+
+    def turn(self, scheduler: Scheduler) -> None:
+        """Send the prompt, record its figures, extend it with the answer and the next message."""
+        n = len(self.turns.ttft_ms)
         greedy = SamplingParams(temperature=0.0)
-        deltas = list(scheduler.submit(Request(PromptIds(tuple(ids)), greedy, max_tokens=answer_tokens)))
+        request = Request(PromptIds(tuple(self.ids)), greedy, max_tokens=CHAT_ANSWER_TOKENS)
+        deltas = list(scheduler.submit(request))
         usage = deltas[-1].usage
         if usage is None or usage.ttft_s is None:
-            raise RuntimeError(f"the scripted chat's turn {turn + 1} ended without a token ({deltas[-1].error})")
-        ttft.append(usage.ttft_s * 1000)
-        reused.append(usage.prompt_reused)
+            raise RuntimeError(f"the scripted chat's turn {n + 1} ended without a token ({deltas[-1].error})")
+        self.turns.ttft_ms.append(usage.ttft_s * 1000)
+        self.turns.prompt_tokens.append(usage.prompt_tokens)
+        self.turns.reused.append(usage.prompt_reused)
         answer = [t for d in deltas for t in d.token_ids]
-        ids = ids + answer + bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=2000 + turn)[1:]  # no second <bos>
-    return ttft, reused
+        message = bench_prompt(self.cfg, CHAT_MESSAGE_TOKENS + 1, seed=2000 + 1000 * self.index + n)
+        self.ids = self.ids + answer + message[1:]  # no second <bos>
+
+
+def scripted_chats(scheduler: Scheduler, cfg: ModelConfig, chats: int, turns: int) -> list[ChatTurns]:
+    """`chats` conversations of `turns` turns taking turns (A1, B1, A2, B2, ...), one request at
+    a time: with a slot per conversation, each turn should reuse its own conversation's whole
+    history, whatever the others wrote in between."""
+    conversations = [_Conversation(cfg, i) for i in range(chats)]
+    for _ in range(turns):
+        for c in conversations:
+            c.turn(scheduler)
+    return [c.turns for c in conversations]
+
+
+def streams_context(prompt_tokens: int, gen_tokens: int, chat_turns: int, admit_tokens: int = 0) -> int:
+    """The context every run needs: one stream's prompt and answer, the whole scripted chat,
+    and with an admission the long prompt and the running streams' longer answers."""
+    need = [prompt_tokens + gen_tokens, (chat_turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS)]
+    if admit_tokens:
+        need += [admit_tokens + ADMIT_ANSWER_TOKENS, prompt_tokens + admission_budget(admit_tokens, gen_tokens)]
+    return max(need) + 8
+
+
+def streams_slots(streams: list[int], admit_tokens: int = 0, alternate_chats: int = 1) -> int:
+    """Slots to load: one per stream of the largest count, one more for an admitted prompt,
+    one per alternating conversation."""
+    return max(max(streams) + (1 if admit_tokens else 0), alternate_chats)
 
 
 def run_streams_bench(
@@ -158,17 +330,33 @@ def run_streams_bench(
     gen_tokens: int,
     chat_turns: int = 10,
     backend_label: str = "",
+    admit_tokens: int = 0,
+    alternate_chats: int = 1,
 ) -> StreamsResult:
-    """Each stream count in turn on one scheduler over `model` (loaded with slots >= max(streams)),
-    then the scripted chat on a fresh one."""
+    """Each stream count in turn on one scheduler over `model` (loaded with `streams_slots` and
+    `streams_context`); then, with `admit_tokens`, the admission beside the largest count; then
+    the scripted chat (`alternate_chats` conversations taking turns), each on a fresh scheduler."""
     from phoenix_chat.engine.scheduler import Scheduler
 
-    cfg = model.config
+    cfg, backend = model.config, model.backend
+    need_ctx = streams_context(prompt_tokens, gen_tokens, chat_turns, admit_tokens)
+    if backend.context_length < need_ctx:
+        raise PhoenixError(
+            f"the many-stream bench needs a context of {need_ctx} tokens"
+            + (f" (a {admit_tokens}-token prompt admitted)" if admit_tokens else "")
+            + f", the model is loaded with {backend.context_length} (its maximum: {cfg.context_length})"
+        )
+    need_slots = streams_slots(streams, admit_tokens, alternate_chats)
+    if backend.n_slots < need_slots:
+        raise PhoenixError(
+            f"the many-stream bench needs {need_slots} slots, the model is loaded with {backend.n_slots}"
+        )
     result = StreamsResult(
         model=str(cfg.name),
-        backend=backend_label or model.backend.name,
-        device=model.backend.device_name,
-        slots=model.backend.n_slots,
+        backend=backend_label or backend.name,
+        device=backend.device_name,
+        slots=backend.n_slots,
+        context=backend.context_length,
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         chat_turns=chat_turns,
@@ -177,14 +365,22 @@ def run_streams_bench(
     s = Scheduler(model, max_queue=max(streams))
     try:
         measure_streams(s, cfg, 1, prompt_tokens, min(gen_tokens, 4))  # warm-up
+        if admit_tokens:  # the admission's chunk recordings too (Vulkan records each shape once)
+            measure_streams(s, cfg, 1, min(admit_tokens, 2 * PREFILL_CHUNK), 1)
         for n in streams:
             result.points.append(measure_streams(s, cfg, n, prompt_tokens, gen_tokens))
     finally:
         s.close()
+    if admit_tokens:
+        s = Scheduler(model)
+        try:
+            result.admission = measure_admission(s, cfg, max(streams), admit_tokens, prompt_tokens, gen_tokens)
+        finally:
+            s.close()
     if chat_turns > 0:
         s = Scheduler(model)
         try:
-            result.chat_ttft_ms, result.chat_reused = scripted_chat(s, cfg, chat_turns)
+            result.chats = scripted_chats(s, cfg, alternate_chats, chat_turns)
         finally:
             s.close()
     return result
@@ -192,8 +388,6 @@ def run_streams_bench(
 
 def parse_streams(text: str) -> list[int]:
     """Parse '1,2,4,8' into [1, 2, 4, 8] (each at least 1)."""
-    from phoenix_chat.engine.errors import PhoenixError
-
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -203,22 +397,77 @@ def parse_streams(text: str) -> list[int]:
     return counts
 
 
-def run_streams_cli(args: argparse.Namespace) -> int:
-    """`phoenix-chat bench --streams`: the model loaded with one slot per stream of the largest
-    count, then `run_streams_bench`."""
+def add_streams_arguments(p: argparse.ArgumentParser) -> None:
+    """The many-stream bench's options beyond --streams and --chat-turns (bench/run.py; a CLI
+    without them runs neither)."""
+    p.add_argument(
+        "--admit-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --streams: while the largest count decodes, admit one more request with an N-token "
+        "prompt; the running streams' token gaps before and during its chunked prefill, and its TTFT",
+    )
+    p.add_argument(
+        "--alternate-chats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --streams: N scripted chats take turns (A1, B1, A2, ...), each in a slot of its own; "
+        "per chat the TTFT of turn 1 and the last, prompt and reused tokens per turn",
+    )
+
+
+def load_for_streams(
+    path: str | os.PathLike[str] | None,
+    backend: str,
+    streams: list[int],
+    prompt_tokens: int,
+    gen_tokens: int,
+    chat_turns: int,
+    admit_tokens: int = 0,
+    alternate_chats: int = 1,
+    ctx: int | None = None,
+    quant: WeightQuant | str | None = None,
+    device: int | None = None,
+) -> LoadedModel:
+    """The model loaded for `run_streams_bench`: `streams_slots` slots and `streams_context`
+    tokens (or `ctx`, refused at once when shorter than that)."""
     from phoenix_chat.engine.loader import load
 
+    if admit_tokens < 0 or alternate_chats < 1 or chat_turns < 0:
+        raise PhoenixError("--admit-tokens and --chat-turns take 0 or more, --alternate-chats 1 or more")
+    need = streams_context(prompt_tokens, gen_tokens, chat_turns, admit_tokens)
+    if ctx is not None and ctx < need:
+        raise PhoenixError(
+            f"--ctx {ctx} is too short for this many-stream bench: it needs {need} tokens"
+            + (f" (--admit-tokens {admit_tokens})" if admit_tokens else "")
+        )
+    slots = streams_slots(streams, admit_tokens, alternate_chats)
+    return load(path, backend=backend, context_length=ctx or need, quant=quant, device=device, slots=slots)
+
+
+def run_streams_cli(args: argparse.Namespace) -> int:
+    """`phoenix-chat bench --streams`: the model loaded by `load_for_streams`, then
+    `run_streams_bench`; --admit-tokens and --alternate-chats where the parser has them."""
     counts = parse_streams(args.streams)
-    backend = bench_backend(args)
-    turns = args.chat_turns
-    # room for the longest request: one stream's prompt and answer, or the whole scripted chat
-    chat = (turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS)
-    ctx = args.ctx or max(args.prompt_tokens + args.gen_tokens, chat) + 8
-    model = load(
-        args.model, backend=backend, context_length=ctx, quant=args.quant, device=args.device, slots=max(counts)
+    admit = getattr(args, "admit_tokens", 0)
+    chats = getattr(args, "alternate_chats", 1)
+    model = load_for_streams(
+        args.model,
+        bench_backend(args),
+        counts,
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.chat_turns,
+        admit,
+        chats,
+        ctx=args.ctx,
+        quant=args.quant,
+        device=args.device,
     )
     try:
-        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, turns)
+        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, args.chat_turns, "", admit, chats)
     finally:
         model.close()
     print(json.dumps(asdict(r), indent=1) if args.json else r.table())

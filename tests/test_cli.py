@@ -148,8 +148,10 @@ def test_bench_streams_batches_each_count_and_times_the_scripted_chat():
     assert [p["streams"] for p in r["points"]] == [1, 3]
     assert [p["max_batch"] for p in r["points"]] == [1, 3]  # three streams shared decode steps
     assert all(p["aggregate_tok_s"] > 0 and p["itl_p99_ms"] >= p["itl_p50_ms"] > 0 for p in r["points"])
-    assert len(r["chat_ttft_ms"]) == 3 and r["chat_turns"] == 3
-    assert r["chat_reused"][0] == 0 and 0 < r["chat_reused"][1] < r["chat_reused"][2]  # each turn kept the last
+    [chat] = r["chats"]
+    assert len(chat["ttft_ms"]) == 3 and r["chat_turns"] == 3
+    assert chat["reused"][0] == 0 and 0 < chat["reused"][1] < chat["reused"][2]  # each turn kept the last
+    assert r["admission"] is None  # no --admit-tokens in this CLI
 
 
 def test_bench_streams_refuses_a_bad_count():
