@@ -149,3 +149,12 @@ def test_cpu_devices_get_the_register_tiled_kernel(vk_device):
     a GPU takes the shared-memory or matrix-core kernel."""
     expected = "lanes" if vk_device.caps.is_software else ("coopmat" if coopmat_ok(vk_device) else "tiled")
     assert kernel(vk_device) == expected
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("n", [3, 5])
+@EVERY_KERNEL
+def test_gemm_rows_of_odd_block_counts(vk_device, wtype, n, kern):
+    """Rows of 3 blocks (54 / 102 B): blocks start on both halves of a word and the binding ends
+    mid-word (a kernel reading whole words past its last block would read beyond the binding)."""
+    check_gemm(vk_device, wtype, 7, n, 96, kern, seed=31 + n)

@@ -3,7 +3,8 @@
 Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
 accumulation) where the device has VK_KHR_cooperative_matrix, in several tiles (CM_TILES: "coopmat"
 64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_ld" the same with two
-shared buffers, "coopmat_p" two buffers filled through registers, "coopmat_w"/"_wp" 4 subgroups
+shared buffers, "coopmat_p"/"_pm" two buffers filled through registers (128 x 128,
+64 x 128), "coopmat_w"/"_wp" 4 subgroups
 of 64 x 64, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for full
 prefill chunks and one for a few tokens by timing at load, autotune.choose_gemm_tile);
 shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shared memory or
@@ -43,7 +44,9 @@ CM_SUBGROUPS = 8  # the most subgroups a tile has (the device check)
 CM_TILE_SUBGROUPS = {"coopmat_w": 4, "coopmat_wp": 4}  # the others have CM_SUBGROUPS
 # the GEGLU kernels whose tile has half the columns (ops_table.CM_GEGLU_HALF_N)
 CM_TILES_GEGLU = {
-    name: (tm, tn // 2) for name, (tm, tn) in CM_TILES.items() if name.removeprefix("coopmat") in CM_GEGLU_HALF_N
+    name: (tm, tn // 2)
+    for name, (tm, tn) in CM_TILES.items()
+    if name.removeprefix("coopmat") in CM_GEGLU_HALF_N
 }
 CM_DOUBLE_BUFFERED = ("coopmat_ld", "coopmat_p", "coopmat_pm", "coopmat_wp")  # _ld: not its GEGLU
 
