@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat-turns", type=int, default=10, metavar="N", help="with --streams: turns of the scripted chat (0: none)"
     )
+    from phoenix_chat.engine.bench_streams import add_streams_arguments  # --admit-tokens, --alternate-chats
+
+    add_streams_arguments(p)
     return parser
 
 

@@ -151,7 +151,37 @@ def test_bench_streams_batches_each_count_and_times_the_scripted_chat():
     [chat] = r["chats"]
     assert len(chat["ttft_ms"]) == 3 and r["chat_turns"] == 3
     assert chat["reused"][0] == 0 and 0 < chat["reused"][1] < chat["reused"][2]  # each turn kept the last
-    assert r["admission"] is None  # no --admit-tokens in this CLI
+    assert r["admission"] is None  # no --admit-tokens given
+
+
+def test_bench_streams_admits_a_long_prompt_and_alternates_chats():
+    proc = cli(
+        "bench",
+        "--backend",
+        "cpu",
+        "--streams",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "24",
+        "--admit-tokens",
+        "300",
+        "--alternate-chats",
+        "2",
+        "--chat-turns",
+        "2",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["slots"] >= 3  # two streams, the admitted request's slot
+    adm = r["admission"]
+    assert adm["admit_tokens"] == 300 and adm["chunks"] >= 3  # prefilled in chunks ...
+    assert adm["running_tokens"] > 0  # ... while the running streams went on
+    chats = r["chats"]
+    assert len(chats) == 2  # two scripted chats took turns, each kept its own history
+    assert all(c["reused"][0] == 0 and c["reused"][1] > 0 for c in chats)
 
 
 def test_bench_streams_refuses_a_bad_count():
