@@ -44,9 +44,7 @@ CM_SUBGROUPS = 8  # the most subgroups a tile has (the device check)
 CM_TILE_SUBGROUPS = {"coopmat_w": 4, "coopmat_wp": 4}  # the others have CM_SUBGROUPS
 # the GEGLU kernels whose tile has half the columns (ops_table.CM_GEGLU_HALF_N)
 CM_TILES_GEGLU = {
-    name: (tm, tn // 2)
-    for name, (tm, tn) in CM_TILES.items()
-    if name.removeprefix("coopmat") in CM_GEGLU_HALF_N
+    name: (tm, tn // 2) for name, (tm, tn) in CM_TILES.items() if name.removeprefix("coopmat") in CM_GEGLU_HALF_N
 }
 CM_DOUBLE_BUFFERED = ("coopmat_ld", "coopmat_p", "coopmat_pm", "coopmat_wp")  # _ld: not its GEGLU
 
