@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     "matrix": name,
                     "kernel": kn,
                     "us": round(us[kn], 1),
-                    "tflops": round(flop / us[kn] / 1e6, 1),
+                    "tflops": flop / us[kn] / 1e6,
                     "max_rel_diff": diff,
                 }
                 out.append(row)

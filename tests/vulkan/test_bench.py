@@ -120,6 +120,27 @@ def test_cols_sweep_times_every_shape_against_single_matvecs(vk_device, tmp_path
         assert ks == {"int8 x B", "cols r2 t4"} | ({"f32 cols"} if B == 3 else set()), (B, ks)
 
 
+def test_gemm_sweep_times_each_kernel_on_every_product(vk_device, tmp_path):
+    """bench.gemm_sweep on its smoke shape: every GEMM kernel the device has, per weight type
+    and product, with its time and its distance from the first kernel's output (0 for itself)."""
+    import json
+
+    from bench import gemm_sweep
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+
+    out = tmp_path / "gemm.json"
+    assert gemm_sweep.main(["--shape", "tiny", "--types", "q4_0,f16", "--tokens", "40", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    kernels = gemm_sweep.kernels_of(vk_device, None)
+    assert kernels == (
+        list(ops_gemm.COOPMAT_KERNELS) if ops_gemm.coopmat_ok(vk_device) else [ops_gemm.kernel(vk_device)]
+    )
+    assert {(r["type"], r["matrix"]) for r in got} == {(t, m) for t in ("Q4_0", "F16") for m in ("qkv", "gate_up")}
+    for r in got:
+        assert r["kernel"] in kernels and r["us"] > 0 and r["tflops"] > 0
+        assert r["max_rel_diff"] < 1e-2  # every kernel computes the same product
+
+
 def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):
     """`python -m bench.run` end to end on a tiny synthetic shape: our two backends, then llama.cpp
     on the same file — measured with ratios where llama-cpp-python is installed, else an entry
