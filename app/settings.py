@@ -45,7 +45,9 @@ class Settings:
     context_overflow: str = "drop_oldest"  # what the model reads when a chat outgrows the context
     # chats answered at once: the model loads with this many KV slots (each a whole context of KV memory;
     # one loads where they do not fit); a chat sent beyond them waits its turn
-    parallel_answers: int = 2
+    # 1: on the CPU reference a batched step of two rows costs ~3x a lone one, and each answer at
+    # once holds a whole context of KV memory (an Auto context shrinks): the user opts in
+    parallel_answers: int = 1
     theme: str = "light"
     show_device_panel: bool = True
     max_tokens: int = 512

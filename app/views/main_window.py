@@ -185,7 +185,10 @@ class MainWindow(QMainWindow):
             a = parallel_menu.addAction("1 (one chat answers at a time)" if n == 1 else f"{n} chats at once")
             a.setCheckable(True)
             a.setData(n)
-            a.setToolTip("Each answer at once holds its own KV cache (a whole context of memory)")
+            a.setToolTip(
+                "Each answer at once holds its own KV cache (a whole context of memory); on a GPU they "
+                "share each pass over the weights, on the CPU backend they are slower than one at a time"
+            )
             self.parallel_group.addAction(a)
             self.parallel_actions[n] = a
 

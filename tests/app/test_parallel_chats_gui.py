@@ -1,6 +1,6 @@
 """Two chats answered at once in the real window (issue 19, scope item 5): the real worker process
-and the embedded 270M on the CPU backend with two KV slots (Devices → Parallel answers, default
-2), the real SQLite file. Each stored answer is checked against the engine's own greedy answer
+and the embedded 270M on the CPU backend with two KV slots (Devices → Parallel answers → 2; the
+default is 1), the real SQLite file. Each stored answer is checked against the engine's own greedy answer
 for that conversation (an in-process 2-slot model and scheduler answering it alone: a sequence's
 bits do not depend on who shares its steps, tests/test_batching.py); overlap is read from the
 order of the worker's events (one pipe, in the order the worker sent them)."""
@@ -97,9 +97,13 @@ def expected(reference, events: Events, gid: str, conv_text: str, max_tokens: in
 
 
 def test_two_chats_stream_at_once_each_into_its_own_conversation(qtbot, make_app, home, reference):
-    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0)  # Parallel answers: the default
+    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0)
     app = make_app()
-    info = wait_loaded(qtbot, app)
+    assert wait_loaded(qtbot, app)["slots"] == 1  # by default one chat answers at a time
+    # Devices → Parallel answers → 2: the model reloads with two KV slots
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        app.window.parallel_actions[2].trigger()
+    info = ready.args[0]
     assert info["slots"] == 2 and info["slots_note"] == ""  # the worker's backend holds two KV slots
     assert app.window.parallel_actions[2].isChecked() and app.chat.capacity() == 2
     assert "2 answers at once" in app.window.model_label.text()
@@ -149,9 +153,9 @@ def test_two_chats_stream_at_once_each_into_its_own_conversation(qtbot, make_app
 
 
 def test_stop_in_one_chat_leaves_the_other_answering_to_its_end(qtbot, make_app, home, reference):
-    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0)
+    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0, parallel_answers=2)
     app = make_app()
-    wait_loaded(qtbot, app)
+    assert wait_loaded(qtbot, app)["slots"] == 2
     events = Events(app)
     view = app.window.chat
     a, a_gen = start_chat(qtbot, app, STORY, 120)
@@ -179,7 +183,7 @@ def test_stop_in_one_chat_leaves_the_other_answering_to_its_end(qtbot, make_app,
 
 
 def test_one_parallel_answer_queues_the_second_chat_and_says_so(qtbot, make_app, home):
-    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0)
+    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0, parallel_answers=2)
     app = make_app()
     assert wait_loaded(qtbot, app)["slots"] == 2
     # Devices → Parallel answers → 1: the model reloads with one KV slot
