@@ -43,24 +43,6 @@ def kernels_of(dev: Device, wanted: str | None) -> list[str]:
     return [ops_gemm.kernel(dev)]
 
 
-def probe_xh(cl, dev: Device, kn: str, xh, mats, yb, wtype: str, m: int, n: int, k: int) -> None:
-    """One dispatch of a bench/shaders x-as-f16 probe tile (xh_p: 128 x 128 in 8 subgroups,
-    xh_wp: 2 x 2 subgroups of 64 x 64; the GEGLU's: half the columns, as the product's)."""
-    from bench import shaders
-    from phoenix_chat.engine.backends.vulkan.ops_table import GEMM_PUSH
-
-    shaders.register(dev)
-    geglu = len(mats) == 2
-    tile = kn.removeprefix("xh_")
-    name = f"gemm_probe_xh_{wtype.lower()}{'_geglu' if geglu else ''}_{tile}"
-    sgs = 4 if tile == "wp" else 8
-    tm, tn = 128, (64 if geglu else 128)
-    p = dev.pipeline(name, WG=sgs * dev.caps.subgroup_size)
-    push = GEMM_PUSH.pack(m=m, n=n, k=k, x_stride=k, y_stride=n, y_off=0)
-    binds = [xh, yb, mats[0].tensor.ranges[0].binding] + ([mats[1].tensor.ranges[0].binding] if geglu else [])
-    cl.dispatch(p, binds, groups=(-(-n // tn), -(-m // tm), 1), push=push)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
@@ -68,11 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--kernels", help="comma-separated ops_gemm.KERNELS (default: every one the device has)")
     ap.add_argument("--reps", type=int, default=6)
-    ap.add_argument(
-        "--probe-xh",
-        action="store_true",
-        help="also the register-filled tiles reading x as f16 (bench/shaders probes: xh_p, xh_wp; Q4_0/Q4_K)",
-    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev = Device.open(allow_software=True)
@@ -97,25 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                     cl, dev, xb, mats[0].tensor, yb, wtype=qtype.name, m=m, n=rows, k=cols, w_up=up, kernel_name=kn
                 )
 
-            xh = None
-            probes = []
-            if args.probe_xh and ops_gemm.coopmat_ok(dev) and qtype.name in ("Q4_0", "Q4_K"):
-                xh = dev.buffer(x.size * 2)
-                dev.upload(xh, x.astype(np.float16))
-                probes = ["xh_p", "xh_wp"]
-
-            def record_any(cl, kn: str) -> None:
-                if kn.startswith("xh_"):
-                    probe_xh(cl, dev, kn, xh, mats, yb, qtype.name, m, rows, cols)
-                else:
-                    record(cl, kn)
-
-            runs = kernels + probes
-            us = time_many(dev, {kn: (lambda cl, kn=kn: record_any(cl, kn)) for kn in runs}, reps=args.reps)
+            runs = kernels
+            us = time_many(dev, {kn: (lambda cl, kn=kn: record(cl, kn)) for kn in runs}, reps=args.reps)
             ys = {}
             for kn in runs:
                 cl = dev.commands()
-                record_any(cl, kn)
+                record(cl, kn)
                 cl.end()
                 dev.submit(cl)
                 cl.destroy()
@@ -138,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{qtype.name:6} {name:8} {kn:12} {us[kn]:9.1f} us  {row['tflops']:6.1f} TFLOP/s  diff {diff:.1e}",
                     flush=True,
                 )
-            for buf in [mat.tensor.buffer for mat in mats] + [xb, yb] + ([xh] if xh is not None else []):
+            for buf in [mat.tensor.buffer for mat in mats] + [xb, yb]:
                 buf.destroy()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

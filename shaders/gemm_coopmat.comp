@@ -66,10 +66,6 @@ PUSH_CONSTANTS
 
 // x again, as 16-byte loads (ops_gemm checks x_stride % 4 == 0 and a 16-byte aligned binding)
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
-#ifdef CM_XH
-// (a probe, bench/shaders: x already f16, 8-byte loads)
-layout(binding = 0) readonly buffer XH4 { f16vec4 xh4[]; };
-#endif
 
 // Staging in f16vec4s: one 8-byte store per 4 values (a scalar f16 store each was most of the
 // staging's instructions); coopMatLoad counts offsets and strides in the array's element type.
@@ -131,12 +127,8 @@ void fetch(uint k0, uint m0, uint n0) {
         const uint run = tid + i * WG;
         const uint r = min(run / (BK / 4u), BM - 1u), kq = run % (BK / 4u);
         const uint m = min(m0 + r, M - 1u);
-#ifdef CM_XH
-        rx[i] = xh4[(m * pc.x_stride + k0) / 4u + kq];
-#else
         const vec4 v = x4[(m * pc.x_stride + k0) / 4u + kq];
         rx[i] = f16vec4(clamp(v, vec4(-65504.0), vec4(65504.0)));
-#endif
     }
     [[unroll]] for (uint i = 0; i < RW; i++) {
         const uint run = tid + i * WG;

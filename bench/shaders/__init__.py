@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phoenix_chat.engine.backends.vulkan.ops_table import GEMM_PUSH
 from phoenix_chat.engine.backends.vulkan.variants import PushLayout, Variant
 
 HOME = Path(__file__).resolve().parent
@@ -48,29 +47,6 @@ VARIANTS: dict[str, Variant] = {
         ),
     )
 }
-
-# The matrix-core GEMM's register-filled tiles reading x as f16 (CM_XH), against the product's
-# f32 x: does halving the activation bytes each workgroup loads pay for a conversion pass?
-# (bench/gemm_sweep.py --probe-xh)
-XH_TILES = {"p": {"CM_TM": "4"}, "wp": {"CM_TM": "4", "CM_TN": "4", "CM_GN": "2"}}
-for _wt in ("Q4_0", "Q4_K"):
-    for _tile, _defs in XH_TILES.items():
-        for _epi, _nb in (("", 3), ("_geglu", 4)):
-            _d: dict[str, str | None] = {"WTYPE_" + _wt: None, "CM_PF": None, "CM_XH": None, **_defs}
-            if _epi:
-                _d["GEMM_GEGLU"] = None
-                _d["CM_TN"] = str(int(_defs.get("CM_TN") or 2) // 2)
-            _v = Variant(
-                f"gemm_probe_xh_{_wt.lower()}{_epi}_{_tile}",
-                "../../shaders/gemm_coopmat.comp",
-                _nb,
-                GEMM_PUSH,
-                _d,
-                {"WG": (0, 256)},
-                requires=("cooperative_matrix",),
-                home=HOME,
-            )
-            VARIANTS[_v.name] = _v
 
 
 def register(dev) -> None:
