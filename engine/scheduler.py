@@ -424,8 +424,9 @@ class Scheduler:
             self._took(seq, token)
 
     def _decode(self, ready: list[_Seq]) -> None:
-        k = self.policy.rows(len(ready))
-        if k < len(ready):  # taking turns beats this backend's batched step: the next k in line
+        # no more rows than the backend's batched step holds (Vulkan: 32, however many slots)
+        k = min(self.policy.rows(len(ready)), max(1, self.backend.max_batch_rows))
+        if k < len(ready):  # turns: the batch is full, or taking turns beats this backend's batched step
             start = self._turn % len(ready)
             seqs = (ready[start:] + ready[:start])[:k]
             self._turn = start + k

@@ -209,3 +209,27 @@ def test_cancel_frees_the_slot_by_the_next_step(request, slots):
     want = [generate(model, "Water boils at", GREEDY, max_tokens=30, raw=True)] * (slots - 1)
     want.append(generate(model, "My favourite fruit is", GREEDY, max_tokens=4, raw=True))
     assert answers == want
+
+
+def test_more_running_than_the_batched_step_holds_take_turns(model_path, monkeypatch):
+    """A backend whose batched step holds fewer rows than are running (Vulkan: 32, however many
+    slots) gets steps of at most that many; every request still gets its solo greedy answer.
+    Before, 33 running sequences on a 33-slot Vulkan backend failed every step."""
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+
+    m = load(model_path, backend="cpu", context_length=64, slots=3)
+    try:
+        assert m.backend.max_batch_rows == 3  # the CPU's batched step holds every slot
+        monkeypatch.setattr(CpuBackend, "max_batch_rows", property(lambda self: 2))
+        prompts = ["The capital of France is", "1, 2, 3,", "Once upon a time"]
+        want = [generate(m, p, GREEDY, max_tokens=4, raw=True) for p in prompts]
+        s = Scheduler(m)
+        try:
+            streams = [s.submit(Request(p, GREEDY, max_tokens=4, raw=True)) for p in prompts]
+            got = ["".join(d.text for d in st) for st in streams]
+            assert s.max_batch == 2  # never more rows than the step holds
+        finally:
+            s.close()
+        assert got == want
+    finally:
+        m.close()

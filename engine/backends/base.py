@@ -142,6 +142,12 @@ class Backend(ABC):
     n_slots: int = 1  # sequences whose K/V this backend holds at once (engine/scheduler.py)
     takes_images: bool = False  # `forward_images` / `forward_slot_images` exist (cpu, vulkan)
 
+    @property
+    def max_batch_rows(self) -> int:
+        """The most sequences one `decode_batch` step advances; the scheduler moves more than that
+        in turns. Every slot here; a backend whose batched step has fewer rows says so."""
+        return self.n_slots
+
     def __init__(self, config: ModelConfig, context_length: int):
         self.config = config
         self.context_length = context_length

@@ -55,3 +55,22 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
     assert [t[0] for t in together] == alone
     assert all(alone), alone
     assert shared >= 2, "the requests never shared a decode step"
+
+
+def test_batched_step_rows_are_capped_at_the_recorded_buckets(vk_device, tmp_path):
+    """33 slots, 32 rows per batched step at most (the largest recorded bucket; the scheduler
+    takes the rest in turns)."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.plan import MAX_BATCH
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    w = open_weights(write(tmp_path / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3))
+    try:
+        be = VulkanBackend(w, 32, device=vk_device, slots=MAX_BATCH + 1)
+        try:
+            assert be.n_slots == MAX_BATCH + 1 and be.max_batch_rows == MAX_BATCH == 32
+        finally:
+            be.close()
+    finally:
+        w.close()

@@ -446,6 +446,11 @@ class VulkanBackend(Backend):
         logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), batch_logits_stride(V)))
         return np.ascontiguousarray(logits[[layout.index(i) for i in range(len(steps))], :V])
 
+    @property
+    def max_batch_rows(self) -> int:
+        """min(slots, plan.MAX_BATCH): the recorded batched steps hold at most 32 rows."""
+        return max(1, self.plan.batch_rows)
+
     def decode_batch_sampled(self, steps: Sequence[SeqStep]) -> list[int]:
         """`decode_batch` with every row's sampler on the GPU (its params, its seed, the Philox
         counter of the drawn token's position): the ids, in the order of `steps`."""
