@@ -59,10 +59,10 @@ def test_stop_lands_within_half_a_second_on_the_cpu(cpu_model):
     ids = cpu_model.tokenizer.encode(LONG_TEXT)
     assert len(ids) >= 1900
     stop = threading.Event()
-    threading.Timer(2.0, stop.set).start()
+    threading.Timer(0.5, stop.set).start()  # the whole prefill takes ~3.3 s on 2 cores
     t0 = time.perf_counter()
     with pytest.raises(CancelledError):
         cpu_model.backend.forward(ids, 0, cancel=stop.is_set)
-    latency = time.perf_counter() - t0 - 2.0
+    latency = time.perf_counter() - t0 - 0.5
     print(f"CPU stop latency {latency * 1000:.0f} ms")
     assert latency < 1.5
