@@ -1,6 +1,7 @@
 """Prefill GEMM sweep on one device: µs and TFLOP/s of y = x W^T for a chunk of tokens on
 Gemma-shaped matrices, through every GEMM kernel the device has (ops_gemm.KERNELS: each
-matrix-core tile, or the tiled / register-tiled kernels), and how far each kernel's y is from
+matrix-core tile, or the tiled / register-tiled kernels, and on a GPU with the int8 dot each
+int8 tile, timed with the quantize of x it needs), and how far each kernel's y is from
 the first kernel's (a quick check that a new tile computes the same thing; the tests compare
 against numpy).
 
@@ -24,7 +25,7 @@ from bench.cols_sweep import SHAPES
 from bench.matvec_sweep import random_blocks
 from phoenix_chat.engine.backends.vulkan import ops_gemm
 from phoenix_chat.engine.backends.vulkan.device import Device
-from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix
+from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_quantize
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 
 
@@ -38,9 +39,10 @@ def weights(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
 def kernels_of(dev: Device, wanted: str | None) -> list[str]:
     if wanted:
         return wanted.split(",")
-    if ops_gemm.coopmat_ok(dev):
-        return list(ops_gemm.COOPMAT_KERNELS)
-    return [ops_gemm.kernel(dev)]
+    out = list(ops_gemm.COOPMAT_KERNELS) if ops_gemm.coopmat_ok(dev) else [ops_gemm.kernel(dev)]
+    if dev.caps.int_dot and not dev.caps.is_software:
+        out += list(ops_gemm.INT8_KERNELS)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,16 +67,36 @@ def main(argv: list[str] | None = None) -> int:
                 WeightMatrix.upload(dev, weights(qtype, rows, cols, rng), qtype, (rows, cols)) for _ in range(n_mats)
             ]
             x = rng.standard_normal((m, cols)).astype(np.float32)
-            xb, yb = dev.buffer(x.nbytes), dev.buffer(m * rows * 4)
+            xb, yb, xq = dev.buffer(x.nbytes), dev.buffer(m * rows * 4), dev.buffer(q8_1_bytes(m * cols))
             dev.upload(xb, x)
             up = mats[1].tensor if epi == "geglu" else None
 
             def record(cl, kn: str) -> None:
+                int8 = kn in ops_gemm.INT8_KERNELS
+                if int8:  # the int8 tiles' time includes quantizing x, as in a forward
+                    record_quantize(cl, dev, xb, xq, m * cols)
+                    cl.barrier()
                 ops_gemm.gemm(
-                    cl, dev, xb, mats[0].tensor, yb, wtype=qtype.name, m=m, n=rows, k=cols, w_up=up, kernel_name=kn
+                    cl,
+                    dev,
+                    xb,
+                    mats[0].tensor,
+                    yb,
+                    wtype=qtype.name,
+                    m=m,
+                    n=rows,
+                    k=cols,
+                    w_up=up,
+                    kernel_name=kn,
+                    xq=xq if int8 else None,
                 )
 
-            runs = kernels
+            geglu = epi == "geglu"
+            runs = [
+                kn
+                for kn in kernels
+                if kn not in ops_gemm.INT8_KERNELS or ops_gemm.int8_refusal(dev, qtype.name, cols, kn, geglu) is None
+            ]
             us = time_many(dev, {kn: (lambda cl, kn=kn: record(cl, kn)) for kn in runs}, reps=args.reps)
             ys = {}
             for kn in runs:
@@ -84,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 dev.submit(cl)
                 cl.destroy()
                 ys[kn] = dev.download(yb, np.float32, m * rows).copy()
-            ref = ys[kernels[0]]
+            ref = ys[runs[0]]
             scale = float(np.abs(ref).max()) or 1.0
             flop = 2.0 * m * rows * cols * n_mats
             for kn in runs:
@@ -102,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{qtype.name:6} {name:8} {kn:12} {us[kn]:9.1f} us  {row['tflops']:6.1f} TFLOP/s  diff {diff:.1e}",
                     flush=True,
                 )
-            for buf in [mat.tensor.buffer for mat in mats] + [xb, yb]:
+            for buf in [mat.tensor.buffer for mat in mats] + [xb, yb, xq]:
                 buf.destroy()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

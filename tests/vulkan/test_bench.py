@@ -132,13 +132,25 @@ def test_gemm_sweep_times_each_kernel_on_every_product(vk_device, tmp_path):
     assert gemm_sweep.main(["--shape", "tiny", "--types", "q4_0,f16", "--tokens", "40", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     kernels = gemm_sweep.kernels_of(vk_device, None)
+    gpu_int8 = list(ops_gemm.INT8_KERNELS) if vk_device.caps.int_dot and not vk_device.caps.is_software else []
     assert kernels == (
         list(ops_gemm.COOPMAT_KERNELS) if ops_gemm.coopmat_ok(vk_device) else [ops_gemm.kernel(vk_device)]
-    )
+    ) + gpu_int8
     assert {(r["type"], r["matrix"]) for r in got} == {(t, m) for t in ("Q4_0", "F16") for m in ("qkv", "gate_up")}
     for r in got:
         assert r["kernel"] in kernels and r["us"] > 0 and r["tflops"] > 0
         assert r["max_rel_diff"] < 1e-2  # every kernel computes the same product
+    if not vk_device.caps.int_dot:
+        return
+    # an int8 tile named on the command line (timed with its quantize of x) runs the types it
+    # reads and is left out of the others' rows (F16 has no int8 unpacking)
+    base = ops_gemm.kernel(vk_device)
+    args = ["--shape", "tiny", "--types", "q4_0,f16", "--tokens", "40", "--kernels", f"{base},int8_1"]
+    assert gemm_sweep.main([*args, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert {r["kernel"] for r in got if r["type"] == "Q4_0"} == {base, "int8_1"}
+    assert {r["kernel"] for r in got if r["type"] == "F16"} == {base}
+    assert all(r["max_rel_diff"] < 1e-2 for r in got)  # q8_1 x: ~0.5% from the f32 kernel
 
 
 def test_bench_suite_writes_every_backend_and_the_llama_cpp_side_by_side(vk_device, tmp_path):

@@ -13,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
-from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS, coopmat_ok, gemm, is_coopmat, kernel
+from phoenix_chat.engine.backends.vulkan.ops_gemm import INT8_KERNELS, KERNELS, coopmat_ok, gemm, is_coopmat, kernel
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 from tools.make_synthetic_gguf import random_blocks
 
@@ -45,7 +45,8 @@ def gelu_tanh(x):
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K"]
 TYPES += ["IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S"]  # codebook types: the grid at the start of the binding
 TYPES += ["Q5_K", "Q6_K"]
-EVERY_KERNEL = pytest.mark.parametrize("kern", KERNELS)
+# the f32-input kernels (the int8 ones read q8_1 x: tests/vulkan/test_gemm_int8.py)
+EVERY_KERNEL = pytest.mark.parametrize("kern", [k for k in KERNELS if k not in INT8_KERNELS])
 
 
 def limit(dev, kern: str) -> float:

@@ -1,4 +1,5 @@
-"""The prefill GEMM's tile per weight shape, chosen at load by timing (matrix-core devices).
+"""The prefill GEMM's tile per weight shape, chosen at load by timing (GPUs with matrix cores or
+the int8 dot).
 
 Which matrix-core tile (ops_gemm.CM_TILES) is fastest depends on the matrix: on an H100 a
 27B-shaped QKV or down product ran fastest in the 128 x 128 tile filled through registers
@@ -6,7 +7,9 @@ Which matrix-core tile (ops_gemm.CM_TILES) is fastest depends on the matrix: on 
 former) — and a narrow matrix (a 2,048-row k or v) fills few workgroups in any big tile. So each
 distinct shape of the model — (weight type, rows, columns, GEGLU or not) — times every tile on
 one of the model's own matrices for a full prefill chunk, and the graph looks its shape up
-(`Tuning.gemm_kernel_for`). A shape not timed (the LM head of a perplexity run) takes the tile
+(`Tuning.gemm_kernel_for`). The int8-dot tiles (gemm_int8.comp) compete on GPUs with the int8
+dot, timed with the quantize of x they need: on the H100 they lose to the matrix cores (0.5-0.64x),
+and win over the f32 tiled GEMM a GPU without matrix cores ran before (2.5-3.5x). A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).
 """
@@ -17,11 +20,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan import ops_gemm
+from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 from phoenix_chat.engine.errors import OutOfMemoryError
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+    from phoenix_chat.engine.backends.vulkan.device import Device
     from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
     from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
@@ -45,55 +50,90 @@ def model_shapes(graph: Gemma3Graph) -> dict[str, tuple[list[WeightMatrix], int]
     return out
 
 
+def int8_candidates(dev: Device) -> bool:
+    """Whether the int8-dot tiles (gemm_int8.comp) are timed here: a GPU with the integer dot
+    product (a CPU device such as lavapipe keeps its register-tiled f32 kernel untimed)."""
+    return dev.caps.int_dot and not dev.caps.is_software
+
+
+def candidates_for(dev: Device, wtype: str, cols: int, geglu: bool) -> list[str]:
+    """The kernels timed on one shape: every matrix-core tile that fits (on devices with matrix
+    cores), every int8 tile that can run it (on devices with the int8 dot), and the f32 tiled
+    GEMM where there are no matrix cores — the int8 tiles must beat what would run without them."""
+    out: list[str] = []
+    if ops_gemm.coopmat_ok(dev):
+        out += [kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory]
+    if int8_candidates(dev):
+        out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
+        if not ops_gemm.coopmat_ok(dev):
+            out.append("tiled")
+    return out
+
+
 def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3) -> str | None:
-    """Time every matrix-core tile on each of the model's GEMM shapes for `tokens` tokens; fill
+    """Time every matrix-core and int8 tile on each of the model's GEMM shapes for `tokens`
+    tokens (the int8 ones with the quantize dispatch of x they need); fill
     graph.tuning.gemm_kernels (key -> kernel) and gemm_shape_timing (key -> kernel -> µs).
-    Returns why nothing was timed (no matrix cores, no memory for the scratch), else None."""
+    Returns why nothing was timed (no matrix cores and no int8 dot, no memory for the scratch),
+    else None."""
     dev = graph.dev
-    refusal = ops_gemm.coopmat_refusal(dev)
-    if refusal is not None:
-        return refusal
+    if not ops_gemm.coopmat_ok(dev) and not int8_candidates(dev):
+        return f"{ops_gemm.coopmat_refusal(dev)}; the int8 tiles are timed only on GPUs with the int8 dot"
     shapes = model_shapes(graph)
     k_max = max(cols for _, cols in shapes.values())
     n_max = max(mats[0].rows for mats, _ in shapes.values())
+    scratch = []
     try:
-        x = dev.buffer(tokens * k_max * 4, name="gemm tuning x")
+        for nbytes, name in ((tokens * k_max * 4, "x"), (tokens * n_max * 4, "y"), (q8_1_bytes(tokens * k_max), "xq")):
+            scratch.append(dev.buffer(nbytes, name=f"gemm tuning {name}"))
     except OutOfMemoryError as exc:
+        for b in scratch:
+            b.destroy()
         return f"no memory for the timing scratch: {exc}"
-    try:
-        y = dev.buffer(tokens * n_max * 4, name="gemm tuning y")
-    except OutOfMemoryError as exc:
-        x.destroy()
-        return f"no memory for the timing scratch: {exc}"
+    x, y, xq = scratch
     try:
         dev.upload(x, bytes(x.size))  # zeros: no NaN or inf slows a candidate
         tuning = graph.tuning
         for key, (mats, cols) in shapes.items():
             geglu = len(mats) == 2
-            candidates = [
-                kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory
-            ]
 
             def recorder(kn: str, mats: list[WeightMatrix] = mats, cols: int = cols) -> Callable[[CommandList], None]:
                 w, up = mats[0], (mats[1].tensor if len(mats) == 2 else None)
+                int8 = kn in ops_gemm.INT8_KERNELS
 
                 def record(cl: CommandList) -> None:
+                    if int8:
+                        record_quantize(cl, dev, x, xq, tokens * cols)
+                        cl.barrier()
                     ops_gemm.gemm(
-                        cl, dev, x, w.tensor, y, wtype=w.qtype.name, m=tokens, n=w.rows, k=cols, w_up=up, kernel_name=kn
+                        cl,
+                        dev,
+                        x,
+                        w.tensor,
+                        y,
+                        wtype=w.qtype.name,
+                        m=tokens,
+                        n=w.rows,
+                        k=cols,
+                        w_up=up,
+                        kernel_name=kn,
+                        xq=xq if int8 else None,
                     )
 
                 return record
 
-            us = time_many(dev, {kn: recorder(kn) for kn in candidates}, reps=reps)
+            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu)
+            us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
             tuning.gemm_shape_timing[key] = {kn: round(t, 1) for kn, t in us.items()}
             tuning.gemm_kernels[key] = min(us, key=us.__getitem__)
     finally:
-        x.destroy()
-        y.destroy()
+        for b in scratch:
+            b.destroy()
     return None
 
 
 def most_chosen(tuning: Tuning) -> str | None:
-    """The tile most shapes chose (ties: the first timed), or None where none was timed."""
-    picks = list(tuning.gemm_kernels.values())
+    """The matrix-core tile most shapes chose (ties: the first timed), or None where none was:
+    the kernel of shapes not timed, so one that reads every weight type (the int8 tiles do not)."""
+    picks = [kn for kn in tuning.gemm_kernels.values() if kn in ops_gemm.COOPMAT_KERNELS]
     return max(picks, key=picks.count) if picks else None

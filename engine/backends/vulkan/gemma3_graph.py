@@ -495,6 +495,17 @@ class Gemma3Graph:
             yr: Buffer | tuple[Buffer, int, int] = y  # y, or its range from y_off on
             if y_off:
                 yr = (y, y_off * 4, y.size - y_off * 4)
+            geglu = epilogue == "geglu"
+            kernels = [
+                self.tuning.gemm_kernel_for(T, shape_key(m.qtype.name, m.rows, x_cols, geglu=geglu))
+                for m in (mats[:1] if geglu else mats)
+            ]
+            gemm_xq = None
+            if any(kn in ops_gemm.INT8_KERNELS for kn in kernels):
+                # the int8 GEMMs read x's q8_1 blocks: quantized once for the products sharing x
+                record_quantize(cl, self.dev, x, self.buffers.xq, T * x_cols)
+                mark(cl, "quantize")
+                gemm_xq = self.buffers.xq
             if epilogue == "geglu":
                 ops_gemm.gemm(
                     cl,
@@ -509,14 +520,13 @@ class Gemma3Graph:
                     x_stride=x_cols,
                     y_stride=y_cols,
                     w_up=mats[1].tensor,
-                    kernel_name=self.tuning.gemm_kernel_for(
-                        T, shape_key(mats[0].qtype.name, mats[0].rows, x_cols, geglu=True)
-                    ),
+                    kernel_name=kernels[0],
+                    xq=gemm_xq,
                 )
                 return
             assert epilogue is None
             off = 0
-            for m in mats:  # fused QKV: one GEMM per matrix into its columns of y
+            for m, kn in zip(mats, kernels, strict=True):  # fused QKV: one GEMM per matrix into its columns of y
                 yb = (
                     yr
                     if off == 0
@@ -538,7 +548,8 @@ class Gemma3Graph:
                     k=x_cols,
                     x_stride=x_cols,
                     y_stride=y_cols,
-                    kernel_name=self.tuning.gemm_kernel_for(T, shape_key(m.qtype.name, m.rows, x_cols, geglu=False)),
+                    kernel_name=kn,
+                    xq=gemm_xq,
                 )
                 off += m.rows
             return

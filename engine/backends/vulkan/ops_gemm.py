@@ -1,6 +1,6 @@
 """Prefill GEMM: y[m, :] = x[m, :] @ W.T for a chunk of tokens, W quantized.
 
-Three kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
+Four kernels with one contract: shaders/gemm_coopmat.comp on matrix cores (f16 operands, f32
 accumulation) where the device has VK_KHR_cooperative_matrix, in several tiles (CM_TILES: "coopmat"
 64 tokens x 128 columns per workgroup, "coopmat_l" 128 x 128, "coopmat_ld" the same with two
 shared buffers, "coopmat_p"/"_pm" two buffers filled through registers (128 x 128,
@@ -9,7 +9,9 @@ of 64 x 64, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for
 prefill chunks and one for a few tokens by timing at load, autotune.choose_gemm_tile);
 shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shared memory or
 barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
-tiles). `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
+tiles); and shaders/gemm_int8.comp on the packed int8 dot (INT8_KERNELS: x as q8_1 blocks the
+caller quantizes, weights unpacked to int8 — for GPUs with the int8 dot, matrix cores or not;
+gemm_tuning times its tiles per weight shape beside the others). `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
 
@@ -19,7 +21,7 @@ import os
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES
+from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES, I8_TILES
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -64,8 +66,38 @@ def cm_shared_bytes(kernel_name: str, geglu: bool) -> int:
 # minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
 # shader cache keeps it).
 LANES_RN, LANES_TM = 16, 16
-KERNELS = ("tiled", *CM_TILES, "lanes")
+INT8_KERNELS = tuple(I8_TILES)
+INT8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS)
 COOPMAT_KERNELS = tuple(CM_TILES)
+
+
+def int8_tile(kernel_name: str, geglu: bool) -> tuple[int, int, int]:
+    """(tokens, weight rows, K step in values) of a gemm_int8.comp tile (ops_table.I8_TILES)."""
+    rt, tt, kc = I8_TILES[kernel_name]
+    if geglu and rt > 4:
+        rt //= 2
+    return 16 * tt, 16 * rt, 32 * kc
+
+
+def int8_shared_bytes(kernel_name: str, geglu: bool) -> int:
+    """Shared memory of an int8 tile: two buffers of 48-byte records, one per row and per token chunk."""
+    tm, tn, kstep = int8_tile(kernel_name, geglu)
+    return 2 * ((2 if geglu else 1) * tn + tm) * (kstep // 32) * 48
+
+
+def int8_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -> str | None:
+    """Why gemm_int8.comp's tile `kernel_name` cannot run this product here (None: it can)."""
+    if not dev.caps.int_dot:
+        return dev.caps.refused.get("int_dot", "no int8 dot product")
+    if wtype.upper() not in INT8_TYPES:
+        return f"{wtype} has no int8 unpacking"
+    _tm, _tn, kstep = int8_tile(kernel_name, geglu)
+    if k % kstep:
+        return f"k = {k} is not a multiple of the tile's K step {kstep}"
+    if int8_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
+        return f"needs {int8_shared_bytes(kernel_name, geglu)} B of shared memory"
+    return None
 
 
 def coopmat_refusal(dev: Device) -> str | None:
@@ -128,11 +160,14 @@ def gemm(
     y_stride: int | None = None,
     w_up: Tensor | Binding | None = None,
     kernel_name: str | None = None,
+    xq: Binding | None = None,
 ) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
 
     `w` / `w_up`: a memory.Tensor (one dispatch per bound row range) or a plain binding of all n rows.
     kernel_name: one of KERNELS, or None for the device's own (`kernel`).
+    xq: the int8 kernels' input, x's q8_1 blocks (matvec.record_quantize of x's m x k values, a
+    barrier after it), written by the caller so that products sharing x quantize it once.
     """
     wt = wtype.upper()
     if k % 32:
@@ -150,6 +185,16 @@ def gemm(
         sgs = CM_TILE_SUBGROUPS.get(kn, CM_SUBGROUPS)
         p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
         tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
+    elif kn in I8_TILES:
+        why = int8_refusal(dev, wt, k, kn, w_up is not None)
+        if why is not None:
+            raise ValueError(f"gemm: the int8 tile {kn} cannot run this product: {why}")
+        if xq is None:
+            raise ValueError("gemm: the int8 kernels read x's q8_1 blocks: pass xq")
+        if x_stride not in (None, k):
+            raise ValueError("gemm: the int8 kernels read x quantized as m x k contiguous values")
+        p = dev.pipeline(name + "_" + kn)
+        tm, tn, _kstep = int8_tile(kn, w_up is not None)
     elif kn == "lanes":
         wg = max(1, min(64, dev.caps.subgroup_size))
         rn = LANES_RN // 2 if w_up is not None else LANES_RN
@@ -164,6 +209,9 @@ def gemm(
     if kn in CM_TILES and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
         raise ValueError("gemm: the matrix-core kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
     ys = n if y_stride is None else y_stride
+    if kn in I8_TILES:
+        assert xq is not None
+        x, xs = xq, k // 32  # q8_1 blocks, x_stride in blocks
     gate = _ranges(w, n)
     up = _ranges(w_up, n) if w_up is not None else None
     if up is not None and [(s, r) for _, s, r in up] != [(s, r) for _, s, r in gate]:

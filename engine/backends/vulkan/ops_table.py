@@ -22,6 +22,10 @@ QUANTIZE_WEIGHT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16")  # targets of --
 # matrix-core GEMM tiles whose GEGLU kernel has half the columns: its two accumulators and three
 # shared tiles would not fit the registers or 48 KiB of shared memory (ops_gemm.CM_TILES_GEGLU)
 CM_GEGLU_HALF_N = ("_p", "_pm", "_w", "_wp")
+# int8-dot GEMM tiles (shaders/gemm_int8.comp): name -> (I8_RT, I8_TT, I8_KC): 16 RT weight rows x
+# 16 TT tokens per workgroup, KC 32-wide chunks per K step; the GEGLU kernels halve an RT of 8
+# (two matrices' rows in registers, and 48 KiB of shared memory)
+I8_TILES = {"int8": (4, 4, 2), "int8_r": (8, 4, 2), "int8_t": (4, 8, 2), "int8_1": (8, 8, 1)}
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -224,6 +228,22 @@ def _variants() -> list[Variant]:
                         requires=("cooperative_matrix",),
                     )
                 )
+        # the same on the packed int8 dot (shaders/gemm_int8.comp), x as q8_1 blocks: devices with
+        # the integer dot product, matrix cores or not (types the int8 multi-column matvec reads)
+        if wt in _BLOCK_TYPES:
+            for tile, (rt, tt, kc) in I8_TILES.items():
+                for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                    grt = rt // 2 if epi and rt > 4 else rt  # GEGLU: two matrices' rows in registers
+                    v.append(
+                        Variant(
+                            f"gemm_{wt.lower()}_f32_f32{epi}_{tile}",
+                            "gemm_int8.comp",
+                            nb,
+                            GEMM_PUSH,
+                            {**base, **epi_defs, "I8_RT": str(grt), "I8_TT": str(tt), "I8_KC": str(kc)},
+                            requires=("int_dot",),
+                        )
+                    )
         # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory
         lanes = {"WG": (0, 8), "RN": (1, 16), "TM": (2, 16)}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32_lanes", "gemm_lanes.comp", 3, GEMM_PUSH, base, lanes))

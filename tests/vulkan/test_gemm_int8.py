@@ -1,0 +1,195 @@
+"""The int8-dot prefill GEMM (shaders/gemm_int8.comp) against numpy: every int8 weight type, every
+tile, odd token and row counts (not multiples of the tiles), the GEGLU epilogue, y strides and
+offsets, a weight bound in row ranges, and the refusals (no int dot, a K the tile's step does not
+divide, no xq).
+
+The reference is exact up to f32 rounding: `gguf.quants.dequantize` of the weight bytes the kernel
+reads times x's q8_1 blocks as the quantize dispatch wrote them (decoded here), in f64 — so any
+error beyond accumulation order is the kernel's. Runs on lavapipe in CI (it has the int8 dot).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
+from phoenix_chat.engine.backends.vulkan.ops_gemm import INT8_KERNELS, INT8_TYPES, gemm, int8_refusal, int8_tile
+from tests.vulkan.ops_helpers import Bufs, nmse, run
+from tests.vulkan.test_matvec_cols import quantized_x
+from tests.vulkan.test_ops_gemm import gelu_tanh, random_weight
+
+EXACT_NMSE = 1e-10  # f32 accumulation of exact int8 products against the f64 sum
+TILES = pytest.mark.parametrize("kern", INT8_KERNELS)
+
+
+@pytest.fixture(autouse=True)
+def _int_dot(vk_device):
+    if not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
+
+
+def fits(dev, kern, geglu=False):
+    """Skip a tile whose shared memory the device lacks (lavapipe has 32 KiB; the H100 runs them all)."""
+    if int8_tile(kern, geglu) and int8_refusal(dev, "Q4_0", 256, kern, geglu) is not None:
+        pytest.skip(f"{kern}: {int8_refusal(dev, 'Q4_0', 256, kern, geglu)} on {dev.name}")
+
+
+def check(dev, wtype, m, n, k, kern, seed, *, geglu=False, y_stride=None, y_off=0):
+    fits(dev, kern, geglu)
+    rng = np.random.default_rng(seed)
+    raw, w = random_weight(wtype, n, k, rng)
+    raw_up, w_up = random_weight(wtype, n, k, rng) if geglu else (None, None)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 4.0, (m, 1))).astype(np.float32)
+    ys = y_stride or n
+    with Bufs(dev) as b:
+        xq, xv = quantized_x(dev, x)
+        b.all.append(xq)
+        bx, bw, by = b.of(x), b.of(raw.reshape(-1)), b.zeros(4 * m * ys)
+        bu = b.of(raw_up.reshape(-1)) if geglu else None
+        run(
+            dev,
+            lambda cl: (
+                gemm(
+                    cl,
+                    dev,
+                    bx,
+                    bw,
+                    (by, 0, by.size),
+                    wtype=wtype,
+                    m=m,
+                    n=n,
+                    k=k,
+                    y_stride=ys,
+                    w_up=bu,
+                    kernel_name=kern,
+                    xq=xq,
+                )
+                if not y_off
+                else gemm(
+                    cl,
+                    dev,
+                    bx,
+                    bw,
+                    (by, 4 * y_off, by.size - 4 * y_off),
+                    wtype=wtype,
+                    m=m,
+                    n=n,
+                    k=k,
+                    y_stride=ys,
+                    w_up=bu,
+                    kernel_name=kern,
+                    xq=xq,
+                )
+            ),
+        )
+        got = b.read(by, np.float32, (m, ys))
+    want = xv @ w.T if not geglu else gelu_tanh(xv @ w.T) * (xv @ w_up.T)
+    assert nmse(got[:, y_off : y_off + n], want) < EXACT_NMSE
+    rest = np.delete(got, np.s_[y_off : y_off + n], axis=1)
+    assert not rest.any()  # nothing written outside the product's columns
+
+
+@pytest.mark.parametrize("wtype", INT8_TYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (37, 100, 512), (70, 130, 768)])
+@TILES
+def test_int8_gemm(vk_device, wtype, m, n, k, kern):
+    check(vk_device, wtype, m, n, k, kern, seed=m * 131 + n + k)
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q8_0", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "Q5_K"])
+@TILES
+def test_int8_gemm_geglu_strides_offsets(vk_device, wtype, kern):
+    check(vk_device, wtype, 19, 96, 256, kern, seed=5, geglu=True, y_stride=96 + 64 + 7, y_off=64)  # 256 B: aligned
+
+
+@TILES
+def test_int8_gemm_row_ranges(vk_device, kern):
+    """A weight bound in pieces (as tensors beyond maxStorageBufferRange are): one dispatch per range."""
+    dev = vk_device
+    fits(dev, kern)
+    rng = np.random.default_rng(9)
+    m, n, k = 9, 300, 256
+    raw, w = random_weight("Q4_0", n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with Bufs(dev) as b:
+        xq, xv = quantized_x(dev, x)
+        b.all.append(xq)
+        t = Tensor.upload(dev, raw, raw.shape[1])
+        b.all.append(t.buffer)
+        align = max(dev.caps.min_storage_offset_alignment, 4)
+        t.ranges = [
+            RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
+            for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)
+        ]
+        assert len(t.ranges) >= 3
+        bx, by = b.of(x), b.zeros(4 * m * n)
+        run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q4_0", m=m, n=n, k=k, kernel_name=kern, xq=xq))
+        got = b.read(by, np.float32, (m, n))
+    assert nmse(got, xv @ w.T) < EXACT_NMSE
+
+
+def test_int8_gemm_refusals(vk_device):
+    dev = vk_device
+    with Bufs(dev) as b:
+        bx, by, bw = b.zeros(4 * 32 * 96), b.zeros(4 * 32 * 64), b.zeros(18 * 64 * 3)
+        cl = dev.commands()
+        try:
+            with pytest.raises(ValueError, match="pass xq"):
+                gemm(cl, dev, bx, bw, by, wtype="Q4_0", m=32, n=64, k=96, kernel_name="int8_1")
+            # a K step of 64 values does not divide k = 96
+            assert int8_tile("int8", False)[2] == 64
+            with pytest.raises(ValueError, match="not a multiple of the tile's K step 64"):
+                gemm(cl, dev, bx, bw, by, wtype="Q4_0", m=32, n=64, k=96, kernel_name="int8", xq=bx)
+            with pytest.raises(ValueError, match="F16 has no int8 unpacking"):
+                gemm(cl, dev, bx, bw, by, wtype="F16", m=32, n=64, k=96, kernel_name="int8_1", xq=bx)
+        finally:
+            cl.destroy()
+    assert int8_refusal(dev, "Q4_0", 96, "int8_1", False) is None  # a K step of 32 divides it
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3)
+    w = open_weights(path)
+    yield w
+    w.close()
+
+
+def test_prefill_through_int8_tiles_matches_the_f32_kernel_and_cpu(tiny_weights, vk_device):
+    """The graph's prefill with every weight shape on an int8 tile (as the load-time timing picks
+    where they win; lavapipe times nothing, so the choice is set here): x is quantized once per
+    group of products sharing it, and the logits agree with the device's f32 kernel and the CPU."""
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.gemm_tuning import model_shapes
+
+    ids = np.random.default_rng(2).integers(3, 4096, 60).tolist()
+    be = VulkanBackend(tiny_weights, 64, device=vk_device)
+    try:
+        f32_all = be.forward(ids, 0, all_logits=True)
+        shapes = model_shapes(be.graph)
+        tile = next(
+            kn
+            for kn in INT8_KERNELS
+            if all(
+                int8_refusal(vk_device, mats[0].qtype.name, cols, kn, len(mats) == 2) is None
+                for mats, cols in shapes.values()
+            )
+        )
+        be.tuning.gemm_kernels = dict.fromkeys(shapes, tile)
+        be.drop_recordings()
+        i8_all = be.forward(ids, 0, all_logits=True)
+        assert be.stats()["gemm_kernels"] == dict.fromkeys(shapes, tile)
+    finally:
+        be.close()
+    cpu = CpuBackend(tiny_weights, 64).forward(ids, 0, all_logits=True)
+    scale = np.abs(cpu).max()
+    print(f"\n{tile} vs f32: max |diff| {np.abs(i8_all - f32_all).max():.5f} (logit scale {scale:.2f})")
+    assert not np.array_equal(i8_all, f32_all)  # the int8 tiles really ran (q8_1 x rounds differently)
+    assert np.mean(i8_all.argmax(-1) == f32_all.argmax(-1)) >= 0.98
+    assert np.mean(i8_all.argmax(-1) == cpu.argmax(-1)) >= 0.98
+    np.testing.assert_allclose(i8_all, f32_all, atol=2e-2 * scale)
