@@ -9,7 +9,8 @@ distinct shape of the model — (weight type, rows, columns, GEGLU or not) — t
 one of the model's own matrices for a full prefill chunk, and the graph looks its shape up
 (`Tuning.gemm_kernel_for`). The int8-dot tiles (gemm_int8.comp) compete on GPUs with the int8
 dot, timed with the quantize of x they need: on the H100 they lose to the matrix cores (0.5-0.64x),
-and win over the f32 tiled GEMM a GPU without matrix cores ran before (2.5-3.5x). A shape not timed (the LM head of a perplexity run) takes the tile
+and win over the f32 tiled GEMM a GPU without matrix cores ran before (2.5-3.5x).
+A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).
 """

@@ -11,7 +11,8 @@ shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shar
 barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
 tiles); and shaders/gemm_int8.comp on the packed int8 dot (INT8_KERNELS: x as q8_1 blocks the
 caller quantizes, weights unpacked to int8 — for GPUs with the int8 dot, matrix cores or not;
-gemm_tuning times its tiles per weight shape beside the others). `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
+gemm_tuning times its tiles per weight shape beside the others).
+`kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
 
