@@ -149,14 +149,8 @@ def test_int8_gemm_refusals(vk_device):
 
 
 @pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory):
-    from phoenix_chat.engine.weights import open_weights
-    from tools.make_synthetic_gguf import write
-
-    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3)
-    w = open_weights(path)
-    yield w
-    w.close()
+def tiny_weights(open_tiny):
+    return open_tiny("q4_0", seed=3)
 
 
 def test_prefill_through_int8_tiles_matches_the_f32_kernel_and_cpu(tiny_weights, vk_device):

@@ -17,14 +17,8 @@ CONTEXT = 640
 
 
 @pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory):
-    from phoenix_chat.engine.weights import open_weights
-    from tools.make_synthetic_gguf import write
-
-    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q8_0", "q8_0", seed=5)
-    w = open_weights(path)
-    yield w
-    w.close()
+def tiny_weights(open_tiny):
+    return open_tiny("q8_0", seed=5)
 
 
 def _logits(weights, dev, ids):

@@ -13,14 +13,8 @@ from phoenix_chat.engine.backends.vulkan import ops_gemm
 
 
 @pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory):
-    from phoenix_chat.engine.weights import open_weights
-    from tools.make_synthetic_gguf import write
-
-    path = write(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3)
-    w = open_weights(path)
-    yield w
-    w.close()
+def tiny_weights(open_tiny):
+    return open_tiny("q4_0", seed=3)
 
 
 def _logits(weights, dev, ids):
