@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("phoenix.engine")
 
 DEFAULT_MAX_QUEUE = 64
+# tokens a lone decoding sequence takes from the device-resident decode before the scheduler
+# looks round again (it also stops at once when a request waits or this one is cancelled)
+SOLO_RUN = 64
 
 
 def error_text(err: Exception) -> str:
@@ -146,6 +149,7 @@ class Scheduler:
         self._closed = False
         self._paused = 0  # exclusive() holders: nothing new is admitted while any holds the model
         self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
+        self.solo_tokens = 0  # tokens a lone sequence took from the device-resident decode (_solo_run)
         self.policy = BatchPolicy()  # how many ready sequences a step advances (measured)
         self._turn = 0  # where taking turns starts next (round robin)
         self._thread = threading.Thread(target=self._serve, name="phoenix-scheduler", daemon=True)
@@ -354,6 +358,14 @@ class Scheduler:
             return
         decoding = [s for s in self._running if s.token is not None]
         reading = next((s for s in self._running if s.token is None), None)
+        if reading is None and len(decoding) == 1 and not self._pending:
+            try:
+                if self._solo_run(decoding[0]):
+                    return
+            except Exception as err:
+                _log_failure(err, "request %s failed in decode", decoding[0].stream.id)
+                self._fail(decoding[0], err)
+                return
         if reading is not None:
             try:
                 self._prefill_chunk(reading)
@@ -422,6 +434,38 @@ class Scheduler:
         if token is not None:
             seq.first_at = time.perf_counter()
             self._took(seq, token)
+
+    def _solo_run(self, seq: _Seq) -> bool:
+        """The one decoding sequence, with nothing else to do: up to SOLO_RUN tokens from the
+        backend's device-resident decode in its slot (submissions queued ahead, so the GPU does
+        not wait for the host between tokens, as a one-slot backend's generate does), until a
+        request waits, this one is cancelled or it ends — a new request waits at most the
+        submissions in flight. False: the backend has none (the caller steps it in a batch of one)."""
+        assert seq.token is not None
+        req = seq.stream.request
+        tokens = self.backend.decode_slot_tokens(
+            seq.slot.index,
+            seq.token,
+            seq.pos,
+            req.params,
+            seq.seed,
+            min(seq.budget - seq.count, SOLO_RUN),
+            wrote=seq.slot.prefix.wrote,
+        )
+        if tokens is None:
+            return False
+        self.max_batch = max(self.max_batch, 1)
+        try:
+            for token in tokens:
+                seq.history.append(seq.token)
+                seq.slot.prefix.fed([seq.token])
+                self.solo_tokens += 1
+                self._took(seq, token)
+                if seq.slot.seq is not seq or self._pending or self._is_cancelled(seq.stream.id):
+                    break
+        finally:
+            tokens.close()  # waits for the submissions in flight (their K/V writes were announced)
+        return True
 
     def _decode(self, ready: list[_Seq]) -> None:
         # no more rows than the backend's batched step holds (Vulkan: 32, however many slots)

@@ -237,6 +237,22 @@ class Backend(ABC):
 
     # ---- many sequences (engine/scheduler.py) ---------------------------------------------------
 
+    def decode_slot_tokens(
+        self,
+        slot: int,
+        first_token: int,
+        start_pos: int,
+        params: SamplingParams,
+        seed: int,
+        max_tokens: int,
+        wrote: Callable[[int], None] | None = None,
+    ) -> Generator[int, None, None] | None:
+        """`decode_tokens` for one sequence of many, in `slot` with its own seed (the scheduler's
+        lone decoding sequence: steps queued ahead on the device, no host round trip per token).
+        `wrote(end)`: told before each submission how far it writes K/V. None: this backend has
+        no device-resident decode (the scheduler steps the sequence through `decode_batch`)."""
+        return None
+
     def forward_slot(
         self,
         slot: int,

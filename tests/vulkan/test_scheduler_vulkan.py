@@ -48,6 +48,7 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
         assert tiny_model.backend.n_slots == SLOTS
         alone = [_ids(sched.submit(r))[0] for r in reqs]
         streams = [sched.submit(Request(r.prompt, r.params, r.max_tokens, raw=True)) for r in reqs]
+        solo = sched.solo_tokens
         together = [_ids(s) for s in streams]
         shared = sched.max_batch
     finally:
@@ -55,6 +56,51 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
     assert [t[0] for t in together] == alone
     assert all(alone), alone
     assert shared >= 2, "the requests never shared a decode step"
+    # alone, each decoded on the device-resident path (steps queued ahead), not in batches of one
+    assert solo == sum(len(a) for a in alone) - len(alone)  # every token but the prefill's
+
+
+def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model):
+    """A lone request decodes on the device-resident path; a second one submitted while it runs
+    stops that run at once (the submissions in flight finish), both then share batched steps,
+    and each gets exactly the ids it gets alone. A cancel during a lone run ends it there."""
+    first = Request(
+        "Once upon a time, in a small village by the sea, there",
+        SamplingParams(temperature=0.8, top_k=30, seed=3),
+        max_tokens=24,
+        raw=True,
+    )
+    second = Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=8, raw=True)
+    sched = Scheduler(tiny_model)
+    try:
+        alone = [_ids(sched.submit(r))[0] for r in (first, second)]
+        a = sched.submit(Request(first.prompt, first.params, first.max_tokens, raw=True))
+        got_a: list[int] = []
+        it = iter(a)
+        while len(got_a) < 4:  # the lone run is under way
+            got_a.extend(next(it).token_ids)
+        b = sched.submit(Request(second.prompt, second.params, second.max_tokens, raw=True))
+        for d in it:
+            got_a.extend(d.token_ids)
+        got_b = _ids(b)[0]
+        shared = sched.max_batch
+        # a cancel while a lone request runs: it ends "cancelled" and the slot serves the next one
+        c = sched.submit(Request(first.prompt, first.params, 60, raw=True))
+        it = iter(c)
+        got_c = list(next(it).token_ids)
+        sched.cancel(c.id)
+        last = None
+        for d in it:
+            got_c.extend(d.token_ids)
+            last = d
+        again = _ids(sched.submit(Request(second.prompt, second.params, second.max_tokens, raw=True)))[0]
+    finally:
+        sched.close()
+    assert got_a == alone[0] and got_b == alone[1]
+    assert shared >= 2, "the second request never joined the first in a batched step"
+    assert last is not None and last.finish_reason == "cancelled" and len(got_c) < 60
+    assert got_c == alone[0][: len(got_c)]  # what it produced before the cancel is the same answer
+    assert again == alone[1]
 
 
 def test_batched_step_rows_are_capped_at_the_recorded_buckets(vk_device, tmp_path):

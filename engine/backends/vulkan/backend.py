@@ -355,6 +355,22 @@ class VulkanBackend(Backend):
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         return self._decode(int(first_token), int(start_pos), params, int(max_tokens), seed)
 
+    def decode_slot_tokens(
+        self,
+        slot: int,
+        first_token: int,
+        start_pos: int,
+        params: SamplingParams,
+        seed: int,
+        max_tokens: int,
+        wrote: Callable[[int], None] | None = None,
+    ) -> Generator[int, None, None]:
+        """`decode_tokens` in `slot` with the sequence's own seed: the single-sequence decode
+        recordings, several submissions queued ahead of the ids read (`wrote(end)` is told how far
+        each one writes K/V before it is submitted; closing the generator waits for them)."""
+        self._check_slot(slot)
+        return self._decode(int(first_token), int(start_pos), params, int(max_tokens), seed, slot, wrote)
+
     @property
     def steps_per_submit(self) -> int:
         """Token steps per submission: small models are launch-bound (a submission costs ~0.3 ms
@@ -363,7 +379,14 @@ class VulkanBackend(Backend):
         return 4 if w < (1 << 30) else (2 if w < (4 << 30) else 1)
 
     def _decode(
-        self, first_token: int, start_pos: int, params: SamplingParams, max_tokens: int, seed: int
+        self,
+        first_token: int,
+        start_pos: int,
+        params: SamplingParams,
+        max_tokens: int,
+        seed: int,
+        slot: int = 0,
+        wrote: Callable[[int], None] | None = None,
     ) -> Generator[int, None, None]:
         limit = min(max_tokens, self.context_length - start_pos - 1)
         if limit <= 0:
@@ -373,9 +396,11 @@ class VulkanBackend(Backend):
         if start_pos + -(-limit // K) * K >= self.context_length:
             K = 1  # the GPU must not step past the context
         lists = self._decode_lists_for(kind, params.repetition_penalty != 1.0, K)
+        where = self._slot_fields(slot)
+        base = where["tok_base"]
         tokens = self.buffers.tokens_view
-        tokens[start_pos] = first_token
-        write_step(self.buffers.step, pos=start_pos, n_tokens=1, **_sampling_fields(params, seed))
+        tokens[base + start_pos] = first_token
+        write_step(self.buffers.step, pos=start_pos, n_tokens=1, **where, **_sampling_fields(params, seed))
         inflight: deque[tuple[CommandList, int]] = deque()  # (list, position of its first id)
         submitted = 0
         n_sub = -(-limit // K)
@@ -385,7 +410,11 @@ class VulkanBackend(Backend):
                 t0 = time.perf_counter()
                 while len(inflight) < IN_FLIGHT and submitted < n_sub:
                     cl = lists[submitted % IN_FLIGHT]
-                    self.wrote_kv(start_pos + (submitted + 1) * K)  # its K steps write K/V there
+                    end = start_pos + (submitted + 1) * K  # its K steps write K/V up to there
+                    if slot == 0:
+                        self.wrote_kv(end)
+                    if wrote is not None:
+                        wrote(end)
                     cl.submit(wait=False)
                     inflight.append((cl, start_pos + submitted * K + 1))
                     submitted += 1
@@ -394,7 +423,7 @@ class VulkanBackend(Backend):
                 cl.wait()
                 t2 = time.perf_counter()
                 self.busy.account(cl)
-                ids = [int(t) for t in tokens[pos : pos + K]]
+                ids = [int(t) for t in tokens[base + pos : base + pos + K]]
                 self.host_time.add((t1 - t0) + (time.perf_counter() - t2), K)
                 for tid in ids:
                     if done == limit:
