@@ -455,8 +455,10 @@ class Scheduler:
         if tokens is None:
             return False
         self.max_batch = max(self.max_batch, 1)
+        took = 0
         try:
             for token in tokens:
+                took += 1
                 seq.history.append(seq.token)
                 seq.slot.prefix.fed([seq.token])
                 self.solo_tokens += 1
@@ -465,7 +467,7 @@ class Scheduler:
                     break
         finally:
             tokens.close()  # waits for the submissions in flight (their K/V writes were announced)
-        return True
+        return took > 0  # none (no room left): the batched step of one row decides what happens
 
     def _decode(self, ready: list[_Seq]) -> None:
         # no more rows than the backend's batched step holds (Vulkan: 32, however many slots)
