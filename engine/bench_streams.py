@@ -47,6 +47,12 @@ class StreamsPoint:
     itl_p99_ms: float
     max_batch: int  # the most sequences one decode step advanced (== streams when they batched)
     tokens: int  # answer tokens produced by all streams
+    # the scheduler's decode steps inside that span (Scheduler.steps): how many, their mean rows,
+    # wall time and the part in the backend's call; step - backend is the scheduler's host work
+    window_steps: int = 0
+    rows_per_step: float = 0.0
+    step_ms: float = 0.0
+    backend_ms: float = 0.0
 
 
 @dataclass
@@ -97,12 +103,14 @@ class StreamsResult:
         lines = [
             f"{self.model} on {self.backend} ({self.device}), {self.slots} slots, context {self.context}, "
             f"prompt {self.prompt_tokens} tok, {self.gen_tokens} tok per stream",
-            f"{'streams':>7} {'aggregate tok/s':>16} {'per stream':>11} {'ITL p50 ms':>11} {'p99 ms':>8} {'batch':>6}",
+            f"{'streams':>7} {'aggregate tok/s':>16} {'per stream':>11} {'ITL p50 ms':>11} {'p99 ms':>8} {'batch':>6}"
+            f" {'steps':>6} {'rows/step':>9} {'step ms':>8} {'backend ms':>10}",
         ]
         for p in self.points:
             lines.append(
                 f"{p.streams:>7} {p.aggregate_tok_s:>16.1f} {p.per_stream_tok_s:>11.1f} "
                 f"{p.itl_p50_ms:>11.1f} {p.itl_p99_ms:>8.1f} {p.max_batch:>6}"
+                f" {p.window_steps:>6} {p.rows_per_step:>9.1f} {p.step_ms:>8.1f} {p.backend_ms:>10.1f}"
             )
         a = self.admission
         if a is not None:
@@ -192,6 +200,8 @@ def measure_streams(
     span = end - start
     aggregate = in_span / span if span > 0 else 0.0
     gaps = [g for t in live for g in _gaps(t)]
+    inside = [st for st in scheduler.steps if start < st.ended <= end]
+    k = max(1, len(inside))
     return StreamsPoint(
         streams=n,
         aggregate_tok_s=aggregate,
@@ -200,6 +210,10 @@ def measure_streams(
         itl_p99_ms=_ms(gaps, 99),
         max_batch=scheduler.max_batch,
         tokens=sum(k for t in times for _, k in t),
+        window_steps=len(inside),
+        rows_per_step=sum(st.rows for st in inside) / k,
+        step_ms=1e3 * sum(st.seconds for st in inside) / k,
+        backend_ms=1e3 * sum(st.backend_s for st in inside) / k,
     )
 
 

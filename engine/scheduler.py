@@ -120,6 +120,21 @@ class _Seq:
         return len(self.ids) + self.count - 1
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """One batched decode step as the scheduler ran it (`Scheduler.steps`, for the many-stream
+    bench): when it ended, how many sequences it advanced, its wall time and the part of it spent
+    in the backend's call — the rest is the scheduler's own host work for those rows."""
+
+    ended: float  # time.perf_counter()
+    rows: int
+    seconds: float
+    backend_s: float
+
+
+STEP_HISTORY = 4096  # decode steps kept in Scheduler.steps
+
+
 @dataclass
 class _Slot:
     index: int
@@ -151,6 +166,7 @@ class Scheduler:
         self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
         self.solo_tokens = 0  # tokens a lone sequence took from the device-resident decode (_solo_run)
         self.policy = BatchPolicy()  # how many ready sequences a step advances (measured)
+        self.steps: collections.deque[DecodeStep] = collections.deque(maxlen=STEP_HISTORY)
         self._turn = 0  # where taking turns starts next (round robin)
         self._thread = threading.Thread(target=self._serve, name="phoenix-scheduler", daemon=True)
         self._thread.start()
@@ -479,29 +495,36 @@ class Scheduler:
         else:
             seqs = ready
         t0 = time.perf_counter()
-        self._decode_rows(seqs)
-        self.policy.record(len(seqs), time.perf_counter() - t0)
+        backend_s = self._decode_rows(seqs)
+        t1 = time.perf_counter()
+        self.policy.record(len(seqs), t1 - t0)
+        self.steps.append(DecodeStep(t1, len(seqs), t1 - t0, backend_s))
 
-    def _decode_rows(self, seqs: list[_Seq]) -> None:
+    def _decode_rows(self, seqs: list[_Seq]) -> float:
+        """One decode step of `seqs`; returns the seconds spent in the backend's call."""
         steps = []
         for seq in seqs:
             assert seq.token is not None
             steps.append(SeqStep(seq.slot.index, seq.token, seq.pos, seq.stream.request.params, seq.seed))
             seq.slot.prefix.wrote(seq.pos + 1)
         self.max_batch = max(self.max_batch, len(steps))
+        t0 = time.perf_counter()
         drawn = self.backend.decode_batch_sampled(steps)
         if drawn is None:
             logits = self.backend.decode_batch(steps)
+            backend_s = time.perf_counter() - t0
             drawn = []
             for seq, row in zip(seqs, logits):
                 seq.history.append(seq.token)  # type: ignore[arg-type]
                 drawn.append(seq.sampler(row, seq.history))
         else:
+            backend_s = time.perf_counter() - t0
             for seq in seqs:
                 seq.history.append(seq.token)  # type: ignore[arg-type]
         for seq, token in zip(seqs, drawn):
             seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
             self._took(seq, token)
+        return backend_s
 
     def _took(self, seq: _Seq, token: int) -> None:
         """`token` was sampled for `seq`: hand out its text, end the sequence or queue it to be fed."""

@@ -148,6 +148,10 @@ def test_bench_streams_batches_each_count_and_times_the_scripted_chat():
     assert [p["streams"] for p in r["points"]] == [1, 3]
     assert [p["max_batch"] for p in r["points"]] == [1, 3]  # three streams shared decode steps
     assert all(p["aggregate_tok_s"] > 0 and p["itl_p99_ms"] >= p["itl_p50_ms"] > 0 for p in r["points"])
+    # the scheduler's decode steps while all streams decoded: their rows, wall and backend time
+    for p in r["points"]:
+        assert p["window_steps"] >= 1 and 1 <= p["rows_per_step"] <= p["streams"]
+        assert p["step_ms"] >= p["backend_ms"] > 0
     [chat] = r["chats"]
     assert len(chat["ttft_ms"]) == 3 and r["chat_turns"] == 3
     assert chat["reused"][0] == 0 and 0 < chat["reused"][1] < chat["reused"][2]  # each turn kept the last
