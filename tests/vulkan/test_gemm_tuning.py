@@ -45,10 +45,10 @@ def test_without_matrix_cores_nothing_is_timed_and_it_says_why(tiny_weights, vk_
     be = VulkanBackend(tiny_weights, 64, device=vk_device)
     try:
         why = gemm_tuning.choose_gemm_kernels(be.graph, 32)
-        if gemm_tuning.int8_candidates(vk_device):
+        if gemm_tuning.int8_candidates(vk_device, be.graph.int_dot):
             pytest.skip(f"{vk_device.name} times its int8 tiles")
         assert why and why.startswith(str(ops_gemm.coopmat_refusal(vk_device)))
-        assert "int8 tiles are timed only on GPUs with the int8 dot" in why
+        assert "int8" in why  # and why the int8 tiles were not timed either
         assert be.tuning.gemm_kernels == {}
     finally:
         be.close()
@@ -81,3 +81,30 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
         np.testing.assert_allclose(got, cpu, atol=2e-2 * np.abs(cpu).max())
     finally:
         be.close()
+
+
+def test_int8_tiles_compete_only_where_int8_activations_are_on(tiny_weights, vk_device, monkeypatch):
+    """On a GPU with the int8 dot (lavapipe dressed as one) the per-shape timing includes the int8
+    tiles and the f32 tiled GEMM they must beat; `VulkanOptions(int_dot=False)` keeps every
+    activation unquantized, so then no int8 tile is timed or chosen, and the note says why."""
+    import dataclasses
+
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+    if ops_gemm.coopmat_ok(vk_device) or not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name}: this checks a GPU with the int8 dot and no matrix cores")
+    forced = dataclasses.replace(vk_device.caps, device_type="integrated", name="an integrated GPU (shapes forced)")
+    monkeypatch.setattr(vk_device, "caps", forced)
+    for int_dot in (True, False):
+        be = VulkanBackend(tiny_weights, 64, VulkanOptions(int_dot=int_dot, autotune=False), device=vk_device)
+        try:
+            st, note = be.stats(), be.tuning.gemm_kernels_note
+            shapes = set(gemm_tuning.model_shapes(be.graph))
+        finally:
+            be.close()
+        if int_dot:
+            assert set(st["gemm_kernels"]) == shapes and not note
+            for timed in st["gemm_shape_timing"].values():
+                assert "tiled" in timed and set(timed) & set(ops_gemm.INT8_KERNELS)
+        else:
+            assert not st.get("gemm_kernels") and "int8 activations are off (VulkanOptions.int_dot" in note

@@ -51,20 +51,22 @@ def model_shapes(graph: Gemma3Graph) -> dict[str, tuple[list[WeightMatrix], int]
     return out
 
 
-def int8_candidates(dev: Device) -> bool:
+def int8_candidates(dev: Device, int_dot: bool = True) -> bool:
     """Whether the int8-dot tiles (gemm_int8.comp) are timed here: a GPU with the integer dot
-    product (a CPU device such as lavapipe keeps its register-tiled f32 kernel untimed)."""
-    return dev.caps.int_dot and not dev.caps.is_software
+    product whose backend allows int8 activations (`int_dot`: VulkanOptions.int_dot resolved —
+    False keeps every activation f32 or f16, prefill included); a CPU device such as lavapipe
+    keeps its register-tiled f32 kernel untimed."""
+    return int_dot and dev.caps.int_dot and not dev.caps.is_software
 
 
-def candidates_for(dev: Device, wtype: str, cols: int, geglu: bool) -> list[str]:
+def candidates_for(dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True) -> list[str]:
     """The kernels timed on one shape: every matrix-core tile that fits (on devices with matrix
-    cores), every int8 tile that can run it (on devices with the int8 dot), and the f32 tiled
-    GEMM where there are no matrix cores — the int8 tiles must beat what would run without them."""
+    cores), every int8 tile that can run it (where `int8_candidates`), and the f32 tiled GEMM where
+    there are no matrix cores — the int8 tiles must beat what would run without them."""
     out: list[str] = []
     if ops_gemm.coopmat_ok(dev):
         out += [kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory]
-    if int8_candidates(dev):
+    if int8_candidates(dev, int_dot):
         out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
         if not ops_gemm.coopmat_ok(dev):
             out.append("tiled")
@@ -78,8 +80,13 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3) -> str |
     Returns why nothing was timed (no matrix cores and no int8 dot, no memory for the scratch),
     else None."""
     dev = graph.dev
-    if not ops_gemm.coopmat_ok(dev) and not int8_candidates(dev):
-        return f"{ops_gemm.coopmat_refusal(dev)}; the int8 tiles are timed only on GPUs with the int8 dot"
+    if not ops_gemm.coopmat_ok(dev) and not int8_candidates(dev, graph.int_dot):
+        why = (
+            "int8 activations are off (VulkanOptions.int_dot, or the device's dot is emulated)"
+            if not graph.int_dot
+            else "the int8 tiles are timed only on GPUs with the int8 dot"
+        )
+        return f"{ops_gemm.coopmat_refusal(dev)}; {why}"
     shapes = model_shapes(graph)
     k_max = max(cols for _, cols in shapes.values())
     n_max = max(mats[0].rows for mats, _ in shapes.values())
@@ -123,7 +130,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3) -> str |
 
                 return record
 
-            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu)
+            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot)
             us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
             tuning.gemm_shape_timing[key] = {kn: round(t, 1) for kn, t in us.items()}
             tuning.gemm_kernels[key] = min(us, key=us.__getitem__)
