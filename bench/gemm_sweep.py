@@ -25,7 +25,7 @@ from bench.cols_sweep import SHAPES
 from bench.matvec_sweep import random_blocks
 from phoenix_chat.engine.backends.vulkan import ops_gemm
 from phoenix_chat.engine.backends.vulkan.device import Device
-from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes, record_quantize
+from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix, q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 
 
@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             up = mats[1].tensor if epi == "geglu" else None
 
             def record(cl, kn: str) -> None:
-                int8 = kn in ops_gemm.INT8_KERNELS
-                if int8:  # the int8 tiles' time includes quantizing x, as in a forward
-                    record_quantize(cl, dev, xb, xq, m * cols)
-                    cl.barrier()
+                int8_x = ops_gemm.int8_input(cl, dev, kn, xb, xq, m * cols)  # timed with it, as in a forward
                 ops_gemm.gemm(
                     cl,
                     dev,
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     k=cols,
                     w_up=up,
                     kernel_name=kn,
-                    xq=xq if int8 else None,
+                    xq=int8_x,
                 )
 
             geglu = epi == "geglu"

@@ -13,11 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phoenix_chat.engine.backends.vulkan.memory import RowRange, Tensor, row_ranges
 from phoenix_chat.engine.backends.vulkan.ops_gemm import INT8_KERNELS, INT8_TYPES, gemm, int8_refusal, int8_tile
 from tests.vulkan.ops_helpers import Bufs, nmse, run
 from tests.vulkan.test_matvec_cols import quantized_x
-from tests.vulkan.test_ops_gemm import gelu_tanh, random_weight
+from tests.vulkan.test_ops_gemm import bound_in_row_ranges, gelu_tanh, random_weight
 
 EXACT_NMSE = 1e-10  # f32 accumulation of exact int8 products against the f64 sum
 TILES = pytest.mark.parametrize("kern", INT8_KERNELS)
@@ -47,40 +46,11 @@ def check(dev, wtype, m, n, k, kern, seed, *, geglu=False, y_stride=None, y_off=
         b.all.append(xq)
         bx, bw, by = b.of(x), b.of(raw.reshape(-1)), b.zeros(4 * m * ys)
         bu = b.of(raw_up.reshape(-1)) if geglu else None
+        yb = (by, 4 * y_off, by.size - 4 * y_off)  # the product's columns start at y_off
         run(
             dev,
-            lambda cl: (
-                gemm(
-                    cl,
-                    dev,
-                    bx,
-                    bw,
-                    (by, 0, by.size),
-                    wtype=wtype,
-                    m=m,
-                    n=n,
-                    k=k,
-                    y_stride=ys,
-                    w_up=bu,
-                    kernel_name=kern,
-                    xq=xq,
-                )
-                if not y_off
-                else gemm(
-                    cl,
-                    dev,
-                    bx,
-                    bw,
-                    (by, 4 * y_off, by.size - 4 * y_off),
-                    wtype=wtype,
-                    m=m,
-                    n=n,
-                    k=k,
-                    y_stride=ys,
-                    w_up=bu,
-                    kernel_name=kern,
-                    xq=xq,
-                )
+            lambda cl: gemm(
+                cl, dev, bx, bw, yb, wtype=wtype, m=m, n=n, k=k, y_stride=ys, w_up=bu, kernel_name=kern, xq=xq
             ),
         )
         got = b.read(by, np.float32, (m, ys))
@@ -115,14 +85,7 @@ def test_int8_gemm_row_ranges(vk_device, kern):
     with Bufs(dev) as b:
         xq, xv = quantized_x(dev, x)
         b.all.append(xq)
-        t = Tensor.upload(dev, raw, raw.shape[1])
-        b.all.append(t.buffer)
-        align = max(dev.caps.min_storage_offset_alignment, 4)
-        t.ranges = [
-            RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
-            for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)
-        ]
-        assert len(t.ranges) >= 3
+        t = bound_in_row_ranges(dev, b, raw, n)
         bx, by = b.of(x), b.zeros(4 * m * n)
         run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q4_0", m=m, n=n, k=k, kernel_name=kern, xq=xq))
         got = b.read(by, np.float32, (m, n))

@@ -114,6 +114,20 @@ def test_gemm_geglu_strides(vk_device, wtype, kern):
     assert not got[:, n:].any()
 
 
+def bound_in_row_ranges(dev, b, raw, n):
+    """The weight rows uploaded as one tensor bound in ranges of at most 100 rows (at least three),
+    as tensors beyond maxStorageBufferRange are; its buffer joins `b` (a Bufs) to be freed."""
+    t = Tensor.upload(dev, raw, raw.shape[1])
+    b.all.append(t.buffer)
+    align = max(dev.caps.min_storage_offset_alignment, 4)
+    t.ranges = [
+        RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
+        for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)
+    ]
+    assert len(t.ranges) >= 3
+    return t
+
+
 @EVERY_KERNEL
 def test_gemm_row_ranges(vk_device, kern):
     """A weight bound in pieces (as tensors beyond maxStorageBufferRange are): one dispatch per range."""
@@ -124,14 +138,7 @@ def test_gemm_row_ranges(vk_device, kern):
     raw, w = random_weight("Q8_0", n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     with Bufs(dev) as b:
-        t = Tensor.upload(dev, raw, raw.shape[1])
-        b.all.append(t.buffer)
-        align = max(dev.caps.min_storage_offset_alignment, 4)
-        t.ranges = [
-            RowRange(t.buffer, r * t.row_bytes, c * t.row_bytes, r, c)
-            for r, c in row_ranges(n, t.row_bytes, 100 * t.row_bytes, align)
-        ]
-        assert len(t.ranges) >= 3
+        t = bound_in_row_ranges(dev, b, raw, n)
         bx, by = b.of(x), b.zeros(4 * m * n)
         run(dev, lambda cl: gemm(cl, dev, bx, t, by, wtype="Q8_0", m=m, n=n, k=k, kernel_name=kern))
         got = b.read(by, np.float32, (m, n))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan import ops_gemm
-from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes, record_quantize
+from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 from phoenix_chat.engine.errors import OutOfMemoryError
 
@@ -107,12 +107,9 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3) -> str |
 
             def recorder(kn: str, mats: list[WeightMatrix] = mats, cols: int = cols) -> Callable[[CommandList], None]:
                 w, up = mats[0], (mats[1].tensor if len(mats) == 2 else None)
-                int8 = kn in ops_gemm.INT8_KERNELS
 
                 def record(cl: CommandList) -> None:
-                    if int8:
-                        record_quantize(cl, dev, x, xq, tokens * cols)
-                        cl.barrier()
+                    int8_x = ops_gemm.int8_input(cl, dev, kn, x, xq, tokens * cols)
                     ops_gemm.gemm(
                         cl,
                         dev,
@@ -125,7 +122,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3) -> str |
                         k=cols,
                         w_up=up,
                         kernel_name=kn,
-                        xq=xq if int8 else None,
+                        xq=int8_x,
                     )
 
                 return record

@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES, I8_TILES
+from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES, I8_TILES, INT8_GEMM_TYPES
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -68,7 +69,7 @@ def cm_shared_bytes(kernel_name: str, geglu: bool) -> int:
 # shader cache keeps it).
 LANES_RN, LANES_TM = 16, 16
 INT8_KERNELS = tuple(I8_TILES)
-INT8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+INT8_TYPES = INT8_GEMM_TYPES
 KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS)
 COOPMAT_KERNELS = tuple(CM_TILES)
 
@@ -137,6 +138,17 @@ def path(dev: Device) -> str:
 
 def is_coopmat(kernel_name: str) -> bool:
     return kernel_name in CM_TILES
+
+
+def int8_input(cl: CommandList, dev: Device, kernel_name: str, x: Binding, xq: Binding, n: int) -> Binding | None:
+    """For a GEMM recorded on its own (the load-time timing, the sweep): an int8 tile's input —
+    x's n values quantized into `xq`, a barrier after — or None for the other kernels. (A forward
+    quantizes x once for all the products that share it: Gemma3Graph.mv.)"""
+    if kernel_name not in I8_TILES:
+        return None
+    record_quantize(cl, dev, x, xq, n)
+    cl.barrier()
+    return xq
 
 
 def _ranges(w: Tensor | Binding, n: int) -> list[tuple[Binding, int, int]]:

@@ -26,6 +26,8 @@ CM_GEGLU_HALF_N = ("_p", "_pm", "_w", "_wp")
 # 16 TT tokens per workgroup, KC 32-wide chunks per K step; the GEGLU kernels halve an RT of 8
 # (two matrices' rows in registers, and 48 KiB of shared memory)
 I8_TILES = {"int8": (4, 4, 2), "int8_r": (8, 4, 2), "int8_t": (4, 8, 2), "int8_1": (8, 8, 1)}
+# the types those tiles read: the block types, which the int8 matvecs' chunk decoder unpacks
+INT8_GEMM_TYPES = _BLOCK_TYPES
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -230,7 +232,7 @@ def _variants() -> list[Variant]:
                 )
         # the same on the packed int8 dot (shaders/gemm_int8.comp), x as q8_1 blocks: devices with
         # the integer dot product, matrix cores or not (types the int8 multi-column matvec reads)
-        if wt in _BLOCK_TYPES:
+        if wt in INT8_GEMM_TYPES:
             for tile, (rt, tt, kc) in I8_TILES.items():
                 for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                     grt = rt // 2 if epi and rt > 4 else rt  # GEGLU: two matrices' rows in registers
