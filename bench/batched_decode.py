@@ -132,7 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     stats = out["stats"]
     assert isinstance(stats, dict)
-    for key in ("few_token_timing", "few_token_int8", "few_token_matvec", "few_token_paths"):
+    for key in (
+        "gemm_kernel_few",
+        "gemm_kernels_few",
+        "gemm_few_timing",
+        "few_token_timing",
+        "few_token_int8",
+        "few_token_matvec",
+        "few_token_paths",
+    ):
         if key in stats:  # the load-time choice of the batched step's path, and what ran
             print(f"{key}: {json.dumps(stats[key], default=str)}")
     if args.json:

@@ -122,6 +122,25 @@ def test_decode_batch_sampled_draws_what_each_sequence_draws_alone(tiny):
     assert len({tuple(g) for g in got}) == len(got)
 
 
+def test_a_buckets_recording_does_not_depend_on_how_many_rows_are_active(tiny):
+    """Three and four top-k rows fill the same 4-row bucket: one recording serves both (the pad
+    row samples with the rows' own sampler; before, each active count was a sampler mix of its
+    own, recorded on first use — a scheduler whose row count moves re-recorded within a bucket),
+    and the pad row changes no sequence's draw."""
+    _cpu, vk = tiny
+    params = SamplingParams(temperature=0.9, top_k=20, seed=7)
+    prompts = [_ids(40 + i, 7) for i in range(4)]
+    vk.drop_recordings()
+    firsts = [vk.prefill_sampled(s, p, 0, params, 7 + s) for s, p in enumerate(prompts)]
+    three = vk.decode_batch_sampled([SeqStep(s, firsts[s], 7, params, 7 + s) for s in range(3)])
+    assert [vk.prefill_sampled(s, p, 0, params, 7 + s) for s, p in enumerate(prompts)] == firsts
+    four = vk.decode_batch_sampled([SeqStep(s, firsts[s], 7, params, 7 + s) for s in range(4)])
+    if same_arithmetic(vk):
+        assert four[:3] == three
+    recorded = [key for key in vk._batch_lists if key[0] == 4]
+    assert recorded == [(4, "sample", (0, 4, 0), False)]
+
+
 def test_a_slot_is_untouched_by_its_neighbours(tiny):
     """A decode step of slot 2 gives bit-identical logits whether or not other slots were filled
     and advanced (batched and alone) in between."""

@@ -26,6 +26,10 @@ def test_lookup_prefers_the_shape_then_the_forward_then_few():
     assert t.gemm_kernel_for(512, key) == "coopmat_p"
     assert t.gemm_kernel_for(512, "Q8_0 1x1") == "coopmat_l"  # not timed: the forward's tile
     assert t.gemm_kernel_for(FEW_TOKENS, key) == "coopmat_s"  # a few tokens: the few-token tile
+    t.gemm_kernels_few[key] = "cm8f2"
+    assert t.gemm_kernel_for(FEW_TOKENS, key) == "cm8f2"  # ... the shape's own where one was timed
+    assert t.gemm_kernel_for(FEW_TOKENS, "Q8_0 1x1") == "coopmat_s"
+    assert t.gemm_kernel_for(FEW_TOKENS + 1, key) == "coopmat_p"
     assert gemm_tuning.most_chosen(t) == "coopmat_p"
     assert gemm_tuning.most_chosen(Tuning()) is None
 
@@ -108,3 +112,50 @@ def test_int8_tiles_compete_only_where_int8_activations_are_on(tiny_weights, vk_
                 assert "tiled" in timed and set(timed) & set(ops_gemm.INT8_KERNELS)
         else:
             assert not st.get("gemm_kernels") and "int8 activations are off (VulkanOptions.int_dot" in note
+
+
+def test_every_int8_tile_fits_its_shared_memory_budget():
+    for kn in ops_gemm.CM8_KERNELS:
+        for geglu in (False, True):
+            assert ops_gemm.int8_shared_bytes(kn, geglu) <= 48 << 10, (kn, geglu)
+
+
+def test_int8_matrix_core_tiles_are_opt_in(vk_device, monkeypatch):
+    """Off unless PHOENIX_VULKAN_CM8=1, and saying why (they lost end to end on the H100)."""
+    monkeypatch.delenv("PHOENIX_VULKAN_CM8", raising=False)
+    why = ops_gemm.int8_refusal(vk_device, "Q4_0", 256, "cm8f2", False)
+    if vk_device.caps.int_dot and vk_device.caps.coopmat_int8_k and ops_gemm.coopmat_ok(vk_device):
+        assert why == ops_gemm.CM8_OPT_IN
+        monkeypatch.setenv("PHOENIX_VULKAN_CM8", "1")
+        assert ops_gemm.int8_refusal(vk_device, "Q4_0", 256, "cm8f2", False) is None
+    else:  # a device without them says its own reason first
+        assert why is not None and why != ops_gemm.CM8_OPT_IN
+
+
+def test_few_token_tiles_per_shape_include_the_int8_matrix_core_tiles(tiny_weights, vk_device, monkeypatch):
+    """Every weight shape also gets its own tile for FEW_TOKENS tokens (a batched decode step's
+    GEMMs), timed on its own matrices; where the device has s8 cooperative matrices and int8
+    activations are on, the int8 matrix-core tiles are among the candidates; with int8
+    activations off, the f16 tiles alone."""
+    if not ops_gemm.coopmat_ok(vk_device) or not vk_device.caps.coopmat_int8_k:
+        pytest.skip(f"{vk_device.name}: {vk_device.caps.refused.get('cooperative_matrix_int8')}")
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
+
+    monkeypatch.setenv("PHOENIX_VULKAN_CM8", "1")
+    for int_dot in (True, False):
+        be = VulkanBackend(tiny_weights, 64, device=vk_device, options=VulkanOptions(int_dot=int_dot))
+        try:
+            stats = be.stats()
+            shapes = gemm_tuning.model_shapes(be.graph)
+            assert set(stats["gemm_kernels_few"]) == set(shapes)
+            for key, timed in stats["gemm_shape_timing_few"].items():
+                assert stats["gemm_kernels_few"][key] == min(timed, key=timed.__getitem__)
+                if int_dot:
+                    assert set(timed) & set(ops_gemm.CM8_KERNELS), key
+                else:
+                    assert set(timed) <= set(ops_gemm.COOPMAT_KERNELS), key
+            key = next(iter(shapes))
+            assert be.tuning.gemm_kernel_for(FEW_TOKENS, key) == stats["gemm_kernels_few"][key]
+        finally:
+            be.close()

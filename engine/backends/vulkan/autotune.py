@@ -97,6 +97,10 @@ class Tuning:
     # step) or None: gemm_kernel's
     gemm_kernel_few: str | None = None
     gemm_few_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of a FEW_TOKENS forward
+    # the same per weight shape, timed on the shape's own matrices for FEW_TOKENS tokens
+    # (gemm_tuning.choose_gemm_kernels(few=True)): key -> kernel, key -> kernel -> µs
+    gemm_kernels_few: dict[str, str] = field(default_factory=dict)
+    gemm_shape_timing_few: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # full prefill chunks per weight shape (gemm_tuning.shape_key -> kernel; gemm_tuning.py)
     gemm_kernels: dict[str, str] = field(default_factory=dict)
@@ -106,6 +110,8 @@ class Tuning:
     def gemm_kernel_for(self, tokens: int, shape: str | None = None) -> str | None:
         """The GEMM kernel a forward of `tokens` tokens runs for a weight of `shape`
         (gemm_tuning.shape_key): the shape's own tile where one was timed, else the forward's."""
+        if tokens <= FEW_TOKENS and shape is not None and shape in self.gemm_kernels_few:
+            return self.gemm_kernels_few[shape]
         if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
             return self.gemm_kernel_few
         if shape is not None and shape in self.gemm_kernels:
@@ -150,6 +156,9 @@ class Tuning:
         out["gemm_kernel_few"] = self.gemm_kernel_few
         if self.gemm_few_timing:
             out["gemm_few_timing"] = self.gemm_few_timing
+        if self.gemm_kernels_few:
+            out["gemm_kernels_few"] = self.gemm_kernels_few
+            out["gemm_shape_timing_few"] = self.gemm_shape_timing_few
         out["few_token_matvec"] = sorted(self.few_token_matvec)
         out["few_token_int8"] = sorted(self.few_token_int8)
         if self.cols_specs:  # "r<rows per subgroup>t<column tile>"

@@ -156,6 +156,7 @@ class VulkanBackend(Backend):
             # common per-shape choice, or, where no shape was timed, a whole forward's timing
             self.tuning.gemm_kernel = gemm_tuning.most_chosen(self.tuning) or autotune.choose_gemm_tile(self, chunk)
             few = min(autotune.FEW_TOKENS, context_length - 1)
+            gemm_tuning.choose_gemm_kernels(self.graph, few, few=True)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
         if not caps.is_software and options.autotune is not False:
             autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
@@ -489,9 +490,14 @@ class VulkanBackend(Backend):
             return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
         kinds = [ops_sample.sampler_for(st.params) for st in steps]
         order = sorted(range(len(steps)), key=lambda i: SAMPLER_ORDER.index(kinds[i]))
-        B = len(self._write_rows(steps, order, "sample"))
-        pad = B - len(steps)
-        mix = (kinds.count("argmax") + pad, kinds.count("topk"), kinds.count("full"))
+        # the bucket's pad rows join the most common sampler's rows, so that a bucket's recording
+        # depends on the mix of samplers, not on how many rows are active: 17..32 rows that all
+        # sample top-k replay one recording, not 16 (each recorded on first use, ~0.1-0.3 s on an
+        # H100, and evicting the others' past MAX_BATCH_RECORDINGS)
+        pad_kind = max(SAMPLER_ORDER, key=lambda k: (kinds.count(k), -SAMPLER_ORDER.index(k)))
+        B = len(self._write_rows(steps, order, "sample", pad_kind))
+        counts = [kinds.count(k) + (B - len(steps) if k == pad_kind else 0) for k in SAMPLER_ORDER]
+        mix = (counts[0], counts[1], counts[2])
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
         cl = self._batch_recording(B, "sample", mix, penalty)
         self._run_batch(cl, steps)
@@ -514,16 +520,31 @@ class VulkanBackend(Backend):
             if not 0 <= st.pos < self.context_length - room:
                 raise ValueError(f"slot {st.slot}: position {st.pos} is past the context of {self.context_length}")
 
-    def _write_rows(self, steps: Sequence[SeqStep], order: list[int], mode: BatchMode) -> list[int | None]:
-        """Each row's Step (rows in `order`; argmax rows first, then the bucket's pad rows, then
-        the rest, as batch.record_batch expects) and each sequence's token; returns the rows:
-        the index in `steps` each holds (None: a pad row), as many as the bucket."""
+    def _write_rows(
+        self,
+        steps: Sequence[SeqStep],
+        order: list[int],
+        mode: BatchMode,
+        pad_kind: ops_sample.SamplerKind = "argmax",
+    ) -> list[int | None]:
+        """Each row's Step (rows in `order`, grouped by sampler in SAMPLER_ORDER as
+        batch.record_batch expects, the bucket's pad rows at the end of `pad_kind`'s group with
+        that sampler's settings: their draws land in a scratch row of `tokens`) and each
+        sequence's token; returns the rows: the index in `steps` each holds (None: a pad row),
+        as many as the bucket."""
         rows = self.buffers.rows
         assert rows is not None
         B = bucket_for(len(steps), self.plan.batch_rows)
-        n_argmax = sum(ops_sample.sampler_for(steps[i].params) == "argmax" for i in order) if mode == "sample" else 0
-        layout: list[int | None] = [*order[:n_argmax], *([None] * (B - len(steps))), *order[n_argmax:]]
-        pad = pack_step(n_tokens=0, tok_base=self.n_slots * self.buffers.tok_stride)
+        scratch = self.n_slots * self.buffers.tok_stride
+        pad = pack_step(n_tokens=0, tok_base=scratch)
+        cut = 0  # where the pad rows go: after the rows whose sampler comes before pad_kind's too
+        if mode == "sample":
+            rank = SAMPLER_ORDER.index(pad_kind)
+            cut = sum(SAMPLER_ORDER.index(ops_sample.sampler_for(steps[i].params)) <= rank for i in order)
+            like = next((steps[i] for i in order if ops_sample.sampler_for(steps[i].params) == pad_kind), None)
+            if like is not None:
+                pad = pack_step(n_tokens=0, tok_base=scratch, **_sampling_fields(like.params, like.seed))
+        layout: list[int | None] = [*order[:cut], *([None] * (B - len(steps))), *order[cut:]]
         mapped = rows.steps.mapped
         assert mapped is not None
         for r, i in enumerate(layout):

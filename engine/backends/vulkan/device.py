@@ -136,6 +136,10 @@ class Capabilities:
     # why each feature the kernels could use is off here, by the doctor's feature names
     # (cooperative_matrix_f16, int_dot, int_dot_accelerated, fp16, ..., subgroup_size_control)
     refused: dict[str, str] = field(default_factory=dict)
+    # K of the 16 x 16 x K s8 x s8 -> s32 subgroup cooperative matrix gemm_coopmat_int8.comp uses
+    # (32, else 16); 0 where there is none (or no f16 one: the device is created with matrix cores
+    # only where cooperative_matrix is on)
+    coopmat_int8_k: int = 0
 
     @property
     def is_software(self) -> bool:
@@ -167,6 +171,8 @@ class Capabilities:
             flags.append("int8-dot" + ("" if self.int_dot_accelerated else " (emulated)"))
         if self.cooperative_matrix:
             flags.append("coopmat")
+        if self.coopmat_int8_k:
+            flags.append(f"coopmat int8 16x16x{self.coopmat_int8_k}")
         return f"[{self.index}] {self.display_name} ({self.device_type}; {', '.join(flags)})"
 
     @property
@@ -305,6 +311,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         int_dot=int_dot,
         int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
         cooperative_matrix="cooperative_matrix_f16" not in refused,
+        coopmat_int8_k=0 if "cooperative_matrix_int8" in refused else _coopmat_int8_k(vk, pd),
         shared_memory=int(lim.maxComputeSharedMemorySize),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_push_constants=int(lim.maxPushConstantsSize),
@@ -376,6 +383,12 @@ def _refusals(
         out["cooperative_matrix_f16"] = f"Vulkan API {api_s} (the coopmat shader needs 1.3)"
     elif not _coopmat_f16_16x16(vk, pd):
         out["cooperative_matrix_f16"] = "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)"
+    if "cooperative_matrix_f16" in out:
+        out["cooperative_matrix_int8"] = out["cooperative_matrix_f16"]
+    elif not f12.shaderInt8:
+        out["cooperative_matrix_int8"] = "no shaderInt8"
+    elif not _coopmat_int8_k(vk, pd):
+        out["cooperative_matrix_int8"] = "no s8 16x16x32 or 16x16x16 configuration (s8 x s8 -> s32, subgroup scope)"
     if not int_dot:
         if api < v13 and "VK_KHR_shader_integer_dot_product" not in exts:
             out["int_dot"] = "no VK_KHR_shader_integer_dot_product"
@@ -429,6 +442,29 @@ def _coopmat_f16_16x16(vk: Any, pd: Any) -> bool:
         and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
         for p in props
     )
+
+
+def _coopmat_int8_k(vk: Any, pd: Any) -> int:
+    """K of the int8 shape gemm_coopmat_int8.comp can use — 16 x 16 x K, s8 A/B, s32 C and result,
+    subgroup scope — 32 where offered (one product per q8_1 block), else 16; 0: neither."""
+    try:
+        get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        props = get(pd)
+    except Exception:  # the loader or driver lacks the entry point: treat as absent
+        return 0
+    s8, s32 = vk.VK_COMPONENT_TYPE_SINT8_KHR, vk.VK_COMPONENT_TYPE_SINT32_KHR
+    ks = {
+        int(p.KSize)
+        for p in props
+        if p.MSize == 16
+        and p.NSize == 16
+        and p.AType == s8
+        and p.BType == s8
+        and p.CType == s32
+        and p.ResultType == s32
+        and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
+    }
+    return 32 if 32 in ks else 16 if 16 in ks else 0
 
 
 def _cstr(vk: Any, v: Any) -> str:

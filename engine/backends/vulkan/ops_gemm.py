@@ -9,9 +9,11 @@ of 64 x 64, "coopmat_m" 32 x 128, "coopmat_s" 32 x 64; the backend picks one for
 prefill chunks and one for a few tokens by timing at load, autotune.choose_gemm_tile);
 shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shared memory or
 barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
-tiles); and shaders/gemm_int8.comp on the packed int8 dot (INT8_KERNELS: x as q8_1 blocks the
-caller quantizes, weights unpacked to int8 — for GPUs with the int8 dot, matrix cores or not;
-gemm_tuning times its tiles per weight shape beside the others).
+tiles); and two kernels that read x as q8_1 blocks the caller quantizes, weights unpacked to int8
+(INT8_KERNELS): shaders/gemm_int8.comp on the packed int8 dot (GPUs with the int8 dot, matrix
+cores or not) and shaders/gemm_coopmat_int8.comp on int8 cooperative matrices (CM8_KERNELS: GPUs
+offering s8 x s8 -> s32 16 x 16 x 32 or x 16 products); gemm_tuning times their tiles per weight
+shape beside the others.
 `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
@@ -23,7 +25,15 @@ from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
-from phoenix_chat.engine.backends.vulkan.ops_table import CM_GEGLU_HALF_N, GEMM_TYPES, I8_TILES, INT8_GEMM_TYPES
+from phoenix_chat.engine.backends.vulkan.ops_table import (
+    CM8_TILES,
+    CM8_TYPES,
+    CM8F_TILES,
+    CM_GEGLU_HALF_N,
+    GEMM_TYPES,
+    I8_TILES,
+    INT8_GEMM_TYPES,
+)
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -68,14 +78,29 @@ def cm_shared_bytes(kernel_name: str, geglu: bool) -> int:
 # minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
 # shader cache keeps it).
 LANES_RN, LANES_TM = 16, 16
-INT8_KERNELS = tuple(I8_TILES)
+CM8_KERNELS = (*CM8_TILES, *CM8F_TILES)  # gemm_coopmat_int8.comp, gemm_coopmat_int8_few.comp
+# what gemm_coopmat_int8.comp is compiled for: (subgroup size, K of its 16 x 16 x K int8 product) —
+# NVIDIA's; RDNA3 (wave64 by default, 16 x 16 x 16 int8) would take variants of its own
+CM8_SHAPE = (32, 32)
+# why they are off unless asked for: measured on an H100 (docs/PERFORMANCE.md) they lose end to end
+CM8_OPT_IN = (
+    "off unless PHOENIX_VULKAN_CM8=1: on the H100 they ran prefill products at 0.6-0.8x the f16 "
+    "matrix-core tiles, and a 4B batched step of 32 rows through them took 16.6 ms against 14.7 "
+    "through the int8 multi-column matvec"
+)
+INT8_KERNELS = (*I8_TILES, *CM8_KERNELS)  # the kernels that read x as q8_1 blocks (gemm's xq)
 INT8_TYPES = INT8_GEMM_TYPES
 KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS)
 COOPMAT_KERNELS = tuple(CM_TILES)
 
 
 def int8_tile(kernel_name: str, geglu: bool) -> tuple[int, int, int]:
-    """(tokens, weight rows, K step in values) of a gemm_int8.comp tile (ops_table.I8_TILES)."""
+    """(tokens, weight rows, K step in values) of an int8 tile (ops_table.I8_TILES, CM8_TILES)."""
+    if kernel_name in CM8F_TILES:
+        return 16 * CM8F_TILES[kernel_name][0], 16, 64
+    if kernel_name in CM8_TILES:
+        gm, gn, tm, tn, kc, _pf2 = CM8_TILES[kernel_name]
+        return 16 * gm * tm, 16 * gn * (max(1, tn // 2) if geglu else tn), 32 * kc
     rt, tt, kc = I8_TILES[kernel_name]
     if geglu and rt > 4:
         rt //= 2
@@ -83,21 +108,52 @@ def int8_tile(kernel_name: str, geglu: bool) -> tuple[int, int, int]:
 
 
 def int8_shared_bytes(kernel_name: str, geglu: bool) -> int:
-    """Shared memory of an int8 tile: two buffers of 48-byte records, one per row and per token chunk."""
+    """Shared memory of an int8 tile: two buffers of 48-byte records, one per row and per token
+    chunk (the matrix-core tiles: + 8 bytes of scales each, + the 1 KiB layout probe)."""
     tm, tn, kstep = int8_tile(kernel_name, geglu)
-    return 2 * ((2 if geglu else 1) * tn + tm) * (kstep // 32) * 48
+    records = ((2 if geglu else 1) * tn + tm) * (kstep // 32)
+    if kernel_name in CM8F_TILES:  # per subgroup: its records and its partial sums
+        split = CM8F_TILES[kernel_name][1]
+        return split * (records * (48 + 8) + (2 if geglu else 1) * tm * 8 * 32 * 4 // 16) + 1024
+    if kernel_name in CM8_TILES:
+        return 2 * records * (48 + 8) + 1024
+    return 2 * records * 48
+
+
+def cm8_subgroups(kernel_name: str) -> int:
+    if kernel_name in CM8F_TILES:
+        return CM8F_TILES[kernel_name][1]
+    gm, gn, _tm, _tn, _kc, _pf2 = CM8_TILES[kernel_name]
+    return gm * gn
 
 
 def int8_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -> str | None:
-    """Why gemm_int8.comp's tile `kernel_name` cannot run this product here (None: it can)."""
-    if not dev.caps.int_dot:
-        return dev.caps.refused.get("int_dot", "no int8 dot product")
+    """Why the int8 tile `kernel_name` cannot run this product here (None: it can)."""
+    c = dev.caps
+    if not c.int_dot:
+        return c.refused.get("int_dot", "no int8 dot product")
     if wtype.upper() not in INT8_TYPES:
         return f"{wtype} has no int8 unpacking"
+    if kernel_name in CM8_KERNELS:
+        if not c.coopmat_int8_k:
+            return c.refused.get("cooperative_matrix_int8", "no int8 cooperative matrices")
+        if os.environ.get("PHOENIX_VULKAN_CM8", "0") != "1":
+            return CM8_OPT_IN
+        if coopmat_refusal(dev) is not None:
+            return coopmat_refusal(dev)
+        if wtype.upper() not in CM8_TYPES:
+            return f"{wtype}: the int8 matrix-core tiles are built for {', '.join(CM8_TYPES)}"
+        if (c.subgroup_size, c.coopmat_int8_k) != CM8_SHAPE:
+            return (
+                f"subgroup size {c.subgroup_size} and int8 products of K {c.coopmat_int8_k}: the int8 matrix-core "
+                f"tiles are compiled for {CM8_SHAPE[0]} lanes and K {CM8_SHAPE[1]}"
+            )
+        if cm8_subgroups(kernel_name) * c.subgroup_size > c.max_workgroup_invocations:
+            return f"{cm8_subgroups(kernel_name)} subgroups of {c.subgroup_size} exceed maxComputeWorkGroupInvocations"
     _tm, _tn, kstep = int8_tile(kernel_name, geglu)
     if k % kstep:
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
-    if int8_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
+    if int8_shared_bytes(kernel_name, geglu) > c.shared_memory:
         return f"needs {int8_shared_bytes(kernel_name, geglu)} B of shared memory"
     return None
 
@@ -144,7 +200,7 @@ def int8_input(cl: CommandList, dev: Device, kernel_name: str, x: Binding, xq: B
     """For a GEMM recorded on its own (the load-time timing, the sweep): an int8 tile's input —
     x's n values quantized into `xq`, a barrier after — or None for the other kernels. (A forward
     quantizes x once for all the products that share it: Gemma3Graph.mv.)"""
-    if kernel_name not in I8_TILES:
+    if kernel_name not in INT8_KERNELS:
         return None
     record_quantize(cl, dev, x, xq, n)
     cl.barrier()
@@ -198,7 +254,7 @@ def gemm(
         sgs = CM_TILE_SUBGROUPS.get(kn, CM_SUBGROUPS)
         p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
         tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
-    elif kn in I8_TILES:
+    elif kn in INT8_KERNELS:
         why = int8_refusal(dev, wt, k, kn, w_up is not None)
         if why is not None:
             raise ValueError(f"gemm: the int8 tile {kn} cannot run this product: {why}")
@@ -206,7 +262,11 @@ def gemm(
             raise ValueError("gemm: the int8 kernels read x's q8_1 blocks: pass xq")
         if x_stride not in (None, k):
             raise ValueError("gemm: the int8 kernels read x quantized as m x k contiguous values")
-        p = dev.pipeline(name + "_" + kn)
+        if kn in CM8_KERNELS:
+            sgs = dev.caps.subgroup_size
+            p = dev.pipeline(name + "_" + kn, WG=cm8_subgroups(kn) * sgs)
+        else:
+            p = dev.pipeline(name + "_" + kn)
         tm, tn, _kstep = int8_tile(kn, w_up is not None)
     elif kn == "lanes":
         wg = max(1, min(64, dev.caps.subgroup_size))
@@ -222,7 +282,7 @@ def gemm(
     if kn in CM_TILES and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
         raise ValueError("gemm: the matrix-core kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
     ys = n if y_stride is None else y_stride
-    if kn in I8_TILES:
+    if kn in INT8_KERNELS:
         assert xq is not None
         x, xs = xq, k // 32  # q8_1 blocks, x_stride in blocks
     gate = _ranges(w, n)

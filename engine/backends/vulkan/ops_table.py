@@ -28,6 +28,22 @@ CM_GEGLU_HALF_N = ("_p", "_pm", "_w", "_wp")
 I8_TILES = {"int8": (4, 4, 2), "int8_r": (8, 4, 2), "int8_t": (4, 8, 2), "int8_1": (8, 8, 1)}
 # the types those tiles read: the block types, which the int8 matvecs' chunk decoder unpacks
 INT8_GEMM_TYPES = _BLOCK_TYPES
+# int8 matrix-core GEMM tiles (shaders/gemm_coopmat_int8.comp): name -> (CM8_GM, CM8_GN, CM8_TM,
+# CM8_TN, CM8_KC, CM8_PF2): a GM (tokens) x GN (rows) grid of subgroups, each TM x TN 16 x 16
+# fragments, KC 32-wide chunks per barrier, PF2: loads issued two steps ahead (else one); the GEGLU
+# kernels halve TN (two matrices' sums in registers). "_m" / "_s" serve a few tokens (a batched
+# decode step's 8-32 rows)
+CM8_TILES = {
+    "cm8_8": (2, 4, 2, 2, 1, False),  # 64 tokens x 128 rows, 8 subgroups
+    "cm8_k2": (2, 4, 2, 2, 2, True),  # the same, two chunks per barrier, loads two steps ahead
+}
+# the int8 matrix-core GEMM of a few tokens (shaders/gemm_coopmat_int8_few.comp): name -> (CFW_TM,
+# CFW_SPLIT): 16 rows x 16 TM tokens per workgroup, K split between SPLIT subgroups
+CM8F_TILES = {"cm8f1": (1, 4), "cm8f2": (2, 4)}
+# the types they are built for: most of a Q4_0 / Q4_K_M / Q8_0 file (the kernel folds one scale and
+# min per 32-weight chunk, so Q2_K, Q3_K and Q6_K, which scale each half, cannot take them; the other
+# one-scale types could, but the tiles are opt-in and each type is ~0.5 MB of SPIR-V)
+CM8_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K")
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -244,6 +260,45 @@ def _variants() -> list[Variant]:
                             GEMM_PUSH,
                             {**base, **epi_defs, "I8_RT": str(grt), "I8_TT": str(tt), "I8_KC": str(kc)},
                             requires=("int_dot",),
+                        )
+                    )
+        # the same on int8 matrix cores (shaders/gemm_coopmat_int8.comp), x as q8_1 blocks; compiled
+        # for 32-lane subgroups and 16 x 16 x 32 products (ops_gemm.CM8_SHAPE)
+        if wt in CM8_TYPES:
+            for tile, (gm, gn, tm, tn, kc, pf2) in CM8_TILES.items():
+                for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                    gtn = max(1, tn // 2) if epi else tn
+                    cm8_defs: dict[str, str | None] = {
+                        "CM8_GM": str(gm),
+                        "CM8_GN": str(gn),
+                        "CM8_TM": str(tm),
+                        "CM8_TN": str(gtn),
+                        "CM8_KC": str(kc),
+                    }
+                    if pf2:
+                        cm8_defs["CM8_PF2"] = None
+                    v.append(
+                        Variant(
+                            f"gemm_{wt.lower()}_f32_f32{epi}_{tile}",
+                            "gemm_coopmat_int8.comp",
+                            nb,
+                            GEMM_PUSH,
+                            {**base, **epi_defs, **cm8_defs},
+                            {"WG": (0, 128)},
+                            requires=("cooperative_matrix", "coopmat_int8_k"),
+                        )
+                    )
+            for tile, (tm, split) in CM8F_TILES.items():
+                for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                    v.append(
+                        Variant(
+                            f"gemm_{wt.lower()}_f32_f32{epi}_{tile}",
+                            "gemm_coopmat_int8_few.comp",
+                            nb,
+                            GEMM_PUSH,
+                            {**base, **epi_defs, "CFW_TM": str(tm), "CFW_SPLIT": str(split)},
+                            {"WG": (0, 128)},
+                            requires=("cooperative_matrix", "coopmat_int8_k"),
                         )
                     )
         # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory
