@@ -11,9 +11,10 @@ one of the model's own matrices for a full prefill chunk, and the graph looks it
 dot, timed with the quantize of x they need: on the H100 they lose to the matrix cores (0.5-0.64x),
 and win over the f32 tiled GEMM a GPU without matrix cores ran before (2.5-3.5x).
 The same per shape for FEW_TOKENS tokens (a batched decode step's GEMMs, a short turn), where
-the int8 matrix-core tiles made for a few tokens (gemm_coopmat_int8_few.comp) compete: on the
-H100 they ran the 27B shapes' products of 8-32 tokens 1.2-2.2x faster than the f16 tiles, but an
-LM head of 262,144 rows slower — one tile for every shape could not pick them.
+the 32-token tiles and, when asked for (PHOENIX_VULKAN_CM8=1), the int8 matrix-core tiles made for
+a few tokens (gemm_coopmat_int8_few.comp) compete: on the H100 those ran the 27B shapes' products
+of 8-32 tokens 1.3-3.6x faster than the f16 tiles, but an LM head of 262,144 rows slower — one
+tile for every shape could not have picked them.
 A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).
@@ -63,20 +64,15 @@ def int8_candidates(dev: Device, int_dot: bool = True) -> bool:
     return int_dot and dev.caps.int_dot and not dev.caps.is_software
 
 
-def candidates_for(
-    dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True, few: bool = False
-) -> list[str]:
+def candidates_for(dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True) -> list[str]:
     """The kernels timed on one shape: every matrix-core tile that fits (on devices with matrix
     cores), every int8 tile that can run it (where `int8_candidates`), and the f32 tiled GEMM where
-    there are no matrix cores — the int8 tiles must beat what would run without them. `few`: for
-    FEW_TOKENS tokens, the tiles made for a few tokens (the 32-token f16 tiles, the int8
-    matrix-core ones) against the prefill's."""
+    there are no matrix cores — the int8 tiles must beat what would run without them."""
     out: list[str] = []
     if ops_gemm.coopmat_ok(dev):
         out += [kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory]
     if int8_candidates(dev, int_dot):
-        int8 = ops_gemm.CM8_KERNELS if few else ops_gemm.INT8_KERNELS
-        out += [kn for kn in int8 if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
+        out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
         if not ops_gemm.coopmat_ok(dev):
             out.append("tiled")
     return out
@@ -87,7 +83,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
     tokens (the int8 ones with the quantize dispatch of x they need); fill
     graph.tuning.gemm_kernels (key -> kernel) and gemm_shape_timing (key -> kernel -> µs) — with
     `few` (tokens = FEW_TOKENS: a batched decode step, a short turn), gemm_kernels_few and
-    gemm_shape_timing_few, over candidates_for(few=True). Returns why nothing was timed (no
+    gemm_shape_timing_few, over the same candidates. Returns why nothing was timed (no
     matrix cores and no int8 dot, no memory for the scratch), else None."""
     dev = graph.dev
     if not ops_gemm.coopmat_ok(dev) and not int8_candidates(dev, graph.int_dot):
@@ -137,7 +133,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
 
                 return record
 
-            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot, few=few)
+            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot)
             us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
             timing = tuning.gemm_shape_timing_few if few else tuning.gemm_shape_timing
             timing[key] = {kn: round(t, 1) for kn, t in us.items()}

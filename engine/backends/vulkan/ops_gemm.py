@@ -11,9 +11,10 @@ shaders/gemm_lanes.comp on CPU Vulkan devices (lavapipe: register tiles, no shar
 barriers, which a CPU pays for lane by lane); else shaders/gemm.comp (f32 shared-memory
 tiles); and two kernels that read x as q8_1 blocks the caller quantizes, weights unpacked to int8
 (INT8_KERNELS): shaders/gemm_int8.comp on the packed int8 dot (GPUs with the int8 dot, matrix
-cores or not) and shaders/gemm_coopmat_int8.comp on int8 cooperative matrices (CM8_KERNELS: GPUs
-offering s8 x s8 -> s32 16 x 16 x 32 or x 16 products); gemm_tuning times their tiles per weight
-shape beside the others.
+cores or not) and, on request (PHOENIX_VULKAN_CM8=1: they lost end to end on the H100), int8
+cooperative matrices (CM8_KERNELS: shaders/gemm_coopmat_int8.comp's prefill tiles and
+gemm_coopmat_int8_few.comp's few-token ones, for GPUs with 32-lane subgroups and s8 x s8 -> s32
+16 x 16 x 32 products); gemm_tuning times their tiles per weight shape beside the others.
 `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
