@@ -202,10 +202,22 @@ def test_the_probe_names_the_first_missing_piece(monkeypatch):
         idp=NS(integerDotProduct4x8BitPackedSignedAccelerated=1),
         int_dot=True,
     )
+    no_f16 = "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)"
     assert device._refusals(**args) == {
-        "cooperative_matrix_f16": "no f16 16x16x16 configuration (f16 x f16 -> f32, subgroup scope)",
+        "cooperative_matrix_f16": no_f16,
+        "cooperative_matrix_int8": no_f16,  # the int8 tiles need the device made with matrix cores
         "subgroup_size_control": "requiredSubgroupSizeStages does not include compute",
     }
+    # f16 matrices but no s8 shape, then no shaderInt8 at all: each says so
+    monkeypatch.setattr(device, "_coopmat_f16_16x16", lambda vk, pd: True)
+    monkeypatch.setattr(device, "_coopmat_int8_k", lambda vk, pd: 0)
+    got = device._refusals(**{**args, "f12": NS(**on, shaderInt8=1)})
+    assert "cooperative_matrix_f16" not in got
+    assert got["cooperative_matrix_int8"] == "no s8 16x16x32 or 16x16x16 configuration (s8 x s8 -> s32, subgroup scope)"
+    assert device._refusals(**{**args, "f12": NS(**on, shaderInt8=0)})["cooperative_matrix_int8"] == "no shaderInt8"
+    monkeypatch.setattr(device, "_coopmat_int8_k", lambda vk, pd: 32)
+    assert "cooperative_matrix_int8" not in device._refusals(**{**args, "f12": NS(**on, shaderInt8=1)})
+    monkeypatch.setattr(device, "_coopmat_f16_16x16", lambda vk, pd: False)
     older = {**args, "api": vk.VK_MAKE_VERSION(1, 2, 0), "exts": frozenset(), "f13": None, "ssc": None}
     got = device._refusals(**{**older, "int_dot": False})
     assert got["cooperative_matrix_f16"] == "no VK_KHR_cooperative_matrix"
