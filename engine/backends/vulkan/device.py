@@ -422,14 +422,19 @@ def _required_sizes(sg_range: tuple[int, int]) -> tuple[int, ...]:
     return tuple(1 << k for k in range(7) if lo <= 1 << k <= hi)
 
 
+def _coopmat_props(vk: Any, pd: Any) -> list[Any]:
+    """The device's VkCooperativeMatrixPropertiesKHR list ([] where the loader or driver lacks
+    the entry point)."""
+    try:
+        get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        return list(get(pd))
+    except Exception:  # the loader or driver lacks the entry point: treat as absent
+        return []
+
+
 def _coopmat_f16_16x16(vk: Any, pd: Any) -> bool:
     """Does the device offer the one shape gemm_coopmat.comp uses: 16x16x16, f16 A/B, f32 C,
     subgroup scope?"""
-    try:
-        get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-        props = get(pd)
-    except Exception:  # the loader or driver lacks the entry point: treat as absent
-        return False
     f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
     return any(
         p.MSize == 16
@@ -440,22 +445,17 @@ def _coopmat_f16_16x16(vk: Any, pd: Any) -> bool:
         and p.CType == f32
         and p.ResultType == f32
         and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
-        for p in props
+        for p in _coopmat_props(vk, pd)
     )
 
 
 def _coopmat_int8_k(vk: Any, pd: Any) -> int:
     """K of the int8 shape gemm_coopmat_int8.comp can use — 16 x 16 x K, s8 A/B, s32 C and result,
     subgroup scope — 32 where offered (one product per q8_1 block), else 16; 0: neither."""
-    try:
-        get = vk.vkGetInstanceProcAddr(_instance(vk), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-        props = get(pd)
-    except Exception:  # the loader or driver lacks the entry point: treat as absent
-        return 0
     s8, s32 = vk.VK_COMPONENT_TYPE_SINT8_KHR, vk.VK_COMPONENT_TYPE_SINT32_KHR
     ks = {
         int(p.KSize)
-        for p in props
+        for p in _coopmat_props(vk, pd)
         if p.MSize == 16
         and p.NSize == 16
         and p.AType == s8

@@ -31,8 +31,7 @@ INT8_GEMM_TYPES = _BLOCK_TYPES
 # int8 matrix-core GEMM tiles (shaders/gemm_coopmat_int8.comp): name -> (CM8_GM, CM8_GN, CM8_TM,
 # CM8_TN, CM8_KC, CM8_PF2): a GM (tokens) x GN (rows) grid of subgroups, each TM x TN 16 x 16
 # fragments, KC 32-wide chunks per barrier, PF2: loads issued two steps ahead (else one); the GEGLU
-# kernels halve TN (two matrices' sums in registers). "_m" / "_s" serve a few tokens (a batched
-# decode step's 8-32 rows)
+# kernels halve TN (two matrices' sums in registers). A few tokens take CM8F_TILES instead
 CM8_TILES = {
     "cm8_8": (2, 4, 2, 2, 1, False),  # 64 tokens x 128 rows, 8 subgroups
     "cm8_k2": (2, 4, 2, 2, 2, True),  # the same, two chunks per barrier, loads two steps ahead
