@@ -39,7 +39,7 @@ def weights(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
 def kernels_of(dev: Device, wanted: str | None) -> list[str]:
     if wanted:
         return wanted.split(",")
-    out = list(ops_gemm.COOPMAT_KERNELS) if ops_gemm.coopmat_ok(dev) else [ops_gemm.kernel(dev)]
+    out = [*ops_gemm.COOPMAT_KERNELS, *ops_gemm.CF_KERNELS] if ops_gemm.coopmat_ok(dev) else [ops_gemm.kernel(dev)]
     if dev.caps.int_dot and not dev.caps.is_software:
         out += list(ops_gemm.INT8_KERNELS)
     return out

@@ -64,13 +64,18 @@ def int8_candidates(dev: Device, int_dot: bool = True) -> bool:
     return int_dot and dev.caps.int_dot and not dev.caps.is_software
 
 
-def candidates_for(dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True) -> list[str]:
+def candidates_for(
+    dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True, few: bool = False
+) -> list[str]:
     """The kernels timed on one shape: every matrix-core tile that fits (on devices with matrix
-    cores), every int8 tile that can run it (where `int8_candidates`), and the f32 tiled GEMM where
-    there are no matrix cores — the int8 tiles must beat what would run without them."""
+    cores; for a few tokens also the few-token tiles, gemm_coopmat_few.comp), every int8 tile that
+    can run it (where `int8_candidates`), and the f32 tiled GEMM where there are no matrix cores —
+    the int8 tiles must beat what would run without them."""
     out: list[str] = []
     if ops_gemm.coopmat_ok(dev):
         out += [kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory]
+        if few:
+            out += [kn for kn in ops_gemm.CF_KERNELS if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) is None]
     if int8_candidates(dev, int_dot):
         out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
         if not ops_gemm.coopmat_ok(dev):
@@ -133,7 +138,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
 
                 return record
 
-            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot)
+            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot, few)
             us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
             timing = tuning.gemm_shape_timing_few if few else tuning.gemm_shape_timing
             timing[key] = {kn: round(t, 1) for kn, t in us.items()}

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import (
+    CF_TILES,
+    CF_TYPES,
     CM8_TILES,
     CM8_TYPES,
     CM8F_TILES,
@@ -91,8 +93,47 @@ CM8_OPT_IN = (
 )
 INT8_KERNELS = (*I8_TILES, *CM8_KERNELS)  # the kernels that read x as q8_1 blocks (gemm's xq)
 INT8_TYPES = INT8_GEMM_TYPES
-KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS)
+KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS, *CF_TILES)
 COOPMAT_KERNELS = tuple(CM_TILES)
+CF_KERNELS = tuple(CF_TILES)  # gemm_coopmat_few.comp
+CF_SUBGROUP = 32  # gemm_coopmat_few.comp: a subgroup's 16 rows x 2 chunks are its lanes' records
+CF_KSTEP = 64
+
+
+def cf_tile(kernel_name: str) -> tuple[int, int]:
+    """(tokens, weight rows) per workgroup of a few-token tile (ops_table.CF_TILES)."""
+    ft, nsg, _raw = CF_TILES[kernel_name]
+    return 16 * ft, 16 * nsg
+
+
+def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
+    """Shared memory of a few-token tile: two slabs of x and each subgroup's weight rows (f16, 72
+    halves a row), a 16 x 16 f32 output tile per subgroup, and the raw copy of each subgroup's
+    blocks (Q4_0 / Q8_0: at most 68 bytes a row)."""
+    ft, nsg, _raw = CF_TILES[kernel_name]
+    nw = 2 if geglu else 1
+    return (2 * 16 * ft + nsg * nw * 16) * 144 + nsg * 1024 + nsg * nw * 16 * 68
+
+
+def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -> str | None:
+    """Why the few-token tile `kernel_name` (gemm_coopmat_few.comp) cannot run this product here
+    (PHOENIX_VULKAN_CF=0 turns them off, for comparisons)."""
+    if os.environ.get("PHOENIX_VULKAN_CF", "1") == "0":
+        return "disabled by PHOENIX_VULKAN_CF=0"
+    why = coopmat_refusal(dev)
+    if why is not None:
+        return why
+    if wtype.upper() not in CF_TYPES:
+        return f"{wtype}: the few-token matrix-core tiles are built for {', '.join(CF_TYPES)}"
+    if CF_TILES[kernel_name][2] and wtype.upper() not in ("Q4_0", "Q8_0"):
+        return f"{wtype}: tile {kernel_name} loads Q4_0 / Q8_0 blocks as whole words"
+    if dev.caps.subgroup_size != CF_SUBGROUP:
+        return f"subgroup size {dev.caps.subgroup_size}: the few-token tiles are compiled for {CF_SUBGROUP} lanes"
+    if k % CF_KSTEP:
+        return f"k = {k} is not a multiple of the tile's K step {CF_KSTEP}"
+    if cf_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
+        return f"needs {cf_shared_bytes(kernel_name, geglu)} B of shared memory"
+    return None
 
 
 def int8_tile(kernel_name: str, geglu: bool) -> tuple[int, int, int]:
@@ -255,6 +296,12 @@ def gemm(
         sgs = CM_TILE_SUBGROUPS.get(kn, CM_SUBGROUPS)
         p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
         tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
+    elif kn in CF_TILES:
+        why = cf_refusal(dev, wt, k, kn, w_up is not None)
+        if why is not None:
+            raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
+        p = dev.pipeline(name + "_" + kn, WG=CF_TILES[kn][1] * CF_SUBGROUP)
+        tm, tn = cf_tile(kn)
     elif kn in INT8_KERNELS:
         why = int8_refusal(dev, wt, k, kn, w_up is not None)
         if why is not None:
@@ -280,7 +327,7 @@ def gemm(
     else:
         raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
     xs = k if x_stride is None else x_stride
-    if kn in CM_TILES and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
+    if (kn in CM_TILES or kn in CF_TILES) and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
         raise ValueError("gemm: the matrix-core kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
     ys = n if y_stride is None else y_stride
     if kn in INT8_KERNELS:

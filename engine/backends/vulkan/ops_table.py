@@ -43,6 +43,22 @@ CM8F_TILES = {"cm8f1": (1, 4), "cm8f2": (2, 4)}
 # min per 32-weight chunk, so Q2_K, Q3_K and Q6_K, which scale each half, cannot take them; the other
 # one-scale types could, but the tiles are opt-in and each type is ~0.5 MB of SPIR-V)
 CM8_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K")
+# the f16 matrix-core GEMM of a few tokens with weights streamed through registers
+# (shaders/gemm_coopmat_few.comp): name -> (CF_FT, CF_NSG, CF_RAW): 16 FT tokens x 16 NSG rows per
+# workgroup, RAW: Q4_0 / Q8_0 loaded as whole words
+CF_TILES = {
+    "cmf1": (1, 4, False),
+    "cmf2": (2, 4, False),
+    "cmf1h": (1, 2, False),
+    "cmf2h": (2, 2, False),
+    "cmf1r": (1, 4, True),
+    "cmf2r": (2, 4, True),
+    "cmf1hr": (1, 2, True),
+    "cmf2hr": (2, 2, True),
+}
+# the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
+# matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
+CF_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -298,6 +314,29 @@ def _variants() -> list[Variant]:
                             {**base, **epi_defs, "CFW_TM": str(tm), "CFW_SPLIT": str(split)},
                             {"WG": (0, 128)},
                             requires=("cooperative_matrix", "coopmat_int8_k"),
+                        )
+                    )
+        # a few tokens on f16 matrix cores, weights streamed through registers (gemm_coopmat_few.comp)
+        if wt in CF_TYPES:
+            for tile, (ft, nsg, raw) in CF_TILES.items():
+                if raw and wt not in ("Q4_0", "Q8_0"):
+                    continue
+                for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
+                    v.append(
+                        Variant(
+                            f"gemm_{wt.lower()}_f32_f32{epi}_{tile}",
+                            "gemm_coopmat_few.comp",
+                            nb,
+                            GEMM_PUSH,
+                            {
+                                **base,
+                                **epi_defs,
+                                "CF_FT": str(ft),
+                                "CF_NSG": str(nsg),
+                                **({"CF_RAW": None} if raw else {}),
+                            },
+                            {"WG": (0, 128)},
+                            requires=("cooperative_matrix",),
                         )
                     )
         # the same on CPU Vulkan devices (shaders/gemm_lanes.comp): register tiles, no shared memory

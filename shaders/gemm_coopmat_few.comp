@@ -1,0 +1,298 @@
+#version 450
+// A GEMM of a few tokens (a batched decode step's 8-32 rows, a short forward) on f16 matrix
+// cores: the contract of gemm_coopmat.comp (x f32 rows, W in its GGUF layout, -D WTYPE_* of
+// the block types, GEMM_GEGLU), shaped so that the weights stream instead of waiting.
+//
+// Why: with a few tokens a GEMM is one pass over the weights. The prefill tiles stage a 32-wide
+// K step of x and W through shared memory behind two workgroup barriers, so each step waits a
+// whole global-load latency for ~18 bytes a row (a 27B gate/up product of 32 tokens ran at a
+// fifth of the memory bandwidth); the int8 few-token tiles fold every 32-wide chunk's products
+// into f32 with gathered scales, which made them shared-memory bound.
+// Here a workgroup owns 16 CF_NSG weight rows (each subgroup its own 16, and the up rows beside
+// them for GEGLU) and 16 CF_FT tokens, and walks K in slabs of 64:
+//   - each lane holds the next two slabs' records of its subgroup's weights in registers (row
+//     lane % 16, chunk lane / 16, unpacked to int8 with its scale and min by the int8 matvecs'
+//     decoder), loaded while the current slab multiplies: two slabs of loads in flight. The loop
+//     runs two slabs per iteration so that each register set is refilled in place — rotating
+//     them (next = after-next) made every slab wait for the loads it had just issued, and the
+//     kernel ran at one load latency per slab;
+//   - the subgroup writes its records to its own shared region as f16 (d q + m) and reads them
+//     back as 16 x 16 fragments: only subgroup barriers, the scales applied once per weight, and
+//     the accumulators sum over all of K in f32 (no per-chunk fold);
+//   - x (f32, clamped to the f16 range as in gemm_coopmat.comp) is staged once per slab for the
+//     whole workgroup, double-buffered through registers: one workgroup barrier per slab.
+// Compiled for 32-lane subgroups (ops_gemm.CF_SUBGROUP): a subgroup's 16 rows x 2 chunks are its
+// 32 lanes' records.
+// Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
+// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), 1);
+// WG = CF_NSG x 32. K must be a multiple of 64 (ops_gemm checks).
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#include "include/common.glsl"
+#extension GL_EXT_spirv_intrinsics : require
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int fmt);
+#define INT_DOT 1   // the decoder's include also defines the int8 dot, which is never called here
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 128;
+
+#ifndef CF_FT
+#define CF_FT 2
+#endif
+#ifndef CF_NSG
+#define CF_NSG 4
+#endif
+#define BM (16u * CF_FT)      // tokens per workgroup
+#define KS 64u                // K per slab: 2 chunks of 32
+#define SX4 ((KS + 8u) / 4u)  // shared row stride in f16vec4s (144 bytes, a multiple of 16)
+#ifdef GEMM_GEGLU
+#define NW 2u
+#else
+#define NW 1u
+#endif
+#define XR ((BM * KS / 4u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x vec4s per invocation per slab
+
+PUSH_CONSTANTS
+
+layout(binding = 0) readonly buffer X { uint xq[]; };     // (the decoder include's name; unused)
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+layout(binding = 1) writeonly buffer Y { float y[]; };
+layout(binding = 2) readonly buffer W0a { uint16_t w0_16[]; };
+layout(binding = 2) readonly buffer W0c { uint w0_32[]; };
+layout(binding = 3) readonly buffer W1a { uint16_t w1_16[]; };
+layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
+
+#include "include/matvec_cols_unpack.glsl"
+
+#define W16 w0_16
+#define W32 w0_32
+#define FN(n) PASTE(n, _w0)
+#include "include/matvec_dot.glsl"
+#include "include/matvec_cols_chunk.glsl"
+#undef FN
+#undef W16
+#undef W32
+#ifdef GEMM_GEGLU
+#define W16 w1_16
+#define W32 w1_32
+#define FN(n) PASTE(n, _w1)
+#include "include/matvec_dot.glsl"
+#include "include/matvec_cols_chunk.glsl"
+#endif
+
+#if defined(CF_RAW) && !defined(WTYPE_Q4_0) && !defined(WTYPE_Q8_0)
+#undef CF_RAW
+#endif
+#ifdef CF_RAW
+// CF_RAW (Q4_0 / Q8_0): a slab's weights arrive as whole words, consecutive lanes reading consecutive words
+// of a row (its 2 blocks are 36 / 68 bytes, word-aligned since K % 64 == 0), go through a shared
+// copy of the raw blocks, and are unpacked from there. Why: one lane per (row, chunk) made every
+// 16-bit load touch 16 rows' cache lines, and the L1's line lookups (~4.5 a block), not DRAM,
+// bounded the kernel — a guess the H100 did not confirm (the int-to-float conversions did), so the
+// tiles with and without it are timed at load.
+#if defined(WTYPE_Q4_0)
+#define BLK16 9u      // 16-bit words per block
+#else
+#define BLK16 17u
+#endif
+#define RW BLK16                          // 32-bit words per row and slab (2 blocks)
+#define RPL ((16u * RW + 31u) / 32u)      // words per lane per slab and matrix
+shared uint wraw[CF_NSG * NW * 16u * RW];
+#endif
+
+shared f16vec4 xs[2u * BM * SX4];               // x, two slabs
+shared f16vec4 ws[CF_NSG * NW * 16u * SX4];     // each subgroup's weight rows of the slab
+shared float cs[CF_NSG * 256u];                 // one 16 x 16 output tile per subgroup
+
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+#ifdef CF_RAW
+// this lane's raw words of its subgroup's rows: word i = lane + 32 j is row i / RW, word i % RW
+void fetch_w(uint slab, uint row0, out uint r[NW][RPL]) {
+    const uint lane = gl_SubgroupInvocationID;
+    [[unroll]] for (uint j = 0u; j < RPL; j++) {
+        const uint i = min(lane + 32u * j, 16u * RW - 1u);
+        const uint row = min(row0 + i / RW, pc.n - 1u);
+        const uint w = row * (pc.k / 64u) * RW + slab * RW + i % RW;
+        r[0][j] = w0_32[w];
+#ifdef GEMM_GEGLU
+        r[1][j] = w1_32[w];
+#endif
+    }
+}
+
+// the 16-bit word j of the shared raw blocks, and the 32 bits from there
+uint raw16(uint j) { return (wraw[j >> 1] >> ((j & 1u) << 4)) & 0xFFFFu; }
+uint raw32(uint j) { return (j & 1u) == 0u ? wraw[j >> 1] : (wraw[j >> 1] >> 16) | (wraw[(j >> 1) + 1u] << 16); }
+
+// matrix g's raw words to the subgroup's shared copy, then this lane's chunk (row lane % 16, chunk
+// lane / 16) unpacked from it as the int8 matvecs' decoder does
+void unpack_raw(uint r[NW][RPL], uint g, out CHUNK u) {
+    const uint lane = gl_SubgroupInvocationID, base = (gl_SubgroupID * NW + g) * 16u * RW;
+    [[unroll]] for (uint j = 0u; j < RPL; j++) {
+        const uint i = lane + 32u * j;
+        if (i < 16u * RW) wraw[base + i] = r[g][j];
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    const uint b = base * 2u + ((lane % 16u) * 2u + lane / 16u) * BLK16;   // the block, in 16-bit words
+    u.d0 = unpackHalf2x16(raw16(b)).x;
+    u.d1 = u.d0;
+    u.m1 = 0.0;
+#if defined(WTYPE_Q4_0)
+    u.m0 = -8.0 * u.d0;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        const uint w = raw32(b + 1u + 2u * i);
+        u.q[i] = w & 0x0F0F0F0Fu;
+        u.q[4u + i] = (w >> 4) & 0x0F0F0F0Fu;
+    }
+#else
+    u.m0 = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) u.q[i] = raw32(b + 1u + 2u * i);
+#endif
+}
+#else
+void fetch_w(uint slab, uint row, out CHUNK r[NW]) {
+    const uint c = 2u * slab + gl_SubgroupInvocationID / 16u;
+    unpack_chunk_w0(row, c, pc.k, r[0]);
+#ifdef GEMM_GEGLU
+    unpack_chunk_w1(row, c, pc.k, r[1]);
+#endif
+}
+#endif
+
+void fetch_x(uint slab, uint m0, out vec4 xr[XR]) {
+    [[unroll]] for (uint i = 0u; i < XR; i++) {
+        const uint run = gl_LocalInvocationID.x + i * WG;   // token run / (KS / 4), vec4 run % (KS / 4)
+        const uint t = min(m0 + min(run / (KS / 4u), BM - 1u), pc.m - 1u);
+        xr[i] = x4[(t * pc.x_stride + slab * KS) / 4u + run % (KS / 4u)];
+    }
+}
+
+void put_x(vec4 xr[XR], uint buf) {
+    [[unroll]] for (uint i = 0u; i < XR; i++) {
+        const uint run = gl_LocalInvocationID.x + i * WG;
+        if (run < BM * KS / 4u)
+            xs[(buf * BM + run / (KS / 4u)) * SX4 + run % (KS / 4u)] =
+                f16vec4(clamp(xr[i].xzyw, vec4(-65504.0), vec4(65504.0)));   // put_w's order
+    }
+}
+
+// one weight record as f16 into the subgroup's region: w = d q + m per value (Q2_K: each half's
+// own min; the other types' m1 is 0 and m0 applies to all 32 values). The int8 values become f16
+// without a conversion instruction (those run at a quarter of the ALU rate and bounded the kernel):
+// 0x6400 | b is the half 1024 + b for a byte b, so (q ^ 0x80) | 0x6400 - 1152 is q exactly, two
+// values per 32-bit operation. The even bytes of a word land in slots 0 and 1 of its f16vec4, the
+// odd ones in 2 and 3 — put_x stores x's values in the same order, so the products are unchanged.
+void put_w(CHUNK u, uint region) {
+    const uint lane = gl_SubgroupInvocationID;
+    const uint o = (region + lane % 16u) * SX4 + (lane / 16u) * 8u;
+    const f16vec2 bias = f16vec2(1152.0);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        const float16_t d = float16_t(i < 4u ? u.d0 : u.d1);
+#if defined(WTYPE_Q2_K)
+        const float16_t m = float16_t(i < 4u ? u.m0 : u.m1);
+#else
+        const float16_t m = float16_t(u.m0);
+#endif
+        const uint t = u.q[i] ^ 0x80808080u;
+        const f16vec2 ev = unpackFloat2x16((t & 0x00FF00FFu) | 0x64006400u) - bias;
+        const f16vec2 od = unpackFloat2x16(((t >> 8) & 0x00FF00FFu) | 0x64006400u) - bias;
+        const f16vec2 e = fma(ev, f16vec2(d), f16vec2(m)), f = fma(od, f16vec2(d), f16vec2(m));
+        ws[o + i] = f16vec4(e.x, e.y, f.x, f.y);
+    }
+}
+
+// one slab: the subgroup's weights (this lane's record `w`) into its region as f16, then the
+// products with x's slab in shared buffer `buf`
+#ifdef CF_RAW
+void multiply(uint w[NW][RPL], uint buf, uint region, inout ACC acc[NW][CF_FT]) {
+#else
+void multiply(CHUNK w[NW], uint buf, uint region, inout ACC acc[NW][CF_FT]) {
+#endif
+    [[unroll]] for (uint g = 0u; g < NW; g++) {
+#ifdef CF_RAW
+        CHUNK u;
+        unpack_raw(w, g, u);
+        put_w(u, region + g * 16u);
+#else
+        put_w(w[g], region + g * 16u);
+#endif
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    [[unroll]] for (uint kk = 0u; kk < KS / 16u; kk++) {
+        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CF_FT];
+        [[unroll]] for (uint i = 0u; i < CF_FT; i++)
+            coopMatLoad(a[i], xs, (buf * BM + 16u * i) * SX4 + kk * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
+        [[unroll]] for (uint g = 0u; g < NW; g++) {
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+            coopMatLoad(b, ws, (region + g * 16u) * SX4 + kk * 4u, SX4, gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[i], b, acc[g][i]);
+        }
+    }
+    subgroupBarrier();   // the region is rewritten by the next slab
+}
+
+void main() {
+    const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+    const uint n0 = gl_WorkGroupID.x * (16u * CF_NSG), m0 = gl_WorkGroupID.y * BM;
+#ifdef CF_RAW
+    const uint row = n0 + sg * 16u;                                 // the subgroup's first row
+#else
+    const uint row = min(n0 + sg * 16u + lane % 16u, pc.n - 1u);   // rows past n repeat the last
+#endif
+    const uint slabs = pc.k / KS;
+    const uint region = sg * NW * 16u;
+
+    ACC acc[NW][CF_FT];
+    [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = ACC(0.0);
+
+#ifdef CF_RAW
+    uint wa[NW][RPL], wb[NW][RPL];
+#else
+    CHUNK wa[NW], wb[NW];
+#endif
+    vec4 xa[XR], xb[XR];
+    const uint last = slabs - 1u;
+    fetch_w(0u, row, wa);
+    fetch_w(min(1u, last), row, wb);
+    fetch_x(0u, m0, xa);
+    fetch_x(min(1u, last), m0, xb);
+    put_x(xa, 0u);
+    barrier();
+    fetch_x(min(2u, last), m0, xa);
+    // slab s: weights in wa, x in shared buffer 0; slab s + 1: wb, buffer 1 (x from xb)
+    for (uint s = 0u; s < slabs; s += 2u) {
+        multiply(wa, 0u, region, acc);
+        fetch_w(min(s + 2u, last), row, wa);
+        put_x(xb, 1u);
+        barrier();
+        fetch_x(min(s + 3u, last), m0, xb);
+        if (s + 1u < slabs) {
+            multiply(wb, 1u, region, acc);
+            fetch_w(min(s + 3u, last), row, wb);
+            put_x(xa, 0u);
+            barrier();
+            fetch_x(min(s + 4u, last), m0, xa);
+        }
+    }
+
+    // out through the subgroup's staging tile (bounds checks at the edges)
+    [[unroll]] for (uint i = 0u; i < CF_FT; i++) {
+        ACC r = acc[0][i];
+#ifdef GEMM_GEGLU
+        for (int e = 0; e < r.length(); e++) r[e] = gelu_tanh(acc[0][i][e]) * acc[1][i][e];
+#endif
+        coopMatStore(r, cs, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        for (uint e = lane; e < 256u; e += 32u) {
+            const uint m = m0 + 16u * i + e / 16u, n = n0 + sg * 16u + e % 16u;
+            if (m < pc.m && n < pc.n) y[m * pc.y_stride + pc.y_off + n] = cs[sg * 256u + e];
+        }
+        subgroupBarrier();
+    }
+}
