@@ -45,6 +45,15 @@ def kernels_of(dev: Device, wanted: str | None) -> list[str]:
     return out
 
 
+def refusal(dev: Device, kn: str, wtype: str, m: int, rows: int, cols: int, geglu: bool) -> str | None:
+    """Why tile `kn` does not run this product here (the int8 and few-token tiles refuse some)."""
+    if kn in ops_gemm.INT8_KERNELS:
+        return ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu)
+    if kn in ops_gemm.CF_KERNELS:
+        return ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) or ops_gemm.cf_split_refusal(kn, m, rows, geglu)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
@@ -89,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             geglu = epi == "geglu"
-            runs = [
-                kn
-                for kn in kernels
-                if kn not in ops_gemm.INT8_KERNELS or ops_gemm.int8_refusal(dev, qtype.name, cols, kn, geglu) is None
-            ]
+            refusals = {kn: refusal(dev, kn, qtype.name, m, rows, cols, geglu) for kn in kernels}
+            for kn, why in refusals.items():
+                if why is not None:
+                    print(f"{qtype.name:6} {name:8} {kn:12} skipped: {why}", flush=True)
+            runs = [kn for kn in kernels if refusals[kn] is None]
             us = time_many(dev, {kn: (lambda cl, kn=kn: record(cl, kn)) for kn in runs}, reps=args.reps)
             ys = {}
             for kn in runs:

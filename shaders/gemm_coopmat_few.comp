@@ -24,8 +24,12 @@
 // Compiled for 32-lane subgroups (ops_gemm.CF_SUBGROUP): a subgroup's 16 rows x 2 chunks are its
 // 32 lanes' records.
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
-// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), 1);
+// Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), S);
 // WG = CF_NSG x 32. K must be a multiple of 64 (ops_gemm checks).
+// CF_SPLITK: the S workgroups along z split K between them (a 5,376-row matrix is only 168
+// workgroups of 32 rows — 2.5 subgroups per H100 SM, too few loads in flight) and write their
+// partial sums to binding 1 as [split][matrix][token][row]; gemm_splitk_reduce.comp adds them
+// in a fixed order (the same result every run) and applies the GEGLU.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -45,7 +49,10 @@ layout(constant_id = 0) const uint WG = 128;
 #define CF_NSG 4
 #endif
 #define BM (16u * CF_FT)      // tokens per workgroup
-#define KS 64u                // K per slab: 2 chunks of 32
+#ifndef CF_KC
+#define CF_KC 1
+#endif
+#define KS (64u * CF_KC)      // K per slab: 2 CF_KC chunks of 32 (each lane holds CF_KC of them)
 #define SX4 ((KS + 8u) / 4u)  // shared row stride in f16vec4s (144 bytes, a multiple of 16)
 #ifdef GEMM_GEGLU
 #define NW 2u
@@ -97,7 +104,7 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 #else
 #define BLK16 17u
 #endif
-#define RW BLK16                          // 32-bit words per row and slab (2 blocks)
+#define RW (CF_KC * BLK16)                // 32-bit words per row and slab (2 CF_KC blocks)
 #define RPL ((16u * RW + 31u) / 32u)      // words per lane per slab and matrix
 shared uint wraw[CF_NSG * NW * 16u * RW];
 #endif
@@ -115,7 +122,7 @@ void fetch_w(uint slab, uint row0, out uint r[NW][RPL]) {
     [[unroll]] for (uint j = 0u; j < RPL; j++) {
         const uint i = min(lane + 32u * j, 16u * RW - 1u);
         const uint row = min(row0 + i / RW, pc.n - 1u);
-        const uint w = row * (pc.k / 64u) * RW + slab * RW + i % RW;
+        const uint w = row * (pc.k / 64u) * BLK16 + slab * RW + i % RW;
         r[0][j] = w0_32[w];
 #ifdef GEMM_GEGLU
         r[1][j] = w1_32[w];
@@ -129,15 +136,18 @@ uint raw32(uint j) { return (j & 1u) == 0u ? wraw[j >> 1] : (wraw[j >> 1] >> 16)
 
 // matrix g's raw words to the subgroup's shared copy, then this lane's chunk (row lane % 16, chunk
 // lane / 16) unpacked from it as the int8 matvecs' decoder does
-void unpack_raw(uint r[NW][RPL], uint g, out CHUNK u) {
+void store_raw(uint r[NW][RPL], uint g) {
     const uint lane = gl_SubgroupInvocationID, base = (gl_SubgroupID * NW + g) * 16u * RW;
     [[unroll]] for (uint j = 0u; j < RPL; j++) {
         const uint i = lane + 32u * j;
         if (i < 16u * RW) wraw[base + i] = r[g][j];
     }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    const uint b = base * 2u + ((lane % 16u) * 2u + lane / 16u) * BLK16;   // the block, in 16-bit words
+}
+
+// record j of this lane (row lane % 16, chunk lane / 16 + 2 j of the slab) from the shared copy
+void unpack_raw(uint g, uint j, out CHUNK u) {
+    const uint lane = gl_SubgroupInvocationID, base = (gl_SubgroupID * NW + g) * 16u * RW;
+    const uint b = base * 2u + ((lane % 16u) * 2u * CF_KC + lane / 16u + 2u * j) * BLK16;   // in 16-bit words
     u.d0 = unpackHalf2x16(raw16(b)).x;
     u.d1 = u.d0;
     u.m1 = 0.0;
@@ -154,12 +164,15 @@ void unpack_raw(uint r[NW][RPL], uint g, out CHUNK u) {
 #endif
 }
 #else
-void fetch_w(uint slab, uint row, out CHUNK r[NW]) {
-    const uint c = 2u * slab + gl_SubgroupInvocationID / 16u;
-    unpack_chunk_w0(row, c, pc.k, r[0]);
+// records [g CF_KC + j]: matrix g, chunk lane / 16 + 2 j of the slab
+void fetch_w(uint slab, uint row, out CHUNK r[NW * CF_KC]) {
+    [[unroll]] for (uint j = 0u; j < CF_KC; j++) {
+        const uint c = (KS / 32u) * slab + gl_SubgroupInvocationID / 16u + 2u * j;
+        unpack_chunk_w0(row, c, pc.k, r[j]);
 #ifdef GEMM_GEGLU
-    unpack_chunk_w1(row, c, pc.k, r[1]);
+        unpack_chunk_w1(row, c, pc.k, r[CF_KC + j]);
 #endif
+    }
 }
 #endif
 
@@ -186,9 +199,9 @@ void put_x(vec4 xr[XR], uint buf) {
 // 0x6400 | b is the half 1024 + b for a byte b, so (q ^ 0x80) | 0x6400 - 1152 is q exactly, two
 // values per 32-bit operation. The even bytes of a word land in slots 0 and 1 of its f16vec4, the
 // odd ones in 2 and 3 — put_x stores x's values in the same order, so the products are unchanged.
-void put_w(CHUNK u, uint region) {
+void put_w(CHUNK u, uint region, uint j) {
     const uint lane = gl_SubgroupInvocationID;
-    const uint o = (region + lane % 16u) * SX4 + (lane / 16u) * 8u;
+    const uint o = (region + lane % 16u) * SX4 + (lane / 16u + 2u * j) * 8u;
     const f16vec2 bias = f16vec2(1152.0);
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         const float16_t d = float16_t(i < 4u ? u.d0 : u.d1);
@@ -210,15 +223,20 @@ void put_w(CHUNK u, uint region) {
 #ifdef CF_RAW
 void multiply(uint w[NW][RPL], uint buf, uint region, inout ACC acc[NW][CF_FT]) {
 #else
-void multiply(CHUNK w[NW], uint buf, uint region, inout ACC acc[NW][CF_FT]) {
+void multiply(CHUNK w[NW * CF_KC], uint buf, uint region, inout ACC acc[NW][CF_FT]) {
 #endif
-    [[unroll]] for (uint g = 0u; g < NW; g++) {
+#ifdef CF_RAW
+    [[unroll]] for (uint g = 0u; g < NW; g++) store_raw(w, g);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+#endif
+    [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint j = 0u; j < CF_KC; j++) {
 #ifdef CF_RAW
         CHUNK u;
-        unpack_raw(w, g, u);
-        put_w(u, region + g * 16u);
+        unpack_raw(g, j, u);
+        put_w(u, region + g * 16u, j);
 #else
-        put_w(w[g], region + g * 16u);
+        put_w(w[g * CF_KC + j], region + g * 16u, j);
 #endif
     }
     subgroupMemoryBarrierShared();
@@ -244,8 +262,14 @@ void main() {
 #else
     const uint row = min(n0 + sg * 16u + lane % 16u, pc.n - 1u);   // rows past n repeat the last
 #endif
-    const uint slabs = pc.k / KS;
     const uint region = sg * NW * 16u;
+#ifdef CF_SPLITK
+    // this workgroup's share of K: slabs [first, first + slabs) of split gl_WorkGroupID.z
+    const uint all = pc.k / KS, per = (all + gl_NumWorkGroups.z - 1u) / gl_NumWorkGroups.z;
+    const uint first = min(gl_WorkGroupID.z * per, all), slabs = min(first + per, all) - first;
+#else
+    const uint first = 0u, slabs = pc.k / KS;
+#endif
 
     ACC acc[NW][CF_FT];
     [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = ACC(0.0);
@@ -253,33 +277,48 @@ void main() {
 #ifdef CF_RAW
     uint wa[NW][RPL], wb[NW][RPL];
 #else
-    CHUNK wa[NW], wb[NW];
+    CHUNK wa[NW * CF_KC], wb[NW * CF_KC];
 #endif
     vec4 xa[XR], xb[XR];
-    const uint last = slabs - 1u;
-    fetch_w(0u, row, wa);
-    fetch_w(min(1u, last), row, wb);
-    fetch_x(0u, m0, xa);
-    fetch_x(min(1u, last), m0, xb);
-    put_x(xa, 0u);
-    barrier();
-    fetch_x(min(2u, last), m0, xa);
-    // slab s: weights in wa, x in shared buffer 0; slab s + 1: wb, buffer 1 (x from xb)
-    for (uint s = 0u; s < slabs; s += 2u) {
-        multiply(wa, 0u, region, acc);
-        fetch_w(min(s + 2u, last), row, wa);
-        put_x(xb, 1u);
+    if (slabs > 0u) {   // (a split past the end of K only writes zeros)
+        const uint last = first + slabs - 1u;
+        fetch_w(first, row, wa);
+        fetch_w(min(first + 1u, last), row, wb);
+        fetch_x(first, m0, xa);
+        fetch_x(min(first + 1u, last), m0, xb);
+        put_x(xa, 0u);
         barrier();
-        fetch_x(min(s + 3u, last), m0, xb);
-        if (s + 1u < slabs) {
-            multiply(wb, 1u, region, acc);
-            fetch_w(min(s + 3u, last), row, wb);
-            put_x(xa, 0u);
+        fetch_x(min(first + 2u, last), m0, xa);
+        // slab s: weights in wa, x in shared buffer 0; slab s + 1: wb, buffer 1 (x from xb)
+        for (uint s = first; s <= last; s += 2u) {
+            multiply(wa, 0u, region, acc);
+            fetch_w(min(s + 2u, last), row, wa);
+            put_x(xb, 1u);
             barrier();
-            fetch_x(min(s + 4u, last), m0, xa);
+            fetch_x(min(s + 3u, last), m0, xb);
+            if (s + 1u <= last) {
+                multiply(wb, 1u, region, acc);
+                fetch_w(min(s + 3u, last), row, wb);
+                put_x(xa, 0u);
+                barrier();
+                fetch_x(min(s + 4u, last), m0, xa);
+            }
         }
     }
 
+#ifdef CF_SPLITK
+    // partial sums to binding 1 as [split][matrix][token][row] (gemm_splitk_reduce.comp adds them)
+    [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint i = 0u; i < CF_FT; i++) {
+        coopMatStore(acc[g][i], cs, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        for (uint e = lane; e < 256u; e += 32u) {
+            const uint m = m0 + 16u * i + e / 16u, n = n0 + sg * 16u + e % 16u;
+            if (m < pc.m && n < pc.n) y[((gl_WorkGroupID.z * NW + g) * pc.m + m) * pc.n + n] = cs[sg * 256u + e];
+        }
+        subgroupBarrier();
+    }
+#else
     // out through the subgroup's staging tile (bounds checks at the edges)
     [[unroll]] for (uint i = 0u; i < CF_FT; i++) {
         ACC r = acc[0][i];
@@ -295,4 +334,5 @@ void main() {
         }
         subgroupBarrier();
     }
+#endif
 }

@@ -144,3 +144,15 @@ def test_refused_cooperative_matrices_fall_back_loudly(caplog):
         assert ops_gemm.kernel(dev) == ("lanes" if dev.caps.is_software else "tiled")
     finally:
         dev.close()
+
+
+def test_a_scratch_buffer_is_shared_by_name_and_kept_at_one_size(vk_device):
+    """Device.scratch (the split-K GEMM's partial sums): one buffer per name, handed to every
+    recording that asks, never replaced (a recording would hold a freed buffer), freed by close()."""
+    before = vk_device.allocated_bytes
+    a = vk_device.scratch("test scratch", 4096)
+    assert vk_device.scratch("test scratch", 4096) is a
+    assert vk_device.allocated_bytes > before
+    with pytest.raises(ValueError, match="exists with 4096 B"):
+        vk_device.scratch("test scratch", 8192)
+    assert vk_device.scratch("other scratch", 256) is not a

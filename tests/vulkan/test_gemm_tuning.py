@@ -118,18 +118,18 @@ def test_few_token_tiles_say_why_they_do_not_run(vk_device, monkeypatch):
     """gemm_coopmat_few.comp's tiles refuse, with the reason, a device without f16 matrix cores
     (lavapipe), other than 32-lane subgroups, a type they are not built for, K not a multiple of
     64, and PHOENIX_VULKAN_CF=0 (for comparisons); a refused tile is never timed."""
-    why = ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1", False)
+    why = ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1h", False)
     if ops_gemm.coopmat_ok(vk_device) and vk_device.caps.subgroup_size == ops_gemm.CF_SUBGROUP:
         assert why is None
-        assert "built for" in str(ops_gemm.cf_refusal(vk_device, "Q2_K", 256, "cmf1", False))
+        assert "built for" in str(ops_gemm.cf_refusal(vk_device, "Q2_K", 256, "cmf1h", False))
         assert "whole words" in str(ops_gemm.cf_refusal(vk_device, "Q4_K", 256, "cmf1r", False))
-        assert "K step 64" in str(ops_gemm.cf_refusal(vk_device, "Q4_0", 96, "cmf1", False))
+        assert "K step 64" in str(ops_gemm.cf_refusal(vk_device, "Q4_0", 96, "cmf1h", False))
     else:
         assert why is not None
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 96, False, few=True)) & set(ops_gemm.CF_KERNELS)
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=False)) & set(ops_gemm.CF_KERNELS)
     monkeypatch.setenv("PHOENIX_VULKAN_CF", "0")
-    assert ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1", False) == "disabled by PHOENIX_VULKAN_CF=0"
+    assert ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1h", False) == "disabled by PHOENIX_VULKAN_CF=0"
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True)) & set(ops_gemm.CF_KERNELS)
 
 
@@ -177,7 +177,7 @@ def test_few_token_tiles_per_shape_include_the_int8_matrix_core_tiles(tiny_weigh
             for key, timed in stats["gemm_shape_timing_few"].items():
                 assert stats["gemm_kernels_few"][key] == min(timed, key=timed.__getitem__)
                 wtype, cols = key.split()[0], int(key.split()[1].split("x")[1])
-                if ops_gemm.cf_refusal(vk_device, wtype, cols, "cmf1", key.endswith("geglu")) is None:
+                if ops_gemm.cf_refusal(vk_device, wtype, cols, "cmf1h", key.endswith("geglu")) is None:
                     assert set(timed) & set(ops_gemm.CF_KERNELS), key  # the f16 few-token tiles compete
                 if int_dot:
                     assert set(timed) & set(ops_gemm.CM8_KERNELS), key

@@ -181,3 +181,25 @@ def test_gemm_rows_of_odd_block_counts(vk_device, wtype, n, kern):
     """Rows of 3 blocks (54 / 102 B): blocks start on both halves of a word and the binding ends
     mid-word (a kernel reading whole words past its last block would read beyond the binding)."""
     check_gemm(vk_device, wtype, 7, n, 96, kern, seed=31 + n)
+
+
+@pytest.mark.parametrize("geglu", [False, True])
+def test_split_k_reduce_adds_the_splits_in_order(vk_device, geglu):
+    """gemm_splitk_reduce.comp, the second half of the split-K few-token tiles (which need matrix
+    cores; this half runs anywhere): [split][matrix][token][row] partial sums added per (token,
+    row), the GEGLU applied to the two matrices' sums, y written at its stride and column offset."""
+    dev = vk_device
+    rng = np.random.default_rng(17)
+    splits, m, n, y_stride, y_off = 3, 5, 37, 50, 7
+    nw = 2 if geglu else 1
+    part = rng.standard_normal((splits, nw, m, n)).astype(np.float32)
+    with Bufs(dev) as b:
+        bp, by = b.of(part), b.zeros(4 * m * y_stride)
+        red = dev.pipeline("gemm_splitk_reduce" + ("_geglu" if geglu else ""), WG=256)
+        push = red.push.pack(m=m, n=n, k=splits, x_stride=0, y_stride=y_stride, y_off=y_off)
+        run(dev, lambda cl: cl.dispatch(red, [bp, by], groups=(-(-(m * n) // 256), 1, 1), push=push))
+        got = b.read(by, np.float32, (m, y_stride))
+    sums = part.astype(np.float64).sum(axis=0)
+    want = gelu_tanh(sums[0]) * sums[1] if geglu else sums[0]
+    np.testing.assert_allclose(got[:, y_off : y_off + n], want, rtol=1e-5, atol=1e-5)
+    assert not got[:, :y_off].any() and not got[:, y_off + n :].any()

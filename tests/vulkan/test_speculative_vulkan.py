@@ -76,7 +76,12 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
     ones at load, and keep the fastest per count (a count between timed ones takes the next timed
     count's winner); CPU devices skip it and keep their GEMM. The choice and the times are in
     stats(), and forwards still compute after the trial recordings are dropped."""
-    from phoenix_chat.engine.backends.vulkan.autotune import FEW_TOKENS, TIMED_COUNTS, choose_few_token_path
+    from phoenix_chat.engine.backends.vulkan.autotune import (
+        FEW_TOKENS,
+        TIMED_COUNTS,
+        choose_few_token_path,
+        few_token_winner,
+    )
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
     from phoenix_chat.engine.weights import open_weights
@@ -96,7 +101,7 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
         paths = {"gemm", "matvec"} | ({"int8"} if vk.int_dot else set())
         for T, t in timing.items():
             assert set(t) == {p + "_ms" for p in paths if p != "matvec" or T <= MAX_COLUMNS}, (T, t)
-        winner = {T: min(t, key=t.__getitem__)[:-3] for T, t in timing.items()}
+        winner = {T: few_token_winner(t) for T, t in timing.items()}
         for T in counts:
             w = winner[min(t for t in timing if t >= T)]
             assert (T in vk.stats()["few_token_matvec"]) == (w == "matvec"), T
@@ -104,3 +109,7 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
         assert np.isfinite(vk.forward([2, 5, 9], 0, all_logits=True)).all()
     finally:
         vk.close()
+    # near a tie the matvec path keeps the count (the GEMM must win by autotune.GEMM_MARGIN)
+    assert few_token_winner({"gemm_ms": 17.2, "int8_ms": 17.25}) == "int8"
+    assert few_token_winner({"gemm_ms": 33.0, "int8_ms": 40.0, "matvec_ms": 50.0}) == "gemm"
+    assert few_token_winner({"gemm_ms": 9.0, "matvec_ms": 8.0, "int8_ms": 8.5}) == "matvec"

@@ -564,6 +564,7 @@ class Device:
         self._pipelines: PipelineCache | None = None
         self._staging: Buffer | None = None
         self._buffers: list[Buffer] = []  # weak bookkeeping for close(): everything we allocated
+        self._scratch: dict[str, Buffer] = {}  # scratch(): kernels' shared scratch buffers
         self._closed = False
         self.allocated_bytes = 0
         self.alloc_heap: int | None = None  # allocating_in
@@ -669,6 +670,17 @@ class Device:
         from phoenix_chat.engine.backends.vulkan.memory import Buffer
 
         return Buffer(self, nbytes, host=host, name=name)
+
+    def scratch(self, name: str, nbytes: int) -> Buffer:
+        """A device buffer shared by every recording that asks for `name` (a kernel's scratch, such
+        as the split-K GEMM's partial sums): allocated on first use, freed by close(). Always asked
+        for at one size, so a recording never holds a buffer that was replaced."""
+        buf = self._scratch.get(name)
+        if buf is None:
+            buf = self._scratch[name] = self.buffer(nbytes, name=name)
+        elif buf.size != nbytes:
+            raise ValueError(f"scratch {name!r} exists with {buf.size} B, asked for {nbytes}")
+        return buf
 
     def tensor(
         self,

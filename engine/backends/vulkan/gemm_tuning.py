@@ -65,7 +65,14 @@ def int8_candidates(dev: Device, int_dot: bool = True) -> bool:
 
 
 def candidates_for(
-    dev: Device, wtype: str, cols: int, geglu: bool, int_dot: bool = True, few: bool = False
+    dev: Device,
+    wtype: str,
+    cols: int,
+    geglu: bool,
+    int_dot: bool = True,
+    few: bool = False,
+    rows: int = 0,
+    tokens: int = 0,
 ) -> list[str]:
     """The kernels timed on one shape: every matrix-core tile that fits (on devices with matrix
     cores; for a few tokens also the few-token tiles, gemm_coopmat_few.comp), every int8 tile that
@@ -74,8 +81,13 @@ def candidates_for(
     out: list[str] = []
     if ops_gemm.coopmat_ok(dev):
         out += [kn for kn in ops_gemm.COOPMAT_KERNELS if ops_gemm.cm_shared_bytes(kn, geglu) <= dev.caps.shared_memory]
-        if few:
-            out += [kn for kn in ops_gemm.CF_KERNELS if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) is None]
+        if few:  # (rows, tokens: a split-K tile's partial sums must fit its scratch)
+            out += [
+                kn
+                for kn in ops_gemm.CF_KERNELS
+                if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) is None
+                and ops_gemm.cf_split_refusal(kn, tokens, rows, geglu) is None
+            ]
     if int8_candidates(dev, int_dot):
         out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]
         if not ops_gemm.coopmat_ok(dev):
@@ -138,7 +150,7 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
 
                 return record
 
-            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot, few)
+            kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot, few, mats[0].rows, tokens)
             us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
             timing = tuning.gemm_shape_timing_few if few else tuning.gemm_shape_timing
             timing[key] = {kn: round(t, 1) for kn, t in us.items()}

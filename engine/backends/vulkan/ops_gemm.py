@@ -98,11 +98,14 @@ COOPMAT_KERNELS = tuple(CM_TILES)
 CF_KERNELS = tuple(CF_TILES)  # gemm_coopmat_few.comp
 CF_SUBGROUP = 32  # gemm_coopmat_few.comp: a subgroup's 16 rows x 2 chunks are its lanes' records
 CF_KSTEP = 64
+# the split-K tiles' partial sums: one device buffer of this size (splits x matrices x tokens x rows
+# floats: 4 x 2 x 32 x 32,768 fits), allocated on first use and kept until the device closes
+CF_SPLIT_BYTES = 32 << 20
 
 
 def cf_tile(kernel_name: str) -> tuple[int, int]:
     """(tokens, weight rows) per workgroup of a few-token tile (ops_table.CF_TILES)."""
-    ft, nsg, _raw = CF_TILES[kernel_name]
+    ft, nsg, _raw, _splits, _kc = CF_TILES[kernel_name]
     return 16 * ft, 16 * nsg
 
 
@@ -110,9 +113,9 @@ def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
     """Shared memory of a few-token tile: two slabs of x and each subgroup's weight rows (f16, 72
     halves a row), a 16 x 16 f32 output tile per subgroup, and the raw copy of each subgroup's
     blocks (Q4_0 / Q8_0: at most 68 bytes a row)."""
-    ft, nsg, _raw = CF_TILES[kernel_name]
+    ft, nsg, _raw, _splits, kc = CF_TILES[kernel_name]
     nw = 2 if geglu else 1
-    return (2 * 16 * ft + nsg * nw * 16) * 144 + nsg * 1024 + nsg * nw * 16 * 68
+    return (2 * 16 * ft + nsg * nw * 16) * (128 * kc + 16) + nsg * 1024 + nsg * nw * 16 * 68 * kc
 
 
 def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -> str | None:
@@ -129,10 +132,21 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -
         return f"{wtype}: tile {kernel_name} loads Q4_0 / Q8_0 blocks as whole words"
     if dev.caps.subgroup_size != CF_SUBGROUP:
         return f"subgroup size {dev.caps.subgroup_size}: the few-token tiles are compiled for {CF_SUBGROUP} lanes"
-    if k % CF_KSTEP:
-        return f"k = {k} is not a multiple of the tile's K step {CF_KSTEP}"
+    kstep = CF_KSTEP * CF_TILES[kernel_name][4]
+    if k % kstep:
+        return f"k = {k} is not a multiple of the tile's K step {kstep}"
     if cf_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
         return f"needs {cf_shared_bytes(kernel_name, geglu)} B of shared memory"
+    return None
+
+
+def cf_split_refusal(kernel_name: str, m: int, n: int, geglu: bool) -> str | None:
+    """Why a split-K few-token tile cannot take an m x n product (its partial sums would not fit
+    the CF_SPLIT_BYTES scratch); None where it can or the tile does not split."""
+    splits = CF_TILES[kernel_name][3]
+    need = splits * (2 if geglu else 1) * m * n * 4
+    if splits > 1 and need > CF_SPLIT_BYTES:
+        return f"tile {kernel_name}: {need} B of partial sums exceed the {CF_SPLIT_BYTES} B scratch"
     return None
 
 
@@ -297,7 +311,7 @@ def gemm(
         p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
         tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
     elif kn in CF_TILES:
-        why = cf_refusal(dev, wt, k, kn, w_up is not None)
+        why = cf_refusal(dev, wt, k, kn, w_up is not None) or cf_split_refusal(kn, m, n, w_up is not None)
         if why is not None:
             raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
         p = dev.pipeline(name + "_" + kn, WG=CF_TILES[kn][1] * CF_SUBGROUP)
@@ -337,7 +351,19 @@ def gemm(
     up = _ranges(w_up, n) if w_up is not None else None
     if up is not None and [(s, r) for _, s, r in up] != [(s, r) for _, s, r in gate]:
         raise ValueError("gemm: gate and up must be bound in the same row ranges")
+    splits = CF_TILES[kn][3] if kn in CF_TILES else 1
     for i, (binding, row_start, rows) in enumerate(gate):
         push = p.push.pack(m=m, n=rows, k=k, x_stride=xs, y_stride=ys, y_off=row_start)
         binds = [x, y, binding] + ([up[i][0]] if up is not None else [])
-        cl.dispatch(p, binds, groups=(-(-rows // tn), -(-m // tm), 1), push=push)
+        if splits == 1:
+            cl.dispatch(p, binds, groups=(-(-rows // tn), -(-m // tm), 1), push=push)
+            continue
+        # split K: partial sums into the device's scratch, then added in a fixed order into y
+        if i:
+            cl.barrier()  # the previous range's reduce has read the scratch
+        part = dev.scratch("few-token GEMM partial sums", CF_SPLIT_BYTES)
+        cl.dispatch(p, [x, part, *binds[2:]], groups=(-(-rows // tn), -(-m // tm), splits), push=push)
+        cl.barrier()
+        red = dev.pipeline("gemm_splitk_reduce" + ("_geglu" if up is not None else ""), WG=256)
+        push = red.push.pack(m=m, n=rows, k=splits, x_stride=0, y_stride=ys, y_off=row_start)
+        cl.dispatch(red, [part, y], groups=(-(-(m * rows) // 256), 1, 1), push=push)

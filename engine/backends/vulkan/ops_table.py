@@ -44,17 +44,20 @@ CM8F_TILES = {"cm8f1": (1, 4), "cm8f2": (2, 4)}
 # one-scale types could, but the tiles are opt-in and each type is ~0.5 MB of SPIR-V)
 CM8_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K")
 # the f16 matrix-core GEMM of a few tokens with weights streamed through registers
-# (shaders/gemm_coopmat_few.comp): name -> (CF_FT, CF_NSG, CF_RAW): 16 FT tokens x 16 NSG rows per
-# workgroup, RAW: Q4_0 / Q8_0 loaded as whole words
+# (shaders/gemm_coopmat_few.comp): name -> (CF_FT, CF_NSG, CF_RAW, splits, CF_KC): 16 FT tokens x
+# 16 NSG rows per workgroup, K in slabs of 64 KC, RAW: Q4_0 / Q8_0 loaded as whole words, splits > 1:
+# K split between that many workgroups (CF_SPLITK), their partial sums added by
+# gemm_splitk_reduce.comp. The tiles kept won some 27B / 4B product of 8-32 tokens on the H100.
 CF_TILES = {
-    "cmf1": (1, 4, False),
-    "cmf2": (2, 4, False),
-    "cmf1h": (1, 2, False),
-    "cmf2h": (2, 2, False),
-    "cmf1r": (1, 4, True),
-    "cmf2r": (2, 4, True),
-    "cmf1hr": (1, 2, True),
-    "cmf2hr": (2, 2, True),
+    "cmf1h": (1, 2, False, 1, 1),
+    "cmf2h": (2, 2, False, 1, 1),
+    "cmf1r": (1, 4, True, 1, 1),
+    "cmf2r": (2, 4, True, 1, 1),
+    "cmf1hr": (1, 2, True, 1, 1),
+    "cmf2hr": (2, 2, True, 1, 1),
+    "cmf1hr_k4": (1, 2, True, 4, 1),
+    "cmf2hr_k2": (2, 2, True, 2, 1),
+    "cmf1hr_c2": (1, 2, True, 1, 2),
 }
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
@@ -224,6 +227,11 @@ def _variants() -> list[Variant]:
         v.append(
             Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None}, {"WG": (0, 256)})
         )
+    # the second half of the split-K few-token tiles (gemm_coopmat_few.comp CF_SPLITK)
+    for epi, epi_defs in (("", {}), ("_geglu", {"GEMM_GEGLU": None})):
+        v.append(
+            Variant(f"gemm_splitk_reduce{epi}", "gemm_splitk_reduce.comp", 2, GEMM_PUSH, epi_defs, {"WG": (0, 256)})
+        )
     for wt in GEMM_TYPES:
         base = {"WTYPE_" + wt: None}
         v.append(Variant(f"gemm_{wt.lower()}_f32_f32", "gemm.comp", 3, GEMM_PUSH, base))
@@ -318,7 +326,7 @@ def _variants() -> list[Variant]:
                     )
         # a few tokens on f16 matrix cores, weights streamed through registers (gemm_coopmat_few.comp)
         if wt in CF_TYPES:
-            for tile, (ft, nsg, raw) in CF_TILES.items():
+            for tile, (ft, nsg, raw, splits, kc) in CF_TILES.items():
                 if raw and wt not in ("Q4_0", "Q8_0"):
                     continue
                 for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
@@ -334,6 +342,8 @@ def _variants() -> list[Variant]:
                                 "CF_FT": str(ft),
                                 "CF_NSG": str(nsg),
                                 **({"CF_RAW": None} if raw else {}),
+                                **({"CF_SPLITK": None} if splits > 1 else {}),
+                                "CF_KC": str(kc),
                             },
                             {"WG": (0, 128)},
                             requires=("cooperative_matrix",),
