@@ -142,3 +142,47 @@ def test_load_time_choice_of_the_multi_column_shapes(tiny_int8):
         vk.tuning.cols_specs.clear()
         vk.tuning.cols_timing.clear()
         vk.drop_recordings()
+
+
+def test_a_matrix_whose_matvec_beat_its_gemm_leaves_the_gemm_path(tiny_int8):
+    """Where a few-token forward takes the GEMM path as a whole, a matrix whose int8 multi-column
+    timing at load (cols_timing) beat its shapes' few-token GEMM tiles (gemm_shape_timing_few)
+    still takes the matvec; the others keep the GEMM, stats() names each, and the mixed forward
+    (f32 x into the GEMMs, q8_1 x quantized for the matvec) matches the CPU. The timings are set
+    here (lavapipe times neither): down's matvec faster, o's slower, q+k+v's never timed."""
+    from phoenix_chat.engine.backends.vulkan import ops_gemm
+    from phoenix_chat.engine.backends.vulkan.gemm_tuning import model_shapes
+
+    cpu, vk = tiny_int8
+    t = vk.tuning
+    saved = (t.few_token_int8, dict(t.gemm_kernels_few), dict(t.gemm_shape_timing_few), dict(t.cols_timing))
+    gemm = ops_gemm.kernel(vk.dev)  # a GEMM this device runs
+    try:
+        t.few_token_int8 = frozenset()
+        for key in model_shapes(vk.graph):
+            t.gemm_kernels_few[key] = gemm
+            t.gemm_shape_timing_few[key] = {gemm: 100.0}
+        t.cols_timing = {"down": {8: {"r1t4": 50.0}}, "o": {8: {"r1t4": 150.0}}}
+        vk.drop_recordings()
+        L = vk.graph.weights.layers[0]
+        assert vk.graph.few_token_path([L.down], 5, "down") == "int8"
+        assert vk.graph.few_token_path([L.o], 5, "o") == "gemm"
+        assert vk.graph.few_token_path(L.qkv, 5, "qkv") == "gemm"
+        assert vk.graph.few_token_path([L.down], 9, "down") == "gemm"  # no timed count >= 9
+        ids = _ids(40, 37)
+        vk.forward(ids[:32], 0)
+        got = vk.forward(ids[32:], 32, all_logits=True)
+        paths = vk.stats()["few_token_paths"][5]
+        assert paths["mlp.down_proj"] == "int8" and paths["self_attn.o_proj"] == "gemm", paths
+        cpu.forward(ids[:32], 0)
+        want = cpu.forward(ids[32:], 32, all_logits=True)
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        assert np.abs(got - want).max() < 5e-2 * np.abs(want).max()
+    finally:
+        t.few_token_int8 = saved[0]
+        t.gemm_kernels_few.clear()
+        t.gemm_kernels_few.update(saved[1])
+        t.gemm_shape_timing_few.clear()
+        t.gemm_shape_timing_few.update(saved[2])
+        t.cols_timing = saved[3]
+        vk.drop_recordings()

@@ -637,16 +637,41 @@ class Gemma3Graph:
                 rope=rope,
             )
 
-    def few_token_path(self, mats: list[WeightMatrix], T: int) -> str:
+    def few_token_path(self, mats: list[WeightMatrix], T: int, key: str | None = None) -> str:
         """How a forward of T > 1 tokens runs these matrices: "int8" (the multi-column int8
         matvec, q8_1 x), "f32" (the multi-column matvec, f32 x) or "gemm" — the tuned path for T
-        (tuning.few_token_int8 / few_token_matvec), where the matrices allow it."""
+        (tuning.few_token_int8 / few_token_matvec), where the matrices allow it; where that is the
+        GEMM, the int8 matvec still takes matvec `key` if its own timing beat the GEMM's
+        (`_cols_beat_gemm`)."""
         groups = [mats] if len(mats) == 2 or fusable(mats) else [[m] for m in mats]
-        if T in self.tuning.few_token_int8 and all(cols_ok(self.dev, g) for g in groups):
+        int8_ok = all(cols_ok(self.dev, g) for g in groups)
+        if T in self.tuning.few_token_int8 and int8_ok:
             return "int8"
         if T in self.tuning.few_token_matvec and T <= MAX_COLUMNS:
             return "f32"
+        if int8_ok and self.int_dot and self._cols_beat_gemm(mats, T, key):
+            return "int8"
         return "gemm"
+
+    def _cols_beat_gemm(self, mats: list[WeightMatrix], T: int, key: str | None) -> bool:
+        """Whether matvec `key`'s int8 multi-column timing at load (cols_timing, the first timed
+        count >= T) beat the GEMM tiles its shapes chose for a few tokens (gemm_shape_timing_few,
+        timed for FEW_TOKENS): a forward takes the GEMM path as a whole when its sum wins, yet on
+        the H100 the 4B down product of 32 tokens ran in 51 µs as a matvec against 93 as a GEMM."""
+        t = self.tuning
+        cols = t.cols_timing.get(key or "", {})
+        above = [c for c in sorted(cols) if c >= T]
+        if not above:
+            return False
+        geglu = key == "geglu"
+        gemm_us = 0.0
+        for m in mats[:1] if geglu else mats:
+            shape = shape_key(m.qtype.name, m.rows, m.cols, geglu=geglu)
+            kn, timed = t.gemm_kernels_few.get(shape), t.gemm_shape_timing_few.get(shape, {})
+            if kn is None or kn not in timed:
+                return False
+            gemm_us += timed[kn]
+        return min(cols[above[0]].values()) < gemm_us
 
     def _few_token_matvec(
         self,
@@ -664,7 +689,7 @@ class Gemma3Graph:
     ) -> bool:
         """Record a T-token product through a multi-column matvec where `few_token_path` says
         so (noting the path taken in `few_token_paths`); False: the GEMM path is the caller's."""
-        path = self.few_token_path(mats, T)
+        path = self.few_token_path(mats, T, key)
         if T <= FEW_TOKENS:  # longer forwards (prefill chunks) always take the GEMM
             self.few_token_paths.setdefault(T, {})[matrix_role(mats)] = path
         if path == "gemm":
