@@ -358,9 +358,10 @@ def gemm(
         if splits == 1:
             cl.dispatch(p, binds, groups=(-(-rows // tn), -(-m // tm), 1), push=push)
             continue
-        # split K: partial sums into the device's scratch, then added in a fixed order into y
-        if i:
-            cl.barrier()  # the previous range's reduce has read the scratch
+        # split K: partial sums into the device's scratch, then added in a fixed order into y. The
+        # barrier first: an earlier reduce (this product's previous row range, or another split
+        # product recorded without a barrier between, as q, k and v are) may still read the scratch
+        cl.barrier()
         part = dev.scratch("few-token GEMM partial sums", CF_SPLIT_BYTES)
         cl.dispatch(p, [x, part, *binds[2:]], groups=(-(-rows // tn), -(-m // tm), splits), push=push)
         cl.barrier()
