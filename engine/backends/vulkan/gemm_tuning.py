@@ -14,7 +14,10 @@ The same per shape for FEW_TOKENS tokens (a batched decode step's GEMMs, a short
 the 32-token tiles and, when asked for (PHOENIX_VULKAN_CM8=1), the int8 matrix-core tiles made for
 a few tokens (gemm_coopmat_int8_few.comp) compete: on the H100 those ran the 27B shapes' products
 of 8-32 tokens 1.3-3.6x faster than the f16 tiles, but an LM head of 262,144 rows slower — one
-tile for every shape could not have picked them.
+tile for every shape could not have picked them. On GPUs with f16 matrix cores and 32-lane
+subgroups the few-token timing also takes the tiles made for it (gemm_coopmat_few.comp, split-K
+ones included where their partial sums fit the scratch): on the H100 they won most 27B / 4B
+products of 32 tokens.
 A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).

@@ -15,6 +15,10 @@ cores or not) and, on request (PHOENIX_VULKAN_CM8=1: they lost end to end on the
 cooperative matrices (CM8_KERNELS: shaders/gemm_coopmat_int8.comp's prefill tiles and
 gemm_coopmat_int8_few.comp's few-token ones, for GPUs with 32-lane subgroups and s8 x s8 -> s32
 16 x 16 x 32 products); gemm_tuning times their tiles per weight shape beside the others.
+For a few tokens (a batched decode step of up to 32 rows, a short turn) the f16 matrix-core tiles
+of shaders/gemm_coopmat_few.comp (CF_KERNELS: each subgroup streams its own 16 rows' blocks through
+registers two K slabs ahead; split-K tiles add their partial sums with gemm_splitk_reduce.comp)
+compete in the few-token timing on GPUs with 32-lane subgroups; PHOENIX_VULKAN_CF=0 turns them off.
 `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
