@@ -126,10 +126,13 @@ def test_few_token_tiles_say_why_they_do_not_run(vk_device, monkeypatch):
         assert "K step 64" in str(ops_gemm.cf_refusal(vk_device, "Q4_0", 96, "cmf1h", False))
     else:
         assert why is not None
+    # the memory plan counts their split-K scratch exactly where they can run
+    assert ops_gemm.cf_scratch_bytes(vk_device) == (ops_gemm.CF_SPLIT_BYTES if why is None else 0)
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 96, False, few=True)) & set(ops_gemm.CF_KERNELS)
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=False)) & set(ops_gemm.CF_KERNELS)
     monkeypatch.setenv("PHOENIX_VULKAN_CF", "0")
     assert ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1h", False) == "disabled by PHOENIX_VULKAN_CF=0"
+    assert ops_gemm.cf_scratch_bytes(vk_device) == 0
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True)) & set(ops_gemm.CF_KERNELS)
 
 

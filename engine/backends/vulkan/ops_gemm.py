@@ -144,6 +144,12 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -
     return None
 
 
+def cf_scratch_bytes(dev: Device) -> int:
+    """Device memory the split-K few-token tiles may take here (their partial-sum scratch, allocated
+    on first use): CF_SPLIT_BYTES where the tiles can run, else 0 — for the memory plan."""
+    return CF_SPLIT_BYTES if cf_refusal(dev, "Q4_0", CF_KSTEP, "cmf1hr_k4", False) is None else 0
+
+
 def cf_split_refusal(kernel_name: str, m: int, n: int, geglu: bool) -> str | None:
     """Why a split-K few-token tile cannot take an m x n product (its partial sums would not fit
     the CF_SPLIT_BYTES scratch); None where it can or the tile does not split."""

@@ -9,7 +9,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
-from phoenix_chat.engine.backends.vulkan import ops_attention, ops_sample
+from phoenix_chat.engine.backends.vulkan import ops_attention, ops_gemm, ops_sample
 from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.device import Capabilities, Device
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
@@ -123,6 +123,7 @@ def plan_memory(
         + q8_1_bytes(cfg.q_dim)
         + (n_slots + 1) * (context_length + 2) * 4  # every slot's ids and a pad row's
         + Device.STAGING_BYTES
+        + ops_gemm.cf_scratch_bytes(dev)  # the split-K few-token GEMMs' partial sums
     )
     if n_slots > 1:
         scratch += batch_scratch_bytes(cfg, n_splits, min(n_slots, MAX_BATCH))
