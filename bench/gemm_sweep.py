@@ -50,7 +50,7 @@ def refusal(dev: Device, kn: str, wtype: str, m: int, rows: int, cols: int, gegl
     if kn in ops_gemm.INT8_KERNELS:
         return ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu)
     if kn in ops_gemm.CF_KERNELS:
-        return ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) or ops_gemm.cf_split_refusal(kn, m, rows, geglu)
+        return ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, m, rows)
     return None
 
 

@@ -9,7 +9,7 @@
 // fifth of the memory bandwidth); the int8 few-token tiles fold every 32-wide chunk's products
 // into f32 with gathered scales, which made them shared-memory bound.
 // Here a workgroup owns 16 CF_NSG weight rows (each subgroup its own 16, and the up rows beside
-// them for GEGLU) and 16 CF_FT tokens, and walks K in slabs of 64:
+// them for GEGLU) and 16 CF_FT tokens, and walks K in slabs of 64 CF_KC:
 //   - each lane holds the next two slabs' records of its subgroup's weights in registers (row
 //     lane % 16, chunk lane / 16, unpacked to int8 with its scale and min by the int8 matvecs'
 //     decoder), loaded while the current slab multiplies: two slabs of loads in flight. The loop
@@ -25,7 +25,7 @@
 // 32 lanes' records.
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
 // Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), S);
-// WG = CF_NSG x 32. K must be a multiple of 64 (ops_gemm checks).
+// WG = CF_NSG x 32. K must be a multiple of the slab, 64 CF_KC (ops_gemm checks).
 // CF_SPLITK: the S workgroups along z split K between them (a 5,376-row matrix is only 168
 // workgroups of 32 rows — 2.5 subgroups per H100 SM, too few loads in flight) and write their
 // partial sums to binding 1 as [split][matrix][token][row]; gemm_splitk_reduce.comp adds them
@@ -95,10 +95,9 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 #ifdef CF_RAW
 // CF_RAW (Q4_0 / Q8_0): a slab's weights arrive as whole words, consecutive lanes reading consecutive words
 // of a row (its 2 blocks are 36 / 68 bytes, word-aligned since K % 64 == 0), go through a shared
-// copy of the raw blocks, and are unpacked from there. Why: one lane per (row, chunk) made every
-// 16-bit load touch 16 rows' cache lines, and the L1's line lookups (~4.5 a block), not DRAM,
-// bounded the kernel — a guess the H100 did not confirm (the int-to-float conversions did), so the
-// tiles with and without it are timed at load.
+// copy of the raw blocks, and are unpacked from there. Why: one lane per (row, chunk) makes every
+// 16-bit load touch 16 rows' cache lines. On the H100 this made the o and q+k+v products 20-25 %
+// faster but not gate/up, so the tiles with and without it are timed at load.
 #if defined(WTYPE_Q4_0)
 #define BLK16 9u      // 16-bit words per block
 #else
@@ -134,8 +133,7 @@ void fetch_w(uint slab, uint row0, out uint r[NW][RPL]) {
 uint raw16(uint j) { return (wraw[j >> 1] >> ((j & 1u) << 4)) & 0xFFFFu; }
 uint raw32(uint j) { return (j & 1u) == 0u ? wraw[j >> 1] : (wraw[j >> 1] >> 16) | (wraw[(j >> 1) + 1u] << 16); }
 
-// matrix g's raw words to the subgroup's shared copy, then this lane's chunk (row lane % 16, chunk
-// lane / 16) unpacked from it as the int8 matvecs' decoder does
+// matrix g's raw words to the subgroup's shared copy
 void store_raw(uint r[NW][RPL], uint g) {
     const uint lane = gl_SubgroupInvocationID, base = (gl_SubgroupID * NW + g) * 16u * RW;
     [[unroll]] for (uint j = 0u; j < RPL; j++) {
@@ -144,7 +142,8 @@ void store_raw(uint r[NW][RPL], uint g) {
     }
 }
 
-// record j of this lane (row lane % 16, chunk lane / 16 + 2 j of the slab) from the shared copy
+// record j of this lane (row lane % 16, chunk lane / 16 + 2 j of the slab) from the shared copy,
+// unpacked as the int8 matvecs' decoder does
 void unpack_raw(uint g, uint j, out CHUNK u) {
     const uint lane = gl_SubgroupInvocationID, base = (gl_SubgroupID * NW + g) * 16u * RW;
     const uint b = base * 2u + ((lane % 16u) * 2u * CF_KC + lane / 16u + 2u * j) * BLK16;   // in 16-bit words
@@ -195,7 +194,7 @@ void put_x(vec4 xr[XR], uint buf) {
 
 // one weight record as f16 into the subgroup's region: w = d q + m per value (Q2_K: each half's
 // own min; the other types' m1 is 0 and m0 applies to all 32 values). The int8 values become f16
-// without a conversion instruction (those run at a quarter of the ALU rate and bounded the kernel):
+// without a conversion instruction (those run at a quarter of the ALU rate on NVIDIA):
 // 0x6400 | b is the half 1024 + b for a byte b, so (q ^ 0x80) | 0x6400 - 1152 is q exactly, two
 // values per 32-bit operation. The even bytes of a word land in slots 0 and 1 of its f16vec4, the
 // odd ones in 2 and 3 — put_x stores x's values in the same order, so the products are unchanged.
@@ -218,7 +217,7 @@ void put_w(CHUNK u, uint region, uint j) {
     }
 }
 
-// one slab: the subgroup's weights (this lane's record `w`) into its region as f16, then the
+// one slab: the subgroup's weights (this lane's records `w`) into its region as f16, then the
 // products with x's slab in shared buffer `buf`
 #ifdef CF_RAW
 void multiply(uint w[NW][RPL], uint buf, uint region, inout ACC acc[NW][CF_FT]) {

@@ -88,8 +88,7 @@ def candidates_for(
             out += [
                 kn
                 for kn in ops_gemm.CF_KERNELS
-                if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu) is None
-                and ops_gemm.cf_split_refusal(kn, tokens, rows, geglu) is None
+                if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, tokens, rows) is None
             ]
     if int8_candidates(dev, int_dot):
         out += [kn for kn in ops_gemm.INT8_KERNELS if ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu) is None]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import (
+    CF_RAW_TYPES,
     CF_TILES,
     CF_TYPES,
     CM8_TILES,
@@ -122,9 +123,10 @@ def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
     return (2 * 16 * ft + nsg * nw * 16) * (128 * kc + 16) + nsg * 1024 + nsg * nw * 16 * 68 * kc
 
 
-def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -> str | None:
+def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m: int = 0, n: int = 0) -> str | None:
     """Why the few-token tile `kernel_name` (gemm_coopmat_few.comp) cannot run this product here
-    (PHOENIX_VULKAN_CF=0 turns them off, for comparisons)."""
+    (PHOENIX_VULKAN_CF=0 turns them off, for comparisons); with the product's m x n, also where a
+    split-K tile's partial sums would not fit the CF_SPLIT_BYTES scratch."""
     if os.environ.get("PHOENIX_VULKAN_CF", "1") == "0":
         return "disabled by PHOENIX_VULKAN_CF=0"
     why = coopmat_refusal(dev)
@@ -132,8 +134,8 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -
         return why
     if wtype.upper() not in CF_TYPES:
         return f"{wtype}: the few-token matrix-core tiles are built for {', '.join(CF_TYPES)}"
-    if CF_TILES[kernel_name][2] and wtype.upper() not in ("Q4_0", "Q8_0"):
-        return f"{wtype}: tile {kernel_name} loads Q4_0 / Q8_0 blocks as whole words"
+    if CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
+        return f"{wtype}: tile {kernel_name} loads {' / '.join(CF_RAW_TYPES)} blocks as whole words"
     if dev.caps.subgroup_size != CF_SUBGROUP:
         return f"subgroup size {dev.caps.subgroup_size}: the few-token tiles are compiled for {CF_SUBGROUP} lanes"
     kstep = CF_KSTEP * CF_TILES[kernel_name][4]
@@ -141,6 +143,10 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool) -
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
     if cf_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
         return f"needs {cf_shared_bytes(kernel_name, geglu)} B of shared memory"
+    splits = CF_TILES[kernel_name][3]
+    need = splits * (2 if geglu else 1) * m * n * 4
+    if splits > 1 and need > CF_SPLIT_BYTES:
+        return f"tile {kernel_name}: {need} B of partial sums exceed the {CF_SPLIT_BYTES} B scratch"
     return None
 
 
@@ -148,16 +154,6 @@ def cf_scratch_bytes(dev: Device) -> int:
     """Device memory the split-K few-token tiles may take here (their partial-sum scratch, allocated
     on first use): CF_SPLIT_BYTES where the tiles can run, else 0 — for the memory plan."""
     return CF_SPLIT_BYTES if cf_refusal(dev, "Q4_0", CF_KSTEP, "cmf1hr_k4", False) is None else 0
-
-
-def cf_split_refusal(kernel_name: str, m: int, n: int, geglu: bool) -> str | None:
-    """Why a split-K few-token tile cannot take an m x n product (its partial sums would not fit
-    the CF_SPLIT_BYTES scratch); None where it can or the tile does not split."""
-    splits = CF_TILES[kernel_name][3]
-    need = splits * (2 if geglu else 1) * m * n * 4
-    if splits > 1 and need > CF_SPLIT_BYTES:
-        return f"tile {kernel_name}: {need} B of partial sums exceed the {CF_SPLIT_BYTES} B scratch"
-    return None
 
 
 def int8_tile(kernel_name: str, geglu: bool) -> tuple[int, int, int]:
@@ -321,7 +317,7 @@ def gemm(
         p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
         tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
     elif kn in CF_TILES:
-        why = cf_refusal(dev, wt, k, kn, w_up is not None) or cf_split_refusal(kn, m, n, w_up is not None)
+        why = cf_refusal(dev, wt, k, kn, w_up is not None, m, n)
         if why is not None:
             raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
         p = dev.pipeline(name + "_" + kn, WG=CF_TILES[kn][1] * CF_SUBGROUP)

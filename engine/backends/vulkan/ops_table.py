@@ -62,6 +62,7 @@ CF_TILES = {
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
 CF_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+CF_RAW_TYPES = ("Q4_0", "Q8_0")  # the types the RAW tiles load as whole words
 
 
 # ---- RMSNorm (shaders/norm.comp) ----
@@ -327,7 +328,7 @@ def _variants() -> list[Variant]:
         # a few tokens on f16 matrix cores, weights streamed through registers (gemm_coopmat_few.comp)
         if wt in CF_TYPES:
             for tile, (ft, nsg, raw, splits, kc) in CF_TILES.items():
-                if raw and wt not in ("Q4_0", "Q8_0"):
+                if raw and wt not in CF_RAW_TYPES:
                     continue
                 for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                     v.append(
