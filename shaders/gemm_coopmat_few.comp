@@ -108,13 +108,56 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 shared uint wraw[CF_NSG * NW * 16u * RW];
 #endif
 
+#ifdef CF_DIRECT
+// CF_DIRECT (Q4_0): no shared copy of the weights at all. Each lane loads the 16-bit words its own
+// elements of the 16 x 16 weight fragment need and builds the fragment in registers: in a 16-row,
+// 32-wide Q4_0 block, lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, its words t and
+// t + 4 of each row's quants (bytes 2t, 2t+1, 2t+8, 2t+9) and the two scales — 3 loads a row and
+// block, ~20 ALU operations for its 16 weights. The low nibbles are the block's K 0..15, the high
+// ones 16..31; the four weights of a byte pair land in the fragment's K slots with bits 0 and 3 of
+// the slot swapped, and put_x stages x in that same order, so the products are unchanged.
+// Which (row, K slot) each fragment element is belongs to the driver: the kernel assumes a lane's
+// elements are 4 pairs of consecutive K slots, pair q at row g + 8 PR_q and slots 2t + 8 PK_q,
+// with (PR, PK) the bit masks below, and ops_gemm.cf_direct_layout checks exactly that on the
+// device (coopmat_layout_probe.comp) and passes them, or refuses these tiles.
+// Why: the record tiles' shared round trip (unpack to int8, f16 stores, fragment loads) cost
+// ~3,000 instructions a slab; their register counts (bench.pipeline_stats) leave ~10 subgroups
+// an SM, so the kernel was bound by instruction issue, not by the memory.
+layout(constant_id = 1) const uint CF_PR = 12u;
+layout(constant_id = 2) const uint CF_PK = 10u;
+#define NBK (KS / 32u)          // Q4_0 blocks per row and slab
+#define DW (3u * NBK)           // words per lane, matrix and slab: per block row g's quants, row g+8's, both scales
+#define XU ((BM * KS / 8u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x units (2 vec4s) per invocation per slab
+#endif
+
 shared f16vec4 xs[2u * BM * SX4];               // x, two slabs
+#ifndef CF_DIRECT
 shared f16vec4 ws[CF_NSG * NW * 16u * SX4];     // each subgroup's weight rows of the slab
+#endif
 shared float cs[CF_NSG * 256u];                 // one 16 x 16 output tile per subgroup
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-#ifdef CF_RAW
+#if defined(CF_DIRECT)
+// this lane's words of slab `slab` (see CF_DIRECT): per block, rows g's and g + 8's quant words t
+// and t + 4 as one 32-bit value each, then both rows' scales
+void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
+    const uint lane = gl_SubgroupInvocationID, t = lane % 4u;
+    const uint wpr = (pc.k / 32u) * 9u;   // 16-bit words a row
+    const uint ra = min(row0 + lane / 4u, pc.n - 1u) * wpr, rb = min(row0 + lane / 4u + 8u, pc.n - 1u) * wpr;
+    [[unroll]] for (uint j = 0u; j < NBK; j++) {
+        const uint a = ra + (slab * NBK + j) * 9u, b = rb + (slab * NBK + j) * 9u;
+        r[0][3u * j] = uint(w0_16[a + 1u + t]) | (uint(w0_16[a + 5u + t]) << 16);
+        r[0][3u * j + 1u] = uint(w0_16[b + 1u + t]) | (uint(w0_16[b + 5u + t]) << 16);
+        r[0][3u * j + 2u] = uint(w0_16[a]) | (uint(w0_16[b]) << 16);
+#ifdef GEMM_GEGLU
+        r[1][3u * j] = uint(w1_16[a + 1u + t]) | (uint(w1_16[a + 5u + t]) << 16);
+        r[1][3u * j + 1u] = uint(w1_16[b + 1u + t]) | (uint(w1_16[b + 5u + t]) << 16);
+        r[1][3u * j + 2u] = uint(w1_16[a]) | (uint(w1_16[b]) << 16);
+#endif
+    }
+}
+#elif defined(CF_RAW)
 // this lane's raw words of its subgroup's rows: word i = lane + 32 j is row i / RW, word i % RW
 void fetch_w(uint slab, uint row0, out uint r[NW][RPL]) {
     const uint lane = gl_SubgroupInvocationID;
@@ -175,6 +218,32 @@ void fetch_w(uint slab, uint row, out CHUNK r[NW * CF_KC]) {
 }
 #endif
 
+#ifdef CF_DIRECT
+// x in the weights' slot order (CF_DIRECT): a unit is vec4s u and u + 2 of a 16-wide group of a
+// token's slab (K 4u..4u+3 and 8+4u..), which fill the group's slot vec4s u and u + 2
+void fetch_x(uint slab, uint m0, out vec4 xr[2u * XU]) {
+    [[unroll]] for (uint i = 0u; i < XU; i++) {
+        const uint unit = gl_LocalInvocationID.x + i * WG, within = unit % (KS / 8u);
+        const uint t = min(m0 + min(unit / (KS / 8u), BM - 1u), pc.m - 1u);
+        const uint v = (t * pc.x_stride + slab * KS) / 4u + (within / 2u) * 4u + within % 2u;
+        xr[2u * i] = x4[v];
+        xr[2u * i + 1u] = x4[v + 2u];
+    }
+}
+
+void put_x(vec4 xr[2u * XU], uint buf) {
+    const vec4 big = vec4(65504.0);
+    [[unroll]] for (uint i = 0u; i < XU; i++) {
+        const uint unit = gl_LocalInvocationID.x + i * WG, within = unit % (KS / 8u);
+        if (unit < BM * KS / 8u) {
+            const uint o = (buf * BM + unit / (KS / 8u)) * SX4 + (within / 2u) * 4u + within % 2u;
+            const vec4 a = clamp(xr[2u * i], -big, big), b = clamp(xr[2u * i + 1u], -big, big);
+            xs[o] = f16vec4(a.x, b.x, a.z, b.z);
+            xs[o + 2u] = f16vec4(a.y, b.y, a.w, b.w);
+        }
+    }
+}
+#else
 void fetch_x(uint slab, uint m0, out vec4 xr[XR]) {
     [[unroll]] for (uint i = 0u; i < XR; i++) {
         const uint run = gl_LocalInvocationID.x + i * WG;   // token run / (KS / 4), vec4 run % (KS / 4)
@@ -191,7 +260,9 @@ void put_x(vec4 xr[XR], uint buf) {
                 f16vec4(clamp(xr[i].xzyw, vec4(-65504.0), vec4(65504.0)));   // put_w's order
     }
 }
+#endif
 
+#ifndef CF_DIRECT
 // one weight record as f16 into the subgroup's region: w = d q + m per value (Q2_K: each half's
 // own min; the other types' m1 is 0 and m0 applies to all 32 values). The int8 values become f16
 // without a conversion instruction (those run at a quarter of the ALU rate on NVIDIA):
@@ -217,6 +288,46 @@ void put_w(CHUNK u, uint region, uint j) {
     }
 }
 
+#endif
+
+#ifdef CF_DIRECT
+// weights of nibble pair `v` (4 bits at bit 0 and bit 16) times d: 0x6400 | q is the half 1024 + q
+f16vec2 nib(uint v, f16vec2 d) { return (unpackFloat2x16((v & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0)) * d; }
+
+// one slab: each block's two 16-wide K steps, the weight fragments built in registers (CF_DIRECT)
+void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
+    [[unroll]] for (uint j = 0u; j < NBK; j++) {
+        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[2][CF_FT];
+        [[unroll]] for (uint h = 0u; h < 2u; h++) [[unroll]] for (uint i = 0u; i < CF_FT; i++)
+            coopMatLoad(a[h][i], xs, (buf * BM + 16u * i) * SX4 + (2u * j + h) * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
+        [[unroll]] for (uint g = 0u; g < NW; g++) {
+            const f16vec2 dd = unpackFloat2x16(w[g][3u * j + 2u]);
+            // p[row][slots + 8][nibble]: row g (0) or g + 8 (1); K slots 2t.. (0) or 2t + 8.. (1);
+            // the low nibbles (K step 2j) or the high ones (2j + 1)
+            f16vec2 p[2][2][2];
+            [[unroll]] for (uint r = 0u; r < 2u; r++) {
+                const uint v = w[g][3u * j + r];
+                const f16vec2 d = f16vec2(dd[r]);
+                p[r][0][0] = nib(v, d);
+                p[r][1][0] = nib(v >> 8, d);
+                p[r][0][1] = nib(v >> 4, d);
+                p[r][1][1] = nib(v >> 12, d);
+            }
+            [[unroll]] for (uint h = 0u; h < 2u; h++) {
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+                [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                    const uint q = e / 2u;
+                    const f16vec2 r0 = ((CF_PK >> q) & 1u) != 0u ? p[0][1][h] : p[0][0][h];
+                    const f16vec2 r1 = ((CF_PK >> q) & 1u) != 0u ? p[1][1][h] : p[1][0][h];
+                    const f16vec2 pr = ((CF_PR >> q) & 1u) != 0u ? r1 : r0;
+                    b[e] = (e & 1u) != 0u ? pr.y : pr.x;
+                }
+                [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[h][i], b, acc[g][i]);
+            }
+        }
+    }
+}
+#else
 // one slab: the subgroup's weights (this lane's records `w`) into its region as f16, then the
 // products with x's slab in shared buffer `buf`
 #ifdef CF_RAW
@@ -252,16 +363,22 @@ void multiply(CHUNK w[NW * CF_KC], uint buf, uint region, inout ACC acc[NW][CF_F
     }
     subgroupBarrier();   // the region is rewritten by the next slab
 }
+#endif
 
 void main() {
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint n0 = gl_WorkGroupID.x * (16u * CF_NSG), m0 = gl_WorkGroupID.y * BM;
-#ifdef CF_RAW
+#if defined(CF_RAW) || defined(CF_DIRECT)
     const uint row = n0 + sg * 16u;                                 // the subgroup's first row
 #else
     const uint row = min(n0 + sg * 16u + lane % 16u, pc.n - 1u);   // rows past n repeat the last
 #endif
+#ifdef CF_DIRECT
+#define MREGION
+#else
     const uint region = sg * NW * 16u;
+#define MREGION region,
+#endif
 #ifdef CF_SPLITK
     // this workgroup's share of K: slabs [first, first + slabs) of split gl_WorkGroupID.z
     const uint all = pc.k / KS, per = (all + gl_NumWorkGroups.z - 1u) / gl_NumWorkGroups.z;
@@ -273,12 +390,16 @@ void main() {
     ACC acc[NW][CF_FT];
     [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = ACC(0.0);
 
-#ifdef CF_RAW
+#if defined(CF_DIRECT)
+    uint wa[NW][DW], wb[NW][DW];
+    vec4 xa[2u * XU], xb[2u * XU];
+#elif defined(CF_RAW)
     uint wa[NW][RPL], wb[NW][RPL];
+    vec4 xa[XR], xb[XR];
 #else
     CHUNK wa[NW * CF_KC], wb[NW * CF_KC];
-#endif
     vec4 xa[XR], xb[XR];
+#endif
     if (slabs > 0u) {   // (a split past the end of K only writes zeros)
         const uint last = first + slabs - 1u;
         fetch_w(first, row, wa);
@@ -290,13 +411,13 @@ void main() {
         fetch_x(min(first + 2u, last), m0, xa);
         // slab s: weights in wa, x in shared buffer 0; slab s + 1: wb, buffer 1 (x from xb)
         for (uint s = first; s <= last; s += 2u) {
-            multiply(wa, 0u, region, acc);
+            multiply(wa, 0u, MREGION acc);
             fetch_w(min(s + 2u, last), row, wa);
             put_x(xb, 1u);
             barrier();
             fetch_x(min(s + 3u, last), m0, xb);
             if (s + 1u <= last) {
-                multiply(wb, 1u, region, acc);
+                multiply(wb, 1u, MREGION acc);
                 fetch_w(min(s + 3u, last), row, wb);
                 put_x(xa, 0u);
                 barrier();

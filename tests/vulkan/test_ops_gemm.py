@@ -17,8 +17,10 @@ from phoenix_chat.engine.backends.vulkan.ops_gemm import (
     CF_TILES,
     INT8_KERNELS,
     KERNELS,
+    cf_direct_layout,
     cf_refusal,
     coopmat_ok,
+    fragment_pairs,
     gemm,
     is_coopmat,
     kernel,
@@ -203,3 +205,36 @@ def test_split_k_reduce_adds_the_splits_in_order(vk_device, geglu):
     want = gelu_tanh(sums[0]) * sums[1] if geglu else sums[0]
     np.testing.assert_allclose(got[:, y_off : y_off + n], want, rtol=1e-5, atol=1e-5)
     assert not got[:, :y_off].any() and not got[:, y_off + n :].any()
+
+
+def _pair_layout(pr: int, pk: int) -> np.ndarray:
+    """coopmat_layout_probe.comp's output for a driver with the pair layout (PR, PK)."""
+    lane, e = np.arange(32)[:, None], np.arange(8)[None, :]
+    n = lane // 4 + 8 * ((pr >> (e // 2)) & 1)
+    k = 2 * (lane % 4) + e % 2 + 8 * ((pk >> (e // 2)) & 1)
+    return np.append((n * 16 + k).astype(np.float32).ravel(), 8.0)
+
+
+def test_the_fragment_layout_probe_is_read_as_pairs_or_refused():
+    """The CF_DIRECT tiles' layout check (ops_gemm.fragment_pairs): NVIDIA's 16 x 8 x 16 layout
+    (measured on the H100: (12, 10)) and any other pair order are read; a layout of another shape,
+    or a fragment of another length, refuses the tiles with the reason."""
+    assert fragment_pairs(_pair_layout(12, 10)) == (12, 10)
+    assert fragment_pairs(_pair_layout(3, 5)) == (3, 5)
+    scrambled = _pair_layout(12, 10)
+    scrambled[:256] = scrambled[:256].reshape(32, 8)[::-1].ravel()  # lanes in the other order
+    assert "not the pair layout" in fragment_pairs(scrambled)
+    longer = _pair_layout(12, 10)
+    longer[256] = 16.0
+    assert "16 elements" in fragment_pairs(longer)
+
+
+def test_the_direct_tiles_say_why_they_do_not_run(vk_device):
+    """Where they cannot run (lavapipe: no cooperative matrices) the CF_DIRECT tiles and their
+    layout probe say why; other types than Q4_0 are refused by name."""
+    layout = cf_direct_layout(vk_device)
+    if isinstance(layout, tuple):
+        assert cf_refusal(vk_device, "Q8_0", 256, "cmd1_4", False) is not None
+        assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmd1_4", False)
+        return
+    assert layout and cf_refusal(vk_device, "Q4_0", 256, "cmd1_4", False) == layout

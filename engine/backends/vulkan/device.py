@@ -140,6 +140,9 @@ class Capabilities:
     # (32, else 16); 0 where there is none (or no f16 one: the device is created with matrix cores
     # only where cooperative_matrix is on)
     coopmat_int8_k: int = 0
+    # VK_KHR_pipeline_executable_properties: the driver can report each compiled kernel's
+    # statistics (registers, code size, spills where it says so): pipeline_stats.py, on request
+    pipeline_statistics: bool = False
 
     @property
     def is_software(self) -> bool:
@@ -311,6 +314,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
         int_dot=int_dot,
         int_dot_accelerated=bool(idp and idp.integerDotProduct4x8BitPackedSignedAccelerated),
         cooperative_matrix="cooperative_matrix_f16" not in refused,
+        pipeline_statistics=STATISTICS_EXT in exts,
         coopmat_int8_k=0 if "cooperative_matrix_int8" in refused else _coopmat_int8_k(vk, pd),
         shared_memory=int(lim.maxComputeSharedMemorySize),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
@@ -337,6 +341,7 @@ def _probe(vk: Any, pd: Any, index: int) -> Capabilities:
 
 
 MEMORY_BUDGET_EXT = "VK_EXT_memory_budget"
+STATISTICS_EXT = "VK_KHR_pipeline_executable_properties"
 
 
 def _memory_budget(vk: Any, pd: Any, n_heaps: int) -> tuple[tuple[int, int], ...]:
@@ -511,7 +516,14 @@ class Device:
 
     STAGING_BYTES = 64 << 20
 
-    def __init__(self, vk: Any, physical: Any, caps: Capabilities):
+    def __init__(self, vk: Any, physical: Any, caps: Capabilities, *, capture_statistics: bool = False):
+        if capture_statistics and not caps.pipeline_statistics:
+            raise DeviceUnavailableError(
+                f"{caps.name} cannot report kernel statistics: its driver lacks {STATISTICS_EXT}"
+            )
+        # every pipeline is then built with its statistics captured (bench/pipeline_stats.py);
+        # off in the product: a driver may skip its pipeline cache for such pipelines
+        self.capture_statistics = capture_statistics
         self.vk = vk
         self.ffi = vk.ffi
         self.lib = vk.lib
@@ -525,6 +537,10 @@ class Device:
         try:
             self.device = self._create(vk, physical, caps, coopmat=caps.cooperative_matrix)
         except vk.VkError as exc:
+            if capture_statistics:
+                raise DeviceUnavailableError(
+                    f"vkCreateDevice with {STATISTICS_EXT} failed on {caps.name} ({type(exc).__name__})"
+                ) from None
             if not caps.cooperative_matrix:
                 raise DeviceUnavailableError(
                     f"no Vulkan device: vkCreateDevice failed on {caps.name} ({type(exc).__name__})"
@@ -598,6 +614,9 @@ class Device:
         if coopmat:
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=True)
             extensions.append("VK_KHR_cooperative_matrix")
+        if self.capture_statistics:
+            chain = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(pNext=chain, pipelineExecutableInfo=True)
+            extensions.append(STATISTICS_EXT)
         feats = vk.VkPhysicalDeviceFeatures(shaderInt16=caps.int16, shaderInt64=caps.int64)
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=feats)
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
@@ -615,8 +634,12 @@ class Device:
 
     # -- construction --
     @classmethod
-    def open(cls, index: int | None = None, *, allow_software: bool = False) -> Device:
-        """Open device `index` (or the best hardware GPU). PHOENIX_VULKAN_DEVICE overrides index."""
+    def open(
+        cls, index: int | None = None, *, allow_software: bool = False, capture_statistics: bool = False
+    ) -> Device:
+        """Open device `index` (or the best hardware GPU). PHOENIX_VULKAN_DEVICE overrides index.
+        capture_statistics: build every pipeline so that pipeline_stats.py can read the driver's
+        statistics of it (a diagnostic; refused where the driver lacks the extension)."""
         vk = _vk()
         pds = _physical_devices(vk)
         if not pds:
@@ -624,7 +647,7 @@ class Device:
         if index is None and os.environ.get("PHOENIX_VULKAN_DEVICE"):
             index = int(os.environ["PHOENIX_VULKAN_DEVICE"])
         caps = _choose([_probe(vk, pd, i) for i, pd in enumerate(pds)], index, allow_software)
-        return cls(vk, pds[caps.index], caps)
+        return cls(vk, pds[caps.index], caps, capture_statistics=capture_statistics)
 
     # -- memory (see memory.py) --
     def memory_type(

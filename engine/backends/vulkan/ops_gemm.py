@@ -26,11 +26,16 @@ matrix-core kernel off (for comparisons), and the backend reports the choice in 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import (
+    CF_DIRECT_TILES,
+    CF_DIRECT_TYPES,
     CF_RAW_TYPES,
     CF_TILES,
     CF_TYPES,
@@ -143,11 +148,72 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
     if cf_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
         return f"needs {cf_shared_bytes(kernel_name, geglu)} B of shared memory"
+    if kernel_name in CF_DIRECT_TILES:
+        if wtype.upper() not in CF_DIRECT_TYPES:
+            return f"{wtype}: tile {kernel_name} builds its fragments from {' / '.join(CF_DIRECT_TYPES)} blocks"
+        layout = cf_direct_layout(dev)
+        if isinstance(layout, str):
+            return layout
     splits = CF_TILES[kernel_name][3]
     need = splits * (2 if geglu else 1) * m * n * 4
     if splits > 1 and need > CF_SPLIT_BYTES:
         return f"tile {kernel_name}: {need} B of partial sums exceed the {CF_SPLIT_BYTES} B scratch"
     return None
+
+
+_CF_LAYOUTS: weakref.WeakKeyDictionary[Device, tuple[int, int] | str] = weakref.WeakKeyDictionary()
+
+
+def cf_direct_layout(dev: Device) -> tuple[int, int] | str:
+    """(CF_PR, CF_PK) of this device's 16 x 16 f16 B fragments for the CF_DIRECT tiles, or why
+    they cannot run. The tiles assume lane L holds 4 pairs of consecutive K slots, pair q at row
+    L / 4 + 8 PR_q and slots 2 (L % 4) + 8 PK_q (how NVIDIA lays out its 16 x 8 x 16 products);
+    coopmat_layout_probe.comp shows what the driver really does, once per device."""
+    known = _CF_LAYOUTS.get(dev)
+    if known is not None:
+        return known
+    if os.environ.get("PHOENIX_VULKAN_CF_DIRECT", "1") == "0":
+        return "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
+    why = coopmat_refusal(dev)
+    if why is None and dev.caps.subgroup_size != CF_SUBGROUP:
+        why = f"subgroup size {dev.caps.subgroup_size}: the layout probe is built for {CF_SUBGROUP} lanes"
+    result: tuple[int, int] | str = why if why is not None else _probe_layout(dev)
+    _CF_LAYOUTS[dev] = result
+    return result
+
+
+def _probe_layout(dev: Device) -> tuple[int, int] | str:
+    from phoenix_chat.engine.backends.vulkan.memory import Buffer
+
+    out = Buffer(dev, 257 * 4, host=True, name="fragment layout probe")
+    try:
+        cl = dev.commands(name="fragment layout probe")
+        cl.dispatch(dev.pipeline("coopmat_layout_probe"), [out], 1)
+        cl.end()
+        cl.submit()
+        vals = out.view(np.float32, 257).copy()
+        cl.destroy()
+    finally:
+        out.destroy()
+    return fragment_pairs(vals)
+
+
+def fragment_pairs(vals: np.ndarray) -> tuple[int, int] | str:
+    """(PR, PK) from coopmat_layout_probe.comp's output (lane L's element e holds n * 16 + k of
+    its (K slot k, row n)), or why that layout is not the pair layout the CF_DIRECT tiles assume."""
+    if int(vals[256]) != 8:
+        return f"the driver's 16 x 16 f16 fragment has {int(vals[256])} elements a lane, the CF_DIRECT tiles 8"
+    got = vals[:256].astype(np.int64).reshape(32, 8)
+    n, k = got // 16, got % 16
+    pr = sum(1 << q for q in range(4) if n[0, 2 * q] >= 8)
+    pk = sum(1 << q for q in range(4) if k[0, 2 * q] >= 8)
+    lane = np.arange(32)[:, None]
+    q = np.arange(8)[None, :] // 2
+    want_n = lane // 4 + 8 * ((pr >> q) & 1)
+    want_k = 2 * (lane % 4) + np.arange(8)[None, :] % 2 + 8 * ((pk >> q) & 1)
+    if not (np.array_equal(n, want_n) and np.array_equal(k, want_k)):
+        return "the driver's f16 fragment layout is not the pair layout the CF_DIRECT tiles are built for"
+    return pr, pk
 
 
 def cf_scratch_bytes(dev: Device) -> int:
@@ -320,7 +386,12 @@ def gemm(
         why = cf_refusal(dev, wt, k, kn, w_up is not None, m, n)
         if why is not None:
             raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
-        p = dev.pipeline(name + "_" + kn, WG=CF_TILES[kn][1] * CF_SUBGROUP)
+        spec = {"WG": CF_TILES[kn][1] * CF_SUBGROUP}
+        if kn in CF_DIRECT_TILES:
+            layout = cf_direct_layout(dev)
+            assert not isinstance(layout, str)  # cf_refusal said so otherwise
+            spec["CF_PR"], spec["CF_PK"] = layout
+        p = dev.pipeline(name + "_" + kn, **spec)
         tm, tn = cf_tile(kn)
     elif kn in INT8_KERNELS:
         why = int8_refusal(dev, wt, k, kn, w_up is not None)

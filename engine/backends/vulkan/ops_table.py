@@ -58,7 +58,16 @@ CF_TILES = {
     "cmf1hr_k4": (1, 2, True, 4, 1),
     "cmf2hr_k2": (2, 2, True, 2, 1),
     "cmf1hr_c2": (1, 2, True, 1, 2),
+    "cmd1_4": (1, 4, True, 1, 1),
+    "cmd2_4": (2, 4, True, 1, 1),
+    "cmd1_k4": (1, 2, True, 4, 1),
+    "cmd2_k2": (2, 2, True, 2, 1),
 }
+# the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
+# these types; they run where the driver's fragment layout is the one probed for
+# (ops_gemm.cf_direct_layout)
+CF_DIRECT_TILES = frozenset({"cmd1_4", "cmd2_4", "cmd1_k4", "cmd2_k2"})
+CF_DIRECT_TYPES = ("Q4_0",)
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
 CF_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
@@ -228,6 +237,17 @@ def _variants() -> list[Variant]:
         v.append(
             Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None}, {"WG": (0, 256)})
         )
+    # the fragment layout the CF_DIRECT tiles need (ops_gemm.cf_direct_layout)
+    v.append(
+        Variant(
+            "coopmat_layout_probe",
+            "coopmat_layout_probe.comp",
+            1,
+            PushLayout("none", []),
+            {},
+            requires=("cooperative_matrix",),
+        )
+    )
     # the second half of the split-K few-token tiles (gemm_coopmat_few.comp CF_SPLITK)
     for epi, epi_defs in (("", {}), ("_geglu", {"GEMM_GEGLU": None})):
         v.append(
@@ -330,6 +350,11 @@ def _variants() -> list[Variant]:
             for tile, (ft, nsg, raw, splits, kc) in CF_TILES.items():
                 if raw and wt not in CF_RAW_TYPES:
                     continue
+                direct = tile in CF_DIRECT_TILES
+                if direct and wt not in CF_DIRECT_TYPES:
+                    continue
+                mode = {"CF_DIRECT": None} if direct else {"CF_RAW": None} if raw else {}
+                spec = {"WG": (0, 128), **({"CF_PR": (1, 12), "CF_PK": (2, 10)} if direct else {})}
                 for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                     v.append(
                         Variant(
@@ -342,11 +367,11 @@ def _variants() -> list[Variant]:
                                 **epi_defs,
                                 "CF_FT": str(ft),
                                 "CF_NSG": str(nsg),
-                                **({"CF_RAW": None} if raw else {}),
+                                **mode,
                                 **({"CF_SPLITK": None} if splits > 1 else {}),
                                 "CF_KC": str(kc),
                             },
-                            {"WG": (0, 128)},
+                            spec,
                             requires=("cooperative_matrix",),
                         )
                     )

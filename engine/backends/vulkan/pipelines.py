@@ -319,8 +319,16 @@ class Pipeline:
             pName="main",
             pSpecializationInfo=spec_info,
         )
+        flags = 0
+        if dev.capture_statistics:  # bench/pipeline_stats.py's device
+            flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
+            flags |= vk.VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR
         self.handle = vk.vkCreateComputePipelines(
-            dev.device, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None
+            dev.device,
+            None,
+            1,
+            [vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)],
+            None,
         )[0]
 
     def destroy(self) -> None:
