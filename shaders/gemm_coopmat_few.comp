@@ -125,9 +125,25 @@ shared uint wraw[CF_NSG * NW * 16u * RW];
 // an SM, so the kernel was bound by instruction issue, not by the memory.
 layout(constant_id = 1) const uint CF_PR = 12u;
 layout(constant_id = 2) const uint CF_PK = 10u;
+#ifdef CF_WIDE
+// CF_WIDE (with CF_DIRECT, a 256-wide slab: CF_KC 4): lane t takes the whole of block pair t of the
+// slab (two Q4_0 blocks, 36 bytes, word-aligned as K % 64 == 0) for rows g and g + 8 as nine
+// 32-bit loads a row, where CF_DIRECT's 16-bit loads fetch 8 bytes a row and block: each load
+// instruction of a subgroup touches 8 rows' cache lines either way, so wider loads are fewer of
+// them. The 16 fragments of the slab take their lane-t K slots from pair t: step j from block
+// j / 8, quant word (j % 8) / 2, low (even j) or high nibbles, and put_x stages x to match.
+#define DW 18u                  // words per lane, matrix and slab: row g's pair, then row g + 8's
+#define XU ((BM * 16u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x units (4 vec4s) per invocation per slab
+#else
 #define NBK (KS / 32u)          // Q4_0 blocks per row and slab
 #define DW (3u * NBK)           // words per lane, matrix and slab: per block row g's quants, row g+8's, both scales
 #define XU ((BM * KS / 8u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x units (2 vec4s) per invocation per slab
+#endif
+#ifdef CF_WIDE
+#define XV 4u                   // vec4s per x unit
+#else
+#define XV 2u
+#endif
 #endif
 
 shared f16vec4 xs[2u * BM * SX4];               // x, two slabs
@@ -138,7 +154,22 @@ shared float cs[CF_NSG * 256u];                 // one 16 x 16 output tile per s
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-#if defined(CF_DIRECT)
+#if defined(CF_WIDE)
+// this lane's words of slab `slab` (see CF_WIDE): block pair t of rows g and g + 8
+void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
+    const uint lane = gl_SubgroupInvocationID, wpr = (pc.k / 64u) * 9u;   // 32-bit words a row
+    const uint o = slab * 36u + (lane % 4u) * 9u;
+    const uint ra = min(row0 + lane / 4u, pc.n - 1u) * wpr + o, rb = min(row0 + lane / 4u + 8u, pc.n - 1u) * wpr + o;
+    [[unroll]] for (uint i = 0u; i < 9u; i++) {
+        r[0][i] = w0_32[ra + i];
+        r[0][9u + i] = w0_32[rb + i];
+#ifdef GEMM_GEGLU
+        r[1][i] = w1_32[ra + i];
+        r[1][9u + i] = w1_32[rb + i];
+#endif
+    }
+}
+#elif defined(CF_DIRECT)
 // this lane's words of slab `slab` (see CF_DIRECT): per block, rows g's and g + 8's quant words t
 // and t + 4 as one 32-bit value each, then both rows' scales
 void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
@@ -218,10 +249,38 @@ void fetch_w(uint slab, uint row, out CHUNK r[NW * CF_KC]) {
 }
 #endif
 
-#ifdef CF_DIRECT
+#ifdef CF_WIDE
+// x in the weights' slot order (CF_WIDE): a unit is step j of a token, whose 16 slots take x at
+// base + {0, 2, 64, 66, 128, 130, 192, 194, 1, 3, 65, ...}: the vec4s at base + 64 t', t' = 0..3
+void fetch_x(uint slab, uint m0, out vec4 xr[XV * XU]) {
+    [[unroll]] for (uint i = 0u; i < XU; i++) {
+        const uint unit = gl_LocalInvocationID.x + i * WG, j = unit % 16u;
+        const uint t = min(m0 + min(unit / 16u, BM - 1u), pc.m - 1u);
+        const uint base = 32u * (j / 8u) + 4u * ((j % 8u) / 2u) + 16u * (j % 2u);
+        const uint v = (t * pc.x_stride + slab * KS + base) / 4u;
+        [[unroll]] for (uint q = 0u; q < 4u; q++) xr[4u * i + q] = x4[v + 16u * q];
+    }
+}
+
+void put_x(vec4 xr[XV * XU], uint buf) {
+    const vec4 big = vec4(65504.0);
+    [[unroll]] for (uint i = 0u; i < XU; i++) {
+        const uint unit = gl_LocalInvocationID.x + i * WG;
+        if (unit < BM * 16u) {
+            const uint o = (buf * BM + unit / 16u) * SX4 + (unit % 16u) * 4u;
+            const vec4 a = clamp(xr[4u * i], -big, big), b = clamp(xr[4u * i + 1u], -big, big);
+            const vec4 c = clamp(xr[4u * i + 2u], -big, big), d = clamp(xr[4u * i + 3u], -big, big);
+            xs[o] = f16vec4(a.x, a.z, b.x, b.z);
+            xs[o + 1u] = f16vec4(c.x, c.z, d.x, d.z);
+            xs[o + 2u] = f16vec4(a.y, a.w, b.y, b.w);
+            xs[o + 3u] = f16vec4(c.y, c.w, d.y, d.w);
+        }
+    }
+}
+#elif defined(CF_DIRECT)
 // x in the weights' slot order (CF_DIRECT): a unit is vec4s u and u + 2 of a 16-wide group of a
 // token's slab (K 4u..4u+3 and 8+4u..), which fill the group's slot vec4s u and u + 2
-void fetch_x(uint slab, uint m0, out vec4 xr[2u * XU]) {
+void fetch_x(uint slab, uint m0, out vec4 xr[XV * XU]) {
     [[unroll]] for (uint i = 0u; i < XU; i++) {
         const uint unit = gl_LocalInvocationID.x + i * WG, within = unit % (KS / 8u);
         const uint t = min(m0 + min(unit / (KS / 8u), BM - 1u), pc.m - 1u);
@@ -231,7 +290,7 @@ void fetch_x(uint slab, uint m0, out vec4 xr[2u * XU]) {
     }
 }
 
-void put_x(vec4 xr[2u * XU], uint buf) {
+void put_x(vec4 xr[XV * XU], uint buf) {
     const vec4 big = vec4(65504.0);
     [[unroll]] for (uint i = 0u; i < XU; i++) {
         const uint unit = gl_LocalInvocationID.x + i * WG, within = unit % (KS / 8u);
@@ -294,6 +353,37 @@ void put_w(CHUNK u, uint region, uint j) {
 // weights of nibble pair `v` (4 bits at bit 0 and bit 16) times d: 0x6400 | q is the half 1024 + q
 f16vec2 nib(uint v, f16vec2 d) { return (unpackFloat2x16((v & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0)) * d; }
 
+#ifdef CF_WIDE
+// one slab: 16 K steps, the weight fragments built in registers from each lane's block pair
+void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
+    [[unroll]] for (uint j = 0u; j < 16u; j++) {
+        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CF_FT];
+        [[unroll]] for (uint i = 0u; i < CF_FT; i++)
+            coopMatLoad(a[i], xs, (buf * BM + 16u * i) * SX4 + j * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
+        const uint blk = j / 8u, wd = (j % 8u) / 2u, sh = 4u * (j % 2u);
+        [[unroll]] for (uint g = 0u; g < NW; g++) {
+            f16vec2 p[2][2];   // [row g / g + 8][K slots 2t.. / 2t + 8..]
+            [[unroll]] for (uint r = 0u; r < 2u; r++) {
+                const uint o = 9u * r;
+                // block 0's quants start at byte 2 of the pair (after its scale), block 1's at 20
+                const uint v = blk == 0u ? (w[g][o + wd] >> 16) | (w[g][o + wd + 1u] << 16) : w[g][o + 5u + wd];
+                const float16_t dv = blk == 0u ? unpackFloat2x16(w[g][o]).x : unpackFloat2x16(w[g][o + 4u]).y;
+                p[r][0] = nib(v >> sh, f16vec2(dv));
+                p[r][1] = nib(v >> (sh + 8u), f16vec2(dv));
+            }
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+            [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                const uint q = e / 2u;
+                const f16vec2 r0 = ((CF_PK >> q) & 1u) != 0u ? p[0][1] : p[0][0];
+                const f16vec2 r1 = ((CF_PK >> q) & 1u) != 0u ? p[1][1] : p[1][0];
+                const f16vec2 pr = ((CF_PR >> q) & 1u) != 0u ? r1 : r0;
+                b[e] = (e & 1u) != 0u ? pr.y : pr.x;
+            }
+            [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[i], b, acc[g][i]);
+        }
+    }
+}
+#else
 // one slab: each block's two 16-wide K steps, the weight fragments built in registers (CF_DIRECT)
 void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
     [[unroll]] for (uint j = 0u; j < NBK; j++) {
@@ -327,6 +417,7 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
         }
     }
 }
+#endif
 #else
 // one slab: the subgroup's weights (this lane's records `w`) into its region as f16, then the
 // products with x's slab in shared buffer `buf`
@@ -392,7 +483,7 @@ void main() {
 
 #if defined(CF_DIRECT)
     uint wa[NW][DW], wb[NW][DW];
-    vec4 xa[2u * XU], xb[2u * XU];
+    vec4 xa[XV * XU], xb[XV * XU];
 #elif defined(CF_RAW)
     uint wa[NW][RPL], wb[NW][RPL];
     vec4 xa[XR], xb[XR];

@@ -234,7 +234,7 @@ def test_the_direct_tiles_say_why_they_do_not_run(vk_device):
     layout probe say why; other types than Q4_0 are refused by name."""
     layout = cf_direct_layout(vk_device)
     if isinstance(layout, tuple):
-        assert cf_refusal(vk_device, "Q8_0", 256, "cmd1_4", False) is not None
-        assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmd1_4", False)
+        assert cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False) is not None
+        assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False)
         return
-    assert layout and cf_refusal(vk_device, "Q4_0", 256, "cmd1_4", False) == layout
+    assert layout and cf_refusal(vk_device, "Q4_0", 256, "cmw1_4", False) == layout

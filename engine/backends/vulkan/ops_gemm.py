@@ -125,6 +125,8 @@ def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
     blocks (Q4_0 / Q8_0: at most 68 bytes a row)."""
     ft, nsg, _raw, _splits, kc = CF_TILES[kernel_name]
     nw = 2 if geglu else 1
+    if kernel_name in CF_DIRECT_TILES:  # no shared copy of the weights
+        return 2 * 16 * ft * (128 * kc + 16) + nsg * 1024
     return (2 * 16 * ft + nsg * nw * 16) * (128 * kc + 16) + nsg * 1024 + nsg * nw * 16 * 68 * kc
 
 

@@ -58,15 +58,16 @@ CF_TILES = {
     "cmf1hr_k4": (1, 2, True, 4, 1),
     "cmf2hr_k2": (2, 2, True, 2, 1),
     "cmf1hr_c2": (1, 2, True, 1, 2),
-    "cmd1_4": (1, 4, True, 1, 1),
     "cmd2_4": (2, 4, True, 1, 1),
-    "cmd1_k4": (1, 2, True, 4, 1),
-    "cmd2_k2": (2, 2, True, 2, 1),
+    "cmw1_4": (1, 4, True, 1, 4),
+    "cmw1_4_k4": (1, 4, True, 4, 4),
+    "cmw2_8_k2": (2, 8, True, 2, 4),
 }
 # the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
 # these types; they run where the driver's fragment layout is the one probed for
 # (ops_gemm.cf_direct_layout)
-CF_DIRECT_TILES = frozenset({"cmd1_4", "cmd2_4", "cmd1_k4", "cmd2_k2"})
+CF_WIDE_TILES = frozenset({"cmw1_4", "cmw1_4_k4", "cmw2_8_k2"})  # CF_WIDE: a lane loads whole block pairs
+CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES
 CF_DIRECT_TYPES = ("Q4_0",)
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
@@ -354,6 +355,8 @@ def _variants() -> list[Variant]:
                 if direct and wt not in CF_DIRECT_TYPES:
                     continue
                 mode = {"CF_DIRECT": None} if direct else {"CF_RAW": None} if raw else {}
+                if tile in CF_WIDE_TILES:
+                    mode["CF_WIDE"] = None
                 spec = {"WG": (0, 128), **({"CF_PR": (1, 12), "CF_PK": (2, 10)} if direct else {})}
                 for epi, epi_defs, nb in (("", {}, 3), ("_geglu", {"GEMM_GEGLU": None}, 4)):
                     v.append(
