@@ -119,10 +119,11 @@ shared uint wraw[CF_NSG * NW * 16u * RW];
 // Which (row, K slot) each fragment element is belongs to the driver: the kernel assumes a lane's
 // elements are 4 pairs of consecutive K slots, pair q at row g + 8 PR_q and slots 2t + 8 PK_q,
 // with (PR, PK) the bit masks below, and ops_gemm.cf_direct_layout checks exactly that on the
-// device (coopmat_layout_probe.comp) and passes them, or refuses these tiles.
-// Why: the record tiles' shared round trip (unpack to int8, f16 stores, fragment loads) cost
-// ~3,000 instructions a slab; their register counts (bench.pipeline_stats) leave ~10 subgroups
-// an SM, so the kernel was bound by instruction issue, not by the memory.
+// device (coopmat_fragment_layout.comp) and passes them, or refuses these tiles.
+// Why: the record tiles' shared round trip (unpack to int8, f16 stores, fragment loads) is most of
+// their code (~116 KB of binary for two unrolled slabs, 182 registers a lane for the GEGLU tile:
+// bench.pipeline_stats), and on the H100 they ran at a fifth of the memory bandwidth or less;
+// these tiles take a 27B gate/up of 32 tokens from 305 to 140 µs (docs/PERFORMANCE.md).
 layout(constant_id = 1) const uint CF_PR = 12u;
 layout(constant_id = 2) const uint CF_PK = 10u;
 #ifdef CF_WIDE

@@ -208,7 +208,7 @@ def test_split_k_reduce_adds_the_splits_in_order(vk_device, geglu):
 
 
 def _pair_layout(pr: int, pk: int) -> np.ndarray:
-    """coopmat_layout_probe.comp's output for a driver with the pair layout (PR, PK)."""
+    """coopmat_fragment_layout.comp's output for a driver with the pair layout (PR, PK)."""
     lane, e = np.arange(32)[:, None], np.arange(8)[None, :]
     n = lane // 4 + 8 * ((pr >> (e // 2)) & 1)
     k = 2 * (lane % 4) + e % 2 + 8 * ((pk >> (e // 2)) & 1)
@@ -231,7 +231,7 @@ def test_the_fragment_layout_probe_is_read_as_pairs_or_refused():
 
 def test_the_direct_tiles_say_why_they_do_not_run(vk_device):
     """Where they cannot run (lavapipe: no cooperative matrices) the CF_DIRECT tiles and their
-    layout probe say why; other types than Q4_0 are refused by name."""
+    layout query say why; other types than Q4_0 are refused by name."""
     layout = cf_direct_layout(vk_device)
     if isinstance(layout, tuple):
         assert cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False) is not None

@@ -495,7 +495,7 @@ class VulkanBackend(Backend):
         # sample top-k replay one recording, not 16 (each recorded on first use, ~0.1-0.3 s on an
         # H100, and evicting the others' past MAX_BATCH_RECORDINGS)
         pad_kind = max(SAMPLER_ORDER, key=lambda k: (kinds.count(k), -SAMPLER_ORDER.index(k)))
-        B = len(self._write_rows(steps, order, "sample", pad_kind))
+        B = len(self._write_rows(steps, order, "sample", pad_kind, kinds))
         counts = [kinds.count(k) + (B - len(steps) if k == pad_kind else 0) for k in SAMPLER_ORDER]
         mix = (counts[0], counts[1], counts[2])
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
@@ -526,12 +526,13 @@ class VulkanBackend(Backend):
         order: list[int],
         mode: BatchMode,
         pad_kind: ops_sample.SamplerKind = "argmax",
+        kinds: Sequence[ops_sample.SamplerKind] = (),
     ) -> list[int | None]:
         """Each row's Step (rows in `order`, grouped by sampler in SAMPLER_ORDER as
         batch.record_batch expects, the bucket's pad rows at the end of `pad_kind`'s group with
         that sampler's settings: their draws land in a scratch row of `tokens`) and each
         sequence's token; returns the rows: the index in `steps` each holds (None: a pad row),
-        as many as the bucket."""
+        as many as the bucket. kinds: each step's sampler ("sample" mode; the caller has them)."""
         rows = self.buffers.rows
         assert rows is not None
         B = bucket_for(len(steps), self.plan.batch_rows)
@@ -539,9 +540,11 @@ class VulkanBackend(Backend):
         pad = pack_step(n_tokens=0, tok_base=scratch)
         cut = 0  # where the pad rows go: after the rows whose sampler comes before pad_kind's too
         if mode == "sample":
+            if len(kinds) != len(steps):
+                raise ValueError("a sampled step's rows need each step's sampler kind")
             rank = SAMPLER_ORDER.index(pad_kind)
-            cut = sum(SAMPLER_ORDER.index(ops_sample.sampler_for(steps[i].params)) <= rank for i in order)
-            like = next((steps[i] for i in order if ops_sample.sampler_for(steps[i].params) == pad_kind), None)
+            cut = sum(SAMPLER_ORDER.index(kinds[i]) <= rank for i in order)
+            like = next((steps[i] for i in order if kinds[i] == pad_kind), None)
             if like is not None:
                 pad = pack_step(n_tokens=0, tok_base=scratch, **_sampling_fields(like.params, like.seed))
         layout: list[int | None] = [*order[:cut], *([None] * (B - len(steps))), *order[cut:]]

@@ -170,7 +170,7 @@ def cf_direct_layout(dev: Device) -> tuple[int, int] | str:
     """(CF_PR, CF_PK) of this device's 16 x 16 f16 B fragments for the CF_DIRECT tiles, or why
     they cannot run. The tiles assume lane L holds 4 pairs of consecutive K slots, pair q at row
     L / 4 + 8 PR_q and slots 2 (L % 4) + 8 PK_q (how NVIDIA lays out its 16 x 8 x 16 products);
-    coopmat_layout_probe.comp shows what the driver really does, once per device."""
+    coopmat_fragment_layout.comp shows what the driver really does, once per device."""
     known = _CF_LAYOUTS.get(dev)
     if known is not None:
         return known
@@ -178,19 +178,19 @@ def cf_direct_layout(dev: Device) -> tuple[int, int] | str:
         return "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
     why = coopmat_refusal(dev)
     if why is None and dev.caps.subgroup_size != CF_SUBGROUP:
-        why = f"subgroup size {dev.caps.subgroup_size}: the layout probe is built for {CF_SUBGROUP} lanes"
-    result: tuple[int, int] | str = why if why is not None else _probe_layout(dev)
+        why = f"subgroup size {dev.caps.subgroup_size}: the layout query is built for {CF_SUBGROUP} lanes"
+    result: tuple[int, int] | str = why if why is not None else _read_layout(dev)
     _CF_LAYOUTS[dev] = result
     return result
 
 
-def _probe_layout(dev: Device) -> tuple[int, int] | str:
+def _read_layout(dev: Device) -> tuple[int, int] | str:
     from phoenix_chat.engine.backends.vulkan.memory import Buffer
 
-    out = Buffer(dev, 257 * 4, host=True, name="fragment layout probe")
+    out = Buffer(dev, 257 * 4, host=True, name="fragment layout")
     try:
-        cl = dev.commands(name="fragment layout probe")
-        cl.dispatch(dev.pipeline("coopmat_layout_probe"), [out], 1)
+        cl = dev.commands(name="fragment layout")
+        cl.dispatch(dev.pipeline("coopmat_fragment_layout"), [out], 1)
         cl.end()
         cl.submit()
         vals = out.view(np.float32, 257).copy()
@@ -201,7 +201,7 @@ def _probe_layout(dev: Device) -> tuple[int, int] | str:
 
 
 def fragment_pairs(vals: np.ndarray) -> tuple[int, int] | str:
-    """(PR, PK) from coopmat_layout_probe.comp's output (lane L's element e holds n * 16 + k of
+    """(PR, PK) from coopmat_fragment_layout.comp's output (lane L's element e holds n * 16 + k of
     its (K slot k, row n)), or why that layout is not the pair layout the CF_DIRECT tiles assume."""
     if int(vals[256]) != 8:
         return f"the driver's 16 x 16 f16 fragment has {int(vals[256])} elements a lane, the CF_DIRECT tiles 8"

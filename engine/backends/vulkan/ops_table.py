@@ -241,8 +241,8 @@ def _variants() -> list[Variant]:
     # the fragment layout the CF_DIRECT tiles need (ops_gemm.cf_direct_layout)
     v.append(
         Variant(
-            "coopmat_layout_probe",
-            "coopmat_layout_probe.comp",
+            "coopmat_fragment_layout",
+            "coopmat_fragment_layout.comp",
             1,
             PushLayout("none", []),
             {},
