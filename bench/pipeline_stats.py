@@ -7,7 +7,7 @@
     ... [--ir DIR]   # also write each executable's internal representations (what the driver shows)
 
 A name is a pipeline variant (engine/backends/vulkan/pipelines.VARIANTS), optionally with its
-specialization constants; --gemm builds the GEMM tiles with the workgroup ops_gemm gives them.
+specialization constants; --gemm builds the GEMM tiles as ops_gemm.gemm runs them (tile_pipeline).
 Refused (exit 2, saying why) on a driver without the extension (lavapipe has none).
 """
 
@@ -16,29 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from phoenix_chat.engine.backends.vulkan import ops_gemm, ops_table
+from phoenix_chat.engine.backends.vulkan import ops_gemm
 from phoenix_chat.engine.backends.vulkan.device import Device, DeviceUnavailableError
 from phoenix_chat.engine.backends.vulkan.pipeline_stats import executables
-from phoenix_chat.engine.backends.vulkan.pipelines import VARIANTS
-
-
-def gemm_specs(dev: Device, types: str, kernels: str, geglu: bool) -> list[tuple[str, dict[str, int]]]:
-    """(variant, spec) of each GEMM tile as ops_gemm.gemm builds it."""
-    out = []
-    for wt in types.split(","):
-        base = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if geglu else "")
-        for kn in kernels.split(","):
-            spec: dict[str, int] = {}
-            if kn in ops_gemm.CM_TILES:
-                spec["WG"] = ops_gemm.CM_TILE_SUBGROUPS.get(kn, ops_gemm.CM_SUBGROUPS) * dev.caps.subgroup_size
-            elif kn in ops_table.CF_TILES:
-                spec["WG"] = ops_table.CF_TILES[kn][1] * ops_gemm.CF_SUBGROUP
-            elif kn in ops_gemm.CM8_KERNELS:
-                spec["WG"] = ops_gemm.cm8_subgroups(kn) * dev.caps.subgroup_size
-            out.append((f"{base}_{kn}", spec))
-    return out
+from phoenix_chat.engine.backends.vulkan.pipelines import VARIANTS, Pipeline
 
 
 def parse(item: str) -> tuple[str, dict[str, int]]:
@@ -64,19 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     except DeviceUnavailableError as exc:
         print(f"pipeline_stats: {exc}", file=sys.stderr)
         return 2
-    todo = [parse(p) for p in args.pipelines]
+    # each: how to build the pipeline, and its name for the report
+    todo: list[tuple[str, Callable[[], Pipeline]]] = [
+        (name, lambda name=name, spec=spec: dev.pipeline(name, **spec)) for name, spec in map(parse, args.pipelines)
+    ]
     if args.gemm:
         types, _, kernels = args.gemm.partition(":")
-        todo += gemm_specs(dev, types, kernels, args.geglu)
+        todo += [
+            (f"{wt}:{kn}", lambda wt=wt, kn=kn: ops_gemm.tile_pipeline(dev, wt, kn, args.geglu))
+            for wt in types.split(",")
+            for kn in kernels.split(",")
+        ]
     print(f"# {dev.name} ({dev.caps.driver})")
     report = []
-    for name, spec in todo:
+    for label, build in todo:
         try:
-            p = dev.pipeline(name, **spec)
+            p = build()
             exes = executables(p, representations=args.ir is not None)
         except (KeyError, ValueError, RuntimeError) as exc:
-            print(f"{name}: {exc}")
+            print(f"{label}: {exc}")
             continue
+        name, spec = p.name, p.spec_values
         for e in exes:
             stats = ", ".join(f"{k}: {v}" for k, v in e.statistics.items())
             print(f"{name} {spec or ''} [{e.name}, subgroup {e.subgroup_size}] {stats}")

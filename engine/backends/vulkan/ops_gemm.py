@@ -50,6 +50,7 @@ from phoenix_chat.engine.backends.vulkan.ops_table import (
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
+    from phoenix_chat.engine.backends.vulkan.pipelines import Pipeline
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 TILE = 64  # gemm.comp: 64 tokens x 64 columns
@@ -122,11 +123,11 @@ def cf_tile(kernel_name: str) -> tuple[int, int]:
 def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
     """Shared memory of a few-token tile: two slabs of x and each subgroup's weight rows (f16, 72
     halves a row), a 16 x 16 f32 output tile per subgroup, and the raw copy of each subgroup's
-    blocks (Q4_0 / Q8_0: at most 68 bytes a row)."""
+    blocks (Q4_0 / Q8_0: at most 68 bytes a row); the CF_DIRECT tiles keep no weights there."""
     ft, nsg, _raw, _splits, kc = CF_TILES[kernel_name]
-    nw = 2 if geglu else 1
-    if kernel_name in CF_DIRECT_TILES:  # no shared copy of the weights
+    if kernel_name in CF_DIRECT_TILES:
         return 2 * 16 * ft * (128 * kc + 16) + nsg * 1024
+    nw = 2 if geglu else 1
     return (2 * 16 * ft + nsg * nw * 16) * (128 * kc + 16) + nsg * 1024 + nsg * nw * 16 * 68 * kc
 
 
@@ -188,14 +189,14 @@ def _read_layout(dev: Device) -> tuple[int, int] | str:
     from phoenix_chat.engine.backends.vulkan.memory import Buffer
 
     out = Buffer(dev, 257 * 4, host=True, name="fragment layout")
+    cl = dev.commands(name="fragment layout")
     try:
-        cl = dev.commands(name="fragment layout")
         cl.dispatch(dev.pipeline("coopmat_fragment_layout"), [out], 1)
         cl.end()
         cl.submit()
         vals = out.view(np.float32, 257).copy()
-        cl.destroy()
     finally:
+        cl.destroy()
         out.destroy()
     return fragment_pairs(vals)
 
@@ -344,6 +345,31 @@ def _ranges(w: Tensor | Binding, n: int) -> list[tuple[Binding, int, int]]:
     return [(w, 0, n)]
 
 
+def tile_pipeline(dev: Device, wtype: str, kernel_name: str, geglu: bool) -> Pipeline:
+    """The pipeline of GEMM kernel `kernel_name` (one of KERNELS) for weight type `wtype`, with the
+    workgroup and specialization constants `gemm` runs it with (bench/pipeline_stats.py builds the
+    same). No refusal checks: `gemm` makes them first."""
+    name = f"gemm_{wtype.lower()}_f32_f32" + ("_geglu" if geglu else "")
+    if kernel_name == "tiled":
+        return dev.pipeline(name)
+    if kernel_name == "lanes":
+        wg = max(1, min(64, dev.caps.subgroup_size))
+        return dev.pipeline(name + "_lanes", WG=wg, RN=LANES_RN // 2 if geglu else LANES_RN, TM=LANES_TM)
+    spec: dict[str, int] = {}
+    if kernel_name in CM_TILES:
+        spec["WG"] = CM_TILE_SUBGROUPS.get(kernel_name, CM_SUBGROUPS) * dev.caps.subgroup_size
+    elif kernel_name in CF_TILES:
+        spec["WG"] = CF_TILES[kernel_name][1] * CF_SUBGROUP
+        if kernel_name in CF_DIRECT_TILES:
+            layout = cf_direct_layout(dev)
+            if isinstance(layout, str):
+                raise ValueError(f"gemm: tile {kernel_name} cannot run here: {layout}")
+            spec["CF_PR"], spec["CF_PK"] = layout
+    elif kernel_name in CM8_KERNELS:
+        spec["WG"] = cm8_subgroups(kernel_name) * dev.caps.subgroup_size
+    return dev.pipeline(name + "_" + kernel_name, **spec)
+
+
 def gemm(
     cl: CommandList,
     dev: Device,
@@ -373,49 +399,37 @@ def gemm(
         raise ValueError(f"gemm: k = {k} is not a multiple of 32 (the kernels stage K in steps of 32)")
     if wt not in GEMM_TYPES:
         raise ValueError(f"gemm: weight type {wtype} unsupported (have {', '.join(GEMM_TYPES)})")
-    name = f"gemm_{wt.lower()}_f32_f32" + ("_geglu" if w_up is not None else "")
     kn = kernel(dev) if kernel_name is None else kernel_name
+    geglu = w_up is not None
     if kn in CM_TILES:
-        if cm_shared_bytes(kn, w_up is not None) > dev.caps.shared_memory:
+        if cm_shared_bytes(kn, geglu) > dev.caps.shared_memory:
             raise ValueError(
-                f"gemm: tile {kn} needs {cm_shared_bytes(kn, w_up is not None)} B of shared memory, "
+                f"gemm: tile {kn} needs {cm_shared_bytes(kn, geglu)} B of shared memory, "
                 f"the device has {dev.caps.shared_memory}"
             )
-        sgs = CM_TILE_SUBGROUPS.get(kn, CM_SUBGROUPS)
-        p = dev.pipeline(name + "_" + kn, WG=sgs * dev.caps.subgroup_size)
-        tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if w_up is not None else CM_TILES[kn]
+        p = tile_pipeline(dev, wt, kn, geglu)
+        tm, tn = CM_TILES_GEGLU.get(kn, CM_TILES[kn]) if geglu else CM_TILES[kn]
     elif kn in CF_TILES:
-        why = cf_refusal(dev, wt, k, kn, w_up is not None, m, n)
+        why = cf_refusal(dev, wt, k, kn, geglu, m, n)
         if why is not None:
             raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
-        spec = {"WG": CF_TILES[kn][1] * CF_SUBGROUP}
-        if kn in CF_DIRECT_TILES:
-            layout = cf_direct_layout(dev)
-            assert not isinstance(layout, str)  # cf_refusal said so otherwise
-            spec["CF_PR"], spec["CF_PK"] = layout
-        p = dev.pipeline(name + "_" + kn, **spec)
+        p = tile_pipeline(dev, wt, kn, geglu)
         tm, tn = cf_tile(kn)
     elif kn in INT8_KERNELS:
-        why = int8_refusal(dev, wt, k, kn, w_up is not None)
+        why = int8_refusal(dev, wt, k, kn, geglu)
         if why is not None:
             raise ValueError(f"gemm: the int8 tile {kn} cannot run this product: {why}")
         if xq is None:
             raise ValueError("gemm: the int8 kernels read x's q8_1 blocks: pass xq")
         if x_stride not in (None, k):
             raise ValueError("gemm: the int8 kernels read x quantized as m x k contiguous values")
-        if kn in CM8_KERNELS:
-            sgs = dev.caps.subgroup_size
-            p = dev.pipeline(name + "_" + kn, WG=cm8_subgroups(kn) * sgs)
-        else:
-            p = dev.pipeline(name + "_" + kn)
-        tm, tn, _kstep = int8_tile(kn, w_up is not None)
+        p = tile_pipeline(dev, wt, kn, geglu)
+        tm, tn, _kstep = int8_tile(kn, geglu)
     elif kn == "lanes":
-        wg = max(1, min(64, dev.caps.subgroup_size))
-        rn = LANES_RN // 2 if w_up is not None else LANES_RN
-        p = dev.pipeline(name + "_lanes", WG=wg, RN=rn, TM=LANES_TM)
-        tm, tn = LANES_TM, wg * rn
+        p = tile_pipeline(dev, wt, kn, geglu)
+        tm, tn = LANES_TM, p.spec_values["WG"] * p.spec_values["RN"]
     elif kn == "tiled":
-        p = dev.pipeline(name)
+        p = tile_pipeline(dev, wt, kn, geglu)
         tm = tn = TILE
     else:
         raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
