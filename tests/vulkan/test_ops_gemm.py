@@ -238,3 +238,18 @@ def test_the_direct_tiles_say_why_they_do_not_run(vk_device):
         assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False)
         return
     assert layout and cf_refusal(vk_device, "Q4_0", 256, "cmw1_4", False) == layout
+
+
+def test_phoenix_vulkan_cf_direct_0_refuses_the_register_built_tiles(vk_device, monkeypatch):
+    """PHOENIX_VULKAN_CF_DIRECT=0 (for comparisons) refuses exactly the CF_DIRECT tiles, saying so,
+    before any layout query; the cached answer of an earlier query does not override it."""
+    from phoenix_chat.engine.backends.vulkan import gemm_tuning
+    from phoenix_chat.engine.backends.vulkan.ops_table import CF_DIRECT_TILES
+
+    monkeypatch.setenv("PHOENIX_VULKAN_CF_DIRECT", "0")
+    assert cf_direct_layout(vk_device) == "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
+    if coopmat_ok(vk_device) and vk_device.caps.subgroup_size == 32:
+        assert cf_refusal(vk_device, "Q4_0", 256, "cmw1_4", False) == "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
+        assert cf_refusal(vk_device, "Q4_0", 256, "cmf1hr", False) is None
+    few = set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True))
+    assert not few & CF_DIRECT_TILES

@@ -172,11 +172,11 @@ def cf_direct_layout(dev: Device) -> tuple[int, int] | str:
     they cannot run. The tiles assume lane L holds 4 pairs of consecutive K slots, pair q at row
     L / 4 + 8 PR_q and slots 2 (L % 4) + 8 PK_q (how NVIDIA lays out its 16 x 8 x 16 products);
     coopmat_fragment_layout.comp shows what the driver really does, once per device."""
+    if os.environ.get("PHOENIX_VULKAN_CF_DIRECT", "1") == "0":
+        return "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
     known = _CF_LAYOUTS.get(dev)
     if known is not None:
         return known
-    if os.environ.get("PHOENIX_VULKAN_CF_DIRECT", "1") == "0":
-        return "disabled by PHOENIX_VULKAN_CF_DIRECT=0"
     why = coopmat_refusal(dev)
     if why is None and dev.caps.subgroup_size != CF_SUBGROUP:
         why = f"subgroup size {dev.caps.subgroup_size}: the layout query is built for {CF_SUBGROUP} lanes"
