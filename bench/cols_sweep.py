@@ -40,6 +40,11 @@ SHAPES = {
         ("gate_up", 21504, 5376, 2, "geglu"),
         ("down", 5376, 21504, 1, None),
     ],
+    "27b_parts": [  # the products the 27B's prefill runs apart (q, k, v) and a gate without its GEGLU pair
+        ("q", 4096, 5376, 1, None),
+        ("kv", 2048, 5376, 1, None),
+        ("gate", 21504, 5376, 1, None),
+    ],
     "tiny": [("qkv", 96, 640, 1, None), ("gate_up", 128, 640, 2, "geglu")],  # a smoke run (lavapipe)
     "4b": [
         ("qkv", 4096, 2560, 1, None),

@@ -39,7 +39,11 @@ def weights(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
 def kernels_of(dev: Device, wanted: str | None) -> list[str]:
     if wanted:
         return wanted.split(",")
-    out = [*ops_gemm.COOPMAT_KERNELS, *ops_gemm.CF_KERNELS] if ops_gemm.coopmat_ok(dev) else [ops_gemm.kernel(dev)]
+    out = (
+        [*ops_gemm.COOPMAT_KERNELS, *ops_gemm.CF_KERNELS, *ops_gemm.CF_PREFILL_KERNELS]
+        if ops_gemm.coopmat_ok(dev)
+        else [ops_gemm.kernel(dev)]
+    )
     if dev.caps.int_dot and not dev.caps.is_software:
         out += list(ops_gemm.INT8_KERNELS)
     return out
@@ -49,7 +53,7 @@ def refusal(dev: Device, kn: str, wtype: str, m: int, rows: int, cols: int, gegl
     """Why tile `kn` does not run this product here (the int8 and few-token tiles refuse some)."""
     if kn in ops_gemm.INT8_KERNELS:
         return ops_gemm.int8_refusal(dev, wtype, cols, kn, geglu)
-    if kn in ops_gemm.CF_KERNELS:
+    if kn in ops_gemm.CF_KERNELS or kn in ops_gemm.CF_PREFILL_KERNELS:
         return ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, m, rows)
     return None
 

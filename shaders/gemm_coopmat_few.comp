@@ -26,6 +26,10 @@
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
 // Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), S);
 // WG = CF_NSG x 32. K must be a multiple of the slab, 64 CF_KC (ops_gemm checks).
+// Prefill chunks take some CF_DIRECT tiles too (ops_table.CF_PREFILL_TILES: 32-64 tokens x 128-256
+// rows, ~90-140 registers a lane, or two matrices' fragments for GEGLU): on the H100 they ran a 27B
+// layer's 512-token products 1.5x faster than gemm_coopmat.comp's 128 x 128 tiles, whose few
+// workgroups (a 5,376-row product is 168 of them) and shared copy of the weights held them back.
 // CF_SPLITK: the S workgroups along z split K between them (a 5,376-row matrix is only 168
 // workgroups of 32 rows — 2.5 subgroups per H100 SM, too few loads in flight) and write their
 // partial sums to binding 1 as [split][matrix][token][row]; gemm_splitk_reduce.comp adds them
@@ -354,6 +358,19 @@ void put_w(CHUNK u, uint region, uint j) {
 // weights of nibble pair `v` (4 bits at bit 0 and bit 16) times d: 0x6400 | q is the half 1024 + q
 f16vec2 nib(uint v, f16vec2 d) { return (unpackFloat2x16((v & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0)) * d; }
 
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+// the B fragment of a lane's four weight pairs p[row g / g + 8][K slots 2t.. / 2t + 8..], placed
+// where the driver's layout puts them (CF_PR, CF_PK: ops_gemm.cf_direct_layout)
+void fragment(f16vec2 p[2][2], out FRAG_B b) {
+    [[unroll]] for (uint e = 0u; e < 8u; e++) {
+        const uint q = e / 2u;
+        const f16vec2 r0 = ((CF_PK >> q) & 1u) != 0u ? p[0][1] : p[0][0];
+        const f16vec2 r1 = ((CF_PK >> q) & 1u) != 0u ? p[1][1] : p[1][0];
+        const f16vec2 pr = ((CF_PR >> q) & 1u) != 0u ? r1 : r0;
+        b[e] = (e & 1u) != 0u ? pr.y : pr.x;
+    }
+}
+
 #ifdef CF_WIDE
 // one slab: 16 K steps, the weight fragments built in registers from each lane's block pair
 void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
@@ -372,49 +389,32 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
                 p[r][0] = nib(v >> sh, f16vec2(dv));
                 p[r][1] = nib(v >> (sh + 8u), f16vec2(dv));
             }
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-            [[unroll]] for (uint e = 0u; e < 8u; e++) {
-                const uint q = e / 2u;
-                const f16vec2 r0 = ((CF_PK >> q) & 1u) != 0u ? p[0][1] : p[0][0];
-                const f16vec2 r1 = ((CF_PK >> q) & 1u) != 0u ? p[1][1] : p[1][0];
-                const f16vec2 pr = ((CF_PR >> q) & 1u) != 0u ? r1 : r0;
-                b[e] = (e & 1u) != 0u ? pr.y : pr.x;
-            }
+            FRAG_B b;
+            fragment(p, b);
             [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[i], b, acc[g][i]);
         }
     }
 }
 #else
-// one slab: each block's two 16-wide K steps, the weight fragments built in registers (CF_DIRECT)
+// one slab: each block's two 16-wide K steps (h: the low nibbles, K 0..15, then the high ones),
+// the weight fragments built in registers (CF_DIRECT); x's fragments of one step at a time (the
+// prefill tiles' CF_FT of 3-4 would hold twice as many registers for both steps' at once)
 void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
-    [[unroll]] for (uint j = 0u; j < NBK; j++) {
-        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[2][CF_FT];
-        [[unroll]] for (uint h = 0u; h < 2u; h++) [[unroll]] for (uint i = 0u; i < CF_FT; i++)
-            coopMatLoad(a[h][i], xs, (buf * BM + 16u * i) * SX4 + (2u * j + h) * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
+    [[unroll]] for (uint j = 0u; j < NBK; j++) [[unroll]] for (uint h = 0u; h < 2u; h++) {
+        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CF_FT];
+        [[unroll]] for (uint i = 0u; i < CF_FT; i++)
+            coopMatLoad(a[i], xs, (buf * BM + 16u * i) * SX4 + (2u * j + h) * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
         [[unroll]] for (uint g = 0u; g < NW; g++) {
             const f16vec2 dd = unpackFloat2x16(w[g][3u * j + 2u]);
-            // p[row][slots + 8][nibble]: row g (0) or g + 8 (1); K slots 2t.. (0) or 2t + 8.. (1);
-            // the low nibbles (K step 2j) or the high ones (2j + 1)
-            f16vec2 p[2][2][2];
+            f16vec2 p[2][2];   // [row g (0) / g + 8 (1)][K slots 2t.. (0) / 2t + 8.. (1)]
             [[unroll]] for (uint r = 0u; r < 2u; r++) {
-                const uint v = w[g][3u * j + r];
-                const f16vec2 d = f16vec2(dd[r]);
-                p[r][0][0] = nib(v, d);
-                p[r][1][0] = nib(v >> 8, d);
-                p[r][0][1] = nib(v >> 4, d);
-                p[r][1][1] = nib(v >> 12, d);
+                const uint v = w[g][3u * j + r] >> (4u * h);
+                p[r][0] = nib(v, f16vec2(dd[r]));
+                p[r][1] = nib(v >> 8, f16vec2(dd[r]));
             }
-            [[unroll]] for (uint h = 0u; h < 2u; h++) {
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-                [[unroll]] for (uint e = 0u; e < 8u; e++) {
-                    const uint q = e / 2u;
-                    const f16vec2 r0 = ((CF_PK >> q) & 1u) != 0u ? p[0][1][h] : p[0][0][h];
-                    const f16vec2 r1 = ((CF_PK >> q) & 1u) != 0u ? p[1][1][h] : p[1][0][h];
-                    const f16vec2 pr = ((CF_PR >> q) & 1u) != 0u ? r1 : r0;
-                    b[e] = (e & 1u) != 0u ? pr.y : pr.x;
-                }
-                [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[h][i], b, acc[g][i]);
-            }
+            FRAG_B b;
+            fragment(p, b);
+            [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[i], b, acc[g][i]);
         }
     }
 }

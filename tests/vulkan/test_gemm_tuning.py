@@ -71,9 +71,13 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
         for key, kn in st["gemm_kernels"].items():
             timed = st["gemm_shape_timing"][key]
             assert kn == min(timed, key=timed.__getitem__)
-            assert set(timed) <= set(ops_gemm.COOPMAT_KERNELS) | set(ops_gemm.INT8_KERNELS)
+            allowed = set(ops_gemm.COOPMAT_KERNELS) | set(ops_gemm.INT8_KERNELS) | set(ops_gemm.CF_PREFILL_KERNELS)
+            assert set(timed) <= allowed
             if vk_device.caps.int_dot:  # the int8 tiles compete (with the quantize of x they need)
                 assert set(timed) & set(ops_gemm.INT8_KERNELS)
+            wtype, cols = key.split()[0], int(key.split()[1].split("x")[1])
+            if ops_gemm.cf_refusal(vk_device, wtype, cols, "cpd2_8", key.endswith("geglu")) is None:
+                assert set(timed) >= set(ops_gemm.CF_PREFILL_KERNELS), key  # the register-built prefill tiles
         assert st["gemm_kernel"] == gemm_tuning.most_chosen(be.tuning)
         # the prefill through the chosen tiles is the CPU's (argmax of every position)
         from phoenix_chat.engine.backends.cpu import CpuBackend
@@ -130,14 +134,25 @@ def test_few_token_tiles_say_why_they_do_not_run(vk_device, monkeypatch):
     assert ops_gemm.cf_scratch_bytes(vk_device) == (ops_gemm.CF_SPLIT_BYTES if why is None else 0)
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 96, False, few=True)) & set(ops_gemm.CF_KERNELS)
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=False)) & set(ops_gemm.CF_KERNELS)
+    # the prefill tiles of the same kernel compete in the prefill timing alone, where they can run
+    prefill = set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=False))
+    direct = ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cpd2_8", False) is None
+    assert prefill >= set(ops_gemm.CF_PREFILL_KERNELS) if direct else not prefill & set(ops_gemm.CF_PREFILL_KERNELS)
+    assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True)) & set(
+        ops_gemm.CF_PREFILL_KERNELS
+    )
+    assert not set(gemm_tuning.candidates_for(vk_device, "Q8_0", 256, False, few=False)) & set(
+        ops_gemm.CF_PREFILL_KERNELS
+    )
     monkeypatch.setenv("PHOENIX_VULKAN_CF", "0")
     assert ops_gemm.cf_refusal(vk_device, "Q4_0", 256, "cmf1h", False) == "disabled by PHOENIX_VULKAN_CF=0"
     assert ops_gemm.cf_scratch_bytes(vk_device) == 0
     assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True)) & set(ops_gemm.CF_KERNELS)
+    assert not set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False)) & set(ops_gemm.CF_PREFILL_KERNELS)
 
 
 def test_every_few_token_tile_fits_its_shared_memory_budget():
-    for kn in ops_gemm.CF_KERNELS:
+    for kn in (*ops_gemm.CF_KERNELS, *ops_gemm.CF_PREFILL_KERNELS):
         for geglu in (False, True):
             assert ops_gemm.cf_shared_bytes(kn, geglu) <= 48 << 10, (kn, geglu)
 

@@ -17,7 +17,9 @@ of 8-32 tokens 1.3-3.6x faster than the f16 tiles, but an LM head of 262,144 row
 tile for every shape could not have picked them. On GPUs with f16 matrix cores and 32-lane
 subgroups the few-token timing also takes the tiles made for it (gemm_coopmat_few.comp, split-K
 ones included where their partial sums fit the scratch): on the H100 they won most 27B / 4B
-products of 32 tokens.
+products of 32 tokens. The prefill chunk's timing takes that kernel's prefill tiles
+(ops_gemm.CF_PREFILL_KERNELS, Q4_0): on the H100 they won every 27B / 4B product of 512 tokens,
+1.4-1.6x prefill end to end.
 A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).
@@ -88,6 +90,12 @@ def candidates_for(
             out += [
                 kn
                 for kn in ops_gemm.CF_KERNELS
+                if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, tokens, rows) is None
+            ]
+        else:  # the prefill tiles that build their weight fragments in registers (Q4_0)
+            out += [
+                kn
+                for kn in ops_gemm.CF_PREFILL_KERNELS
                 if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, tokens, rows) is None
             ]
     if int8_candidates(dev, int_dot):

@@ -19,6 +19,9 @@ For a few tokens (a batched decode step of up to 32 rows, a short turn) the f16 
 of shaders/gemm_coopmat_few.comp (CF_KERNELS: each subgroup streams its own 16 rows' blocks through
 registers two K slabs ahead; split-K tiles add their partial sums with gemm_splitk_reduce.comp)
 compete in the few-token timing on GPUs with 32-lane subgroups; PHOENIX_VULKAN_CF=0 turns them off.
+The same kernel's prefill tiles (CF_PREFILL_KERNELS: Q4_0 weight fragments built in registers, 32-64
+tokens x 128-256 rows a workgroup) compete in the prefill chunk's timing; on the H100 they took
+every 27B / 4B product (PHOENIX_VULKAN_CF_DIRECT=0 refuses them, with the few-token CF_DIRECT tiles).
 `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
 matrix-core kernel off (for comparisons), and the backend reports the choice in stats().
 """
@@ -36,6 +39,7 @@ from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import (
     CF_DIRECT_TILES,
     CF_DIRECT_TYPES,
+    CF_PREFILL_TILES,
     CF_RAW_TYPES,
     CF_TILES,
     CF_TYPES,
@@ -106,7 +110,8 @@ INT8_KERNELS = (*I8_TILES, *CM8_KERNELS)  # the kernels that read x as q8_1 bloc
 INT8_TYPES = INT8_GEMM_TYPES
 KERNELS = ("tiled", *CM_TILES, "lanes", *INT8_KERNELS, *CF_TILES)
 COOPMAT_KERNELS = tuple(CM_TILES)
-CF_KERNELS = tuple(CF_TILES)  # gemm_coopmat_few.comp
+CF_KERNELS = tuple(kn for kn in CF_TILES if kn not in CF_PREFILL_TILES)  # gemm_coopmat_few.comp, a few tokens
+CF_PREFILL_KERNELS = tuple(kn for kn in CF_TILES if kn in CF_PREFILL_TILES)  # the same kernel's prefill tiles
 CF_SUBGROUP = 32  # gemm_coopmat_few.comp: a subgroup's 16 rows x 2 chunks are its lanes' records
 CF_KSTEP = 64
 # the split-K tiles' partial sums: one device buffer of this size (splits x matrices x tokens x rows

@@ -47,7 +47,8 @@ CM8_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K")
 # (shaders/gemm_coopmat_few.comp): name -> (CF_FT, CF_NSG, CF_RAW, splits, CF_KC): 16 FT tokens x
 # 16 NSG rows per workgroup, K in slabs of 64 KC, RAW: Q4_0 / Q8_0 loaded as whole words, splits > 1:
 # K split between that many workgroups (CF_SPLITK), their partial sums added by
-# gemm_splitk_reduce.comp. The tiles kept won some 27B / 4B product of 8-32 tokens on the H100.
+# gemm_splitk_reduce.comp. The few-token tiles kept won some 27B / 4B product of 8-32 tokens on the
+# H100; the "cpd" ones (CF_PREFILL_TILES) some product of a 512-token prefill chunk.
 CF_TILES = {
     "cmf1h": (1, 2, False, 1, 1),
     "cmf2h": (2, 2, False, 1, 1),
@@ -62,12 +63,20 @@ CF_TILES = {
     "cmw1_4": (1, 4, True, 1, 4),
     "cmw1_4_k4": (1, 4, True, 4, 4),
     "cmw2_8_k2": (2, 8, True, 2, 4),
+    "cpd2_8": (2, 8, True, 1, 1),  # 27B q: 175 us against coopmat_p's 187
+    "cpd2_16": (2, 16, True, 1, 1),  # 27B k / v: 83 against 152
+    "cpd3_8": (3, 8, True, 1, 1),
+    "cpd3_16": (3, 16, True, 1, 1),  # 27B o 226 against 338, down 934 against 1 533
+    "cpd4_8_c2": (4, 8, True, 1, 2),  # 27B gate/up + GEGLU: 1 511 against coopmat_wp's 2 209
 }
+# the prefill tiles among them (CF_DIRECT, built in registers): timed with a prefill chunk's tiles
+# (gemm_tuning.candidates_for), not with the few-token ones
+CF_PREFILL_TILES = frozenset(kn for kn in CF_TILES if kn.startswith("cpd"))
 # the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
 # these types; they run where the driver's fragment layout is the one probed for
 # (ops_gemm.cf_direct_layout)
 CF_WIDE_TILES = frozenset({"cmw1_4", "cmw1_4_k4", "cmw2_8_k2"})  # CF_WIDE: a lane loads whole block pairs
-CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES
+CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES | CF_PREFILL_TILES
 CF_DIRECT_TYPES = ("Q4_0",)
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
