@@ -26,7 +26,7 @@
 // Bindings: 0 x, 1 y, 2 W (GEGLU: 2 W_gate, 3 W_up).
 // Push: m, n, k, x_stride, y_stride, y_off.   Dispatch: (ceil(n / (16 CF_NSG)), ceil(m / (16 CF_FT)), S);
 // WG = CF_NSG x 32. K must be a multiple of the slab, 64 CF_KC (ops_gemm checks).
-// Prefill chunks take some CF_DIRECT tiles too (ops_table.CF_PREFILL_TILES: 32-64 tokens x 128-256
+// Prefill chunks take some CF_DIRECT tiles too (Q4_0, Q4_K; ops_table.CF_PREFILL_TILES: 32-64 tokens x 128-256
 // rows, ~90-140 registers a lane, or two matrices' fragments for GEGLU): on the H100 they ran a 27B
 // layer's 512-token products 1.5x faster than gemm_coopmat.comp's 128 x 128 tiles, whose few
 // workgroups (a 5,376-row product is 168 of them) and shared copy of the weights held them back.
@@ -112,8 +112,11 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 shared uint wraw[CF_NSG * NW * 16u * RW];
 #endif
 
+#if defined(CF_DIRECT) && !defined(WTYPE_Q4_0) && !(defined(WTYPE_Q4_K) && !defined(CF_WIDE))
+#error CF_DIRECT is built for Q4_0, and without CF_WIDE for Q4_K
+#endif
 #ifdef CF_DIRECT
-// CF_DIRECT (Q4_0): no shared copy of the weights at all. Each lane loads the 16-bit words its own
+// CF_DIRECT (Q4_0; Q4_K below): no shared copy of the weights at all. Each lane loads the 16-bit words its own
 // elements of the 16 x 16 weight fragment need and builds the fragment in registers: in a 16-row,
 // 32-wide Q4_0 block, lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, its words t and
 // t + 4 of each row's quants (bytes 2t, 2t+1, 2t+8, 2t+9) and the two scales — 3 loads a row and
@@ -139,6 +142,15 @@ layout(constant_id = 2) const uint CF_PK = 10u;
 // j / 8, quant word (j % 8) / 2, low (even j) or high nibbles, and put_x stages x to match.
 #define DW 18u                  // words per lane, matrix and slab: row g's pair, then row g + 8's
 #define XU ((BM * 16u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x units (4 vec4s) per invocation per slab
+#elif defined(WTYPE_Q4_K)
+// CF_DIRECT for Q4_K: a 64-weight group of a 256-weight super-block is 32 quant bytes, the low
+// nibbles its first 32 weights (sub-block 2j), the high ones the next 32 (2j + 1), byte b holding
+// weight b of each: each 16-wide K step is laid out as a Q4_0 block's, so the lanes load the same
+// byte pairs and x is staged in the same slot order. Scales and mins are 6-bit (12 bytes a
+// super-block, with d and dmin), decoded where the fragments are built.
+#define NG (KS / 64u)           // 64-weight groups per row and slab
+#define DW (12u * NG)           // per group: rows g's and g + 8's two quant words, then each row's d/dmin and 3 scale words
+#define XU ((BM * KS / 8u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))
 #else
 #define NBK (KS / 32u)          // Q4_0 blocks per row and slab
 #define DW (3u * NBK)           // words per lane, matrix and slab: per block row g's quants, row g+8's, both scales
@@ -172,6 +184,29 @@ void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
         r[1][i] = w1_32[ra + i];
         r[1][9u + i] = w1_32[rb + i];
 #endif
+    }
+}
+#elif defined(CF_DIRECT) && defined(WTYPE_Q4_K)
+// this lane's words of slab `slab` (Q4_K): per group, rows g's and g + 8's quant bytes (2t, 2t + 1,
+// 2t + 8, 2t + 9) of the group's first 16 bytes and of its last 16, then each row's d/dmin word and
+// the 3 words of its super-block's scales
+void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
+    const uint lane = gl_SubgroupInvocationID, t = lane % 4u;
+    const uint wpr = (pc.k / 256u) * 72u;   // 16-bit words a row
+    const uint ra = min(row0 + lane / 4u, pc.n - 1u) * wpr, rb = min(row0 + lane / 4u + 8u, pc.n - 1u) * wpr;
+    [[unroll]] for (uint j = 0u; j < NG; j++) {
+        const uint grp = slab * NG + j, sb = (grp / 4u) * 72u, q = sb + 8u + (grp % 4u) * 16u + t;
+        [[unroll]] for (uint r2 = 0u; r2 < 2u; r2++) {
+            const uint a = r2 == 0u ? ra : rb;
+            r[0][12u * j + 2u * r2] = uint(w0_16[a + q]) | (uint(w0_16[a + q + 4u]) << 16);
+            r[0][12u * j + 2u * r2 + 1u] = uint(w0_16[a + q + 8u]) | (uint(w0_16[a + q + 12u]) << 16);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) r[0][12u * j + 4u + 4u * r2 + i] = w0_32[(a + sb) / 2u + i];
+#ifdef GEMM_GEGLU
+            r[1][12u * j + 2u * r2] = uint(w1_16[a + q]) | (uint(w1_16[a + q + 4u]) << 16);
+            r[1][12u * j + 2u * r2 + 1u] = uint(w1_16[a + q + 8u]) | (uint(w1_16[a + q + 12u]) << 16);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) r[1][12u * j + 4u + 4u * r2 + i] = w1_32[(a + sb) / 2u + i];
+#endif
+        }
     }
 }
 #elif defined(CF_DIRECT)
@@ -395,6 +430,56 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
         }
     }
 }
+#elif defined(WTYPE_Q4_K)
+// byte k of a Q4_K super-block's 12 scale bytes, held as 3 words
+uint scale_byte(uint s0, uint s1, uint s2, uint k) { return ((k < 4u ? s0 : k < 8u ? s1 : s2) >> (8u * (k & 3u))) & 0xFFu; }
+
+// the 6-bit scale and min of sub-block i (0..7), as llama.cpp's get_scale_min_k4 reads them
+uvec2 scale_min(uint s0, uint s1, uint s2, uint i) {
+    if (i < 4u) return uvec2(scale_byte(s0, s1, s2, i) & 63u, scale_byte(s0, s1, s2, i + 4u) & 63u);
+    const uint c = scale_byte(s0, s1, s2, i + 4u);
+    return uvec2((c & 0xFu) | ((scale_byte(s0, s1, s2, i - 4u) >> 6) << 4), (c >> 4) | ((scale_byte(s0, s1, s2, i) >> 6) << 4));
+}
+
+// weights of nibble pair `v` (bits 0 and 16): q s - m
+f16vec2 nib_k(uint v, f16vec2 sc, f16vec2 mn) {
+    return fma(unpackFloat2x16((v & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0), sc, -mn);
+}
+
+// one slab (Q4_K): each group's four 16-wide K steps (st: the low nibbles of its first 16 bytes, of
+// its last 16, then the high nibbles of both), each sub-block's scale and min applied in f16
+void multiply(uint w[NW][DW], uint buf, uint slab, inout ACC acc[NW][CF_FT]) {
+    [[unroll]] for (uint j = 0u; j < NG; j++) {
+        const uint sub0 = 2u * ((slab * NG + j) % 4u);   // the group's first sub-block in its super-block
+        f16vec2 sc[NW][2][2], mn[NW][2][2];   // [matrix][row g / g + 8][sub-block 2j / 2j + 1]
+        [[unroll]] for (uint g = 0u; g < NW; g++) [[unroll]] for (uint r = 0u; r < 2u; r++) {
+            const uint o = 12u * j + 4u + 4u * r;
+            const vec2 dm = unpackHalf2x16(w[g][o]);
+            [[unroll]] for (uint h = 0u; h < 2u; h++) {
+                const uvec2 q = scale_min(w[g][o + 1u], w[g][o + 2u], w[g][o + 3u], sub0 + h);
+                sc[g][r][h] = f16vec2(float16_t(dm.x * float(q.x)));
+                mn[g][r][h] = f16vec2(float16_t(dm.y * float(q.y)));
+            }
+        }
+        [[unroll]] for (uint st = 0u; st < 4u; st++) {
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CF_FT];
+            [[unroll]] for (uint i = 0u; i < CF_FT; i++)
+                coopMatLoad(a[i], xs, (buf * BM + 16u * i) * SX4 + (4u * j + st) * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
+            const uint h = st / 2u;
+            [[unroll]] for (uint g = 0u; g < NW; g++) {
+                f16vec2 p[2][2];
+                [[unroll]] for (uint r = 0u; r < 2u; r++) {
+                    const uint v = w[g][12u * j + 2u * r + (st & 1u)] >> (4u * h);
+                    p[r][0] = nib_k(v, sc[g][r][h], mn[g][r][h]);
+                    p[r][1] = nib_k(v >> 8, sc[g][r][h], mn[g][r][h]);
+                }
+                FRAG_B b;
+                fragment(p, b);
+                [[unroll]] for (uint i = 0u; i < CF_FT; i++) acc[g][i] = coopMatMulAdd(a[i], b, acc[g][i]);
+            }
+        }
+    }
+}
 #else
 // one slab: each block's two 16-wide K steps (h: the low nibbles, K 0..15, then the high ones),
 // the weight fragments built in registers (CF_DIRECT); x's fragments of one step at a time (the
@@ -471,6 +556,11 @@ void main() {
     const uint region = sg * NW * 16u;
 #define MREGION region,
 #endif
+#if defined(CF_DIRECT) && defined(WTYPE_Q4_K)
+#define MSLAB(s) s,   // the Q4_K tiles' multiply finds each group's sub-blocks from the slab
+#else
+#define MSLAB(s)
+#endif
 #ifdef CF_SPLITK
     // this workgroup's share of K: slabs [first, first + slabs) of split gl_WorkGroupID.z
     const uint all = pc.k / KS, per = (all + gl_NumWorkGroups.z - 1u) / gl_NumWorkGroups.z;
@@ -503,13 +593,13 @@ void main() {
         fetch_x(min(first + 2u, last), m0, xa);
         // slab s: weights in wa, x in shared buffer 0; slab s + 1: wb, buffer 1 (x from xb)
         for (uint s = first; s <= last; s += 2u) {
-            multiply(wa, 0u, MREGION acc);
+            multiply(wa, 0u, MREGION MSLAB(s) acc);
             fetch_w(min(s + 2u, last), row, wa);
             put_x(xb, 1u);
             barrier();
             fetch_x(min(s + 3u, last), m0, xb);
             if (s + 1u <= last) {
-                multiply(wb, 1u, MREGION acc);
+                multiply(wb, 1u, MREGION MSLAB(s + 1u) acc);
                 fetch_w(min(s + 3u, last), row, wb);
                 put_x(xa, 0u);
                 barrier();

@@ -94,7 +94,7 @@ def test_gemm(vk_device, wtype, m, n, k, kern):
 
 
 @pytest.mark.parametrize(
-    "wtype", ["F16", "Q4_0", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XS"]
+    "wtype", ["F16", "Q4_0", "Q4_K", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XS"]
 )
 @EVERY_KERNEL
 def test_gemm_geglu_strides(vk_device, wtype, kern):
@@ -162,7 +162,7 @@ def test_gemm_row_ranges(vk_device, kern):
     assert nmse(got, x.astype(np.float64) @ w.T) < bound
 
 
-@pytest.mark.parametrize("wtype", ["Q4_0", "Q6_K"])
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q4_K", "Q6_K"])
 @EVERY_KERNEL
 def test_gemm_several_tiles(vk_device, wtype, kern):
     """More tokens and columns than one 128 x 128 tile, neither a multiple of it."""

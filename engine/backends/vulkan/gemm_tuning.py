@@ -18,8 +18,8 @@ tile for every shape could not have picked them. On GPUs with f16 matrix cores a
 subgroups the few-token timing also takes the tiles made for it (gemm_coopmat_few.comp, split-K
 ones included where their partial sums fit the scratch): on the H100 they won most 27B / 4B
 products of 32 tokens. The prefill chunk's timing takes that kernel's prefill tiles
-(ops_gemm.CF_PREFILL_KERNELS, Q4_0): on the H100 they won every 27B / 4B product of 512 tokens,
-1.4-1.6x prefill end to end.
+(ops_gemm.CF_PREFILL_KERNELS, Q4_0 and Q4_K): on the H100 they won every 27B / 4B Q4_0 product of
+512 tokens, 1.4-1.6x prefill end to end (a 4B Q4_K file 1.3x).
 A shape not timed (the LM head of a perplexity run) takes the tile
 most shapes chose (`most_chosen`); a device where nothing was timed, the whole-forward choice
 (`autotune.choose_gemm_tile`).
@@ -92,7 +92,7 @@ def candidates_for(
                 for kn in ops_gemm.CF_KERNELS
                 if ops_gemm.cf_refusal(dev, wtype, cols, kn, geglu, tokens, rows) is None
             ]
-        else:  # the prefill tiles that build their weight fragments in registers (Q4_0)
+        else:  # the prefill tiles that build their weight fragments in registers (Q4_0, Q4_K)
             out += [
                 kn
                 for kn in ops_gemm.CF_PREFILL_KERNELS

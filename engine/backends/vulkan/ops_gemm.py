@@ -19,7 +19,7 @@ For a few tokens (a batched decode step of up to 32 rows, a short turn) the f16 
 of shaders/gemm_coopmat_few.comp (CF_KERNELS: each subgroup streams its own 16 rows' blocks through
 registers two K slabs ahead; split-K tiles add their partial sums with gemm_splitk_reduce.comp)
 compete in the few-token timing on GPUs with 32-lane subgroups; PHOENIX_VULKAN_CF=0 turns them off.
-The same kernel's prefill tiles (CF_PREFILL_KERNELS: Q4_0 weight fragments built in registers, 32-64
+The same kernel's prefill tiles (CF_PREFILL_KERNELS: Q4_0 / Q4_K weight fragments built in registers, 32-64
 tokens x 128-256 rows a workgroup) compete in the prefill chunk's timing; on the H100 they took
 every 27B / 4B product (PHOENIX_VULKAN_CF_DIRECT=0 refuses them, with the few-token CF_DIRECT tiles).
 `kernel(dev)` says which one a device gets; PHOENIX_VULKAN_COOPMAT=0 turns the
@@ -38,7 +38,6 @@ from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Tensor
 from phoenix_chat.engine.backends.vulkan.ops_table import (
     CF_DIRECT_TILES,
-    CF_DIRECT_TYPES,
     CF_PREFILL_TILES,
     CF_RAW_TYPES,
     CF_TILES,
@@ -50,6 +49,7 @@ from phoenix_chat.engine.backends.vulkan.ops_table import (
     GEMM_TYPES,
     I8_TILES,
     INT8_GEMM_TYPES,
+    cf_direct_types,
 )
 
 if TYPE_CHECKING:
@@ -147,7 +147,8 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
         return why
     if wtype.upper() not in CF_TYPES:
         return f"{wtype}: the few-token matrix-core tiles are built for {', '.join(CF_TYPES)}"
-    if CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
+    direct = kernel_name in CF_DIRECT_TILES
+    if not direct and CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
         return f"{wtype}: tile {kernel_name} loads {' / '.join(CF_RAW_TYPES)} blocks as whole words"
     if dev.caps.subgroup_size != CF_SUBGROUP:
         return f"subgroup size {dev.caps.subgroup_size}: the few-token tiles are compiled for {CF_SUBGROUP} lanes"
@@ -156,9 +157,10 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
     if cf_shared_bytes(kernel_name, geglu) > dev.caps.shared_memory:
         return f"needs {cf_shared_bytes(kernel_name, geglu)} B of shared memory"
-    if kernel_name in CF_DIRECT_TILES:
-        if wtype.upper() not in CF_DIRECT_TYPES:
-            return f"{wtype}: tile {kernel_name} builds its fragments from {' / '.join(CF_DIRECT_TYPES)} blocks"
+    if direct:
+        types = cf_direct_types(kernel_name)
+        if wtype.upper() not in types:
+            return f"{wtype}: tile {kernel_name} builds its fragments from {' / '.join(types)} blocks"
         layout = cf_direct_layout(dev)
         if isinstance(layout, str):
             return layout

@@ -73,11 +73,19 @@ CF_TILES = {
 # (gemm_tuning.candidates_for), not with the few-token ones
 CF_PREFILL_TILES = frozenset(kn for kn in CF_TILES if kn.startswith("cpd"))
 # the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
-# these types; they run where the driver's fragment layout is the one probed for
+# these types (cf_direct_types: Q4_0 and Q4_K, the CF_WIDE ones Q4_0 only); they run where the driver's fragment layout is the one probed for
 # (ops_gemm.cf_direct_layout)
 CF_WIDE_TILES = frozenset({"cmw1_4", "cmw1_4_k4", "cmw2_8_k2"})  # CF_WIDE: a lane loads whole block pairs
 CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES | CF_PREFILL_TILES
-CF_DIRECT_TYPES = ("Q4_0",)
+CF_DIRECT_TYPES = ("Q4_0", "Q4_K")
+CF_WIDE_TYPES = ("Q4_0",)  # the whole-block-pair loads of CF_WIDE are Q4_0's layout
+
+
+def cf_direct_types(tile: str) -> tuple[str, ...]:
+    """The weight types CF_DIRECT tile `tile` builds its fragments from."""
+    return CF_WIDE_TYPES if tile in CF_WIDE_TILES else CF_DIRECT_TYPES
+
+
 # the types it is built for: those of Q4_0, Q8_0 and Q4_K_M / Q5_K_M files (its decoder is the int8
 # matvecs', which reads every block type; each type is ~0.25 MB of SPIR-V)
 CF_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
@@ -358,10 +366,8 @@ def _variants() -> list[Variant]:
         # a few tokens on f16 matrix cores, weights streamed through registers (gemm_coopmat_few.comp)
         if wt in CF_TYPES:
             for tile, (ft, nsg, raw, splits, kc) in CF_TILES.items():
-                if raw and wt not in CF_RAW_TYPES:
-                    continue
                 direct = tile in CF_DIRECT_TILES
-                if direct and wt not in CF_DIRECT_TYPES:
+                if wt not in (cf_direct_types(tile) if direct else CF_RAW_TYPES if raw else CF_TYPES):
                     continue
                 mode = {"CF_DIRECT": None} if direct else {"CF_RAW": None} if raw else {}
                 if tile in CF_WIDE_TILES:
