@@ -146,7 +146,7 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
     if why is not None:
         return why
     if wtype.upper() not in CF_TYPES:
-        return f"{wtype}: the few-token matrix-core tiles are built for {', '.join(CF_TYPES)}"
+        return f"{wtype}: the gemm_coopmat_few.comp tiles are built for {', '.join(CF_TYPES)}"
     direct = kernel_name in CF_DIRECT_TILES
     if not direct and CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
         return f"{wtype}: tile {kernel_name} loads {' / '.join(CF_RAW_TYPES)} blocks as whole words"

@@ -45,7 +45,8 @@ CM8F_TILES = {"cm8f1": (1, 4), "cm8f2": (2, 4)}
 CM8_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K")
 # the f16 matrix-core GEMM of a few tokens with weights streamed through registers
 # (shaders/gemm_coopmat_few.comp): name -> (CF_FT, CF_NSG, CF_RAW, splits, CF_KC): 16 FT tokens x
-# 16 NSG rows per workgroup, K in slabs of 64 KC, RAW: Q4_0 / Q8_0 loaded as whole words, splits > 1:
+# 16 NSG rows per workgroup, K in slabs of 64 KC, RAW: Q4_0 / Q8_0 loaded as whole words (the
+# CF_DIRECT tiles below load their own way and ignore it), splits > 1:
 # K split between that many workgroups (CF_SPLITK), their partial sums added by
 # gemm_splitk_reduce.comp. The few-token tiles kept won some 27B / 4B product of 8-32 tokens on the
 # H100; the "cpd" ones (CF_PREFILL_TILES) some product of a 512-token prefill chunk.
@@ -73,8 +74,8 @@ CF_TILES = {
 # (gemm_tuning.candidates_for), not with the few-token ones
 CF_PREFILL_TILES = frozenset(kn for kn in CF_TILES if kn.startswith("cpd"))
 # the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
-# these types (cf_direct_types: Q4_0 and Q4_K, the CF_WIDE ones Q4_0 only); they run where the driver's fragment layout is the one probed for
-# (ops_gemm.cf_direct_layout)
+# the types cf_direct_types names (Q4_0 and Q4_K; the CF_WIDE ones Q4_0 only); they run where the
+# driver's fragment layout is the one checked for (ops_gemm.cf_direct_layout)
 CF_WIDE_TILES = frozenset({"cmw1_4", "cmw1_4_k4", "cmw2_8_k2"})  # CF_WIDE: a lane loads whole block pairs
 CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES | CF_PREFILL_TILES
 CF_DIRECT_TYPES = ("Q4_0", "Q4_K")
