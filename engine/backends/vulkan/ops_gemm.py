@@ -120,15 +120,16 @@ CF_SPLIT_BYTES = 32 << 20
 
 
 def cf_tile(kernel_name: str) -> tuple[int, int]:
-    """(tokens, weight rows) per workgroup of a few-token tile (ops_table.CF_TILES)."""
+    """(tokens, weight rows) per workgroup of a gemm_coopmat_few.comp tile (ops_table.CF_TILES)."""
     ft, nsg, _raw, _splits, _kc = CF_TILES[kernel_name]
     return 16 * ft, 16 * nsg
 
 
 def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
-    """Shared memory of a few-token tile: two slabs of x and each subgroup's weight rows (f16, 72
-    halves a row), a 16 x 16 f32 output tile per subgroup, and the raw copy of each subgroup's
-    blocks (Q4_0 / Q8_0: at most 68 bytes a row); the CF_DIRECT tiles keep no weights there."""
+    """Shared memory of a gemm_coopmat_few.comp tile (few-token or prefill): two slabs of x and
+    each subgroup's weight rows (f16, 72 halves a row), a 16 x 16 f32 output tile per subgroup, and
+    the raw copy of each subgroup's blocks (Q4_0 / Q8_0: at most 68 bytes a row); the CF_DIRECT
+    tiles keep no weights there."""
     ft, nsg, _raw, _splits, kc = CF_TILES[kernel_name]
     if kernel_name in CF_DIRECT_TILES:
         return 2 * 16 * ft * (128 * kc + 16) + nsg * 1024
@@ -137,7 +138,7 @@ def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
 
 
 def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m: int = 0, n: int = 0) -> str | None:
-    """Why the few-token tile `kernel_name` (gemm_coopmat_few.comp) cannot run this product here
+    """Why the gemm_coopmat_few.comp tile `kernel_name` (few-token or prefill) cannot run this product here
     (PHOENIX_VULKAN_CF=0 turns them off, for comparisons); with the product's m x n, also where a
     split-K tile's partial sums would not fit the CF_SPLIT_BYTES scratch."""
     if os.environ.get("PHOENIX_VULKAN_CF", "1") == "0":
@@ -151,7 +152,8 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
     if not direct and CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
         return f"{wtype}: tile {kernel_name} loads {' / '.join(CF_RAW_TYPES)} blocks as whole words"
     if dev.caps.subgroup_size != CF_SUBGROUP:
-        return f"subgroup size {dev.caps.subgroup_size}: the few-token tiles are compiled for {CF_SUBGROUP} lanes"
+        size = dev.caps.subgroup_size
+        return f"subgroup size {size}: the gemm_coopmat_few.comp tiles are compiled for {CF_SUBGROUP} lanes"
     kstep = CF_KSTEP * CF_TILES[kernel_name][4]
     if k % kstep:
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
@@ -419,7 +421,7 @@ def gemm(
     elif kn in CF_TILES:
         why = cf_refusal(dev, wt, k, kn, geglu, m, n)
         if why is not None:
-            raise ValueError(f"gemm: the few-token tile {kn} cannot run this product: {why}")
+            raise ValueError(f"gemm: the gemm_coopmat_few.comp tile {kn} cannot run this product: {why}")
         p = tile_pipeline(dev, wt, kn, geglu)
         tm, tn = cf_tile(kn)
     elif kn in INT8_KERNELS:
