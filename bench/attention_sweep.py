@@ -5,6 +5,7 @@ the matrix-core flash kernel), for global and local layers.
 
     python -m bench.attention_sweep [--positions 648] [--json OUT]
     python -m bench.attention_sweep --prefill [--tokens 512,4096,16384] [--shape 27b] [--chunk 512]
+        [--prefill-splits 1,2,4,8] [--no-scalar]
 Decode: where a step's attention time goes: the split-K work against the last workgroup's
 combine of the splits (n_splits = 1 has no combine to speak of but walks every position in one
 workgroup per kv head), beside a tiny dispatch's cost on the same device.
@@ -12,7 +13,9 @@ Prefill: a prompt of N tokens attended as the engine does it, in chunks of --chu
 a dispatch at its position, behind a barrier; --chunk 0: one dispatch for the whole prompt):
 global layers over a cache of N positions, local layers over a ring of window + chunk slots.
 Reports GPU microseconds per layer and TFLOP/s (4 * head_dim * heads per visible query-key
-pair: S = Q K^T and P V, masked pairs not counted).
+pair: S = Q K^T and P V, masked pairs not counted). The matrix-core kernel runs with the key split
+the engine would choose for the chunk (ops_attention.prefill_splits), and with each count of
+--prefill-splits ("coopmat/s4": each query block's keys split between 4 workgroups).
 """
 
 from __future__ import annotations
@@ -51,14 +54,24 @@ def prefill_sweep(dev: Device, args: argparse.Namespace) -> dict:
     """Time every kernel on every prompt length and layer kind; print and return the numbers."""
     hd, h, kv = PREFILL_SHAPES[args.shape]
     window = WINDOWS[args.shape] if args.window is None else args.window
-    kernels = ["scalar"]
+    kernels = [] if args.no_scalar else ["scalar"]
     why = ops_attention.prefill_refusal(dev, hd)
     if why is None:
         kernels.append("coopmat")
+        chunk = args.chunk or max(int(x) for x in args.tokens.split(","))
+        for n in (int(x) for x in args.prefill_splits.split(",") if x):
+            if n > 1 and ops_attention.split_record_bytes(chunk, h, hd, n) > ops_attention.ATTN_SPLIT_BYTES:
+                print(f"coopmat/s{n} not run: its records exceed the {ops_attention.ATTN_SPLIT_BYTES} B scratch")
+            else:
+                kernels.append(f"coopmat/s{n}")
+        engine_splits = ops_attention.prefill_splits(args.chunk or 512, h, kv, hd)
+        print(f"the engine splits a {args.chunk}-token chunk's keys {engine_splits} ways", flush=True)
     else:
         print(f"coopmat prefill attention not run: {why}", flush=True)
     out: dict = {"device": dev.name, "shape": args.shape, "head_dim": hd, "heads": h, "kv_heads": kv}
     out["window"], out["chunk"], out["kernels"] = window, args.chunk, kernels
+    if why is None:
+        out["engine_splits"] = engine_splits
     rng = np.random.default_rng(0)
     scale = SCALES.get(args.shape, 256.0) ** -0.5
     print(f"{args.shape}: head_dim {hd}, {h}/{kv} heads, window {window}, chunk {args.chunk or 'whole prompt'}")
@@ -103,7 +116,8 @@ def prefill_sweep(dev: Device, args: argparse.Namespace) -> dict:
                         window=w,
                         scale=scale,
                         max_tokens=chunk,
-                        kernel=kernel,
+                        kernel=kernel.split("/")[0],
+                        splits=int(kernel.split("/s")[1]) if "/s" in kernel else None,
                     )
                     cl.barrier()
 
@@ -114,7 +128,7 @@ def prefill_sweep(dev: Device, args: argparse.Namespace) -> dict:
                 out[f"{n}_{layer}_{k}_us"] = us
                 out[f"{n}_{layer}_{k}_tflops"] = flops / us / 1e6
                 print(f"{n:6d} tokens {layer:6s} {k:7s}: {us:11.1f} us  {flops / us / 1e6:7.2f} TFLOP/s", flush=True)
-            if "coopmat" in times:
+            if "coopmat" in times and "scalar" in times:
                 print(f"{'':20s}coopmat / scalar speed-up {times['scalar'] / times['coopmat']:.2f}x", flush=True)
             for b in bufs:
                 b.destroy()
@@ -129,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=512, help="--prefill: tokens per dispatch (0: whole prompt)")
     ap.add_argument("--window", type=int, help="--prefill: local layers' window (default: the shape's)")
     ap.add_argument("--reps", type=int, default=3, help="--prefill: timed repeats")
+    ap.add_argument("--prefill-splits", default="", help="--prefill: key splits to time besides the engine's choice")
+    ap.add_argument("--no-scalar", action="store_true", help="--prefill: skip the scalar kernel (slow at 16k)")
     ap.add_argument("--positions", type=int, default=648)
     ap.add_argument("--splits", default="1,8,21,41,64")
     ap.add_argument("--wg", type=int, default=128, help="workgroup size")

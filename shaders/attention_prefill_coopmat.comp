@@ -19,10 +19,15 @@
 // The scale is applied to S in f32 (Gemma 3: 1/sqrt(query_pre_attn_scalar), no soft-capping).
 // ATTN_SPANS: attention_prefill.comp's picture mask (binding 5 vis: the last position each
 // query sees), ANDed with the window's lower bound.
+// NSPLIT > 1 (split keys, for a chunk whose blocks alone would leave most of the GPU idle: the
+// 4B's 512-token chunk is 64 workgroups): workgroup z takes the z-th of NSPLIT equal runs of the
+// block's key tiles and writes, instead of out, a partial record per (token, head) of D + 4
+// floats at ((t * n_heads + h) * NSPLIT + z) * (D + 4): O unnormalized, then m (log2 units) and
+// l; attention_prefill_combine.comp merges them into out. An empty run writes m = NEG, l = 0.
 // Defines: CM_HD head_dim (64, 128, 256), CM_BC keys per tile (32 or 64).
-// Spec: WG = 8 x subgroup size (ops_attention sets it), GW.  Push: ATTN_PREFILL_PUSH.
-// Bindings: 0 step, 1 q, 2 K cache, 3 V cache, 4 out (+ 5 vis): as attention_prefill.comp.
-// Dispatch: (ceil(max_tokens / (64 / GW)), n_heads / GW, 1).
+// Spec: WG = 8 x subgroup size (ops_attention sets it), GW, NSPLIT.  Push: ATTN_PREFILL_PUSH.
+// Bindings: 0 step, 1 q, 2 K cache, 3 V cache, 4 out or the partial records (+ 5 vis): as
+// attention_prefill.comp.  Dispatch: (ceil(max_tokens / (64 / GW)), n_heads / GW, NSPLIT).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -34,6 +39,7 @@ STEP_BUFFER(0)
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
 layout(constant_id = 1) const uint GW = 1;     // query heads per workgroup (of one kv head)
+layout(constant_id = 2) const uint NSPLIT = 1; // runs of key tiles, one workgroup each
 
 #define D CM_HD
 #define BC CM_BC
@@ -153,8 +159,15 @@ void main() {
 #else
     const uint hi = pos0 + nq - 1;
 #endif
-    for (uint kb = lo; kb <= hi; kb += BC) {
-        const uint nk = min(BC, hi + 1 - kb);
+    // this workgroup's run of key tiles: all of [lo, hi], or the z-th of NSPLIT equal runs
+    uint kb0 = lo, kend = hi + 1;
+    if (NSPLIT > 1u) {
+        const uint per = ((hi + 1 - lo + BC - 1) / BC + NSPLIT - 1) / NSPLIT;   // tiles per run
+        kb0 = min(hi + 1, lo + gl_WorkGroupID.z * per * BC);
+        kend = min(hi + 1, kb0 + per * BC);
+    }
+    for (uint kb = kb0; kb < kend; kb += BC) {
+        const uint nk = min(BC, kend - kb);
         barrier();                                    // the previous tile's P and V reads are done
         STAGE_KV(kc)
         barrier();
@@ -220,9 +233,18 @@ void main() {
         }
     }
 
-    // O / l through a 16 x 16 staging tile per subgroup (in ss), stores bounded by n_tokens
+    // O / l (a split: O as is, m and l beside it) through a 16 x 16 staging tile per subgroup
+    // (in ss), stores bounded by n_tokens
+    const uint REC = D + 4;                            // a split's partial record, in floats
     barrier();
-    if (part == 0) rsh[row] = l > 0.0 ? 1.0 / l : 0.0;
+    if (part == 0) {
+        rsh[row] = NSPLIT > 1u ? 1.0 : (l > 0.0 ? 1.0 / l : 0.0);
+        if (NSPLIT > 1u && row_ok) {
+            const uint r = (((t0 + rt) * pc.n_heads + h0 + row % GW) * NSPLIT + gl_WorkGroupID.z) * REC + D;
+            outp[r] = m;
+            outp[r + 1] = l;
+        }
+    }
     barrier();
     if (sg >= 8u) return;
     ACC inv;
@@ -239,7 +261,9 @@ void main() {
             const uint rr = strip * C16 + e / C16, tt = rr / GW;
             if (tt < nq) {
                 const uint h = h0 + rr % GW;
-                outp[(t0 + tt) * pc.n_heads * D + h * D + ct * C16 + e % C16] = ss[sg * C16 * C16 + e];
+                const uint at = NSPLIT > 1u ? (((t0 + tt) * pc.n_heads + h) * NSPLIT + gl_WorkGroupID.z) * REC
+                                            : (t0 + tt) * pc.n_heads * D + h * D;
+                outp[at + ct * C16 + e % C16] = ss[sg * C16 * C16 + e];
             }
         }
         subgroupBarrier();

@@ -44,9 +44,10 @@ def need_coopmat(dev, head_dim):
         pytest.skip(f"no coopmat prefill attention: {why}")
 
 
-def check_prefill(dev, D, H, KV, window, slots, pos0, n_tokens, max_tokens, *, kernel, slot=0, vis=None):
+def check_prefill(dev, D, H, KV, window, slots, pos0, n_tokens, max_tokens, *, kernel, slot=0, vis=None, splits=None):
     """Run attention_prefill on random q and caches (slot `slot` of slot + 1), compare with numpy
-    in float64. vis: the last position each token sees (None: its own)."""
+    in float64. vis: the last position each token sees (None: its own). splits: the coopmat
+    kernel's key split (None: the engine's rule)."""
     rng = np.random.default_rng(D + H + pos0 + n_tokens)
     kc = (rng.standard_normal((slot + 1, KV, slots, D)) * 2).astype(np.float16)
     vc = rng.standard_normal((slot + 1, KV, slots, D)).astype(np.float16)
@@ -78,6 +79,7 @@ def check_prefill(dev, D, H, KV, window, slots, pos0, n_tokens, max_tokens, *, k
                 q_stride=stride,
                 vis=bvis,
                 kernel=kernel,
+                splits=splits,
             ),
         )
         got = b.read(out, np.float32, (max_tokens, H, D))
@@ -122,6 +124,84 @@ def test_attention_prefill_coopmat(vk_device, D, H, KV, window, slots, pos0, n_t
     err = check_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens, kernel="coopmat")
     print(f"\ncoopmat prefill attention nmse {err:.2e}")
     assert err < CM_NMSE
+
+
+SPLIT_CASES = [  # D, H, KV, window, slots, pos0, n_tokens, max_tokens, splits
+    (256, 8, 4, 1024, 1024 + 64, 1500, 63, 64, 4),  # 4B local, ring wrapped: the engine's 4 ways
+    (256, 8, 4, 0, 2100, 1900, 64, 64, 3),  # 4B global, ~2k keys in 3 unequal runs
+    (128, 32, 16, 0, 2200, 1600, 131, 160, 2),  # 27B global, blocks cut by the chunk's end
+    (256, 4, 1, 512, 512 + 64, 0, 37, 40, 8),  # first chunk: runs past a block's last key are empty
+    (128, 8, 1, 0, 300, 5, 33, 40, 8),  # G = 8, 8 tokens a block
+    (64, 4, 2, 40, 64, 100, 17, 32, 5),  # head_dim 64, ring of 64, window cut mid-run
+    (256, 4, 1, 512, 512 + 64, 0, 1, 8, 8),  # one token: one key, seven empty runs
+]
+
+
+@pytest.mark.parametrize("D,H,KV,window,slots,pos0,n_tokens,max_tokens,splits", SPLIT_CASES)
+def test_attention_prefill_coopmat_split_keys(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens, splits):
+    """Each query block's keys split between workgroups, the records merged by
+    attention_prefill_combine.comp: the same attention (empty runs included)."""
+    need_coopmat(vk_device, D)
+    err = check_prefill(vk_device, D, H, KV, window, slots, pos0, n_tokens, max_tokens, kernel="coopmat", splits=splits)
+    print(f"\nsplit {splits}: nmse {err:.2e}")
+    assert err < CM_NMSE
+
+
+def test_split_records_are_merged(vk_device):
+    """attention_prefill_combine.comp alone (every device, lavapipe too): records of random O,
+    m (log2 units, some runs empty: m = -1e30, l = 0) and l merge as
+    sum 2^(m_z - M) O_z / sum 2^(m_z - M) l_z; a row with every run empty is 0; rows beyond
+    step.n_tokens stay untouched."""
+    T, H, D, S, n = 6, 3, 64, 5, 5
+    rng = np.random.default_rng(7)
+    rec = np.zeros((T, H, S, D + 4), np.float32)
+    rec[..., :D] = rng.standard_normal((T, H, S, D)) * 3
+    rec[..., D] = rng.uniform(-20, 20, (T, H, S))
+    rec[..., D + 1] = rng.uniform(0.5, 40, (T, H, S))
+    rec[:, :, 1, D], rec[:, :, 1, D + 1], rec[:, :, 1, :D] = -1e30, 0.0, 0.0  # an empty run
+    rec[2, 1, :, D], rec[2, 1, :, D + 1], rec[2, 1, :, :D] = -1e30, 0.0, 0.0  # a row that saw nothing
+    m = rec[..., D].astype(np.float64)
+    w = np.exp2(m - m.max(-1, keepdims=True))
+    want = (w[..., None] * rec[..., :D]).sum(2) / np.maximum((w * rec[..., D + 1]).sum(2), 1e-300)[..., None]
+    want[2, 1] = 0.0
+    with Bufs(vk_device) as b:
+        out = b.of(np.full((T, H * D), 5.0, np.float32))
+        step = b.step(pos=0, n_tokens=n)
+        recs = b.of(rec)
+        run(
+            vk_device,
+            lambda cl: ops_attention.combine_splits(
+                cl, vk_device, step, recs, out, head_dim=D, n_heads=H, splits=S, max_tokens=T
+            ),
+        )
+        got = b.read(out, np.float32, (T, H, D))
+    assert np.all(got[n:] == 5.0)
+    assert np.all(got[2, 1] == 0.0)
+    assert nmse(got[:n], want[:n]) < 1e-12
+
+
+def test_prefill_split_rule(monkeypatch):
+    """prefill_splits (device-free): chunks of too few query blocks split up to ~128 workgroups,
+    at most 8 ways and as far as the records fit their scratch; the variable forces a count or is
+    refused with a message."""
+    monkeypatch.delenv("PHOENIX_VULKAN_ATTN_SPLITS", raising=False)
+    rule = ops_attention.prefill_splits
+    assert rule(512, 8, 4, 256) == 2  # 4B: 16 blocks x 4 head pairs = 64 workgroups
+    assert rule(512, 32, 16, 128) == 1  # 27B: 256 workgroups already
+    assert rule(512, 4, 1, 256) == 4  # 270M / 1B: 32 workgroups
+    assert rule(512, 16, 8, 256) == 1  # 12B: 128
+    assert rule(8, 32, 16, 128) == 8  # a few-token forward: 16 workgroups, 8 ways at most
+    assert ops_attention.split_record_bytes(512, 8, 256, 4) <= ops_attention.ATTN_SPLIT_BYTES
+    monkeypatch.setenv("PHOENIX_VULKAN_ATTN_SPLITS", "3")
+    assert rule(512, 32, 16, 128) == 3
+    # records over the scratch: fewer ways (1 024 tokens x 32 heads x 260 floats is 34 MB a way)
+    monkeypatch.setenv("PHOENIX_VULKAN_ATTN_SPLITS", "8")
+    assert rule(256, 32, 16, 256) == 3
+    assert rule(1024, 32, 16, 256) == 1
+    for bad in ("0", "9", "two"):
+        monkeypatch.setenv("PHOENIX_VULKAN_ATTN_SPLITS", bad)
+        with pytest.raises(ValueError, match="PHOENIX_VULKAN_ATTN_SPLITS"):
+            rule(512, 8, 4, 256)
 
 
 @pytest.mark.parametrize("kernel", ["scalar", "coopmat"])

@@ -34,21 +34,29 @@ def _logits(weights, dev, ids):
 def test_attention_path_is_reported(tiny_weights, vk_device, monkeypatch):
     ids = np.random.default_rng(1).integers(3, 4096, 8).tolist()
     _, path = _logits(tiny_weights, vk_device, ids)
-    assert path == ops_attention.prefill_path(vk_device, 64)
+    cfg = tiny_weights.config
+    splits = ops_attention.prefill_splits(512, cfg.num_heads, cfg.num_kv_heads, 64)
+    assert path == ops_attention.prefill_path(vk_device, 64, splits)
+    assert ("split" in path) == (ops_attention.prefill_refusal(vk_device, 64) is None and splits > 1)
     monkeypatch.setenv("PHOENIX_VULKAN_ATTN_COOPMAT", "0")
     _, path = _logits(tiny_weights, vk_device, ids)
     assert path.startswith("scalar f32 (")
 
 
-def test_coopmat_attention_matches_scalar_and_cpu(tiny_weights, vk_device, monkeypatch):
+@pytest.mark.parametrize("splits", ["1", None])
+def test_coopmat_attention_matches_scalar_and_cpu(tiny_weights, vk_device, monkeypatch, splits):
     why = ops_attention.prefill_refusal(vk_device, 64)
     if why is not None:
         pytest.skip(f"no coopmat prefill attention: {why}")
     from phoenix_chat.engine.backends.cpu import CpuBackend
 
     ids = np.random.default_rng(2).integers(3, 4096, 600).tolist()
+    if splits is not None:  # one workgroup per query block; None: the engine's key split
+        monkeypatch.setenv("PHOENIX_VULKAN_ATTN_SPLITS", splits)
     cm, path = _logits(tiny_weights, vk_device, ids)
     assert path.startswith("coopmat")
+    assert ("split" in path) == (splits is None)
+    monkeypatch.delenv("PHOENIX_VULKAN_ATTN_SPLITS", raising=False)
     monkeypatch.setenv("PHOENIX_VULKAN_ATTN_COOPMAT", "0")
     sc, _ = _logits(tiny_weights, vk_device, ids)
     cpu = CpuBackend(tiny_weights, CONTEXT).forward(ids, 0, all_logits=True)

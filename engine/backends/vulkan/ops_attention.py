@@ -13,6 +13,9 @@ Prefill: `attention_prefill` runs a chunk's queries against the cache, on matrix
 matrices, the online softmax in f32) where `prefill_kernel(dev, head_dim)` says "coopmat", else
 the scalar f32 kernel (attention_prefill.comp). PHOENIX_VULKAN_ATTN_COOPMAT=0 forces the scalar
 one (for comparisons); `prefill_path` is what the backend reports in stats()["prefill_attention"].
+Where a chunk's query blocks are too few to fill the GPU (the 4B's 512-token chunk: 64
+workgroups), `prefill_splits` splits each block's keys between several workgroups, whose partial
+records attention_prefill_combine.comp merges (flash-decoding's split, for prefill).
 """
 
 from __future__ import annotations
@@ -108,6 +111,11 @@ def attention_decode(
 CM_ROWS = 64  # attention_prefill_coopmat.comp: query rows (tokens x heads of one kv head) per workgroup
 CM_SUBGROUPS = 8
 CM_MAX_GW = 8  # query heads of one kv head per workgroup, at most (so at least 8 tokens a block)
+MAX_PREFILL_SPLITS = 8  # attention_prefill_combine.comp's weights array
+# a dispatch of fewer query blocks than this splits their keys to reach it: about one workgroup per
+# SM of an H100 (132; one coopmat workgroup fits an SM): 2 ways beat 4 on the 4B, 4 beat 8 on the 270M
+SPLIT_TARGET_GROUPS = 128
+ATTN_SPLIT_BYTES = 32 << 20  # the partial records' scratch (device.scratch), one size for every model
 
 
 def cm_shared_bytes(head_dim: int) -> int:
@@ -139,15 +147,48 @@ def prefill_refusal(dev: Device, head_dim: int) -> str | None:
     return None
 
 
+def split_record_bytes(max_tokens: int, n_heads: int, head_dim: int, splits: int) -> int:
+    """Bytes of a split prefill attention's partial records: (head_dim + 4) floats per split,
+    token and head."""
+    return max_tokens * n_heads * splits * (head_dim + 4) * 4
+
+
+def prefill_splits(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """How many workgroups share each query block's keys (1: no split). A chunk of fewer than
+    SPLIT_TARGET_GROUPS blocks is split up to that count, as far as the records fit
+    ATTN_SPLIT_BYTES. PHOENIX_VULKAN_ATTN_SPLITS=N (1..8) forces N, for comparisons."""
+    forced = os.environ.get("PHOENIX_VULKAN_ATTN_SPLITS")
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= MAX_PREFILL_SPLITS:
+            raise ValueError(f"PHOENIX_VULKAN_ATTN_SPLITS={forced!r}: a number from 1 to {MAX_PREFILL_SPLITS}")
+        want = int(forced)
+    else:
+        gw = heads_per_group(n_heads, n_kv_heads)
+        blocks = -(-max_tokens // (CM_ROWS // gw)) * (n_heads // gw)
+        want = min(MAX_PREFILL_SPLITS, -(-SPLIT_TARGET_GROUPS // blocks))
+    while want > 1 and split_record_bytes(max_tokens, n_heads, head_dim, want) > ATTN_SPLIT_BYTES:
+        want -= 1
+    return want
+
+
+def split_scratch_bytes(dev: Device, head_dim: int) -> int:
+    """Device memory the split prefill attention's records may take here (allocated on first use):
+    ATTN_SPLIT_BYTES where the coopmat kernel runs, else 0 — for the memory plan."""
+    return ATTN_SPLIT_BYTES if prefill_refusal(dev, head_dim) is None else 0
+
+
 def prefill_kernel(dev: Device, head_dim: int) -> str:
     """The prefill attention kernel a device gets for `head_dim`: "coopmat" or "scalar"."""
     return "coopmat" if prefill_refusal(dev, head_dim) is None else "scalar"
 
 
-def prefill_path(dev: Device, head_dim: int) -> str:
-    """The prefill attention path in words, with the reason where it is the scalar kernel."""
+def prefill_path(dev: Device, head_dim: int, splits: int = 1) -> str:
+    """The prefill attention path in words (with the key split of a chunk, `prefill_splits`),
+    with the reason where it is the scalar kernel."""
     why = prefill_refusal(dev, head_dim)
-    return "coopmat f16 x f16 -> f32 (flash)" if why is None else f"scalar f32 ({why})"
+    if why is not None:
+        return f"scalar f32 ({why})"
+    return "coopmat f16 x f16 -> f32 (flash)" + (f", keys split {splits} ways" if splits > 1 else "")
 
 
 def heads_per_group(n_heads: int, n_kv_heads: int) -> int:
@@ -157,6 +198,27 @@ def heads_per_group(n_heads: int, n_kv_heads: int) -> int:
     while gw * 2 <= CM_MAX_GW and g % (gw * 2) == 0:
         gw *= 2
     return gw
+
+
+def combine_splits(
+    cl: CommandList,
+    dev: Device,
+    step: Binding,
+    records: Binding,
+    out: Binding,
+    *,
+    head_dim: int,
+    n_heads: int,
+    splits: int,
+    max_tokens: int,
+) -> None:
+    """out[t][h] = the merge of the `splits` partial records of (token t < step.n_tokens, head h)
+    (attention_prefill_combine.comp; records as attention_prefill_coopmat.comp writes them)."""
+    if not 2 <= splits <= MAX_PREFILL_SPLITS:
+        raise ValueError(f"combine_splits: splits {splits} outside 2..{MAX_PREFILL_SPLITS}")
+    p = dev.pipeline("attention_prefill_combine_f32", WG=64, NSPLIT=splits)
+    push = p.push.pack(head_dim=head_dim, n_heads=n_heads)
+    cl.dispatch(p, [step, records, out], groups=(max_tokens, n_heads, 1), push=push)
 
 
 def attention_prefill(
@@ -182,13 +244,16 @@ def attention_prefill(
     bc: int = 32,
     vis: Binding | None = None,
     kernel: str | None = None,
+    splits: int | None = None,
 ) -> None:
     """Causal attention of the step's n_tokens queries (positions step.pos + t) against the cache
     (which already holds this chunk's keys). out: [tokens][n_heads * head_dim] f32.
     vis (a prompt with pictures): u32 [tokens], the last position each query sees (its own, or
     its picture's last: a picture's tokens attend to each other both ways).
     kernel: "coopmat" or "scalar"; None takes prefill_kernel(dev, head_dim). "coopmat" where the
-    device refuses it raises (no silent fallback). wg, bq, bc tune the scalar kernel only."""
+    device refuses it raises (no silent fallback). wg, bq, bc tune the scalar kernel only.
+    splits (coopmat): workgroups per query block, each over a run of its keys, merged by a
+    second dispatch behind a barrier; None takes prefill_splits(...)."""
     if n_heads % n_kv_heads:
         raise ValueError("attention_prefill: n_heads must be a multiple of n_kv_heads")
     kernel = prefill_kernel(dev, head_dim) if kernel is None else kernel
@@ -209,11 +274,40 @@ def attention_prefill(
         if why is not None:
             raise ValueError(f"attention_prefill: no coopmat kernel here: {why}")
         gw = heads_per_group(n_heads, n_kv_heads)
+        splits = prefill_splits(max_tokens, n_heads, n_kv_heads, head_dim) if splits is None else splits
+        if not 1 <= splits <= MAX_PREFILL_SPLITS:
+            raise ValueError(f"attention_prefill: splits {splits} outside 1..{MAX_PREFILL_SPLITS}")
+        need = split_record_bytes(max_tokens, n_heads, head_dim, splits)
+        if splits > 1 and need > ATTN_SPLIT_BYTES:
+            raise ValueError(f"attention_prefill: {splits} splits need {need} B of records, over {ATTN_SPLIT_BYTES}")
         p = dev.pipeline(
-            f"attention_prefill_f16_f32{spans}_coopmat_d{head_dim}", WG=CM_SUBGROUPS * dev.caps.subgroup_size, GW=gw
+            f"attention_prefill_f16_f32{spans}_coopmat_d{head_dim}",
+            WG=CM_SUBGROUPS * dev.caps.subgroup_size,
+            GW=gw,
+            NSPLIT=splits,
         )
-        groups = (-(-max_tokens // (CM_ROWS // gw)), n_heads // gw, 1)
+        groups = (-(-max_tokens // (CM_ROWS // gw)), n_heads // gw, splits)
+        if splits == 1:
+            cl.dispatch(p, binds, groups=groups, push=p.push.pack(**push_values))
+            return
+        # the records go to a scratch every split attention shares: the barrier first, in case an
+        # earlier combine recorded without one between still reads it
+        cl.barrier()
+        records = dev.scratch("split prefill attention records", ATTN_SPLIT_BYTES)
+        binds[4] = (records, 0, need)
         cl.dispatch(p, binds, groups=groups, push=p.push.pack(**push_values))
+        cl.barrier()
+        combine_splits(
+            cl,
+            dev,
+            step,
+            (records, 0, need),
+            out,
+            head_dim=head_dim,
+            n_heads=n_heads,
+            splits=splits,
+            max_tokens=max_tokens,
+        )
         return
     if kernel != "scalar":
         raise ValueError(f"attention_prefill: unknown kernel {kernel!r} (coopmat, scalar)")

@@ -140,6 +140,8 @@ ATTN_PREFILL_PUSH = PushLayout(
         ("scale", "f32"),
     ],
 )
+# attention_prefill_combine.comp: the split flash attention's partial records merged into out
+ATTN_COMBINE_PUSH = PushLayout("attention_combine", [("head_dim", "u32"), ("n_heads", "u32")])
 # attention_prefill_coopmat.comp: head_dim -> keys per tile (shared memory: a 64-row block's S
 # in f32 and P in f16, one K/V tile of BC keys; 31 KiB at 256 x 32, 43 KiB at 128 x 64)
 ATTN_CM_HEAD_DIMS = {64: 64, 128: 64, 256: 32}
@@ -245,10 +247,20 @@ def _variants() -> list[Variant]:
                     nb,
                     ATTN_PREFILL_PUSH,
                     {"CM_HD": str(hd), "CM_BC": str(bc), **defs},
-                    {"WG": (0, 256), "GW": (1, 1)},
+                    {"WG": (0, 256), "GW": (1, 1), "NSPLIT": (2, 1)},
                     requires=("cooperative_matrix",),
                 )
             )
+    v.append(
+        Variant(
+            "attention_prefill_combine_f32",
+            "attention_prefill_combine.comp",
+            3,
+            ATTN_COMBINE_PUSH,
+            {},
+            {"WG": (0, 64), "NSPLIT": (1, 2)},
+        )
+    )
     for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("full_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, SAMPLE_PUSH, {define: None}, sample_spec))

@@ -124,6 +124,7 @@ def plan_memory(
         + (n_slots + 1) * (context_length + 2) * 4  # every slot's ids and a pad row's
         + Device.STAGING_BYTES
         + ops_gemm.cf_scratch_bytes(dev)  # the split-K few-token GEMMs' partial sums
+        + ops_attention.split_scratch_bytes(dev, cfg.head_dim)  # the split prefill attention's records
     )
     if n_slots > 1:
         scratch += batch_scratch_bytes(cfg, n_splits, min(n_slots, MAX_BATCH))

@@ -108,7 +108,7 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
     """A VulkanBackend's details as a JSON-serialisable dict (bench, diagnostics): memory, the
     load-time choices and their timings, `python_ms_per_token` once it has decoded,
     `gpu_busy_fraction` where the device has timestamps."""
-    dev, budget, tuning = backend.dev, backend.budget, backend.tuning
+    dev, budget, tuning, cfg = backend.dev, backend.budget, backend.tuning, backend.config
     out: dict[str, Any] = {
         "device": dev.name,
         "weights_bytes": budget["weights"],
@@ -120,7 +120,11 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         "int_dot": backend.int_dot,
         "int_dot_why": backend.int_dot_why,
         "prefill_gemm": ops_gemm.path(dev),
-        "prefill_attention": ops_attention.prefill_path(dev, backend.config.head_dim),
+        "prefill_attention": ops_attention.prefill_path(
+            dev,
+            cfg.head_dim,
+            ops_attention.prefill_splits(backend.prefill_chunk, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        ),
         **tuning.stats(),
         # the path each matrix of a recorded forward of T > 1 tokens or batched step of T rows took
         "few_token_paths": {T: dict(paths) for T, paths in sorted(backend.graph.few_token_paths.items())},
