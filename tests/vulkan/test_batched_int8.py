@@ -159,9 +159,11 @@ def test_a_matrix_whose_matvec_beat_its_gemm_leaves_the_gemm_path(tiny_int8):
     gemm = ops_gemm.kernel(vk.dev)  # a GEMM this device runs
     try:
         t.few_token_int8 = frozenset()
+        t.gemm_kernels_few.clear()
+        t.gemm_shape_timing_few.clear()
         for key in model_shapes(vk.graph):
-            t.gemm_kernels_few[key] = gemm
-            t.gemm_shape_timing_few[key] = {gemm: 100.0}
+            t.gemm_kernels_few.setdefault(32, {})[key] = gemm
+            t.gemm_shape_timing_few.setdefault(32, {})[key] = {gemm: 100.0}
         t.cols_timing = {"down": {8: {"r1t4": 50.0}}, "o": {8: {"r1t4": 150.0}}}
         vk.drop_recordings()
         L = vk.graph.weights.layers[0]

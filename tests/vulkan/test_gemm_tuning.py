@@ -26,10 +26,17 @@ def test_lookup_prefers_the_shape_then_the_forward_then_few():
     assert t.gemm_kernel_for(512, key) == "coopmat_p"
     assert t.gemm_kernel_for(512, "Q8_0 1x1") == "coopmat_l"  # not timed: the forward's tile
     assert t.gemm_kernel_for(FEW_TOKENS, key) == "coopmat_s"  # a few tokens: the few-token tile
-    t.gemm_kernels_few[key] = "cm8f2"
+    t.gemm_kernels_few[FEW_TOKENS] = {key: "cm8f2"}
     assert t.gemm_kernel_for(FEW_TOKENS, key) == "cm8f2"  # ... the shape's own where one was timed
+    assert t.gemm_kernel_for(5, key) == "cm8f2"  # (the only timed count: the largest)
     assert t.gemm_kernel_for(FEW_TOKENS, "Q8_0 1x1") == "coopmat_s"
     assert t.gemm_kernel_for(FEW_TOKENS + 1, key) == "coopmat_p"
+    # per timed count: a forward of T tokens takes the smallest count >= T
+    t.gemm_kernels_few[8] = {key: "cmw1_4"}
+    t.gemm_kernels_few[16] = {key: "cmd2_4"}
+    assert [t.few_count(T) for T in (2, 8, 9, 16, 17, 32, 33)] == [8, 8, 16, 16, 32, 32, None]
+    assert [t.gemm_kernel_for(T, key) for T in (2, 8, 9, 17)] == ["cmw1_4", "cmw1_4", "cmd2_4", "cm8f2"]
+    assert t.gemm_kernel_for(5, "Q8_0 1x1") == "coopmat_s"  # a shape not timed at that count
     assert gemm_tuning.most_chosen(t) == "coopmat_p"
     assert gemm_tuning.most_chosen(Tuning()) is None
 
@@ -79,14 +86,34 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
             if ops_gemm.cf_refusal(vk_device, wtype, cols, "cpd2_8", key.endswith("geglu")) is None:
                 assert set(timed) >= set(ops_gemm.CF_PREFILL_KERNELS), key  # the register-built prefill tiles
         assert st["gemm_kernel"] == gemm_tuning.most_chosen(be.tuning)
+        # the few-token tiles: every shape timed at 8, 16 and 32 tokens, the fastest kept
+        assert sorted(st["gemm_kernels_few"]) == [8, 16, FEW_TOKENS]
+        for count, chosen in st["gemm_kernels_few"].items():
+            assert set(chosen) == set(shapes), count
+            for key, kn in chosen.items():
+                timed = st["gemm_shape_timing_few"][count][key]
+                assert kn == min(timed, key=timed.__getitem__)
+        key = next(iter(shapes))
+        assert be.tuning.gemm_kernel_for(5, key) == st["gemm_kernels_few"][8][key]
+        assert be.tuning.gemm_kernel_for(12, key) == st["gemm_kernels_few"][16][key]
         # the prefill through the chosen tiles is the CPU's (argmax of every position)
         from phoenix_chat.engine.backends.cpu import CpuBackend
 
         ids = np.random.default_rng(4).integers(3, 4096, 60).tolist()
         got = be.forward(ids, 0, all_logits=True)
-        cpu = CpuBackend(tiny_weights, 64).forward(ids, 0, all_logits=True)
+        cpu_be = CpuBackend(tiny_weights, 64)
+        cpu = cpu_be.forward(ids, 0, all_logits=True)
         assert np.mean(got.argmax(-1) == cpu.argmax(-1)) >= 0.98
         np.testing.assert_allclose(got, cpu, atol=2e-2 * np.abs(cpu).max())
+        # ... and 5 then 12 more tokens through the GEMM path, each count's own tiles
+        t = be.tuning
+        t.few_token_int8, t.few_token_matvec = frozenset(), frozenset()
+        t.cols_timing.clear()
+        be.drop_recordings()
+        for start, n in ((60 - 17, 5), (60 - 12, 12)):
+            got = be.forward(ids[start : start + n], start, all_logits=True)
+            assert set(be.stats()["few_token_paths"][n].values()) == {"gemm"}
+            np.testing.assert_allclose(got, cpu[start : start + n], atol=2e-2 * np.abs(cpu).max())
     finally:
         be.close()
 
@@ -191,9 +218,10 @@ def test_few_token_tiles_per_shape_include_the_int8_matrix_core_tiles(tiny_weigh
         try:
             stats = be.stats()
             shapes = gemm_tuning.model_shapes(be.graph)
-            assert set(stats["gemm_kernels_few"]) == set(shapes)
-            for key, timed in stats["gemm_shape_timing_few"].items():
-                assert stats["gemm_kernels_few"][key] == min(timed, key=timed.__getitem__)
+            few = stats["gemm_kernels_few"][FEW_TOKENS]
+            assert set(few) == set(shapes)
+            for key, timed in stats["gemm_shape_timing_few"][FEW_TOKENS].items():
+                assert few[key] == min(timed, key=timed.__getitem__)
                 wtype, cols = key.split()[0], int(key.split()[1].split("x")[1])
                 if ops_gemm.cf_refusal(vk_device, wtype, cols, "cmf1h", key.endswith("geglu")) is None:
                     assert set(timed) & set(ops_gemm.CF_KERNELS), key  # the f16 few-token tiles compete
@@ -202,6 +230,25 @@ def test_few_token_tiles_per_shape_include_the_int8_matrix_core_tiles(tiny_weigh
                 else:
                     assert not set(timed) & set(ops_gemm.INT8_KERNELS), key
             key = next(iter(shapes))
-            assert be.tuning.gemm_kernel_for(FEW_TOKENS, key) == stats["gemm_kernels_few"][key]
+            assert be.tuning.gemm_kernel_for(FEW_TOKENS, key) == few[key]
         finally:
             be.close()
+
+
+def test_few_tile_counts(monkeypatch):
+    """The counts each shape's few-token tile is timed for: 8, 16 and 32, those below a short
+    context's limit and the limit itself; the variable picks others or is refused with a message."""
+    from phoenix_chat.engine.backends.vulkan.autotune import few_tile_counts
+
+    monkeypatch.delenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", raising=False)
+    assert few_tile_counts(FEW_TOKENS) == [8, 16, 32]
+    assert few_tile_counts(12) == [8, 12]
+    assert few_tile_counts(5) == [5]
+    monkeypatch.setenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", "32")
+    assert few_tile_counts(FEW_TOKENS) == [32]
+    monkeypatch.setenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", "4,8")
+    assert few_tile_counts(FEW_TOKENS) == [4, 8, 32]
+    for bad in ("1", "33", "eight"):
+        monkeypatch.setenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", bad)
+        with pytest.raises(ValueError, match="PHOENIX_VULKAN_FEW_TILE_COUNTS"):
+            few_tile_counts(FEW_TOKENS)

@@ -13,6 +13,7 @@ these functions record candidates through the graph's public methods.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.resident import Layer
 
 FEW_TOKENS = 32  # forwards of at most this many tokens take tuning.gemm_kernel_few (a short turn, a batched step)
+# token counts each weight shape's few-token tile is timed for (`few_tile_counts`): on the H100 the
+# 27B gate/up tile chosen for 32 tokens took 135 µs for 8 where another took 98
+FEW_TILE_COUNTS = (8, 16, FEW_TOKENS)
 TUNE_LAYERS = 8  # layers the load-time timing cycles through (`tuning_layers`)
 
 # a matvec workgroup shape: its specialization constants (matvec.default_spec)
@@ -97,21 +101,39 @@ class Tuning:
     # step) or None: gemm_kernel's
     gemm_kernel_few: str | None = None
     gemm_few_timing: dict[str, float] = field(default_factory=dict)  # kernel -> ms of a FEW_TOKENS forward
-    # the same per weight shape, timed on the shape's own matrices for FEW_TOKENS tokens
-    # (gemm_tuning.choose_gemm_kernels(few=True)): key -> kernel, key -> kernel -> µs
-    gemm_kernels_few: dict[str, str] = field(default_factory=dict)
-    gemm_shape_timing_few: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same per weight shape, timed on the shape's own matrices for each count of
+    # `few_tile_counts` (gemm_tuning.choose_gemm_kernels(few=True)): count -> key -> kernel,
+    # count -> key -> kernel -> µs; a forward of T tokens takes the smallest count >= T
+    gemm_kernels_few: dict[int, dict[str, str]] = field(default_factory=dict)
+    gemm_shape_timing_few: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     # full prefill chunks per weight shape (gemm_tuning.shape_key -> kernel; gemm_tuning.py)
     gemm_kernels: dict[str, str] = field(default_factory=dict)
     gemm_shape_timing: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> kernel -> µs
     gemm_kernels_note: str = ""  # why no shape was timed on a GPU (no matrix cores, no scratch memory)
 
+    def few_count(self, tokens: int) -> int | None:
+        """The timed count whose per-shape few-token tiles a forward of `tokens` tokens takes:
+        the smallest >= tokens (the largest where none is); None above FEW_TOKENS or untimed."""
+        counts = sorted(self.gemm_kernels_few)
+        if tokens > FEW_TOKENS or not counts:
+            return None
+        return next((c for c in counts if c >= tokens), counts[-1])
+
+    def few_shape_choice(self, tokens: int, shape: str) -> tuple[str | None, dict[str, float]]:
+        """(the tile, its candidates' µs) timed for `shape` at few_count(tokens), or (None, {})."""
+        c = self.few_count(tokens)
+        if c is None:
+            return None, {}
+        return self.gemm_kernels_few[c].get(shape), self.gemm_shape_timing_few.get(c, {}).get(shape, {})
+
     def gemm_kernel_for(self, tokens: int, shape: str | None = None) -> str | None:
         """The GEMM kernel a forward of `tokens` tokens runs for a weight of `shape`
-        (gemm_tuning.shape_key): the shape's own tile where one was timed, else the forward's."""
-        if tokens <= FEW_TOKENS and shape is not None and shape in self.gemm_kernels_few:
-            return self.gemm_kernels_few[shape]
+        (gemm_tuning.shape_key): the shape's own tile where one was timed (for a few tokens, at
+        the count `few_count` picks), else the forward's."""
+        kn = self.few_shape_choice(tokens, shape)[0] if shape is not None else None
+        if kn is not None:
+            return kn
         if tokens <= FEW_TOKENS and self.gemm_kernel_few is not None:
             return self.gemm_kernel_few
         if shape is not None and shape in self.gemm_kernels:
@@ -170,6 +192,22 @@ class Tuning:
         if self.few_token_timing:
             out["few_token_timing"] = self.few_token_timing
         return out
+
+
+def few_tile_counts(few: int) -> list[int]:
+    """The token counts each weight shape's few-token tile is timed for, up to `few` (FEW_TOKENS,
+    or less in a short context) and `few` itself: FEW_TILE_COUNTS, or the comma-separated
+    PHOENIX_VULKAN_FEW_TILE_COUNTS (for comparisons: "32" times one count, as before)."""
+    raw = os.environ.get("PHOENIX_VULKAN_FEW_TILE_COUNTS")
+    counts: tuple[int, ...] = FEW_TILE_COUNTS
+    if raw:
+        try:
+            counts = tuple(int(c) for c in raw.split(","))
+        except ValueError:
+            raise ValueError(f"PHOENIX_VULKAN_FEW_TILE_COUNTS={raw!r}: comma-separated token counts") from None
+        if not all(2 <= c <= FEW_TOKENS for c in counts):
+            raise ValueError(f"PHOENIX_VULKAN_FEW_TILE_COUNTS={raw!r}: counts from 2 to {FEW_TOKENS}")
+    return sorted({c for c in counts if c < few} | {few})
 
 
 def spec_label(spec: Spec) -> str:

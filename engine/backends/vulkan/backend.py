@@ -156,7 +156,8 @@ class VulkanBackend(Backend):
             # common per-shape choice, or, where no shape was timed, a whole forward's timing
             self.tuning.gemm_kernel = gemm_tuning.most_chosen(self.tuning) or autotune.choose_gemm_tile(self, chunk)
             few = min(autotune.FEW_TOKENS, context_length - 1)
-            gemm_tuning.choose_gemm_kernels(self.graph, few, few=True)
+            for count in autotune.few_tile_counts(few):
+                gemm_tuning.choose_gemm_kernels(self.graph, count, few=True)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
         if not caps.is_software and options.autotune is not False:
             autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them

@@ -10,7 +10,8 @@ one of the model's own matrices for a full prefill chunk, and the graph looks it
 (`Tuning.gemm_kernel_for`). The int8-dot tiles (gemm_int8.comp) compete on GPUs with the int8
 dot, timed with the quantize of x they need: on the H100 they lose to the matrix cores (0.5-0.64x),
 and win over the f32 tiled GEMM a GPU without matrix cores ran before (2.5-3.5x).
-The same per shape for FEW_TOKENS tokens (a batched decode step's GEMMs, a short turn), where
+The same per shape for 8, 16 and FEW_TOKENS tokens (a batched decode step's GEMMs, a short turn:
+a forward takes the smallest timed count >= its tokens), where
 the 32-token tiles and, when asked for (PHOENIX_VULKAN_CM8=1), the int8 matrix-core tiles made for
 a few tokens (gemm_coopmat_int8_few.comp) compete: on the H100 those ran the 27B shapes' products
 of 8-32 tokens 1.3-3.6x faster than the f16 tiles, but an LM head of 262,144 rows slower — one
@@ -109,8 +110,8 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
     """Time every matrix-core and int8 tile on each of the model's GEMM shapes for `tokens`
     tokens (the int8 ones with the quantize dispatch of x they need); fill
     graph.tuning.gemm_kernels (key -> kernel) and gemm_shape_timing (key -> kernel -> µs) — with
-    `few` (tokens = FEW_TOKENS: a batched decode step, a short turn), gemm_kernels_few and
-    gemm_shape_timing_few, over the same candidates. Returns why nothing was timed (no
+    `few` (tokens <= FEW_TOKENS: a batched decode step, a short turn), gemm_kernels_few[tokens]
+    and gemm_shape_timing_few[tokens], over the same candidates. Returns why nothing was timed (no
     matrix cores and no int8 dot, no memory for the scratch), else None."""
     dev = graph.dev
     if not ops_gemm.coopmat_ok(dev) and not int8_candidates(dev, graph.int_dot):
@@ -162,9 +163,10 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
 
             kernels = candidates_for(dev, mats[0].qtype.name, cols, geglu, graph.int_dot, few, mats[0].rows, tokens)
             us = time_many(dev, {kn: recorder(kn) for kn in kernels}, reps=reps)
-            timing = tuning.gemm_shape_timing_few if few else tuning.gemm_shape_timing
+            timing = tuning.gemm_shape_timing_few.setdefault(tokens, {}) if few else tuning.gemm_shape_timing
             timing[key] = {kn: round(t, 1) for kn, t in us.items()}
-            (tuning.gemm_kernels_few if few else tuning.gemm_kernels)[key] = min(us, key=us.__getitem__)
+            chosen = tuning.gemm_kernels_few.setdefault(tokens, {}) if few else tuning.gemm_kernels
+            chosen[key] = min(us, key=us.__getitem__)
     finally:
         for b in scratch:
             b.destroy()

@@ -656,8 +656,9 @@ class Gemma3Graph:
     def _cols_beat_gemm(self, mats: list[WeightMatrix], T: int, key: str | None) -> bool:
         """Whether matvec `key`'s int8 multi-column timing at load (cols_timing, the first timed
         count >= T) beat the GEMM tiles its shapes chose for a few tokens (gemm_shape_timing_few,
-        timed for FEW_TOKENS): a forward takes the GEMM path as a whole when its sum wins, yet on
-        the H100 the 4B down product of 32 tokens ran in 51 µs as a matvec against 93 as a GEMM."""
+        at the timed count a forward of T tokens takes): a forward takes the GEMM path as a whole
+        when its sum wins, yet on the H100 the 4B down product of 32 tokens ran in 51 µs as a
+        matvec against 93 as a GEMM."""
         t = self.tuning
         cols = t.cols_timing.get(key or "", {})
         above = [c for c in sorted(cols) if c >= T]
@@ -667,7 +668,7 @@ class Gemma3Graph:
         gemm_us = 0.0
         for m in mats[:1] if geglu else mats:
             shape = shape_key(m.qtype.name, m.rows, m.cols, geglu=geglu)
-            kn, timed = t.gemm_kernels_few.get(shape), t.gemm_shape_timing_few.get(shape, {})
+            kn, timed = t.few_shape_choice(T, shape)
             if kn is None or kn not in timed:
                 return False
             gemm_us += timed[kn]
