@@ -85,7 +85,11 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
             wtype, cols = key.split()[0], int(key.split()[1].split("x")[1])
             if ops_gemm.cf_refusal(vk_device, wtype, cols, "cpd2_8", key.endswith("geglu")) is None:
                 assert set(timed) >= set(ops_gemm.CF_PREFILL_KERNELS), key  # the register-built prefill tiles
-        assert st["gemm_kernel"] == gemm_tuning.most_chosen(be.tuning)
+        chosen = gemm_tuning.most_chosen(be.tuning)
+        if chosen is not None:
+            assert st["gemm_kernel"] == chosen
+        else:  # every shape took a register-built tile: the tile of shapes not timed from a whole forward
+            assert st["gemm_kernel"] == min(st["gemm_timing"], key=st["gemm_timing"].__getitem__)
         # the few-token tiles: every shape timed at 8, 16 and 32 tokens, the fastest kept
         assert sorted(st["gemm_kernels_few"]) == [8, 16, FEW_TOKENS]
         for count, chosen in st["gemm_kernels_few"].items():
