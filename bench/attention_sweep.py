@@ -64,8 +64,8 @@ def prefill_sweep(dev: Device, args: argparse.Namespace) -> dict:
                 print(f"coopmat/s{n} not run: its records exceed the {ops_attention.ATTN_SPLIT_BYTES} B scratch")
             else:
                 kernels.append(f"coopmat/s{n}")
-        engine_splits = ops_attention.prefill_splits(args.chunk or 512, h, kv, hd)
-        print(f"the engine splits a {args.chunk}-token chunk's keys {engine_splits} ways", flush=True)
+        engine_splits = ops_attention.prefill_splits(chunk, h, kv, hd)
+        print(f"the engine splits a {chunk}-token chunk's keys {engine_splits} ways", flush=True)
     else:
         print(f"coopmat prefill attention not run: {why}", flush=True)
     out: dict = {"device": dev.name, "shape": args.shape, "head_dim": hd, "heads": h, "kv_heads": kv}

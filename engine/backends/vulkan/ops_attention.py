@@ -163,9 +163,8 @@ def prefill_splits(max_tokens: int, n_heads: int, n_kv_heads: int, head_dim: int
             raise ValueError(f"PHOENIX_VULKAN_ATTN_SPLITS={forced!r}: a number from 1 to {MAX_PREFILL_SPLITS}")
         want = int(forced)
     else:
-        gw = heads_per_group(n_heads, n_kv_heads)
-        blocks = -(-max_tokens // (CM_ROWS // gw)) * (n_heads // gw)
-        want = min(MAX_PREFILL_SPLITS, -(-SPLIT_TARGET_GROUPS // blocks))
+        blocks, head_groups = query_blocks(max_tokens, n_heads, n_kv_heads)
+        want = min(MAX_PREFILL_SPLITS, -(-SPLIT_TARGET_GROUPS // (blocks * head_groups)))
     while want > 1 and split_record_bytes(max_tokens, n_heads, head_dim, want) > ATTN_SPLIT_BYTES:
         want -= 1
     return want
@@ -198,6 +197,13 @@ def heads_per_group(n_heads: int, n_kv_heads: int) -> int:
     while gw * 2 <= CM_MAX_GW and g % (gw * 2) == 0:
         gw *= 2
     return gw
+
+
+def query_blocks(max_tokens: int, n_heads: int, n_kv_heads: int) -> tuple[int, int]:
+    """The coopmat kernel's workgroups per key run: (blocks of CM_ROWS / GW tokens, head groups of
+    GW query heads), GW = heads_per_group."""
+    gw = heads_per_group(n_heads, n_kv_heads)
+    return -(-max_tokens // (CM_ROWS // gw)), n_heads // gw
 
 
 def combine_splits(
@@ -286,7 +292,7 @@ def attention_prefill(
             GW=gw,
             NSPLIT=splits,
         )
-        groups = (-(-max_tokens // (CM_ROWS // gw)), n_heads // gw, splits)
+        groups = (*query_blocks(max_tokens, n_heads, n_kv_heads), splits)
         if splits == 1:
             cl.dispatch(p, binds, groups=groups, push=p.push.pack(**push_values))
             return
