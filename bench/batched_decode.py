@@ -39,10 +39,18 @@ class StreamsResult:
 
 
 def time_batched_decode(
-    backend: VulkanBackend, streams: list[int], steps: int, prompt: int, sampled: bool = False, warmup: int = 2
+    backend: VulkanBackend,
+    streams: list[int],
+    steps: int,
+    prompt: int,
+    sampled: bool = False,
+    warmup: int = 2,
+    profile: bool = False,
 ) -> dict[str, object]:
     """The figures above on a loaded backend with >= max(streams) slots (its context >= prompt +
-    warmup + steps + 2): {"single_stream_tok_s": ..., "batched": [StreamsResult as dicts]}."""
+    warmup + steps + 2): {"single_stream_tok_s": ..., "batched": [StreamsResult as dicts]}.
+    profile: also each stream count's GPU time by op kind (us) of one step after the timed ones
+    ("profiles", keyed by stream count; one stream: the decode recording's)."""
     from phoenix_chat.engine.backends.base import SeqStep
     from phoenix_chat.engine.bench import bench_prompt
     from phoenix_chat.engine.sampling import SamplingParams
@@ -66,6 +74,7 @@ def time_batched_decode(
     n_single = sum(1 for _ in backend.decode_tokens(first[0], prompt, single_params, steps))
     single = n_single / (time.perf_counter() - t)
     results = []
+    profiles: dict[int, dict[str, float]] = {}
     for B in streams:
         tokens = list(first[:B])
         lat: list[float] = []
@@ -86,7 +95,16 @@ def time_batched_decode(
                 round(1e3 * float(np.percentile(lat, 99)), 3),
             )
         )
-    return {"single_stream_tok_s": round(single, 1), "batched": [asdict(r) for r in results]}
+    if profile:  # after every timing: the one-stream profile rewrites slot 0's first position
+        from phoenix_chat.engine.backends.vulkan.profiling import profile_step
+
+        for B in streams:
+            batch = [SeqStep(s, first[s], prompt + warmup + steps, params, seed=s) for s in range(B)]
+            profiles[B] = backend.profile_batch(batch) if B > 1 else profile_step(backend, 1)
+    out: dict[str, object] = {"single_stream_tok_s": round(single, 1), "batched": [asdict(r) for r in results]}
+    if profile:
+        out["profiles"] = profiles
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--sampled", action="store_true", help="top-k 40 sampling instead of greedy")
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument("--profile", action="store_true", help="GPU time by op kind of one step at each stream count")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
@@ -119,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     be = VulkanBackend(weights, args.context, VulkanOptions(allow_software=True), slots=max(streams))
     load_s = round(time.perf_counter() - t, 1)
     try:
-        out = time_batched_decode(be, streams, args.steps, args.prompt, args.sampled)
+        out = time_batched_decode(be, streams, args.steps, args.prompt, args.sampled, profile=args.profile)
         out |= {"model": str(path), "device": be.device_name, "load_s": load_s, "stats": be.stats()}
     finally:
         be.close()
@@ -133,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['streams']:7d} {r['aggregate_tok_s']:16.1f} {r['aggregate_tok_s'] / single:9.2f} "
             f"{r['per_stream_tok_s']:11.1f} {r['p50_step_ms']:8.2f} {r['p99_step_ms']:8.2f}"
         )
+    for B, prof in dict(out.get("profiles", {})).items():  # type: ignore[call-overload]
+        print(f"GPU time of one step, {B} stream(s): {prof['total']:.0f} us, {prof['dispatches']} dispatches")
+        for op, us in sorted(
+            ((k, v) for k, v in prof.items() if k not in ("total", "dispatches", "barriers")), key=lambda kv: -kv[1]
+        ):
+            print(f"    {op:16s} {us:9.1f} us  {100 * us / prof['total']:5.1f} %")
     stats = out["stats"]
     assert isinstance(stats, dict)
     for key in (

@@ -187,11 +187,35 @@ def test_batched_bench_reports_every_stream_count(tiny):
     from bench.batched_decode import time_batched_decode
 
     _cpu, vk = tiny
-    out = time_batched_decode(vk, [1, 2, 4], steps=2, prompt=8, warmup=1)
+    out = time_batched_decode(vk, [1, 2, 4], steps=2, prompt=8, warmup=1, profile=True)
     rows = out["batched"]
+    profiles = out["profiles"]
+    assert sorted(profiles) == [1, 2, 4]  # type: ignore[call-overload]
+    assert profiles[4]["dispatches"] > profiles[2]["dispatches"] > profiles[1]["dispatches"]  # type: ignore[index]
     assert [r["streams"] for r in rows] == [1, 2, 4]  # type: ignore[index]
     assert all(r["aggregate_tok_s"] > 0 and r["p99_step_ms"] >= r["p50_step_ms"] for r in rows)  # type: ignore[index]
     assert out["single_stream_tok_s"] > 0  # type: ignore[operator]
+
+
+def test_a_profiled_batched_step_times_the_step_it_draws(tiny):
+    """profile_batch (bench.batched_decode --profile) runs the batched step itself, with a
+    timestamp at every barrier: its rows draw what decode_batch_sampled draws, and each op of the
+    step has a time."""
+    _cpu, vk = tiny
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95)
+    for s in range(3):
+        vk.forward_slot(s, _ids(70 + s, 12), 0)
+    steps = [SeqStep(s, 5 + s, 12, params, seed=s) for s in range(3)]
+    drawn = vk.decode_batch_sampled(steps)
+    where = [vk._slot_fields(s)["tok_base"] + 13 for s in range(3)]
+    vk.buffers.tokens_view[where] = 0
+    prof = vk.profile_batch(steps)
+    assert [int(vk.buffers.tokens_view[i]) for i in where] == drawn
+    for op in ("embed", "qkv", "attention", "o_proj", "gate_up_geglu", "down", "lm_head", "sample"):
+        assert prof[op] > 0, op
+    assert prof["total"] >= sum(v for k, v in prof.items() if k not in ("total", "dispatches", "barriers")) * 0.99
+    with pytest.raises(ValueError, match="2\\+ sequences"):
+        vk.profile_batch(steps[:1])
 
 
 def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_device, monkeypatch):

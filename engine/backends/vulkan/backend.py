@@ -489,6 +489,32 @@ class VulkanBackend(Backend):
         if len(steps) == 1:
             st = steps[0]
             return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
+        B, mix, penalty = self._write_sampled_rows(steps)
+        cl = self._batch_recording(B, "sample", mix, penalty)
+        self._run_batch(cl, steps)
+        for st in steps:
+            self.sampled[ops_sample.sampler_for(st.params)] += 1
+        tokens = self.buffers.tokens_view
+        return [int(tokens[self._slot_fields(st.slot)["tok_base"] + st.pos + 1]) for st in steps]
+
+    def profile_batch(self, steps: Sequence[SeqStep]) -> dict[str, float]:
+        """GPU time by op kind (us) of one sampled batched step of `steps` (2+ sequences), from a
+        recording with a timestamp at every barrier, run three times (the last one counts): for
+        bench.batched_decode --profile. Writes the same KV positions and draws as the step would."""
+        self._check_steps(steps, room=1)
+        if len(steps) < 2:
+            raise ValueError("profile_batch profiles a batched step of 2+ sequences (profile_step: one)")
+        B, mix, penalty = self._write_sampled_rows(steps)
+        rows = self.buffers.rows
+        assert rows is not None
+        cl = record_batch(self.graph, rows, B, "sample", mix, penalty, profile=True)
+        for _ in range(3):  # the first runs warm clocks and caches
+            cl.submit(wait=True)
+        return profiling.per_op(cl)
+
+    def _write_sampled_rows(self, steps: Sequence[SeqStep]) -> tuple[int, SamplerMix, bool]:
+        """Write a sampled step's rows (grouped by sampler): its bucket, sampler mix and whether
+        any row applies a repetition penalty."""
         kinds = [ops_sample.sampler_for(st.params) for st in steps]
         order = sorted(range(len(steps)), key=lambda i: SAMPLER_ORDER.index(kinds[i]))
         # the bucket's pad rows join the most common sampler's rows, so that a bucket's recording
@@ -498,14 +524,8 @@ class VulkanBackend(Backend):
         pad_kind = max(SAMPLER_ORDER, key=lambda k: (kinds.count(k), -SAMPLER_ORDER.index(k)))
         B = len(self._write_rows(steps, order, "sample", pad_kind, kinds))
         counts = [kinds.count(k) + (B - len(steps) if k == pad_kind else 0) for k in SAMPLER_ORDER]
-        mix = (counts[0], counts[1], counts[2])
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
-        cl = self._batch_recording(B, "sample", mix, penalty)
-        self._run_batch(cl, steps)
-        for k in kinds:
-            self.sampled[k] += 1
-        tokens = self.buffers.tokens_view
-        return [int(tokens[self._slot_fields(st.slot)["tok_base"] + st.pos + 1]) for st in steps]
+        return B, (counts[0], counts[1], counts[2]), penalty
 
     def _check_steps(self, steps: Sequence[SeqStep], room: int) -> None:
         """Distinct slots of this backend, positions inside the context (room: positions after the

@@ -50,17 +50,26 @@ def bucket_for(n: int, max_rows: int) -> int:
 
 
 def record_batch(
-    graph: Gemma3Graph, rows: BatchRows, B: int, mode: BatchMode, mix: SamplerMix = (0, 0, 0), penalty: bool = False
+    graph: Gemma3Graph,
+    rows: BatchRows,
+    B: int,
+    mode: BatchMode,
+    mix: SamplerMix = (0, 0, 0),
+    penalty: bool = False,
+    profile: bool = False,
 ) -> CommandList:
     """One decode step of B rows. mode 'sample': rows [0, mix[0]) draw the argmax, the next
     mix[1] rows the top-k sampler, the last mix[2] the full sampler (ops_sample.sampler_for);
-    penalty: every row's repetition penalty first (a no-op where its rep_penalty is 1)."""
+    penalty: every row's repetition penalty first (a no-op where its rep_penalty is 1).
+    profile: a timestamp at every barrier (profiling.profile_batch), never replayed by the engine."""
     cfg, dev, b, w = graph.config, graph.dev, graph.buffers, graph.weights
     H, V, Q, qkv_dim = cfg.hidden_size, cfg.vocab_size, cfg.q_dim, graph.qkv_dim
     f = 4
     busy_ts = 2 if dev.caps.timestamp_bits else 0
-    cl = dev.commands(name=f"decode_batch[{B},{mode}]", timestamps=busy_ts)
-    if busy_ts:
+    cl = dev.commands(name=f"decode_batch[{B},{mode}]", timestamps=(24 * cfg.num_layers + 32) if profile else busy_ts)
+    if profile:
+        cl.profile_labels = []
+    if profile or busy_ts:
         cl.timestamp(0)
 
     def step(r: int) -> Binding:
@@ -184,7 +193,9 @@ def record_batch(
                 greedy=r < n_argmax,
                 full=r >= n_argmax + n_topk,
             )
-    if busy_ts:
+    if profile:  # close the last op: the sampler, or the LM head
+        mark(cl, "sample" if mode == "sample" else "lm_head")
+    elif busy_ts:
         cl.timestamp(1)
         cl.busy_timed = True
     return cl.end()

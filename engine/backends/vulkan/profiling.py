@@ -91,8 +91,14 @@ def profile_step(backend: VulkanBackend, tokens: int = 1) -> dict[str, float]:
     for _ in range(3):  # the first runs warm clocks and caches
         write_step(backend.buffers.step, pos=0, n_tokens=tokens)
         cl.submit()
+    return per_op(cl)
+
+
+def per_op(cl: CommandList) -> dict[str, float]:
+    """A submitted profiling list's GPU time by op label (us), its total and its dispatch and
+    barrier counts; destroys the list."""
     labels = cl.profile_labels
-    assert labels is not None  # record(profile=True) made the list
+    assert labels is not None  # recorded with profile=True
     ts = np.diff(cl.timestamps_ns(len(labels) + 1)) / 1e3
     out: dict[str, float] = {}
     for label, us in zip(labels, ts):
