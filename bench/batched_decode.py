@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -117,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--sampled", action="store_true", help="top-k 40 sampling instead of greedy")
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
+    ap.add_argument(
+        "--batch-attn-splits",
+        default="",
+        help="comma-separated PHOENIX_VULKAN_BATCH_ATTN_SPLITS values to time in turn on one load (0: the rule)",
+    )
     ap.add_argument("--profile", action="store_true", help="GPU time by op kind of one step at each stream count")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -140,6 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = time_batched_decode(be, streams, args.steps, args.prompt, args.sampled, profile=args.profile)
         out |= {"model": str(path), "device": be.device_name, "load_s": load_s, "stats": be.stats()}
+        sweep = {}
+        for splits in filter(None, args.batch_attn_splits.split(",")):
+            os.environ.pop("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", None)
+            if splits != "0":
+                os.environ["PHOENIX_VULKAN_BATCH_ATTN_SPLITS"] = splits
+            be.drop_batch_recordings()
+            many = [b for b in streams if b > 1]
+            sweep[splits] = time_batched_decode(be, many, args.steps, args.prompt, args.sampled)
+            print(f"batched attention splits {splits} (0: the rule):")
+            for r in sweep[splits]["batched"]:  # type: ignore[attr-defined]
+                print(f"  {r['streams']:3d} streams {r['aggregate_tok_s']:9.1f} tok/s  p50 {r['p50_step_ms']:.2f} ms")
+        os.environ.pop("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", None)
+        if sweep:
+            out["batch_attn_splits_sweep"] = sweep
     finally:
         be.close()
         weights.close()

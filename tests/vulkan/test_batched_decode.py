@@ -76,6 +76,28 @@ def test_decode_batch_logits_match_each_sequence_alone(tiny):
             seqs[s].append(int(row.argmax()))
 
 
+@pytest.mark.parametrize("splits", ["1", "3"])
+def test_the_batched_attention_split_changes_no_logit(tiny, monkeypatch, splits):
+    """The batched step's attention walks each row's context in fewer splits than a lone decode
+    (ops_attention.batch_splits); forced to 1 and to 3 (50-token contexts: 3 splits of 16+
+    positions each hold keys), every row's logits are still its own sequence's."""
+    cpu, vk = tiny
+    monkeypatch.setenv("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", splits)
+    vk.drop_batch_recordings()
+    try:
+        seqs = {0: _ids(40, 50), 2: _ids(41, 9), 3: _ids(42, 33)}
+        for slot, ids in seqs.items():
+            vk.forward_slot(slot, ids[:-1], 0)
+        out = vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1) for s, ids in seqs.items()])
+        assert vk.stats()["batch_attention_splits"][4] == min(int(splits), vk.graph.n_splits)
+        for row, ids in zip(out, seqs.values(), strict=True):
+            ref = cpu.forward(ids, 0)
+            np.testing.assert_allclose(row, ref, atol=cpu_tolerance(vk) * np.abs(ref).max())
+    finally:
+        monkeypatch.delenv("PHOENIX_VULKAN_BATCH_ATTN_SPLITS")
+        vk.drop_batch_recordings()
+
+
 # the tiny model's random logits are so peaked (top-1 ~ 1.0 at temperature 1) that only high
 # temperatures make the draws depend on the seed; the test checks that they do
 SAMPLERS = [

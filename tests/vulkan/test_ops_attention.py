@@ -193,3 +193,23 @@ def test_attention_decode_writes_q8_1_bit_identical(vk_device, D, H, KV, window,
             assert np.all(blocks[zero] == 0) and np.all(blocks[~zero, 8] != 0), pos
             assert not b.read(counters, np.uint32).any()
         cl.destroy()
+
+
+def test_batched_decode_split_rule(monkeypatch):
+    """batch_splits (device-free): a batched step's attention aims at ~1,024 workgroups (rows x kv
+    heads x splits), a power of two of splits, never more than the single stream's (its scratch);
+    the variable forces a count (capped the same way) or is refused with a message."""
+    from phoenix_chat.engine.backends.vulkan import ops_attention
+
+    monkeypatch.delenv("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", raising=False)
+    rule = ops_attention.batch_splits
+    assert [rule(32, rows, 16) for rows in (2, 4, 8, 16, 32)] == [32, 16, 8, 4, 2]  # 27B, 512 context
+    assert [rule(32, rows, 4) for rows in (2, 8, 32)] == [32, 32, 8]  # 4B
+    assert rule(128, 32, 1) == 32 and rule(128, 3, 1) == 128  # 270M at 8k context; 3 rows: 341 -> 256 -> 128
+    assert rule(4, 32, 16) == 2 and rule(4, 32, 64) == 1  # never 0
+    monkeypatch.setenv("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", "3")
+    assert rule(32, 32, 16) == 3 and rule(2, 32, 16) == 2
+    for bad in ("0", "257", "two"):
+        monkeypatch.setenv("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", bad)
+        with pytest.raises(ValueError, match="PHOENIX_VULKAN_BATCH_ATTN_SPLITS"):
+            rule(32, 8, 16)

@@ -527,6 +527,13 @@ class VulkanBackend(Backend):
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
         return B, (counts[0], counts[1], counts[2]), penalty
 
+    def drop_batch_recordings(self) -> None:
+        """Forget the recorded batched steps (each is recorded again on its next use), so that a
+        record-time setting such as PHOENIX_VULKAN_BATCH_ATTN_SPLITS can be compared on one load."""
+        while self._batch_lists:
+            _, cl = self._batch_lists.popitem()
+            cl.destroy()
+
     def _check_steps(self, steps: Sequence[SeqStep], room: int) -> None:
         """Distinct slots of this backend, positions inside the context (room: positions after the
         fed one that must exist too: the drawn token's)."""

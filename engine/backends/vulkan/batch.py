@@ -28,12 +28,12 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_no
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
-from phoenix_chat.engine.backends.vulkan.plan import batch_logits_stride
+from phoenix_chat.engine.backends.vulkan.plan import BATCH_BUCKETS, batch_logits_stride
 from phoenix_chat.engine.backends.vulkan.profiling import mark
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import BatchRows
 
-BUCKETS = (2, 4, 8, 16, 32)  # rows of the recorded batched steps (one sequence takes the decode path)
+BUCKETS = BATCH_BUCKETS
 
 # what a recorded batched step leaves: every row's logits, or every row's sampled id in `tokens`
 BatchMode: TypeAlias = Literal["logits", "sample"]
@@ -120,7 +120,7 @@ def record_batch(
             cache_slots=L.slots,
             window=0 if L.is_global else cfg.sliding_window,
             scale=cfg.attn_scale,
-            n_splits=graph.n_splits,
+            n_splits=ops_attention.batch_splits(graph.n_splits, B, cfg.num_kv_heads),
             rows=B,
             q_row_stride=qkv_dim,
         )

@@ -49,6 +49,26 @@ def default_splits(max_positions: int, n_kv_heads: int = 1) -> int:
     return max(1, min(want, -(-max_positions // 16)))
 
 
+# a batched decode step's attention (rows x kv heads x splits workgroups) aims at about this many
+# workgroups: with the single stream's splits, 32 rows of the 27B were 16,384 workgroups of a few
+# positions each, 7.6 ms of a 36.9 ms step on an H100 (bench.batched_decode --profile)
+BATCH_TARGET_GROUPS = 1024
+
+
+def batch_splits(n_splits: int, rows: int, n_kv_heads: int) -> int:
+    """Splits of the context for a batched decode step of `rows` rows: a power of two giving
+    about BATCH_TARGET_GROUPS workgroups, at most the single stream's n_splits (the scratch's
+    size) and at least 1. PHOENIX_VULKAN_BATCH_ATTN_SPLITS=N forces N (capped the same way),
+    for comparisons."""
+    forced = os.environ.get("PHOENIX_VULKAN_BATCH_ATTN_SPLITS")
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= 256:
+            raise ValueError(f"PHOENIX_VULKAN_BATCH_ATTN_SPLITS={forced!r}: a number from 1 to 256")
+        return min(n_splits, int(forced))
+    want = max(1, BATCH_TARGET_GROUPS // max(1, rows * n_kv_heads))
+    return min(n_splits, 1 << (want.bit_length() - 1))
+
+
 def attention_decode(
     cl: CommandList,
     dev: Device,

@@ -27,6 +27,7 @@ PREFILL_CHUNK = 512  # tokens per prefill submission (GEMM rows: more reuse of e
 SOFTWARE_PREFILL_CHUNK = 128
 LOGITS_CHUNK = 32  # tokens per submission when every position's logits come back
 MAX_BATCH = LOGITS_CHUNK  # sequences one batched decode step advances (their logits share `logits`)
+BATCH_BUCKETS = (2, 4, 8, 16, 32)  # rows of the recorded batched steps (one sequence takes the decode path)
 ROW_ALIGN = 256  # per-row scratch (step, counters, partials, candidates) starts at this alignment
 
 
