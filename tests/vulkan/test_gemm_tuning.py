@@ -90,10 +90,14 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
             assert st["gemm_kernel"] == chosen
         else:  # every shape took a register-built tile: the tile of shapes not timed from a whole forward
             assert st["gemm_kernel"] == min(st["gemm_timing"], key=st["gemm_timing"].__getitem__)
-        # the few-token tiles: every shape timed at 8, 16 and 32 tokens, the fastest kept
+        # the few-token tiles: every shape timed at 8, 16 and 32 tokens, the LM head's too (a
+        # batched step's rows each need logits), the fastest kept
         assert sorted(st["gemm_kernels_few"]) == [8, 16, FEW_TOKENS]
+        few_shapes = gemm_tuning.model_shapes(be.graph, lm_head=True)
+        lm = be.graph.weights.lm_head
+        assert set(few_shapes) - set(shapes) == {gemm_tuning.shape_key(lm.qtype.name, lm.rows, lm.cols, False)}
         for count, chosen in st["gemm_kernels_few"].items():
-            assert set(chosen) == set(shapes), count
+            assert set(chosen) == set(few_shapes), count
             for key, kn in chosen.items():
                 timed = st["gemm_shape_timing_few"][count][key]
                 assert kn == min(timed, key=timed.__getitem__)
@@ -256,3 +260,49 @@ def test_few_tile_counts(monkeypatch):
         monkeypatch.setenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", bad)
         with pytest.raises(ValueError, match="PHOENIX_VULKAN_FEW_TILE_COUNTS"):
             few_tile_counts(FEW_TOKENS)
+
+
+def test_fused_qkv_on_split_k_tiles_reduces_after_one_barrier(tiny_weights, vk_device):
+    """q, k and v of a few tokens on a split-K tile (gemm_coopmat_few.comp CF_SPLITK): their
+    partial sums go to separate parts of the scratch and the three reduces follow one barrier
+    (ops_gemm.SplitKGroup), a layer's QKV two barriers fewer than each product alone would cost
+    ... and the logits are still the CPU's."""
+    from phoenix_chat.engine.backends.cpu import CpuBackend
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
+    be = VulkanBackend(tiny_weights, 64, device=vk_device)
+    try:
+        L = be.graph.weights.layers[0]
+        qkv_keys = {gemm_tuning.shape_key(m.qtype.name, m.rows, m.cols, False) for m in L.qkv}
+        split = [
+            kn
+            for kn, spec in ops_gemm.CF_TILES.items()
+            if spec[3] > 1
+            and all(ops_gemm.cf_refusal(vk_device, m.qtype.name, m.cols, kn, False, 5, m.rows) is None for m in L.qkv)
+        ]
+        if not split:
+            pytest.skip(f"{vk_device.name} runs no split-K few-token tile (no f16 matrix cores or 32-lane subgroups)")
+        t = be.tuning
+        t.few_token_int8, t.few_token_matvec = frozenset(), frozenset()
+        t.cols_timing.clear()
+        barriers = {}
+        for kn in (split[0], "coopmat"):  # split-K on q, k, v; then a tile without a split
+            for count in (8, 16, FEW_TOKENS):
+                chosen = t.gemm_kernels_few.setdefault(count, {})
+                timed = t.gemm_shape_timing_few.setdefault(count, {})
+                for key in qkv_keys:
+                    chosen[key], timed[key] = kn, {kn: 1.0}
+            be.drop_recordings()
+            cl = be.graph.record(5, "last")
+            barriers[kn] = cl.barriers
+            cl.destroy()
+            ids = np.random.default_rng(8).integers(3, 4096, 20).tolist()
+            be.forward(ids[:15], 0)
+            got = be.forward(ids[15:], 15, all_logits=True)
+            assert set(be.stats()["few_token_paths"][5].values()) == {"gemm"}
+            cpu = CpuBackend(tiny_weights, 64).forward(ids, 0, all_logits=True)[15:]
+            np.testing.assert_allclose(got, cpu, atol=2e-2 * np.abs(cpu).max(), err_msg=kn)
+        # the split products add one barrier a layer (before the reduces), not two per product
+        assert barriers[split[0]] - barriers["coopmat"] == len(be.graph.weights.layers)
+    finally:
+        be.close()

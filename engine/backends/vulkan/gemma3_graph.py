@@ -526,7 +526,10 @@ class Gemma3Graph:
                 return
             assert epilogue is None
             off = 0
-            for m, kn in zip(mats, kernels, strict=True):  # fused QKV: one GEMM per matrix into its columns of y
+            # fused QKV: one GEMM per matrix into its columns of y, their split-K reduces after
+            # one barrier (the mark before this product ended every earlier reader of the scratch)
+            group = ops_gemm.SplitKGroup()
+            for m, kn in zip(mats, kernels, strict=True):
                 yb = (
                     yr
                     if off == 0
@@ -550,8 +553,10 @@ class Gemma3Graph:
                     y_stride=y_cols,
                     kernel_name=kn,
                     xq=gemm_xq,
+                    group=group,
                 )
                 off += m.rows
+            group.finish(cl)
             return
         int_dot, spec = force if force is not None else self.path(mats, key)
         if int_dot == "regs":

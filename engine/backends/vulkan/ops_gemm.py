@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -379,6 +380,27 @@ def tile_pipeline(dev: Device, wtype: str, kernel_name: str, geglu: bool) -> Pip
     return dev.pipeline(name + "_" + kernel_name, **spec)
 
 
+@dataclass
+class SplitKGroup:
+    """Split-K products recorded one after another (the fused QKV's q, k and v): each writes its
+    partial sums to its own part of the scratch, and one barrier separates all of them from all
+    their reduces, where a product alone has a barrier before it (an earlier reduce may still read
+    the scratch) and one before its reduce — q, k and v of 16 tokens on split-K tiles were six
+    barriers a layer. The caller starts a group after a barrier (no reduce still reads the scratch)
+    and records `finish` after its last product."""
+
+    used: int = 0  # bytes of the scratch its products' partial sums take
+    reduces: list[tuple[Pipeline, list[Binding], tuple[int, int, int], bytes]] = field(default_factory=list)
+
+    def finish(self, cl: CommandList) -> None:
+        """The barrier, then every reduce of the group."""
+        if self.reduces:
+            cl.barrier()
+            for p, binds, groups, push in self.reduces:
+                cl.dispatch(p, binds, groups=groups, push=push)
+        self.used, self.reduces = 0, []
+
+
 def gemm(
     cl: CommandList,
     dev: Device,
@@ -395,6 +417,7 @@ def gemm(
     w_up: Tensor | Binding | None = None,
     kernel_name: str | None = None,
     xq: Binding | None = None,
+    group: SplitKGroup | None = None,
 ) -> None:
     """y = x @ W.T (or gelu_tanh(x @ Wg.T) * (x @ Wu.T) when `w_up` is given: `w` is then the gate).
 
@@ -402,6 +425,8 @@ def gemm(
     kernel_name: one of KERNELS, or None for the device's own (`kernel`).
     xq: the int8 kernels' input, x's q8_1 blocks (matvec.record_quantize of x's m x k values, a
     barrier after it), written by the caller so that products sharing x quantize it once.
+    group: a split-K tile's partial sums go to the group's own part of the scratch and its reduce
+    waits for `group.finish` (where the scratch has room; else the product pays its barriers).
     """
     wt = wtype.upper()
     if k % 32:
@@ -460,13 +485,21 @@ def gemm(
         if splits == 1:
             cl.dispatch(p, binds, groups=(-(-rows // tn), -(-m // tm), 1), push=push)
             continue
-        # split K: partial sums into the device's scratch, then added in a fixed order into y. The
-        # barrier first: an earlier reduce (this product's previous row range, or another split
-        # product recorded without a barrier between, as q, k and v are) may still read the scratch
-        cl.barrier()
+        # split K: partial sums into the device's scratch, then added in a fixed order into y
         part = dev.scratch("few-token GEMM partial sums", CF_SPLIT_BYTES)
+        red = dev.pipeline("gemm_splitk_reduce" + ("_geglu" if up is not None else ""), WG=256)
+        red_push = red.push.pack(m=m, n=rows, k=splits, x_stride=0, y_stride=ys, y_off=row_start)
+        red_groups = (-(-(m * rows) // 256), 1, 1)
+        need = splits * (2 if up is not None else 1) * m * rows * 4
+        if group is not None and group.used + need <= CF_SPLIT_BYTES:
+            part_b: Binding = (part, group.used, need)
+            group.used += -(-need // 256) * 256  # the next part at an offset every device allows
+            cl.dispatch(p, [x, part_b, *binds[2:]], groups=(-(-rows // tn), -(-m // tm), splits), push=push)
+            group.reduces.append((red, [part_b, y], red_groups, red_push))
+            continue
+        # alone, the barrier first: an earlier reduce (this product's previous row range, or a
+        # group's) may still read the scratch
+        cl.barrier()
         cl.dispatch(p, [x, part, *binds[2:]], groups=(-(-rows // tn), -(-m // tm), splits), push=push)
         cl.barrier()
-        red = dev.pipeline("gemm_splitk_reduce" + ("_geglu" if up is not None else ""), WG=256)
-        push = red.push.pack(m=m, n=rows, k=splits, x_stride=0, y_stride=ys, y_off=row_start)
-        cl.dispatch(red, [part, y], groups=(-(-(m * rows) // 256), 1, 1), push=push)
+        cl.dispatch(red, [part, y], groups=red_groups, push=red_push)
