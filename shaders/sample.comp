@@ -37,6 +37,9 @@
 //   All three: bindings 0 step, 1 logits, 2 cand (uvec2 entries: ordered key, id; 1 (argmax), KC
 //     (top-k) or BLOCK (full) per block), 3 tokens, 4 arrival counter (uint[1], 0 before and
 //     after). Dispatch: (n_blocks, 1, 1).
+//   STEP_ROWS (sample_*_f32_rows): a batched step's rows of one sampler in one dispatch
+//     (n_blocks, rows, 1); row y's Step, logits, candidates and counter are y * (the Step stride,
+//     LROW floats, CROW entries, AROW counters) from the bindings' starts.
 //   SAMPLE_PENALTY (sample_penalty_f32): llama.cpp repetition penalty, in place on the logits,
 //     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
 //     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it (and a
@@ -66,6 +69,22 @@ float key_value(uint k) {
 }
 
 #if defined(SAMPLE_ARGMAX) || defined(SAMPLE_TOPK) || defined(SAMPLE_FULL)
+#ifdef STEP_ROWS
+// a batched decode step's rows of one sampler (engine/backends/vulkan/batch.py), in one dispatch
+// (n_blocks, rows, 1): workgroup row y draws for Step y from its own logits, candidates and arrival
+// counter, LROW floats, CROW entries and AROW counters after row y - 1's
+#define STEP_ROW gl_WorkGroupID.y
+layout(constant_id = 3) const uint LROW = 0;
+layout(constant_id = 4) const uint CROW = 0;
+layout(constant_id = 5) const uint AROW = 0;
+#define LOFF (gl_WorkGroupID.y * LROW)
+#define COFF (gl_WorkGroupID.y * CROW)
+#define AOFF (gl_WorkGroupID.y * AROW)
+#else
+#define LOFF 0u
+#define COFF 0u
+#define AOFF 0u
+#endif
 #include "include/step.glsl"
 STEP_BUFFER(0)
 layout(std430, binding = 1) readonly buffer Logits { float logits[]; };
@@ -101,25 +120,25 @@ void main() {
     const uint end = min((b + 1) * BLOCK, pc.vocab);
     uint e = b * BLOCK + tid;
     for (; e + 3 * WG < end; e += 4 * WG) {      // 4 loads in flight
-        const vec4 v = vec4(logits[e], logits[e + WG], logits[e + 2 * WG], logits[e + 3 * WG]);
+        const vec4 v = vec4(logits[LOFF + e], logits[LOFF + e + WG], logits[LOFF + e + 2 * WG], logits[LOFF + e + 3 * WG]);
         for (uint u = 0; u < 4; u++) {
             const uint k = ordered_key(v[u]);
             if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e + u * WG; }   // ascending ids: first max wins
         }
     }
     for (; e < end; e += WG) {
-        const uint k = ordered_key(logits[e]);
+        const uint k = ordered_key(logits[LOFF + e]);
         if (k > bk || bi == 0xFFFFFFFFu) { bk = k; bi = e; }
     }
     const uvec2 blk = wg_argmax(bk, bi);
-    if (tid == 0) cand[b] = blk;
+    if (tid == 0) cand[COFF + b] = blk;
 
-    if (!arrive_last(0u, pc.n_blocks)) return;
+    if (!arrive_last(AOFF, pc.n_blocks)) return;
 
     // the last block: argmax over the blocks' candidates
     bk = 0u; bi = 0xFFFFFFFFu;
     for (uint c = tid; c < pc.n_blocks; c += WG) {
-        const uvec2 x = cand[c];
+        const uvec2 x = cand[COFF + c];
         if (x.x > bk || (x.x == bk && x.y < bi)) { bk = x.x; bi = x.y; }
     }
     const uvec2 best = wg_argmax(bk, bi);
@@ -154,7 +173,7 @@ uvec2 philox2x32_10(uvec2 ctr, uint key) {
 void sort_block(uint b, uint tid) {
     for (uint i = tid; i < BLOCK; i += WG) {
         const uint e = b * BLOCK + i;
-        big[i] = e < pc.vocab ? uvec2(ordered_key(logits[e]), e) : uvec2(0u, 0xFFFFFFFFu);
+        big[i] = e < pc.vocab ? uvec2(ordered_key(logits[LOFF + e]), e) : uvec2(0u, 0xFFFFFFFFu);
     }
     barrier();
     for (uint k = 2; k <= BLOCK; k <<= 1) {
@@ -189,7 +208,7 @@ uint count_ge(uint b, uint x) {
     uint lo = 0, hi = KC;
     while (lo < hi) {
         const uint mid = (lo + hi) / 2;
-        if (cand[b * KC + mid].x >= x) lo = mid + 1; else hi = mid;
+        if (cand[COFF + b * KC + mid].x >= x) lo = mid + 1; else hi = mid;
     }
     return lo;
 }
@@ -197,13 +216,13 @@ uint count_ge(uint b, uint x) {
 // block b: sort its BLOCK logits, keep the best KC in cand
 void block_top(uint b, uint tid) {
     sort_block(b, tid);
-    for (uint r = tid; r < KC; r += WG) cand[b * KC + r] = big[r];
+    for (uint r = tid; r < KC; r += WG) cand[COFF + b * KC + r] = big[r];
 }
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks;
     block_top(gl_WorkGroupID.x, tid);
-    if (!arrive_last(0u, NB)) return;
+    if (!arrive_last(AOFF, NB)) return;
 
     // the last block: the final pass over every block's list
     // one read of the step buffer (it may live in host memory: every access can cross PCIe)
@@ -217,7 +236,7 @@ void main() {
     // (that block alone holds K keys >= L), and every global top-K entry is in its block's list.
     // Usually few entries are >= L: gather them all and sort them in shared memory.
     uint lb = 0u;
-    for (uint b = tid; b < NB; b += WG) lb = max(lb, cand[b * KC + K - 1u].x);
+    for (uint b = tid; b < NB; b += WG) lb = max(lb, cand[COFF + b * KC + K - 1u].x);
     const uint L = wg_max_u(lb);
     for (uint b = tid; b < NB; b += WG) eq_take[b] = count_ge(b, L);
     barrier();
@@ -234,7 +253,7 @@ void main() {
         for (uint i = tid; i < P; i += WG) big[i] = uvec2(0u, 0xFFFFFFFFu);
         barrier();
         for (uint b = tid; b < NB; b += WG)
-            for (uint r = 0; r < eq_take[b]; r++) big[gt_off[b] + r] = cand[b * KC + r];
+            for (uint r = 0; r < eq_take[b]; r++) big[gt_off[b] + r] = cand[COFF + b * KC + r];
         barrier();
         for (uint k = 2; k <= P; k <<= 1) {
             for (uint j = k >> 1; j > 0; j >>= 1) {
@@ -254,7 +273,7 @@ void main() {
     // start below the bits L and U share; 8 bits a round, a shared histogram of the entries
     // >= L (spread over the buckets: few atomics collide), the candidate list streamed once a round.
     uint ub = 0u;
-    for (uint b = tid; b < NB; b += WG) ub = max(ub, cand[b * KC].x);
+    for (uint b = tid; b < NB; b += WG) ub = max(ub, cand[COFF + b * KC].x);
     const uint U = wg_max_u(ub);
     int top = int(findMSB(L ^ U));                 // highest bit where L and U differ (-1: equal)
     uint prefix = L;                              // bits above `top` (all of L when L == U)
@@ -269,7 +288,7 @@ void main() {
         for (uint i = tid; i < 256u; i += WG) hist[i] = 0u;
         barrier();
         for (uint e = tid; e < NB * KC; e += WG) {
-            const uint key = cand[e].x;
+            const uint key = cand[COFF + e].x;
             if (key >= L && (key & above) == prefix) atomicAdd(hist[(key >> shift) & ((1u << width) - 1u)], 1u);
         }
         barrier();
@@ -310,8 +329,8 @@ void main() {
     for (uint b = tid; b < NB; b += WG) {
         const uint g0 = gt_off[b];
         const uint n_gt = T == 0xFFFFFFFFu ? 0u : count_ge(b, T + 1u);
-        for (uint r = 0; r < n_gt; r++) sel[g0 + r] = cand[b * KC + r];
-        for (uint r = 0; r < eq_take[b]; r++) sel[eq_off[b] + r] = cand[b * KC + n_gt + r];
+        for (uint r = 0; r < n_gt; r++) sel[g0 + r] = cand[COFF + b * KC + r];
+        for (uint r = 0; r < eq_take[b]; r++) sel[eq_off[b] + r] = cand[COFF + b * KC + n_gt + r];
     }
     barrier();
     // sort the K (padded to KC) candidates, descending
@@ -381,12 +400,12 @@ shared float cb_sh[NBMAX];      // a block's kept mass, on the global scale
 shared float incl_sh[NBMAX];    // running sum of cb_sh over blocks 0..b
 shared float total_sh;
 
-// entries of block b's sorted list (cand[b * BLOCK ...]) with key >= x
+// entries of block b's sorted list (cand[COFF + b * BLOCK ...]) with key >= x
 uint count_ge_block(uint b, uint x) {
     uint lo = 0, hi = BLOCK;
     while (lo < hi) {
         const uint mid = (lo + hi) / 2;
-        if (cand[b * BLOCK + mid].x >= x) lo = mid + 1; else hi = mid;
+        if (cand[COFF + b * BLOCK + mid].x >= x) lo = mid + 1; else hi = mid;
     }
     return lo;
 }
@@ -395,7 +414,7 @@ uint count_ge_block(uint b, uint x) {
 float mass_before(uint b, uint j) {
     if (j == 0u) return 0.0;
     const uint e = b * BLOCK + j - 1u;
-    return uintBitsToFloat(cand[pc.n_blocks * BLOCK + e / 2u][e % 2u]);
+    return uintBitsToFloat(cand[COFF + pc.n_blocks * BLOCK + e / 2u][e % 2u]);
 }
 
 float weight(uint key, float top, float inv_t) {
@@ -424,29 +443,29 @@ void main() {
         for (uint j = 0; j < E; j += 2u) {
             const float r0 = run + weight(big[first + j].x, top, inv_t);
             run = r0 + weight(big[first + j + 1u].x, top, inv_t);
-            cand[NB * BLOCK + (blk * BLOCK + first + j) / 2u] = uvec2(floatBitsToUint(r0), floatBitsToUint(run));
+            cand[COFF + NB * BLOCK + (blk * BLOCK + first + j) / 2u] = uvec2(floatBitsToUint(r0), floatBitsToUint(run));
         }
-        for (uint i = tid; i < BLOCK; i += WG) cand[blk * BLOCK + i] = big[i];
+        for (uint i = tid; i < BLOCK; i += WG) cand[COFF + blk * BLOCK + i] = big[i];
     }
-    if (!arrive_last(0u, NB)) return;
+    if (!arrive_last(AOFF, NB)) return;
 
     // the last block: the cuts, then the draw
     const Step st = step;
     const uint q = st.pos + st.n_tokens;
     uint mk = 0u;
-    for (uint b = tid; b < NB; b += WG) mk = max(mk, cand[b * BLOCK].x);
+    for (uint b = tid; b < NB; b += WG) mk = max(mk, cand[COFF + b * BLOCK].x);
     const uint M = wg_max_u(mk);
     uint nb = 0u;   // the first block holding the largest key: its first entry is the top token
-    for (uint b = tid; b < NB; b += WG) if (cand[b * BLOCK].x == M) nb = max(nb, ~b);
+    for (uint b = tid; b < NB; b += WG) if (cand[COFF + b * BLOCK].x == M) nb = max(nb, ~b);
     const uint btop = ~wg_max_u(nb);
     if (st.temperature <= 0.0) {   // greedy: the argmax (ties -> lowest id)
-        if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = cand[btop * BLOCK].y;
+        if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = cand[COFF + btop * BLOCK].y;
         barrier();
         if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }
         return;
     }
     const float inv_t = 1.0 / st.temperature, top = key_value(M);
-    for (uint b = tid; b < NB; b += WG) scale_sh[b] = weight(cand[b * BLOCK].x, top, inv_t);
+    for (uint b = tid; b < NB; b += WG) scale_sh[b] = weight(cand[COFF + b * BLOCK].x, top, inv_t);
 
     // top-k: T = the K-th largest key; every entry above it, then ties at it by lowest id
     const uint K = (st.top_k == 0u || st.top_k >= pc.vocab) ? pc.vocab : st.top_k;
@@ -503,7 +522,7 @@ void main() {
             uint lo = 0u, hi = keep_sh[b];
             while (lo < hi) {
                 const uint mid = (lo + hi) / 2;
-                if (weight(cand[b * BLOCK + mid].x, top, inv_t) >= st.min_p) lo = mid + 1; else hi = mid;
+                if (weight(cand[COFF + b * BLOCK + mid].x, top, inv_t) >= st.min_p) lo = mid + 1; else hi = mid;
             }
             keep_sh[b] = lo;
         }
@@ -541,7 +560,7 @@ void main() {
             }
             j = l2;
         }
-        tokens[step.tok_base + q + d] = cand[b * BLOCK + j].y;
+        tokens[step.tok_base + q + d] = cand[COFF + b * BLOCK + j].y;
     }
     barrier();   // every invocation has read step before it may change
     if (tid == 0 && pc.advance != 0u) { step.pos = q; step.n_tokens = 1u; }

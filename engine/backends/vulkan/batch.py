@@ -8,10 +8,11 @@ says which ran); the work that depends on a
 sequence reads its row's Step in `BatchRows.steps` (slot, position, seed, sampling values):
 QK-norm + RoPE + KV write into its slot at its position and decode attention over its slot up
 to its position are one dispatch each for all rows (the `_rows` kernels: a workgroup index is
-the row); the embedding, the repetition penalty and the sampler are one dispatch per row (each
-bound to its Step, its logits row and its own sampler scratch). The sampler draws with the row's
-seed and the Philox counter of the drawn token's position, so a sequence's ids do not depend on
-who shares the step. One barrier separates each phase.
+the row), and so is each sampler for its rows (argmax, top-k, full: the rows are grouped by
+sampler), each row with its own logits and sampler scratch; the embedding and the repetition
+penalty are one dispatch per row. The sampler draws with the row's seed and the Philox counter
+of the drawn token's position, so a sequence's ids do not depend on who shares the step. One
+barrier separates each phase.
 
 Recorded once per (bucket, sampler mix) and replayed: the host writes the rows' Steps and
 submits. A bucket is a power of two; its unused rows carry n_tokens 0 (the embedding and the
@@ -180,18 +181,24 @@ def record_batch(
                 ops_sample.repetition_penalty(cl, dev, step(r), (b.logits, r * Vs * f, V * f), b.tokens, vocab=V)
             mark(cl, "penalty")
         n_argmax, n_topk, _ = mix
-        for r in range(B):
+        # the rows of each sampler in one dispatch, each row with its own Step and scratch
+        for r0, n, kind in ((0, n_argmax, "argmax"), (n_argmax, n_topk, "topk"), (n_argmax + n_topk, B, "full")):
+            n = min(n, B - r0)
+            if n <= 0:
+                continue
             ops_sample.sample(
                 cl,
                 dev,
-                step(r),
-                (b.logits, r * Vs * f, V * f),
-                row(rows.cand, r, rows.cand_stride),
-                row(rows.counters, r, rows.counters_stride),
+                (rows.steps, r0 * rows.step_stride, n * rows.step_stride),
+                (b.logits, r0 * Vs * f, (n - 1) * Vs * f + V * f),
+                (rows.cand, r0 * rows.cand_stride, n * rows.cand_stride),
+                (rows.counters, r0 * rows.counters_stride, n * rows.counters_stride),
                 b.tokens,
                 vocab=V,
-                greedy=r < n_argmax,
-                full=r >= n_argmax + n_topk,
+                greedy=kind == "argmax",
+                full=kind == "full",
+                rows=n,
+                row_strides=(Vs * f, rows.cand_stride, rows.counters_stride),
             )
     if profile:  # close the last op: the sampler, or the LM head
         mark(cl, "sample" if mode == "sample" else "lm_head")

@@ -264,6 +264,13 @@ def _variants() -> list[Variant]:
     for kind, nb in (("argmax_f32", 5), ("topk_f32", 5), ("full_f32", 5), ("penalty_f32", 3)):
         define = "SAMPLE_" + kind.replace("_f32", "").upper()
         v.append(Variant(f"sample_{kind}", "sample.comp", nb, SAMPLE_PUSH, {define: None}, sample_spec))
+        if kind != "penalty_f32":  # a batched step's rows of one sampler in one dispatch (batch.py)
+            rows_spec = {**sample_spec, "LROW": (3, 0), "CROW": (4, 0), "AROW": (5, 0)}
+            v.append(
+                Variant(
+                    f"sample_{kind}_rows", "sample.comp", nb, SAMPLE_PUSH, {define: None, "STEP_ROWS": None}, rows_spec
+                )
+            )
     for wt in EMBED_TYPES:
         v.append(
             Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None}, {"WG": (0, 256)})
