@@ -217,7 +217,9 @@ def test_batched_bench_reports_every_stream_count(tiny):
     rows = out["batched"]
     profiles = out["profiles"]
     assert sorted(profiles) == [1, 2, 4]  # type: ignore[call-overload]
-    assert profiles[4]["dispatches"] > profiles[2]["dispatches"] > profiles[1]["dispatches"]  # type: ignore[index]
+    for B, prof in profiles.items():  # type: ignore[attr-defined]
+        assert prof["total"] > 0 and prof["dispatches"] > 0 and prof["attention"] > 0, B
+        assert prof["sample"] > 0, B  # the sampler ran (its own op after the LM head)
     assert [r["streams"] for r in rows] == [1, 2, 4]  # type: ignore[index]
     assert all(r["aggregate_tok_s"] > 0 and r["p99_step_ms"] >= r["p50_step_ms"] for r in rows)  # type: ignore[index]
     assert out["single_stream_tok_s"] > 0  # type: ignore[operator]
