@@ -246,6 +246,55 @@ def test_a_profiled_batched_step_times_the_step_it_draws(tiny):
         vk.profile_batch(steps[:1])
 
 
+def test_a_batch_runs_in_a_bigger_bucket_only_where_its_step_timed_faster():
+    """fastest_bucket (device-free): a batch's own bucket unless a bigger one's whole step timed
+    at least 3 % faster at load; untimed buckets are never taken."""
+    from phoenix_chat.engine.backends.vulkan.batch import fastest_bucket
+
+    timed = {2: 10.0, 4: 12.0, 8: 21.7, 16: 19.8, 32: 30.3}  # µs; the 27B's 8 and 16 rows on the H100
+    assert [fastest_bucket(n, 32, timed) for n in (2, 3, 5, 8, 9, 17)] == [2, 4, 16, 16, 16, 32]
+    assert fastest_bucket(8, 32, {8: 20.0, 16: 19.8}) == 8  # within the margin: its own
+    assert fastest_bucket(8, 32, {16: 1.0}) == 8  # its own bucket untimed: no comparison
+    assert fastest_bucket(3, 5, {4: 9.0, 5: 5.0}) == 5  # 5 slots: the last bucket is the slot count
+    assert fastest_bucket(5, 32, {}) == 8
+
+
+def test_a_batch_promoted_to_a_bigger_bucket_draws_the_same_ids(tiny):
+    """Where the load-time timing says a bigger bucket's step is faster, a batch runs there, its
+    extra rows padding (they change no slot): two sequences in the 4-row recording draw what they
+    draw in their own 2-row one, and the logits rows are still theirs. lavapipe times nothing at
+    load (stats say why), so the timings are set here."""
+    _cpu, vk = tiny
+    st = vk.stats()
+    if vk.dev.caps.is_software:
+        assert st["batch_step_us"] == {} and "CPU devices" in st["batch_step_note"]
+        assert set(st["batch_bucket"].items()) == {(2, 2), (3, 4), (4, 4), (5, 5)}
+    else:  # a GPU timed every bucket's step (5 slots: buckets 2, 4 and 5)
+        assert set(st["batch_step_us"]) == {2, 4, 5} and not st["batch_step_note"]
+    params = SamplingParams(temperature=10.0, top_k=40, top_p=0.95)
+    seqs = {1: _ids(60, 14), 3: _ids(61, 30)}
+    runs = []
+    saved = vk.batch_step_us
+    try:
+        for timed in ({}, {2: 100.0, 4: 50.0, 5: 80.0}):
+            vk.batch_step_us = timed
+            for s, ids in seqs.items():
+                vk.forward_slot(s, ids[:-1], 0)
+            steps = [SeqStep(s, ids[-1], len(ids) - 1, params, seed=s) for s, ids in seqs.items()]
+            logits = vk.decode_batch(steps)
+            runs.append((vk.decode_batch_sampled(steps), logits))
+            assert vk.stats()["batch_bucket"][2] == (4 if timed else 2)
+            assert next(reversed(vk._batch_lists))[0] == (4 if timed else 2)  # the recording last run
+    finally:
+        vk.batch_step_us = saved
+    scale = np.abs(runs[0][1]).max()
+    if same_arithmetic(vk):
+        assert runs[0][0] == runs[1][0]
+        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=1e-4 * scale)
+    else:  # each bucket's own paths (int8 matvecs or GEMMs): the same values summed another way
+        np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=cpu_tolerance(vk) * scale)
+
+
 def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_device, monkeypatch):
     """4090 ids: a row's logits at r * 4090 floats would be no legal binding offset for the row's
     sampler; the batched step spaces the rows out, and every row still gets its own logits."""

@@ -37,7 +37,7 @@ from phoenix_chat.engine.backends.base import (
 )
 from phoenix_chat.engine.backends.vulkan import autotune, gemm_tuning, kv_handoff, ops_sample, profiling, resident
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
-from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, bucket_for, record_batch
+from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, fastest_bucket, record_batch
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
@@ -45,6 +45,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, pack_step, write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
 from phoenix_chat.engine.backends.vulkan.plan import (
+    BATCH_BUCKETS,
     LOGITS_CHUNK,
     PREFILL_CHUNK,
     SOFTWARE_PREFILL_CHUNK,
@@ -163,6 +164,10 @@ class VulkanBackend(Backend):
             autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
         if options.few_token_matvec is None and options.few_token_int8 is None and not caps.is_software:
             autotune.choose_few_token_path(self)
+        # GPU µs of a whole batched step per bucket (fastest_bucket runs a batch in a bigger bucket
+        # where that timed faster), or why none was timed
+        self.batch_step_us: dict[int, float] = {}
+        self.batch_step_note = self._time_batch_steps(options)
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -527,6 +532,37 @@ class VulkanBackend(Backend):
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
         return B, (counts[0], counts[1], counts[2]), penalty
 
+    def _time_batch_steps(self, options: VulkanOptions) -> str:
+        """Time every bucket's batched step (argmax rows at position ~128 of slots 0..B-1, two
+        rounds, the second in reverse, each bucket keeping its best) into batch_step_us; returns
+        why nothing was timed, or "". The steps write KV and ids the slots' owners overwrite: no
+        slot holds a sequence yet."""
+        if self.plan.batch_rows < 2:
+            return "one KV slot: no batched step"
+        if self.dev.caps.is_software or options.autotune is False:
+            return "not timed on CPU devices or with autotune off: each batch runs in its own bucket"
+        if not self.dev.caps.timestamp_bits:
+            return f"{self.dev.name} has no timestamps"
+        if os.environ.get("PHOENIX_VULKAN_BATCH_PROMOTE") == "0":
+            return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket"
+        rows = self.plan.batch_rows
+        buckets = sorted({min(b, rows) for b in BATCH_BUCKETS if min(b, rows) >= 2})
+        pos = min(128, self.context_length - 2)
+        greedy = SamplingParams(temperature=0.0)
+        best: dict[int, float] = {}
+        for order in (buckets, buckets[::-1]):
+            for B in order:
+                steps = [SeqStep(s, self.config.bos_token_id, pos, greedy) for s in range(B)]
+                self._write_rows(steps, list(range(B)), "sample", "argmax", ["argmax"] * B)
+                cl = self._batch_recording(B, "sample", (B, 0, 0), False)
+                runs = []
+                for _ in range(4):
+                    cl.submit(wait=True)
+                    runs.append(float(cl.timestamps_ns(2)[1]) / 1e3)
+                best[B] = min(best.get(B, float("inf")), *runs[1:])  # the first run warms
+        self.batch_step_us = {B: round(us, 1) for B, us in best.items()}
+        return ""
+
     def drop_batch_recordings(self) -> None:
         """Forget the recorded batched steps (each is recorded again on its next use), so that a
         record-time setting such as PHOENIX_VULKAN_BATCH_ATTN_SPLITS can be compared on one load."""
@@ -563,7 +599,7 @@ class VulkanBackend(Backend):
         as many as the bucket. kinds: each step's sampler ("sample" mode; the caller has them)."""
         rows = self.buffers.rows
         assert rows is not None
-        B = bucket_for(len(steps), self.plan.batch_rows)
+        B = fastest_bucket(len(steps), self.plan.batch_rows, self.batch_step_us)
         scratch = self.n_slots * self.buffers.tok_stride
         pad = pack_step(n_tokens=0, tok_base=scratch)
         cut = 0  # where the pad rows go: after the rows whose sampler comes before pad_kind's too
@@ -699,6 +735,11 @@ class VulkanBackend(Backend):
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
         many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
         out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
+        if self.plan.batch_rows >= 2:  # each bucket's timed step, and the bucket each batch size runs in
+            out["batch_step_us"] = dict(self.batch_step_us)
+            out["batch_step_note"] = self.batch_step_note
+            rows = self.plan.batch_rows
+            out["batch_bucket"] = {n: fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)}
         if self.vision_note:
             out["vision_tower"] = {"on_device": False, "why": self.vision_note}
         if self._vision_towers:
