@@ -548,6 +548,7 @@ class VulkanBackend(Backend):
         rows = self.plan.batch_rows
         buckets = sorted({min(b, rows) for b in BATCH_BUCKETS if min(b, rows) >= 2})
         pos = min(128, self.context_length - 2)
+        self.wrote_kv(pos + 1)  # slot 0's rings moved (prompt_cache reads the extent)
         greedy = SamplingParams(temperature=0.0)
         best: dict[int, float] = {}
         for order in (buckets, buckets[::-1]):
