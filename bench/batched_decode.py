@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bench.profile import show
+
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
 
@@ -75,7 +77,6 @@ def time_batched_decode(
     n_single = sum(1 for _ in backend.decode_tokens(first[0], prompt, single_params, steps))
     single = n_single / (time.perf_counter() - t)
     results = []
-    profiles: dict[int, dict[str, float]] = {}
     for B in streams:
         tokens = list(first[:B])
         lat: list[float] = []
@@ -96,14 +97,14 @@ def time_batched_decode(
                 round(1e3 * float(np.percentile(lat, 99)), 3),
             )
         )
+    out: dict[str, object] = {"single_stream_tok_s": round(single, 1), "batched": [asdict(r) for r in results]}
     if profile:  # after every timing: the one-stream profile rewrites slot 0's first position
         from phoenix_chat.engine.backends.vulkan.profiling import profile_step
 
+        profiles: dict[int, dict[str, float]] = {}
         for B in streams:
             batch = [SeqStep(s, first[s], prompt + warmup + steps, params, seed=s) for s in range(B)]
             profiles[B] = backend.profile_batch(batch) if B > 1 else profile_step(backend, 1)
-    out: dict[str, object] = {"single_stream_tok_s": round(single, 1), "batched": [asdict(r) for r in results]}
-    if profile:
         out["profiles"] = profiles
     return out
 
@@ -173,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['per_stream_tok_s']:11.1f} {r['p50_step_ms']:8.2f} {r['p99_step_ms']:8.2f}"
         )
     for B, prof in dict(out.get("profiles", {})).items():  # type: ignore[call-overload]
-        print(f"GPU time of one step, {B} stream(s): {prof['total']:.0f} us, {prof['dispatches']} dispatches")
-        for op, us in sorted(
-            ((k, v) for k, v in prof.items() if k not in ("total", "dispatches", "barriers")), key=lambda kv: -kv[1]
-        ):
-            print(f"    {op:16s} {us:9.1f} us  {100 * us / prof['total']:5.1f} %")
+        show(f"GPU time of one step, {B} stream(s)", prof)
     stats = out["stats"]
     assert isinstance(stats, dict)
     for key in (

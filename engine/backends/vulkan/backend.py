@@ -45,10 +45,10 @@ from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, pack_step, write_step
 from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
 from phoenix_chat.engine.backends.vulkan.plan import (
-    BATCH_BUCKETS,
     LOGITS_CHUNK,
     PREFILL_CHUNK,
     SOFTWARE_PREFILL_CHUNK,
+    batch_buckets,
     batch_logits_stride,
     plan_memory,
 )
@@ -545,8 +545,7 @@ class VulkanBackend(Backend):
             return f"{self.dev.name} has no timestamps"
         if os.environ.get("PHOENIX_VULKAN_BATCH_PROMOTE") == "0":
             return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket"
-        rows = self.plan.batch_rows
-        buckets = sorted({min(b, rows) for b in BATCH_BUCKETS if min(b, rows) >= 2})
+        buckets = batch_buckets(self.plan.batch_rows)
         pos = min(128, self.context_length - 2)
         self.wrote_kv(pos + 1)  # slot 0's rings moved (prompt_cache reads the extent)
         greedy = SamplingParams(temperature=0.0)
@@ -554,8 +553,8 @@ class VulkanBackend(Backend):
         for order in (buckets, buckets[::-1]):
             for B in order:
                 steps = [SeqStep(s, self.config.bos_token_id, pos, greedy) for s in range(B)]
-                self._write_rows(steps, list(range(B)), "sample", "argmax", ["argmax"] * B)
-                cl = self._batch_recording(B, "sample", (B, 0, 0), False)
+                B, mix, penalty = self._write_sampled_rows(steps)  # every row argmax: mix (B, 0, 0)
+                cl = self._batch_recording(B, "sample", mix, penalty)
                 runs = []
                 for _ in range(4):
                     cl.submit(wait=True)

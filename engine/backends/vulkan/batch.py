@@ -30,12 +30,10 @@ from phoenix_chat.engine.backends.vulkan import ops_attention, ops_embed, ops_no
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES
-from phoenix_chat.engine.backends.vulkan.plan import BATCH_BUCKETS, batch_logits_stride
+from phoenix_chat.engine.backends.vulkan.plan import batch_buckets, batch_logits_stride
 from phoenix_chat.engine.backends.vulkan.profiling import mark
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import BatchRows
-
-BUCKETS = BATCH_BUCKETS
 
 # what a recorded batched step leaves: every row's logits, or every row's sampled id in `tokens`
 BatchMode: TypeAlias = Literal["logits", "sample"]
@@ -48,7 +46,7 @@ def bucket_for(n: int, max_rows: int) -> int:
     backend's slots, where they are fewer than the next bucket: its per-row scratch ends there)."""
     if not 2 <= n <= max_rows:
         raise ValueError(f"a batched step holds 2..{max_rows} sequences, not {n}")
-    return min([b for b in BUCKETS if n <= b <= max_rows] + [max_rows])
+    return min(b for b in batch_buckets(max_rows) if b >= n)
 
 
 # a bigger bucket runs a batch only when its step timed at least this much faster (the pad rows
@@ -200,9 +198,13 @@ def record_batch(
                 ops_sample.repetition_penalty(cl, dev, step(r), (b.logits, r * Vs * f, V * f), b.tokens, vocab=V)
             mark(cl, "penalty")
         n_argmax, n_topk, _ = mix
-        # the rows of each sampler in one dispatch, each row with its own Step and scratch
-        for r0, n, kind in ((0, n_argmax, "argmax"), (n_argmax, n_topk, "topk"), (n_argmax + n_topk, B, "full")):
-            n = min(n, B - r0)
+        # the rows of each sampler in one dispatch, each row with its own Step and scratch (rows
+        # past the argmax and top-k ones take the full sampler)
+        for r0, n, kind in (
+            (0, n_argmax, "argmax"),
+            (n_argmax, n_topk, "topk"),
+            (n_argmax + n_topk, B - n_argmax - n_topk, "full"),
+        ):
             if n <= 0:
                 continue
             ops_sample.sample(

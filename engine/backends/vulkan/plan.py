@@ -28,6 +28,14 @@ SOFTWARE_PREFILL_CHUNK = 128
 LOGITS_CHUNK = 32  # tokens per submission when every position's logits come back
 MAX_BATCH = LOGITS_CHUNK  # sequences one batched decode step advances (their logits share `logits`)
 BATCH_BUCKETS = (2, 4, 8, 16, 32)  # rows of the recorded batched steps (one sequence takes the decode path)
+
+
+def batch_buckets(max_rows: int) -> list[int]:
+    """The batch sizes recorded for a backend of `max_rows` rows: the buckets up to it, and
+    max_rows itself where the slots are fewer than the next bucket (its per-row scratch ends there)."""
+    return sorted({min(b, max_rows) for b in BATCH_BUCKETS if min(b, max_rows) >= 2})
+
+
 ROW_ALIGN = 256  # per-row scratch (step, counters, partials, candidates) starts at this alignment
 
 

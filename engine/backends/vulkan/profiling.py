@@ -17,7 +17,7 @@ import numpy as np
 
 from phoenix_chat.engine.backends.vulkan import ops_attention, ops_gemm
 from phoenix_chat.engine.backends.vulkan.ops_common import write_step
-from phoenix_chat.engine.backends.vulkan.plan import BATCH_BUCKETS, PREFILL_CHUNK
+from phoenix_chat.engine.backends.vulkan.plan import PREFILL_CHUNK, batch_buckets
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
 if TYPE_CHECKING:
@@ -135,8 +135,7 @@ def stats(backend: VulkanBackend) -> dict[str, Any]:
         # the decode attention's splits of the context in each batched step's bucket (rows: splits)
         "batch_attention_splits": {
             B: ops_attention.batch_splits(backend.graph.n_splits, B, cfg.num_kv_heads)
-            for B in sorted({min(b, backend.plan.batch_rows) for b in BATCH_BUCKETS})
-            if B >= 2
+            for B in batch_buckets(backend.plan.batch_rows)
         },
         # the path each matrix of a recorded forward of T > 1 tokens or batched step of T rows took
         "few_token_paths": {T: dict(paths) for T, paths in sorted(backend.graph.few_token_paths.items())},
