@@ -295,6 +295,29 @@ def test_a_batch_promoted_to_a_bigger_bucket_draws_the_same_ids(tiny):
         np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=cpu_tolerance(vk) * scale)
 
 
+def test_batch_promotion_can_be_turned_off(tmp_path, vk_device, monkeypatch):
+    """PHOENIX_VULKAN_BATCH_PROMOTE=0: no bucket's step is timed at load, the stats say why, and
+    every batch size runs in its own bucket (3 sequences in the 4-row step)."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    monkeypatch.setenv("PHOENIX_VULKAN_BATCH_PROMOTE", "0")
+    w = open_weights(write(tmp_path / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=3))
+    vk = VulkanBackend(w, 32, device=vk_device, slots=4)
+    try:
+        st = vk.stats()
+        assert st["batch_step_us"] == {} and st["batch_step_note"].startswith("PHOENIX_VULKAN_BATCH_PROMOTE=0")
+        assert st["batch_bucket"] == {2: 2, 3: 4, 4: 4}
+        for s in range(3):
+            vk.forward_slot(s, _ids(80 + s, 6), 0)
+        vk.decode_batch([SeqStep(s, 7, 6) for s in range(3)])
+        assert next(reversed(vk._batch_lists))[0] == 4
+    finally:
+        vk.close()
+        w.close()
+
+
 def test_a_vocabulary_no_multiple_of_64_gets_aligned_logit_rows(tmp_path, vk_device, monkeypatch):
     """4090 ids: a row's logits at r * 4090 floats would be no legal binding offset for the row's
     sampler; the batched step spaces the rows out, and every row still gets its own logits."""

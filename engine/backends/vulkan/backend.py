@@ -539,12 +539,12 @@ class VulkanBackend(Backend):
         slot holds a sequence yet."""
         if self.plan.batch_rows < 2:
             return "one KV slot: no batched step"
+        if os.environ.get("PHOENIX_VULKAN_BATCH_PROMOTE") == "0":
+            return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket"
         if self.dev.caps.is_software or options.autotune is False:
             return "not timed on CPU devices or with autotune off: each batch runs in its own bucket"
         if not self.dev.caps.timestamp_bits:
             return f"{self.dev.name} has no timestamps"
-        if os.environ.get("PHOENIX_VULKAN_BATCH_PROMOTE") == "0":
-            return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket"
         buckets = batch_buckets(self.plan.batch_rows)
         pos = min(128, self.context_length - 2)
         self.wrote_kv(pos + 1)  # slot 0's rings moved (prompt_cache reads the extent)
