@@ -12,10 +12,12 @@
 //   SAMPLE_ARGMAX (sample_argmax_f32): a block keeps its best (ordered key, id); the final pass
 //     takes the best of those.
 // Temperature / top-k / top-p / min-p:
-//   SAMPLE_TOPK (sample_topk_f32): a block sorts its BLOCK logits in shared memory (bitonic, by
-//     value desc then id asc) and keeps the best KC. The final pass gathers every list entry
-//     >= the largest of the blocks' K-th keys (a lower bound of the global K-th key) and sorts
-//     them in shared memory; when more than CAP are, finds the K-th largest key by radix select
+//   SAMPLE_TOPK (sample_topk_f32): a block keeps its best KC logits, sorted by value desc then
+//     id asc: the entries above a lower bound of its KC-th key, each placed by its rank among them
+//     (block_top; the bitonic sort of the whole block where too many tie). The final pass gathers
+//     every list entry >= the largest of the blocks' K-th keys (a lower bound of the global K-th
+//     key) and ranks them the same way (up to RANK_CAP; a bitonic sort up to CAP); when more than
+//     CAP are, finds the K-th largest key by radix select
 //     (8 bits a round, shared histogram) and gathers exactly K candidates. Either way: the top K
 //     by (value desc, id asc), sorted, then: p_i = exp((l_i - l_max) / T); top-p keeps the
 //     shortest prefix whose mass >= top_p (over the K, renormalized); min-p drops
@@ -49,6 +51,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256;
@@ -213,8 +216,78 @@ uint count_ge(uint b, uint x) {
     return lo;
 }
 
-// block b: sort its BLOCK logits, keep the best KC in cand
+// The block's top KC by ranking: a lower bound L0 of its KC-th key, the min over KC disjoint
+// groups of their max (each group holds one key >= L0, so at least KC keys are), then every
+// entry >= L0 gathered in shared memory (about a quarter of a block of distinct logits) and each
+// placed by its rank among them, (key desc, id asc) then gather slot (the padding entries past the
+// vocabulary are all (0, 0xFFFFFFFF)). Three barriers and ~C0 compares an invocation, where the
+// bitonic sort of the whole block takes 55 barriers; the bitonic sort still takes a block with
+// more than RANK_CAP entries >= L0 (flat or tied logits) or a shape the groups do not fit.
+#define RMAX 4            // keys an invocation holds (BLOCK <= RMAX * WG)
+#define RANK_CAP 512      // entries >= L0 the ranking takes
+shared uint bt_tm[1024];
+shared uint bt_mn[MAX_SG];
+shared uint bt_n;
+
+// rank of entry i among big[0..n): entries before it, then equal ones in earlier slots
+uint rank_in_big(uint i, uint n) {
+    const uvec2 c = big[i];
+    uint r = 0u;
+    for (uint j = 0u; j < n; j++) {
+        const uvec2 x = big[j];
+        r += (before(x, c) || (x == c && j < i)) ? 1u : 0u;
+    }
+    return r;
+}
+
+// the groups fit this shape (a function, not a spec-constant expression: glslc's optimizer
+// fails on that one)
+bool rankable(uint wg, uint kc, uint block) {
+    return wg >= kc && wg % kc == 0u && block >= wg && block <= RMAX * wg && wg <= 1024u;
+}
+
+// block b: its best KC, sorted (key desc, id asc), in cand
 void block_top(uint b, uint tid) {
+    if (rankable(WG, KC, BLOCK)) {
+        uint key[RMAX];
+        uint tm = 0u;
+        [[unroll]] for (uint r = 0u; r < RMAX; r++) {
+            const uint j = tid + r * WG, e = b * BLOCK + j;
+            key[r] = (j < BLOCK && e < pc.vocab) ? ordered_key(logits[LOFF + e]) : 0u;
+            if (j < BLOCK) tm = max(tm, key[r]);
+        }
+        bt_tm[tid] = tm;
+        if (tid == 0u) bt_n = 0u;
+        barrier();
+        const uint GS = WG / KC;   // invocations per group
+        uint gm = 0xFFFFFFFFu;
+        if (tid < KC) {
+            gm = 0u;
+            for (uint t = 0u; t < GS; t++) gm = max(gm, bt_tm[tid * GS + t]);
+        }
+        gm = subgroupMin(gm);
+        if (subgroupElect()) bt_mn[gl_SubgroupID] = gm;
+        barrier();
+        uint L0 = bt_mn[0];
+        for (uint i = 1u; i < gl_NumSubgroups; i++) L0 = min(L0, bt_mn[i]);
+        [[unroll]] for (uint r = 0u; r < RMAX; r++) {
+            const uint j = tid + r * WG, e = b * BLOCK + j;
+            if (j < BLOCK && key[r] >= L0) {
+                const uint slot = atomicAdd(bt_n, 1u);
+                if (slot < RANK_CAP) big[slot] = uvec2(key[r], e < pc.vocab ? e : 0xFFFFFFFFu);
+            }
+        }
+        barrier();
+        const uint C0 = bt_n;
+        if (C0 <= RANK_CAP) {
+            for (uint i = tid; i < C0; i += WG) {
+                const uint r = rank_in_big(i, C0);
+                if (r < KC) cand[COFF + b * KC + r] = big[i];
+            }
+            return;
+        }
+        barrier();   // every invocation has read bt_n and big before the sort writes big
+    }
     sort_block(b, tid);
     for (uint r = tid; r < KC; r += WG) cand[COFF + b * KC + r] = big[r];
 }
@@ -235,25 +308,29 @@ void main() {
     // Fast path: the K-th largest key is at least L = max over blocks of the block's K-th key
     // (that block alone holds K keys >= L), and every global top-K entry is in its block's list.
     // Usually few entries are >= L: gather them all and sort them in shared memory.
+    // Gathered in any order (slots by a shared counter): the sort below orders them.
     uint lb = 0u;
+    if (tid == 0) n_big_sh = 0u;
     for (uint b = tid; b < NB; b += WG) lb = max(lb, cand[COFF + b * KC + K - 1u].x);
     const uint L = wg_max_u(lb);
-    for (uint b = tid; b < NB; b += WG) eq_take[b] = count_ge(b, L);
-    barrier();
-    if (tid == 0) {
-        uint total = 0u;
-        for (uint b = 0; b < NB; b++) { gt_off[b] = total; total += eq_take[b]; }
-        n_big_sh = total;
+    for (uint b = tid; b < NB; b += WG) {
+        const uint n = count_ge(b, L);
+        const uint base = atomicAdd(n_big_sh, n);
+        for (uint r = 0; r < n && base + r < CAP; r++) big[base + r] = cand[COFF + b * KC + r];
     }
     barrier();
     const uint C = n_big_sh;
-    if (C <= CAP) {
+    if (C <= RANK_CAP) {   // each entry placed by its rank (one barrier, no sorting network)
+        for (uint i = tid; i < KC; i += WG) if (i >= K) sel[i] = uvec2(0u, 0xFFFFFFFFu);
+        for (uint i = tid; i < C; i += WG) {
+            const uint r = rank_in_big(i, C);
+            if (r < K) sel[r] = big[i];
+        }
+        barrier();
+    } else if (C <= CAP) {
         uint P = 2u;
         while (P < C) P <<= 1;
-        for (uint i = tid; i < P; i += WG) big[i] = uvec2(0u, 0xFFFFFFFFu);
-        barrier();
-        for (uint b = tid; b < NB; b += WG)
-            for (uint r = 0; r < eq_take[b]; r++) big[gt_off[b] + r] = cand[COFF + b * KC + r];
+        for (uint i = C + tid; i < P; i += WG) big[i] = uvec2(0u, 0xFFFFFFFFu);
         barrier();
         for (uint k = 2; k <= P; k <<= 1) {
             for (uint j = k >> 1; j > 0; j >>= 1) {

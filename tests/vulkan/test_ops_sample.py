@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phoenix_chat.engine.backends.vulkan.ops_sample import sample, sampler_for, scratch_bytes
+from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, KC, sample, sampler_for, scratch_bytes
 from phoenix_chat.engine.sampling import SamplingParams, candidates
 from tests.vulkan.ops_helpers import Bufs, run
 
@@ -253,6 +253,68 @@ def test_gaussian_logits_radix_select(vk_device):
     params = dict(temperature=0.5, top_k=40, top_p=1.0, min_p=0.0)
     draws, _, _ = _run_sample(vk_device, logits, greedy=False, n_draws=n, seed=77, **params)
     _chi2_agrees(draws, *ref_distribution(logits, **params))
+
+
+def _ordered_keys(logits):
+    """shaders/sample.comp's ordered_key: float -> uint32 of the same order, NaN -> 0."""
+    bits = logits.astype(np.float32).view(np.uint32)
+    keys = np.where(bits & 0x80000000, ~bits, bits | 0x80000000).astype(np.uint32)
+    return np.where(np.isnan(logits), np.uint32(0), keys)
+
+
+def _block_lists(logits, block=BLOCK, kc=KC):
+    """Each block's best kc (ordered key, id), by key desc then id asc; past the vocabulary
+    (0, 0xFFFFFFFF)."""
+    n_blocks = -(-logits.size // block)
+    keys = np.zeros(n_blocks * block, np.uint32)
+    ids = np.full(n_blocks * block, 0xFFFFFFFF, np.uint32)
+    keys[: logits.size] = _ordered_keys(logits)
+    ids[: logits.size] = np.arange(logits.size, dtype=np.uint32)
+    out = np.zeros((n_blocks, kc, 2), np.uint32)
+    for b in range(n_blocks):
+        k, i = keys[b * block : (b + 1) * block], ids[b * block : (b + 1) * block]
+        order = np.lexsort((i, -k.astype(np.int64)))[:kc]
+        out[b, :, 0], out[b, :, 1] = k[order], i[order]
+    return out
+
+
+def _logit_cases():
+    rng = np.random.default_rng(21)
+    vocab = 262144
+    gauss = (rng.standard_normal(vocab) * 3).astype(np.float32)
+    peaked = _peaked_logits(vocab, rng)
+    tied = rng.integers(0, 40, vocab).astype(np.float32)  # ~26 copies of each value a block
+    spiky = gauss.copy()
+    spiky[rng.choice(vocab, 5000, replace=False)] = np.nan
+    spiky[rng.choice(vocab, 5000, replace=False)] = -np.inf
+    spiky[rng.choice(vocab, 300, replace=False)] = np.inf
+    ascending = np.linspace(-10, 10, vocab, dtype=np.float32)  # each block's best at its end
+    return {
+        "gaussian": gauss,
+        "peaked": peaked,
+        "tied": tied,
+        "flat": np.full(vocab, 1.5, np.float32),
+        "nan_inf": spiky,
+        "ascending": ascending,
+        "ragged_vocab": gauss[: 262208 - 1024 + 37],  # the last block mostly past the vocabulary
+    }
+
+
+@pytest.mark.parametrize("case", list(_logit_cases()))
+def test_block_candidates_are_each_blocks_exact_top_kc(vk_device, case):
+    """The top-k sampler's first phase: every block's list is exactly its best KC entries in
+    (key desc, id asc) order, whichever way the block got there (ranked above a lower bound, or
+    the bitonic sort where too many entries tie)."""
+    logits = _logit_cases()[case]
+    vocab = logits.size
+    with Bufs(vk_device) as b:
+        bl, cand, tok = b.of(logits), b.zeros(scratch_bytes(vocab)), b.zeros(64)
+        counter, st = b.zeros(4), b.step(pos=0, n_tokens=1, temperature=1.0, top_k=40, seed=3)
+        run(vk_device, lambda cl: sample(cl, vk_device, st, bl, cand, counter, tok, vocab=vocab, greedy=False))
+        want = _block_lists(logits)
+        got = b.read(cand, np.uint32)[: want.size].reshape(want.shape)
+    bad = np.nonzero(np.any(got != want, axis=(1, 2)))[0]
+    assert bad.size == 0, f"{bad.size} blocks differ, first {bad[:5].tolist()}"
 
 
 @pytest.mark.parametrize("greedy", [True, False])
