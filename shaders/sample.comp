@@ -216,29 +216,26 @@ uint count_ge(uint b, uint x) {
     return lo;
 }
 
-// The block's top KC by ranking: a lower bound L0 of its KC-th key, the min over KC disjoint
-// groups of their max (each group holds one key >= L0, so at least KC keys are), then every
-// entry >= L0 gathered in shared memory (about a quarter of a block of distinct logits) and each
-// placed by its rank among them, (key desc, id asc) then gather slot (the padding entries past the
-// vocabulary are all (0, 0xFFFFFFFF)). Three barriers and ~C0 compares an invocation, where the
-// bitonic sort of the whole block takes 55 barriers; the bitonic sort still takes a block with
-// more than RANK_CAP entries >= L0 (flat or tied logits) or a shape the groups do not fit.
+// The block's top KC without sorting the block: its KC-th key is narrowed to a range of keys
+// [lo, hi], then the entries >= lo (KC and a few) are gathered in shared memory and each placed by
+// its rank among them. The range starts at [min over KC disjoint groups of their max (each group
+// holds a key >= it, so KC keys are), the block's max] and shrinks by radix rounds: a histogram
+// of the keys in the range over 256 bins of their next 8 differing bits, the bin holding the
+// KC-th key the next range, until that bin holds at most BIN_SMALL keys. Ranks go by (key desc,
+// block index asc): the padding past the vocabulary (key 0, written with id 0xFFFFFFFF) sorts
+// after every real entry as before. ~10 barriers and a few dozen compares an invocation, where
+// the bitonic sort of the whole block (kept for shapes the groups do not fit, and for a block
+// whose tied keys leave more than RANK_CAP entries to rank) takes 55 barriers of 2 exchanges.
 #define RMAX 4            // keys an invocation holds (BLOCK <= RMAX * WG)
-#define RANK_CAP 512      // entries >= L0 the ranking takes
+#define RANK_CAP 512      // entries the ranking takes
+#define BIN_SMALL 32u     // a bin this small ends the radix rounds
+#define MAX_ROUNDS 4
 shared uint bt_tm[1024];
 shared uint bt_mn[MAX_SG];
+shared uint bt_mx[MAX_SG];
+shared uint bt_csum[16];
+shared uvec4 bt_res;      // the round's result: new lo, new hi, entries above hi, entries in [lo, hi]
 shared uint bt_n;
-
-// rank of entry i among big[0..n): entries before it, then equal ones in earlier slots
-uint rank_in_big(uint i, uint n) {
-    const uvec2 c = big[i];
-    uint r = 0u;
-    for (uint j = 0u; j < n; j++) {
-        const uvec2 x = big[j];
-        r += (before(x, c) || (x == c && j < i)) ? 1u : 0u;
-    }
-    return r;
-}
 
 // the groups fit this shape (a function, not a spec-constant expression: glslc's optimizer
 // fails on that one)
@@ -257,6 +254,7 @@ void block_top(uint b, uint tid) {
             if (j < BLOCK) tm = max(tm, key[r]);
         }
         bt_tm[tid] = tm;
+        for (uint i = tid; i < 256u; i += WG) hist[i] = 0u;
         if (tid == 0u) bt_n = 0u;
         barrier();
         const uint GS = WG / KC;   // invocations per group
@@ -266,23 +264,61 @@ void block_top(uint b, uint tid) {
             for (uint t = 0u; t < GS; t++) gm = max(gm, bt_tm[tid * GS + t]);
         }
         gm = subgroupMin(gm);
-        if (subgroupElect()) bt_mn[gl_SubgroupID] = gm;
+        tm = subgroupMax(tm);
+        if (subgroupElect()) { bt_mn[gl_SubgroupID] = gm; bt_mx[gl_SubgroupID] = tm; }
         barrier();
-        uint L0 = bt_mn[0];
-        for (uint i = 1u; i < gl_NumSubgroups; i++) L0 = min(L0, bt_mn[i]);
+        uint lo = bt_mn[0], hi = bt_mx[0];
+        for (uint i = 1u; i < gl_NumSubgroups; i++) { lo = min(lo, bt_mn[i]); hi = max(hi, bt_mx[i]); }
+        uint above = 0u;            // entries > hi (fewer than KC)
+        for (uint round = 0u; round < MAX_ROUNDS && lo != hi; round++) {
+            const uint top = uint(findMSB(lo ^ hi));
+            const uint width = min(8u, top + 1u), shift = top + 1u - width, base = lo >> shift;
+            [[unroll]] for (uint r = 0u; r < RMAX; r++)
+                if (tid + r * WG < BLOCK && key[r] >= lo && key[r] <= hi) atomicAdd(hist[(key[r] >> shift) - base], 1u);
+            barrier();
+            if (tid < 16u) {
+                uint c = 0u;
+                for (uint i = 0u; i < 16u; i++) c += hist[16u * tid + i];
+                bt_csum[tid] = c;
+            }
+            barrier();
+            if (tid < 16u) {   // the bin where the count from the top reaches KC; every bin back to 0
+                uint acc = above;
+                for (uint t = 15u; t > tid; t--) acc += bt_csum[t];
+                const bool mine = acc < KC && acc + bt_csum[tid] >= KC;
+                for (uint i = 16u; i-- > 0u;) {
+                    const uint bin = 16u * tid + i, n = hist[bin];
+                    if (mine && acc < KC && acc + n >= KC) {
+                        const uint klo = (base + bin) << shift;
+                        bt_res = uvec4(klo, klo + ((1u << shift) - 1u), acc, n);
+                    }
+                    acc += n;
+                    hist[bin] = 0u;
+                }
+            }
+            barrier();
+            const uvec4 res = bt_res;
+            lo = res.x;
+            hi = res.y;
+            above = res.z;
+            if (res.w <= BIN_SMALL) break;
+        }
+        // gather every entry >= lo: `above` of them above hi, the rest in [lo, hi]
         [[unroll]] for (uint r = 0u; r < RMAX; r++) {
-            const uint j = tid + r * WG, e = b * BLOCK + j;
-            if (j < BLOCK && key[r] >= L0) {
+            const uint j = tid + r * WG;
+            if (j < BLOCK && key[r] >= lo) {
                 const uint slot = atomicAdd(bt_n, 1u);
-                if (slot < RANK_CAP) big[slot] = uvec2(key[r], e < pc.vocab ? e : 0xFFFFFFFFu);
+                if (slot < RANK_CAP) big[slot] = uvec2(key[r], b * BLOCK + j);
             }
         }
         barrier();
-        const uint C0 = bt_n;
-        if (C0 <= RANK_CAP) {
-            for (uint i = tid; i < C0; i += WG) {
-                const uint r = rank_in_big(i, C0);
-                if (r < KC) cand[COFF + b * KC + r] = big[i];
+        const uint C = bt_n;
+        if (C <= RANK_CAP) {
+            for (uint i = tid; i < C; i += WG) {
+                const uvec2 c = big[i];
+                uint rank = 0u;
+                for (uint t = 0u; t < C; t++) rank += before(big[t], c) ? 1u : 0u;
+                if (rank < KC) cand[COFF + b * KC + rank] = uvec2(c.x, c.y < pc.vocab ? c.y : 0xFFFFFFFFu);
             }
             return;
         }
@@ -290,6 +326,17 @@ void block_top(uint b, uint tid) {
     }
     sort_block(b, tid);
     for (uint r = tid; r < KC; r += WG) cand[COFF + b * KC + r] = big[r];
+}
+
+// rank of entry i among big[0..n) (key desc, id asc), equal entries (the padding) by slot
+uint rank_in_big(uint i, uint n) {
+    const uvec2 c = big[i];
+    uint r = 0u;
+    for (uint j = 0u; j < n; j++) {
+        const uvec2 x = big[j];
+        r += (before(x, c) || (x == c && j < i)) ? 1u : 0u;
+    }
+    return r;
 }
 
 void main() {
