@@ -41,6 +41,36 @@ def test_lookup_prefers_the_shape_then_the_forward_then_few():
     assert gemm_tuning.most_chosen(Tuning()) is None
 
 
+def test_each_shape_is_timed_across_layers_not_on_one_matrix(tiny_weights, vk_device):
+    """The shape timing cycles through the shape's occurrences in successive layers (as a forward
+    reads them, from memory): one matrix timed again and again ran from a big GPU's L2."""
+    from phoenix_chat.engine.backends.vulkan.autotune import TUNE_LAYERS
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend
+
+    be = VulkanBackend(tiny_weights, 64, device=vk_device)
+    try:
+        layers = be.graph.weights.layers
+        rotations = gemm_tuning.shape_rotations(be.graph, lm_head=True)
+        firsts = gemm_tuning.model_shapes(be.graph, lm_head=True)
+        assert set(rotations) == set(firsts)
+        gate_up = next(k for k in rotations if k.endswith("geglu"))
+        rotation, cols = rotations[gate_up]
+        assert [mats[0] for mats in rotation] == [L.gate for L in layers][:TUNE_LAYERS]
+        assert [mats[1] for mats in rotation] == [L.up for L in layers][:TUNE_LAYERS]
+        assert len(rotation) == min(len(layers), TUNE_LAYERS) > 1 and cols == layers[0].gate.cols
+        for key, (rotation, _) in rotations.items():
+            assert rotation[0] == firsts[key][0]  # the first occurrence leads
+            assert len({id(mats[0]) for mats in rotation}) == len(rotation)  # each from its own layer
+            assert all(
+                gemm_tuning.shape_key(m[0].qtype.name, m[0].rows, m[0].cols, len(m) == 2) == key for m in rotation
+            )
+        lm = be.graph.weights.lm_head
+        assert rotations[gemm_tuning.shape_key(lm.qtype.name, lm.rows, lm.cols, False)][0] == [[lm]]
+        assert all(len(r) <= 2 for r, _ in gemm_tuning.shape_rotations(be.graph, most=2).values())
+    finally:
+        be.close()
+
+
 def test_every_tile_fits_its_shared_memory_budget():
     # the largest tiles were sized to 48 KiB, the least a matrix-core GPU we target offers
     for kn in ops_gemm.COOPMAT_KERNELS:

@@ -28,10 +28,12 @@ most shapes chose (`most_chosen`); a device where nothing was timed, the whole-f
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from phoenix_chat.engine.backends.vulkan import ops_gemm
+from phoenix_chat.engine.backends.vulkan.autotune import TUNE_LAYERS
 from phoenix_chat.engine.backends.vulkan.matvec import q8_1_bytes
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 from phoenix_chat.engine.errors import OutOfMemoryError
@@ -55,16 +57,29 @@ def model_shapes(graph: Gemma3Graph, lm_head: bool = False) -> dict[str, tuple[l
     `lm_head`, the LM head: a batched step's rows each need their logits (a prefill chunk only
     its last position's, a matvec), and with the forward's tile the 4B's 262,144-row Q8_0 head
     took 2.6 of a 32-row step's 11.7 ms on the H100."""
-    out: dict[str, tuple[list[WeightMatrix], int]] = {}
+    return {key: (rotation[0], cols) for key, (rotation, cols) in shape_rotations(graph, lm_head).items()}
+
+
+def shape_rotations(
+    graph: Gemma3Graph, lm_head: bool = False, most: int = TUNE_LAYERS
+) -> dict[str, tuple[list[list[WeightMatrix]], int]]:
+    """key -> (the matrices of up to `most` of its occurrences, one list per layer; their column
+    count): the timing cycles through them so that each repeat reads its weights from memory, as
+    a forward does. Timed on one matrix, a product small enough for the L2 (the 4B's 29.5 MB
+    gate/up pair in an H100's 50 MB) ran from it: 43.5 us timed against 77 us a layer in a real
+    32-row step, which ranked the tiles as memory never would."""
+    out: dict[str, tuple[list[list[WeightMatrix]], int]] = {}
     for layer in graph.weights.layers:
         groups = [[m] for m in layer.qkv] + [[layer.o], [layer.gate, layer.up], [layer.down]]
         for mats in groups:
             m = mats[0]
             key = shape_key(m.qtype.name, m.rows, m.cols, len(mats) == 2)
-            out.setdefault(key, (mats, m.cols))
+            rotation = out.setdefault(key, ([], m.cols))[0]
+            if len(rotation) < most:
+                rotation.append(mats)
     if lm_head:
         m = graph.weights.lm_head
-        out.setdefault(shape_key(m.qtype.name, m.rows, m.cols, False), ([m], m.cols))
+        out.setdefault(shape_key(m.qtype.name, m.rows, m.cols, False), ([[m]], m.cols))
     return out
 
 
@@ -127,9 +142,9 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
             else "the int8 tiles are timed only on GPUs with the int8 dot"
         )
         return f"{ops_gemm.coopmat_refusal(dev)}; {why}"
-    shapes = model_shapes(graph, lm_head=few)
+    shapes = shape_rotations(graph, lm_head=few)
     k_max = max(cols for _, cols in shapes.values())
-    n_max = max(mats[0].rows for mats, _ in shapes.values())
+    n_max = max(rotation[0][0].rows for rotation, _ in shapes.values())
     scratch = []
     try:
         for nbytes, name in ((tokens * k_max * 4, "x"), (tokens * n_max * 4, "y"), (q8_1_bytes(tokens * k_max), "xq")):
@@ -142,13 +157,18 @@ def choose_gemm_kernels(graph: Gemma3Graph, tokens: int, reps: int = 3, few: boo
     try:
         dev.upload(x, bytes(x.size))  # zeros: no NaN or inf slows a candidate
         tuning = graph.tuning
-        for key, (mats, cols) in shapes.items():
+        for key, (rotation, cols) in shapes.items():
+            mats = rotation[0]
             geglu = len(mats) == 2
 
-            def recorder(kn: str, mats: list[WeightMatrix] = mats, cols: int = cols) -> Callable[[CommandList], None]:
-                w, up = mats[0], (mats[1].tensor if len(mats) == 2 else None)
+            def recorder(
+                kn: str, rotation: list[list[WeightMatrix]] = rotation, cols: int = cols
+            ) -> Callable[[CommandList], None]:
+                layers = itertools.cycle(rotation)  # each candidate the same sequence of layers
 
                 def record(cl: CommandList) -> None:
+                    mats = next(layers)
+                    w, up = mats[0], (mats[1].tensor if len(mats) == 2 else None)
                     int8_x = ops_gemm.int8_input(cl, dev, kn, x, xq, tokens * cols)
                     ops_gemm.gemm(
                         cl,
