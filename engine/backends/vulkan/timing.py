@@ -38,7 +38,9 @@ def _record(dev: Device, record: Record, reps: int) -> CommandList:
     return cl
 
 
-def _replay(cl: CommandList, seconds: float) -> None:
+def replay(cl: CommandList, seconds: float) -> None:
+    """Submit `cl` again and again for `seconds` (at least once): raises an idle GPU's clocks
+    before a timed run."""
     t0 = time.perf_counter()
     cl.submit()
     while time.perf_counter() - t0 < seconds:
@@ -53,9 +55,9 @@ def time_many(dev: Device, records: Mapping[K, Record], reps: int = 6) -> dict[K
     out: dict[K, float] = {}
     try:
         if hw and lists:
-            _replay(next(iter(lists.values())), WARM_S)
+            replay(next(iter(lists.values())), WARM_S)
         for k, cl in lists.items():
-            _replay(cl, BUSY_S if hw else 0.0)
+            replay(cl, BUSY_S if hw else 0.0)
             cl.submit()
             out[k] = float(np.median(np.diff(cl.timestamps_ns()))) / 1e3
     finally:
