@@ -58,7 +58,8 @@ layout(constant_id = 0) const uint WG = 256;
 layout(constant_id = 1) const uint BLOCK = 1024;   // logits per block workgroup (power of 2)
 layout(constant_id = 2) const uint KC = 64;        // candidates kept per block (power of 2)
 
-#define MAX_SG 128
+#define MAX_SG 256         // subgroups of a workgroup: the top-k sampler's 1,024 invocations at 4 lanes
+#define WG_REDUCE_MAX_SUBGROUPS MAX_SG
 PUSH_CONSTANTS
 
 // float -> uint with the same order (NaN -> 0, below -inf)
@@ -219,28 +220,81 @@ uint count_ge(uint b, uint x) {
 // The block's top KC without sorting the block: its KC-th key is narrowed to a range of keys
 // [lo, hi], then the entries >= lo (KC and a few) are gathered in shared memory and each placed by
 // its rank among them. The range starts at [min over KC disjoint groups of their max (each group
-// holds a key >= it, so KC keys are), the block's max] and shrinks by radix rounds: a histogram
-// of the keys in the range over 256 bins of their next 8 differing bits, the bin holding the
-// KC-th key the next range, until that bin holds at most BIN_SMALL keys. Ranks go by (key desc,
-// block index asc): the padding past the vocabulary (key 0, written with id 0xFFFFFFFF) sorts
-// after every real entry as before. ~10 barriers and a few dozen compares an invocation, where
-// the bitonic sort of the whole block (kept for shapes the groups do not fit, and for a block
-// whose tied keys leave more than RANK_CAP entries to rank) takes 55 barriers of 2 exchanges.
+// holds a key >= it, so KC keys are), the block's max] and shrinks by radix rounds (`narrow`: a
+// histogram of the keys in the range over 256 bins of their next 8 differing bits, the bin
+// holding the KC-th key the next range) until that bin holds at most BIN_SMALL keys. Where more
+// keys tie at the KC-th one than the ranking takes (flat logits), the same rounds over the tied
+// entries' block indices find the lowest ones to keep: exact for any block size, no sort. Ranks
+// go by (key desc, block index asc): the padding past the vocabulary (key 0, written with id
+// 0xFFFFFFFF) sorts after every real entry, as the bitonic sort kept it. The bitonic sort of the
+// whole block stays only for shapes the groups do not fit (BLOCK <= CAP there: ops_sample checks).
+// Why: a block of 1,024 sorted by a 55-stage bitonic network cost ~22 us of an H100's throughput a
+// row (32 rows: 787 us of a 4B step); ranking ~70 entries in blocks of 4,096 costs ~6.
 #define RMAX 4            // keys an invocation holds (BLOCK <= RMAX * WG)
 #define RANK_CAP 512      // entries the ranking takes
 #define BIN_SMALL 32u     // a bin this small ends the radix rounds
-#define MAX_ROUNDS 4
 shared uint bt_tm[1024];
 shared uint bt_mn[MAX_SG];
 shared uint bt_mx[MAX_SG];
 shared uint bt_csum[16];
-shared uvec4 bt_res;      // the round's result: new lo, new hi, entries above hi, entries in [lo, hi]
+shared uvec4 bt_res;      // a round's result: new lo, new hi, entries above hi, entries in [lo, hi]
 shared uint bt_n;
 
 // the groups fit this shape (a function, not a spec-constant expression: glslc's optimizer
 // fails on that one)
 bool rankable(uint wg, uint kc, uint block) {
     return wg >= kc && wg % kc == 0u && block >= wg && block <= RMAX * wg && wg <= 1024u;
+}
+
+// the value entry r of this invocation is ranked by: its key, or (by_index, among the entries
+// whose key is t) BLOCK - 1 - its block index, so that the largest values are the lowest indices
+uint value_of(uint key[RMAX], uint r, uint tid, bool by_index, uint t) {
+    return by_index ? (key[r] == t ? BLOCK - 1u - (tid + r * WG) : 0xFFFFFFFFu) : key[r];
+}
+
+// Radix rounds over the block's values in [lo, hi] (by_index: the entries keyed t; 0xFFFFFFFF marks
+// the others, outside every range since hi < BLOCK then): the range holding the need-th largest
+// value shrinks until its bin holds at most `small` values or one value. Returns (lo, hi, entries
+// above hi, entries in [lo, hi]; `n` where the rounds never ran). hist is 0 before and after.
+// Uniform control flow (barriers).
+uvec4 narrow(uint key[RMAX], uint tid, bool by_index, uint t, uint lo, uint hi, uint above, uint need, uint small, uint n) {
+    for (uint round = 0u; round < 4u && lo != hi; round++) {
+        const uint top = uint(findMSB(lo ^ hi));
+        const uint width = min(8u, top + 1u), shift = top + 1u - width, base = lo >> shift;
+        [[unroll]] for (uint r = 0u; r < RMAX; r++) {
+            const uint v = value_of(key, r, tid, by_index, t);
+            if (tid + r * WG < BLOCK && v >= lo && v <= hi) atomicAdd(hist[(v >> shift) - base], 1u);
+        }
+        barrier();
+        if (tid < 16u) {
+            uint c = 0u;
+            for (uint i = 0u; i < 16u; i++) c += hist[16u * tid + i];
+            bt_csum[tid] = c;
+        }
+        barrier();
+        if (tid < 16u) {   // the bin where the count from the top reaches need; every bin back to 0
+            uint acc = above;
+            for (uint u = 15u; u > tid; u--) acc += bt_csum[u];
+            const bool mine = acc < need && acc + bt_csum[tid] >= need;
+            for (uint i = 16u; i-- > 0u;) {
+                const uint bin = 16u * tid + i, c = hist[bin];
+                if (mine && acc < need && acc + c >= need) {
+                    const uint vlo = (base + bin) << shift;
+                    bt_res = uvec4(vlo, vlo + ((1u << shift) - 1u), acc, c);
+                }
+                acc += c;
+                hist[bin] = 0u;
+            }
+        }
+        barrier();
+        const uvec4 res = bt_res;
+        lo = res.x;
+        hi = res.y;
+        above = res.z;
+        n = res.w;
+        if (n <= small) break;
+    }
+    return uvec4(lo, hi, above, n);
 }
 
 // block b: its best KC, sorted (key desc, id asc), in cand
@@ -261,7 +315,7 @@ void block_top(uint b, uint tid) {
         uint gm = 0xFFFFFFFFu;
         if (tid < KC) {
             gm = 0u;
-            for (uint t = 0u; t < GS; t++) gm = max(gm, bt_tm[tid * GS + t]);
+            for (uint u = 0u; u < GS; u++) gm = max(gm, bt_tm[tid * GS + u]);
         }
         gm = subgroupMin(gm);
         tm = subgroupMax(tm);
@@ -269,60 +323,31 @@ void block_top(uint b, uint tid) {
         barrier();
         uint lo = bt_mn[0], hi = bt_mx[0];
         for (uint i = 1u; i < gl_NumSubgroups; i++) { lo = min(lo, bt_mn[i]); hi = max(hi, bt_mx[i]); }
-        uint above = 0u;            // entries > hi (fewer than KC)
-        for (uint round = 0u; round < MAX_ROUNDS && lo != hi; round++) {
-            const uint top = uint(findMSB(lo ^ hi));
-            const uint width = min(8u, top + 1u), shift = top + 1u - width, base = lo >> shift;
-            [[unroll]] for (uint r = 0u; r < RMAX; r++)
-                if (tid + r * WG < BLOCK && key[r] >= lo && key[r] <= hi) atomicAdd(hist[(key[r] >> shift) - base], 1u);
-            barrier();
-            if (tid < 16u) {
-                uint c = 0u;
-                for (uint i = 0u; i < 16u; i++) c += hist[16u * tid + i];
-                bt_csum[tid] = c;
-            }
-            barrier();
-            if (tid < 16u) {   // the bin where the count from the top reaches KC; every bin back to 0
-                uint acc = above;
-                for (uint t = 15u; t > tid; t--) acc += bt_csum[t];
-                const bool mine = acc < KC && acc + bt_csum[tid] >= KC;
-                for (uint i = 16u; i-- > 0u;) {
-                    const uint bin = 16u * tid + i, n = hist[bin];
-                    if (mine && acc < KC && acc + n >= KC) {
-                        const uint klo = (base + bin) << shift;
-                        bt_res = uvec4(klo, klo + ((1u << shift) - 1u), acc, n);
-                    }
-                    acc += n;
-                    hist[bin] = 0u;
-                }
-            }
-            barrier();
-            const uvec4 res = bt_res;
-            lo = res.x;
-            hi = res.y;
-            above = res.z;
-            if (res.w <= BIN_SMALL) break;
+        // the KC-th key's range; n: the entries in it (BLOCK: not counted, where lo == hi at once)
+        const uvec4 k = narrow(key, tid, false, 0u, lo, hi, 0u, KC, BIN_SMALL, BLOCK);
+        // where too many tie at the KC-th key T (then k.x == k.y == T), the need lowest indices of
+        // the tied entries: J, the largest index kept
+        uint J = BLOCK;
+        if (k.z + k.w > RANK_CAP) {
+            const uvec4 ix = narrow(key, tid, true, k.x, 0u, BLOCK - 1u, 0u, KC - k.z, 0u, BLOCK);
+            J = BLOCK - 1u - ix.x;
         }
-        // gather every entry >= lo: `above` of them above hi, the rest in [lo, hi]
         [[unroll]] for (uint r = 0u; r < RMAX; r++) {
             const uint j = tid + r * WG;
-            if (j < BLOCK && key[r] >= lo) {
+            if (j < BLOCK && (J == BLOCK ? key[r] >= k.x : (key[r] > k.x || (key[r] == k.x && j <= J)))) {
                 const uint slot = atomicAdd(bt_n, 1u);
                 if (slot < RANK_CAP) big[slot] = uvec2(key[r], b * BLOCK + j);
             }
         }
         barrier();
-        const uint C = bt_n;
-        if (C <= RANK_CAP) {
-            for (uint i = tid; i < C; i += WG) {
-                const uvec2 c = big[i];
-                uint rank = 0u;
-                for (uint t = 0u; t < C; t++) rank += before(big[t], c) ? 1u : 0u;
-                if (rank < KC) cand[COFF + b * KC + rank] = uvec2(c.x, c.y < pc.vocab ? c.y : 0xFFFFFFFFu);
-            }
-            return;
+        const uint C = min(bt_n, RANK_CAP);   // (never more: the tie path leaves exactly KC)
+        for (uint i = tid; i < C; i += WG) {
+            const uvec2 c = big[i];
+            uint rank = 0u;
+            for (uint u = 0u; u < C; u++) rank += before(big[u], c) ? 1u : 0u;
+            if (rank < KC) cand[COFF + b * KC + rank] = uvec2(c.x, c.y < pc.vocab ? c.y : 0xFFFFFFFFu);
         }
-        barrier();   // every invocation has read bt_n and big before the sort writes big
+        return;
     }
     sort_block(b, tid);
     for (uint r = tid; r < KC; r += WG) cand[COFF + b * KC + r] = big[r];

@@ -7,7 +7,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
+#ifndef WG_REDUCE_MAX_SUBGROUPS   // an includer with bigger workgroups may raise it
 #define WG_REDUCE_MAX_SUBGROUPS 128
+#endif
 shared float wg_red_f[WG_REDUCE_MAX_SUBGROUPS];
 shared uint wg_red_u[WG_REDUCE_MAX_SUBGROUPS];
 

@@ -173,8 +173,8 @@ def test_device_sampling(vk_device):
         test_ops_sample.test_greedy_is_argmax(vk_device, vocab)
     test_ops_sample.test_sampling_distribution(vk_device, 1.3, 10, 0.95, 0.1)
     test_ops_sample.test_gaussian_logits_radix_select(vk_device)
-    for case in ("gaussian", "tied", "ragged_vocab"):
-        test_ops_sample.test_block_candidates_are_each_blocks_exact_top_kc(vk_device, case)
+    for case in ("gaussian", "few_values", "ragged_vocab"):
+        test_ops_sample.test_block_candidates_are_each_blocks_exact_top_kc(vk_device, case, "device")
 
 
 # ---- the real 270M --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, KC, sample, sampler_for, scratch_bytes
+from phoenix_chat.engine.backends.vulkan.ops_sample import KC, sample, sampler_for, scratch_bytes, topk_shape
 from phoenix_chat.engine.sampling import SamplingParams, candidates
 from tests.vulkan.ops_helpers import Bufs, run
 
@@ -262,7 +262,7 @@ def _ordered_keys(logits):
     return np.where(np.isnan(logits), np.uint32(0), keys)
 
 
-def _block_lists(logits, block=BLOCK, kc=KC):
+def _block_lists(logits, block, kc=KC):
     """Each block's best kc (ordered key, id), by key desc then id asc; past the vocabulary
     (0, 0xFFFFFFFF)."""
     n_blocks = -(-logits.size // block)
@@ -283,35 +283,46 @@ def _logit_cases():
     vocab = 262144
     gauss = (rng.standard_normal(vocab) * 3).astype(np.float32)
     peaked = _peaked_logits(vocab, rng)
-    tied = rng.integers(0, 40, vocab).astype(np.float32)  # ~26 copies of each value a block
+    tied = rng.integers(0, 40, vocab).astype(np.float32)  # ~26-100 copies of each value a block
+    few_values = rng.integers(0, 4, vocab).astype(np.float32)  # hundreds tie at the 64th: the index rounds
     spiky = gauss.copy()
     spiky[rng.choice(vocab, 5000, replace=False)] = np.nan
     spiky[rng.choice(vocab, 5000, replace=False)] = -np.inf
     spiky[rng.choice(vocab, 300, replace=False)] = np.inf
     ascending = np.linspace(-10, 10, vocab, dtype=np.float32)  # each block's best at its end
+    # the second half of every 4,096 logits tied at the top: the kept ties are not a block's first
+    late_ties = np.where(np.arange(vocab) % 4096 < 2048, rng.uniform(-5, 0, vocab), 5.0).astype(np.float32)
     return {
         "gaussian": gauss,
         "peaked": peaked,
         "tied": tied,
+        "few_values": few_values,
         "flat": np.full(vocab, 1.5, np.float32),
         "nan_inf": spiky,
         "ascending": ascending,
+        "late_ties": late_ties,
         "ragged_vocab": gauss[: 262208 - 1024 + 37],  # the last block mostly past the vocabulary
     }
 
 
+@pytest.mark.parametrize("shape", ["device", (256, 1024), (512, 2048)])
 @pytest.mark.parametrize("case", list(_logit_cases()))
-def test_block_candidates_are_each_blocks_exact_top_kc(vk_device, case):
+def test_block_candidates_are_each_blocks_exact_top_kc(vk_device, case, shape):
     """The top-k sampler's first phase: every block's list is exactly its best KC entries in
-    (key desc, id asc) order, whichever way the block got there (ranked above a lower bound, or
-    the bitonic sort where too many entries tie)."""
+    (key desc, id asc) order, whichever way the block got there (the radix rounds over the keys,
+    over the tied entries' indices where hundreds tie), in the device's block shape
+    (ops_sample.topk_shape) and in smaller ones (devices with smaller workgroups)."""
     logits = _logit_cases()[case]
     vocab = logits.size
+    wg, block = topk_shape(vk_device) if shape == "device" else shape
     with Bufs(vk_device) as b:
         bl, cand, tok = b.of(logits), b.zeros(scratch_bytes(vocab)), b.zeros(64)
         counter, st = b.zeros(4), b.step(pos=0, n_tokens=1, temperature=1.0, top_k=40, seed=3)
-        run(vk_device, lambda cl: sample(cl, vk_device, st, bl, cand, counter, tok, vocab=vocab, greedy=False))
-        want = _block_lists(logits)
+        run(
+            vk_device,
+            lambda cl: sample(cl, vk_device, st, bl, cand, counter, tok, vocab=vocab, greedy=False, wg=wg, block=block),
+        )
+        want = _block_lists(logits, block)
         got = b.read(cand, np.uint32)[: want.size].reshape(want.shape)
     bad = np.nonzero(np.any(got != want, axis=(1, 2)))[0]
     assert bad.size == 0, f"{bad.size} blocks differ, first {bad[:5].tolist()}"

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.memory import Binding
     from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 
-BLOCK = 1024
+BLOCK = 1024  # logits per workgroup of the argmax and full samplers
 KC = 64  # the largest top_k the top-k sampler serves; others (0 = off, > KC) take the full sampler
+TOPK_KEYS = 4  # logits an invocation of the top-k sampler holds (RMAX in shaders/sample.comp)
+TOPK_MAX_WG = 1024  # its widest workgroup: blocks of 4,096 logits
 FULL_MAX_BLOCKS = 512  # the full sampler's shared arrays (NBMAX in shaders/sample.comp)
 
 SamplerKind: TypeAlias = Literal["argmax", "topk", "full"]
@@ -35,6 +37,17 @@ def sampler_for(params: SamplingParams) -> SamplerKind:
     if params.greedy:
         return "argmax"
     return "topk" if 1 <= params.top_k <= KC else "full"
+
+
+def topk_shape(dev: Device) -> tuple[int, int]:
+    """(WG, BLOCK) of the top-k sampler on `dev`: TOPK_KEYS logits an invocation, the widest
+    workgroup the device runs up to TOPK_MAX_WG. Why wide: a block's fixed costs (its reductions,
+    its arrival, its few barriers) outweighed its 1,024 logits; on an H100 32 rows of 262,144
+    logits took 553 us in blocks of 1,024, 287 in blocks of 2,048 and 191 in blocks of 4,096."""
+    wg = TOPK_MAX_WG
+    while wg > 256 and wg > dev.caps.max_workgroup_invocations:
+        wg //= 2
+    return wg, TOPK_KEYS * wg
 
 
 def scratch_bytes(vocab: int, block: int = BLOCK, kc: int = KC) -> int:
@@ -59,8 +72,8 @@ def sample(
     penalty: bool = False,
     n_draws: int = 1,
     advance: bool = True,
-    wg: int = 256,
-    block: int = BLOCK,
+    wg: int | None = None,
+    block: int | None = None,
     kc: int = KC,
     rows: int = 0,
     row_strides: tuple[int, int, int] = (0, 0, 0),
@@ -72,12 +85,21 @@ def sample(
     their Steps (STEP_ROW_BYTES apart), and row r's logits, candidates and counter sit
     row_strides = (bytes of logits, of candidates, of counters) after row r - 1's: one dispatch
     and one recording entry for the rows, not one per row (no faster on the H100: a row's top-k
-    costs ~22 µs of GPU-wide throughput either way, its 256 blocks' bitonic sorts)."""
+    costs the same GPU-wide throughput either way).
+    wg / block: the workgroup and the logits it takes (None: 256 / BLOCK for argmax and full,
+    `topk_shape` for top-k, whose blocks rank their best instead of sorting them)."""
+    topk = not greedy and not full
+    if wg is None or block is None:
+        wg, block = topk_shape(dev) if topk else (256, BLOCK)
     n_blocks = -(-vocab // block)
     if n_blocks > 1024:
         raise ValueError("sample: vocab / BLOCK must be <= 1024")
-    if block > 1024 or block & (block - 1):
-        raise ValueError("sample: BLOCK must be a power of 2 <= 1024")
+    if block & (block - 1) or block > (TOPK_KEYS * wg if topk else 1024):
+        raise ValueError(
+            f"sample: BLOCK must be a power of 2 up to {TOPK_KEYS} x WG (top-k) or 1024 (argmax, full), not {block}"
+        )
+    if topk and block > 1024 and (wg < kc or wg % kc or block < wg):
+        raise ValueError(f"sample: a top-k block of {block} needs a workgroup of a multiple of {kc} <= BLOCK, not {wg}")
     if full and not greedy and (n_blocks > FULL_MAX_BLOCKS or (block // wg) % 2):
         raise ValueError(
             f"sample: the GPU sampler for top_k 0 or > {kc} serves vocabularies up to "
