@@ -225,3 +225,26 @@ def test_bench_synthetic_types_bench_one_file_per_type(tmp_path):
             assert wtype.upper() in {t.qtype.name for t in w.tensors.values()}
         finally:
             w.close()
+
+
+def test_sampler_sweep_times_each_block_shape_and_they_draw_alike(vk_device, tmp_path):
+    """bench.sampler_sweep on a small case: every top-k block shape and the argmax timed, the
+    shapes' draws identical, each row's draw among its row's 40 largest logits."""
+    import json
+
+    import numpy as np
+
+    from bench import sampler_sweep
+
+    out = tmp_path / "sampler.json"
+    rows, vocab = 3, 20000
+    args = ["--software", "--rows", str(rows), "--vocab", str(vocab), "--shapes", "256x1024,512x2048"]
+    assert sampler_sweep.main([*args, "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert set(got["us"]) == {"topk 256x1024", "topk 512x2048", "argmax 256x1024"}
+    assert all(us > 0 for us in got["us"].values())
+    assert got["agree"] and got["draws"]["topk 256x1024"] == got["draws"]["topk 512x2048"]
+    logits = (np.random.default_rng(0).standard_normal((rows, vocab)) * 3).astype(np.float32)
+    for r, tok in enumerate(got["draws"]["topk 512x2048"]):
+        assert tok in set(np.argsort(-logits[r])[:40].tolist())
+    assert got["draws"]["argmax 256x1024"] == np.argmax(logits, axis=1).tolist()
