@@ -12,9 +12,10 @@
 //   SAMPLE_ARGMAX (sample_argmax_f32): a block keeps its best (ordered key, id); the final pass
 //     takes the best of those.
 // Temperature / top-k / top-p / min-p:
-//   SAMPLE_TOPK (sample_topk_f32): a block keeps its best KC logits, sorted by value desc then
-//     id asc: the entries above a lower bound of its KC-th key, each placed by its rank among them
-//     (block_top; the bitonic sort of the whole block where too many tie). The final pass gathers
+//   SAMPLE_TOPK (sample_topk_f32): a block (4 logits an invocation: ops_sample.topk_shape) keeps its
+//     best KC logits, sorted by value desc then id asc: its KC-th key narrowed by radix rounds, the
+//     few entries above the range's floor each placed by its rank among them (block_top; ties at
+//     the KC-th key resolved by the same rounds over block indices). The final pass gathers
 //     every list entry >= the largest of the blocks' K-th keys (a lower bound of the global K-th
 //     key) and ranks them the same way (up to RANK_CAP; a bitonic sort up to CAP); when more than
 //     CAP are, finds the K-th largest key by radix select
@@ -159,7 +160,7 @@ bool before(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
 
 #if defined(SAMPLE_TOPK) || defined(SAMPLE_FULL)
 #include "include/wg_reduce.glsl"
-#define CAP 1024          // >= BLOCK: the block sort uses big too
+#define CAP 1024          // >= BLOCK of the bitonic block sort (SAMPLE_FULL, a top-k shape block_top cannot rank)
 shared uvec2 big[CAP];
 
 uvec2 philox2x32_10(uvec2 ctr, uint key) {
