@@ -21,7 +21,7 @@ import numpy as np
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_ROW_BYTES, pack_step
-from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, KC, sample, topk_shape
+from phoenix_chat.engine.backends.vulkan.ops_sample import BLOCK, KC, sample, scratch_bytes, topk_shape
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.timing import time_many
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [(wg, 4 * wg) for wg in (256, 512, 1024) if wg <= widest]
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((R, V)) * 3).astype(np.float32)
-    crow = max(-(-V // block) * block * 12 for _, block in [*shapes, (256, BLOCK)])  # a full sampler's worth
+    crow = scratch_bytes(V)  # a row's candidates: enough for every sampler and block shape
     bufs: list[Buffer] = []
 
     def buffer(nbytes: int, data: np.ndarray | None = None, host: bool = False) -> Buffer:

@@ -345,6 +345,7 @@ void block_top(uint b, uint tid) {
         for (uint i = tid; i < C; i += WG) {
             const uvec2 c = big[i];
             uint rank = 0u;
+            // (not rank_in_big: (key, block index) are distinct here, so no tie check in the loop)
             for (uint u = 0u; u < C; u++) rank += before(big[u], c) ? 1u : 0u;
             if (rank < KC) cand[COFF + b * KC + rank] = uvec2(c.x, c.y < pc.vocab ? c.y : 0xFFFFFFFFu);
         }
