@@ -5,8 +5,10 @@
 
 Loads the model with as many KV slots as the largest stream count, prefills every slot with its
 own prompt (engine.bench.bench_prompt, a seed per slot), then for each stream count B times
-`decode_batch_sampled` over slots 0..B-1 (each sequence at its own position, sampled on the GPU):
-aggregate tok/s (B x steps / wall time), per-stream tok/s, and the p50 / p99 step latency. The
+`decode_batch_tokens` over slots 0..B-1 (each sequence at its own position, sampled on the GPU,
+the steps pipelined as the scheduler runs a steady batch; `--step-by-step` also times one
+`decode_batch_sampled` call a step): aggregate tok/s (B x steps / wall time), per-stream tok/s,
+and the p50 / p99 step latency. The
 single-sequence pipelined decode (`decode_tokens`, the chat path) is timed beside it as the
 baseline the batched figures are a multiple of. Every stream count starts again from the
 prompts' end, so the context only needs prompt + steps + 2 positions.
@@ -49,9 +51,12 @@ def time_batched_decode(
     sampled: bool = False,
     warmup: int = 2,
     profile: bool = False,
+    pipelined: bool = True,
 ) -> dict[str, object]:
     """The figures above on a loaded backend with >= max(streams) slots (its context >= prompt +
     warmup + steps + 2): {"single_stream_tok_s": ..., "batched": [StreamsResult as dicts]}.
+    pipelined: 2+ streams run through `decode_batch_tokens` (the scheduler's batch with nothing
+    else to do), else one `decode_batch_sampled` call a step, each waiting for its ids.
     profile: also each stream count's GPU time by op kind (us) of one step after the timed ones
     ("profiles", keyed by stream count; one stream: the decode recording's)."""
     from phoenix_chat.engine.backends.base import SeqStep
@@ -80,12 +85,28 @@ def time_batched_decode(
     for B in streams:
         tokens = list(first[:B])
         lat: list[float] = []
-        for i in range(warmup + steps):
-            batch = [SeqStep(s, tokens[s], prompt + i, params, seed=s) for s in range(B)]
+        if pipelined and B > 1:
+            # a warm-up run records both copies of the step, then the timed run: each latency is
+            # the wall time between two steps' ids (the first includes writing the rows)
+            warm = backend.decode_batch_tokens(
+                [SeqStep(s, tokens[s], prompt, params, seed=s) for s in range(B)], warmup
+            )
+            tokens = list(warm)[-1]
+            run = backend.decode_batch_tokens(
+                [SeqStep(s, tokens[s], prompt + warmup, params, seed=s) for s in range(B)], steps
+            )
             t = time.perf_counter()
-            tokens = backend.decode_batch_sampled(batch)
-            if i >= warmup:
-                lat.append(time.perf_counter() - t)
+            for _ in run:
+                now = time.perf_counter()
+                lat.append(now - t)
+                t = now
+        else:
+            for i in range(warmup + steps):
+                batch = [SeqStep(s, tokens[s], prompt + i, params, seed=s) for s in range(B)]
+                t = time.perf_counter()
+                tokens = backend.decode_batch_sampled(batch)
+                if i >= warmup:
+                    lat.append(time.perf_counter() - t)
         total = sum(lat)
         results.append(
             StreamsResult(
@@ -125,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated PHOENIX_VULKAN_BATCH_ATTN_SPLITS values to time in turn on one load (0: the rule)",
     )
     ap.add_argument("--profile", action="store_true", help="GPU time by op kind of one step at each stream count")
+    ap.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="also time the batches one decode_batch_sampled call a step (no pipelining), on the same load",
+    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
@@ -147,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = time_batched_decode(be, streams, args.steps, args.prompt, args.sampled, profile=args.profile)
         out |= {"model": str(path), "device": be.device_name, "load_s": load_s, "stats": be.stats()}
+        if args.step_by_step:
+            many = [b for b in streams if b > 1]
+            out["step_by_step"] = time_batched_decode(be, many, args.steps, args.prompt, args.sampled, pipelined=False)
         sweep = {}
         for splits in filter(None, args.batch_attn_splits.split(",")):
             os.environ.pop("PHOENIX_VULKAN_BATCH_ATTN_SPLITS", None)
@@ -173,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['streams']:7d} {r['aggregate_tok_s']:16.1f} {r['aggregate_tok_s'] / single:9.2f} "
             f"{r['per_stream_tok_s']:11.1f} {r['p50_step_ms']:8.2f} {r['p99_step_ms']:8.2f}"
         )
+    if "step_by_step" in out:
+        print("step by step (one decode_batch_sampled call a step, each waiting for its ids):")
+        for r in out["step_by_step"]["batched"]:  # type: ignore[index]
+            print(f"{r['streams']:7d} {r['aggregate_tok_s']:16.1f} {r['aggregate_tok_s'] / single:9.2f}")
     for B, prof in dict(out.get("profiles", {})).items():  # type: ignore[call-overload]
         show(f"GPU time of one step, {B} stream(s)", prof)
     stats = out["stats"]

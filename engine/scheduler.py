@@ -10,7 +10,10 @@ One thread runs steps. A step (1) ends cancelled requests, freeing their slots, 
 waiting ones into free slots; (2) prefills one chunk (PREFILL_CHUNK tokens) of the oldest prompt
 still being read, so a long prompt never freezes the others for more than a chunk; (3) advances
 every sequence that is generating by one token in one `decode_batch` (or `decode_batch_sampled`
-where the device samples): one pass over the weights for all of them. Sequences join and leave
+where the device samples): one pass over the weights for all of them. When every running
+sequence is decoding and none waits, the batch takes a pipelined run of steps instead
+(`decode_batch_tokens`: the device feeds each step's ids to the next while the host hands out
+the previous step's tokens), broken off as soon as a request arrives or one of them ends. Sequences join and leave
 between steps; each samples with its own params and seeded `Sampler`, so a seeded request's
 tokens do not depend on who shares its steps.
 
@@ -165,6 +168,7 @@ class Scheduler:
         self._paused = 0  # exclusive() holders: nothing new is admitted while any holds the model
         self.max_batch = 0  # the most sequences one decode step advanced (tests, bench)
         self.solo_tokens = 0  # tokens a lone sequence took from the device-resident decode (_solo_run)
+        self.run_steps = 0  # batched steps taken in pipelined runs (_batch_run)
         self.policy = BatchPolicy()  # how many ready sequences a step advances (measured)
         self.steps: collections.deque[DecodeStep] = collections.deque(maxlen=STEP_HISTORY)
         self._turn = 0  # where taking turns starts next (round robin)
@@ -392,7 +396,7 @@ class Scheduler:
                 self._fail(reading, err)
         if decoding:
             try:
-                self._decode(decoding)
+                self._decode(decoding, run=reading is None)
             except Exception as err:
                 _log_failure(err, "a decode step of %d sequences failed", len(decoding))
                 for seq in decoding:
@@ -485,7 +489,9 @@ class Scheduler:
             tokens.close()  # waits for the submissions in flight (their K/V writes were announced)
         return took > 0  # none (no room left): the batched step of one row decides what happens
 
-    def _decode(self, ready: list[_Seq]) -> None:
+    def _decode(self, ready: list[_Seq], run: bool = False) -> None:
+        """One decode step of `ready` (or of those whose turn it is); run: no prompt is being
+        read, so a batch of all of them may take several pipelined steps (`_batch_run`)."""
         # no more rows than the backend's batched step holds (Vulkan: 32, however many slots)
         k = min(self.policy.rows(len(ready)), max(1, self.backend.max_batch_rows))
         if k < len(ready):  # turns: the batch is full, or taking turns beats this backend's batched step
@@ -494,11 +500,52 @@ class Scheduler:
             self._turn = start + k
         else:
             seqs = ready
+            if run and k > 1 and not self._pending and self._batch_run(seqs):
+                return
         t0 = time.perf_counter()
         backend_s = self._decode_rows(seqs)
         t1 = time.perf_counter()
         self.policy.record(len(seqs), t1 - t0)
         self.steps.append(DecodeStep(t1, len(seqs), t1 - t0, backend_s))
+
+    def _batch_run(self, seqs: list[_Seq]) -> bool:
+        """Every decoding sequence in one batch, and nothing else to do: up to SOLO_RUN steps from
+        the backend's pipelined run (`decode_batch_tokens`: the device feeds each step's ids to
+        the next, the host hands out one step's tokens while the next runs), until a request
+        waits or one of them ends or is cancelled. False: the backend has none, or the shortest
+        budget left allows one step (the caller takes it as a plain step)."""
+        n = min(min(s.budget - s.count for s in seqs), SOLO_RUN)
+        if n < 2:
+            return False
+        starts = [s.pos for s in seqs]
+
+        def submitted(k: int) -> None:
+            for seq, p in zip(seqs, starts):
+                seq.slot.prefix.wrote(p + k)
+
+        steps = [SeqStep(s.slot.index, s.token, s.pos, s.stream.request.params, s.seed) for s in seqs]  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        run = self.backend.decode_batch_tokens(steps, n, submitted)
+        if run is None:
+            return False
+        self.max_batch = max(self.max_batch, len(seqs))
+        try:
+            for drawn in run:
+                t1 = time.perf_counter()
+                self.run_steps += 1
+                for seq, token in zip(seqs, drawn):
+                    seq.history.append(seq.token)  # type: ignore[arg-type]
+                    seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
+                    self._took(seq, token)
+                t2 = time.perf_counter()
+                self.policy.record(len(seqs), t2 - t0)
+                self.steps.append(DecodeStep(t2, len(seqs), t2 - t0, t1 - t0))
+                t0 = t2
+                if self._pending or any(s.slot.seq is not s or self._is_cancelled(s.stream.id) for s in seqs):
+                    break
+        finally:
+            run.close()  # waits for the step in flight (its K/V writes were announced; its ids dropped)
+        return True
 
     def _decode_rows(self, seqs: list[_Seq]) -> float:
         """One decode step of `seqs`; returns the seconds spent in the backend's call."""

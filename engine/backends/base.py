@@ -307,6 +307,16 @@ class Backend(ABC):
         of `steps`. None: this backend samples on the host (use `decode_batch`)."""
         return None
 
+    def decode_batch_tokens(
+        self, steps: Sequence[SeqStep], max_steps: int, submitted: Callable[[int], None] | None = None
+    ) -> Generator[list[int], None, None] | None:
+        """Up to `max_steps` `decode_batch_sampled` steps of the same sequences, each step's ids
+        fed to the next on the device (the scheduler's batch with nothing else to do): each
+        step's ids in the order of `steps`, the same as step by step. `submitted(n)`: told before
+        the n-th step is queued (each row then writes K/V up to its pos + n); closing the
+        generator waits for what is queued. None: this backend has no such run."""
+        return None
+
     def live_stats(self) -> LiveStats:
         """The gauges' record (cheap: called a few times a second while generating)."""
         return LiveStats(device=self.device_name)

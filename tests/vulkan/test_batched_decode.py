@@ -144,6 +144,70 @@ def test_decode_batch_sampled_draws_what_each_sequence_draws_alone(tiny):
     assert len({tuple(g) for g in got}) == len(got)
 
 
+def _prefill_three(vk, base: int) -> tuple[list[SeqStep], list[int]]:
+    """Slots 1, 2 and 3 hold three prompts of three lengths (11, 19 and 36: the last past the
+    32-token window) with three samplers (argmax, top-k + penalty, full); slot 0 a fourth
+    sequence. The three decode steps to come, and slot 0's prompt."""
+    params = [SAMPLERS[0], SAMPLERS[1], SAMPLERS[2]]
+    params[1] = SamplingParams(**{**SAMPLERS[1].__dict__, "repetition_penalty": 1.2})
+    steps = []
+    for slot, n, p in zip((1, 2, 3), (11, 19, 36), params, strict=True):
+        ids = _ids(base + slot, n)
+        first = vk.prefill_sampled(slot, ids, 0, p, p.seed or 0)
+        steps.append(SeqStep(slot, first, n, p, p.seed or 0))
+    zero = _ids(base, 9)
+    vk.forward_slot(0, zero[:-1], 0)
+    return steps, zero
+
+
+def _step_by_step(vk, steps: list[SeqStep], n: int) -> list[list[int]]:
+    out = []
+    for _ in range(n):
+        drawn = vk.decode_batch_sampled(steps)
+        out.append(drawn)
+        steps = [SeqStep(st.slot, t, st.pos + 1, st.params, st.seed) for st, t in zip(steps, drawn, strict=True)]
+    return out
+
+
+def test_a_pipelined_run_draws_what_steps_one_at_a_time_draw(tiny):
+    """decode_batch_tokens (the scheduler's steady batch: the step replayed, each step's ids fed
+    to the next on the GPU, two in flight) draws, step for step, what decode_batch_sampled draws
+    one call at a time — three samplers, three lengths, in the 4-row bucket, whose pad row must
+    stay where it is: an advancing pad row writes slot 0's position 0, which slot 0's next logits
+    would show. A run closed after 3 steps and carried on step by step draws the same too."""
+    _cpu, vk = tiny
+    n = 7
+    steps, zero = _prefill_three(vk, 80)
+    want = _step_by_step(vk, steps, n)
+    before = vk.forward_slot(0, [zero[-1]], len(zero) - 1)
+    steps, zero = _prefill_three(vk, 80)
+    written: list[int] = []
+    got = list(vk.decode_batch_tokens(steps, n, submitted=written.append))
+    assert got == want
+    assert written == list(range(1, n + 1))
+    np.testing.assert_array_equal(vk.forward_slot(0, [zero[-1]], len(zero) - 1), before)
+    assert len({tuple(r) for r in zip(*got, strict=True)}) == 3  # three sequences, three answers
+
+    steps, zero = _prefill_three(vk, 80)
+    run = vk.decode_batch_tokens(steps, n, submitted=written.append)
+    head = [next(run) for _ in range(3)]
+    run.close()  # waits for the step in flight (the 4th), whose ids are dropped
+    rest = _step_by_step(
+        vk, [SeqStep(st.slot, t, st.pos + 3, st.params, st.seed) for st, t in zip(steps, head[-1], strict=True)], n - 3
+    )
+    assert head + rest == want
+
+
+def test_a_pipelined_run_is_refused_where_its_steps_would_pass_the_context(tiny):
+    _cpu, vk = tiny
+    steps = [SeqStep(1, 5, CTX - 4), SeqStep(2, 6, 4)]
+    with pytest.raises(ValueError, match="past the context"):
+        vk.decode_batch_tokens(steps, 4)  # the 4th step would draw at position CTX
+    with pytest.raises(ValueError, match="2\\+ sequences"):
+        vk.decode_batch_tokens(steps[:1], 2)
+    assert list(vk.decode_batch_tokens(steps, 0)) == []
+
+
 def test_a_buckets_recording_does_not_depend_on_how_many_rows_are_active(tiny):
     """Three and four top-k rows fill the same 4-row bucket: one recording serves both (the pad
     row samples with the rows' own sampler; before, each active count was a sampler mix of its
@@ -160,7 +224,7 @@ def test_a_buckets_recording_does_not_depend_on_how_many_rows_are_active(tiny):
     if same_arithmetic(vk):
         assert four[:3] == three
     recorded = [key for key in vk._batch_lists if key[0] == 4]
-    assert recorded == [(4, "sample", (0, 4, 0), False)]
+    assert recorded == [(4, "sample", (0, 4, 0), False, 0)]
 
 
 def test_a_slot_is_untouched_by_its_neighbours(tiny):

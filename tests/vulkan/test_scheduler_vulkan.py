@@ -51,11 +51,14 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
         solo = sched.solo_tokens
         together = [_ids(s) for s in streams]
         shared = sched.max_batch
+        runs = sched.run_steps
     finally:
         sched.close()
     assert [t[0] for t in together] == alone
     assert all(alone), alone
     assert shared >= 2, "the requests never shared a decode step"
+    # once all three were decoding, with nothing else to do, they ran pipelined steps
+    assert runs > 0, "the batch never took a pipelined run"
     # alone, each decoded on the device-resident path (steps queued ahead), not in batches of one
     assert solo == sum(len(a) for a in alone) - len(alone)  # every token but the prefill's
 
@@ -120,3 +123,48 @@ def test_batched_step_rows_are_capped_at_the_recorded_buckets(vk_device, tmp_pat
             be.close()
     finally:
         w.close()
+
+
+def test_a_pipelined_batch_is_broken_off_by_a_newcomer_and_a_cancel_and_nobody_loses_an_id(tiny_model):
+    """Two requests decode in a pipelined run; a third arrives mid-run (the run stops at once,
+    the newcomer is prefilled, then all three batch), then the second is cancelled mid-run. The
+    first and third get exactly their ids alone; the second's ids before the cancel are its own."""
+    reqs = [
+        Request(
+            "Once upon a time, in a small village by the sea, there",
+            SamplingParams(temperature=0.8, top_k=30, seed=3),
+            max_tokens=20,
+            raw=True,
+        ),
+        Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=20, raw=True),
+        Request("1, 2, 3,", SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=9), max_tokens=8, raw=True),
+    ]
+    sched = Scheduler(tiny_model)
+    try:
+        alone = [_ids(sched.submit(r))[0] for r in reqs]
+        fresh = [Request(r.prompt, r.params, r.max_tokens, raw=True) for r in reqs]
+        a, b = sched.submit(fresh[0]), sched.submit(fresh[1])
+        got_a, got_b = [], []
+        ia, ib = iter(a), iter(b)
+        while sched.run_steps == 0:  # until both decode in a pipelined run (the policy times turns first)
+            d = next(ib)
+            got_b.extend(d.token_ids)
+            assert d.finish_reason is None, "the second request ended before any pipelined run"
+        c = sched.submit(fresh[2])
+        got_c = _ids(c)[0]
+        while len(got_b) < 12:
+            d = next(ib)
+            got_b.extend(d.token_ids)
+            assert d.finish_reason is None
+        sched.cancel(b.id)
+        last = None
+        for d in ib:
+            got_b.extend(d.token_ids)
+            last = d
+        for d in ia:
+            got_a.extend(d.token_ids)
+    finally:
+        sched.close()
+    assert got_a == alone[0] and got_c == alone[2]
+    assert last is not None and last.finish_reason == "cancelled" and len(got_b) < 20
+    assert got_b == alone[1][: len(got_b)]

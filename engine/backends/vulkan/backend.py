@@ -126,7 +126,9 @@ class VulkanBackend(Backend):
         self._vision_towers: list[SiglipGraph] = []
         self.vision_note = ""  # why pictures are not encoded on this device, when they are not
         self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
-        self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool], CommandList] = OrderedDict()
+        # (bucket, mode, sampler mix, penalty, copy): copy 1 is the second of the two identical
+        # recordings `decode_batch_tokens` keeps in flight
+        self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool, int], CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
         try:
             if options.few_token_int8 and not self.int_dot:
@@ -510,6 +512,59 @@ class VulkanBackend(Backend):
         tokens = self.buffers.tokens_view
         return [int(tokens[self._slot_fields(st.slot)["tok_base"] + st.pos + 1]) for st in steps]
 
+    def decode_batch_tokens(
+        self, steps: Sequence[SeqStep], max_steps: int, submitted: Callable[[int], None] | None = None
+    ) -> Generator[list[int], None, None]:
+        """Up to `max_steps` sampled batched steps of the same 2+ sequences, pipelined: each
+        step's sampler writes its ids where the next step's embedding reads them and advances its
+        rows' Steps (shaders/sample.comp), so the host writes the rows once and then only
+        replays — two identical recordings, one running while the host reads the other's ids,
+        so the GPU does not wait for the host between steps (a 4B 32-row step on an H100 ran
+        ~0.3 ms longer on the host's clock than on the GPU's when each step waited).
+        Yields each step's ids in the order of `steps` (the same as `decode_batch_sampled`
+        step by step: a draw depends on the row's seed and position only). `submitted(n)` is
+        told before the n-th step is submitted (each row then writes K/V up to its pos + n).
+        Closing the generator early waits for the step in flight: its K/V writes past the last
+        id read are at positions the caller was told of, its draw is dropped."""
+        self._check_steps(steps, room=max_steps)
+        if len(steps) < 2:
+            raise ValueError("decode_batch_tokens runs 2+ sequences (one: decode_slot_tokens)")
+        return self._batch_run(list(steps), max_steps, submitted)
+
+    def _batch_run(
+        self, steps: list[SeqStep], max_steps: int, submitted: Callable[[int], None] | None
+    ) -> Generator[list[int], None, None]:
+        if max_steps < 1:
+            return
+        B, mix, penalty = self._write_sampled_rows(steps)
+        lists = [self._batch_recording(B, "sample", mix, penalty, copy) for copy in (0, 1)]
+        kinds = [ops_sample.sampler_for(st.params) for st in steps]
+        where = [self._slot_fields(st.slot)["tok_base"] + st.pos + 1 for st in steps]
+        slot0 = next((st.pos for st in steps if st.slot == 0), None)
+        tokens = self.buffers.tokens_view
+        inflight: deque[CommandList] = deque()
+        sent = 0
+        try:
+            for done in range(max_steps):
+                while len(inflight) < len(lists) and sent < max_steps:
+                    sent += 1
+                    if slot0 is not None:
+                        self.wrote_kv(slot0 + sent)
+                    if submitted is not None:
+                        submitted(sent)
+                    cl = lists[sent % len(lists)]
+                    cl.submit(wait=False)
+                    inflight.append(cl)
+                cl = inflight.popleft()
+                cl.wait()
+                self.busy.account(cl)
+                for kind in kinds:
+                    self.sampled[kind] += 1
+                yield [int(tokens[w + done]) for w in where]
+        finally:
+            for cl in inflight:
+                cl.wait()
+
     def profile_batch(self, steps: Sequence[SeqStep]) -> dict[str, float]:
         """GPU time by op kind (us) of one sampled batched step of `steps` (2+ sequences), from a
         recording with a timestamp at every barrier, run three times (the last one counts): for
@@ -562,15 +617,23 @@ class VulkanBackend(Backend):
         for order in (buckets, buckets[::-1]):
             for B in order:
                 steps = [SeqStep(s, self.config.bos_token_id, pos, greedy) for s in range(B)]
+
+                def rewind(steps: list[SeqStep] = steps) -> None:
+                    # every run samples and so advances its rows (shaders/sample.comp): set back
+                    # to `pos`, or hundreds of replays of a small model's step would walk its
+                    # rows past a short context
+                    self._write_sampled_rows(steps)
+
                 B, mix, penalty = self._write_sampled_rows(steps)  # every row argmax: mix (B, 0, 0)
                 cl = self._batch_recording(B, "sample", mix, penalty)
                 # the GPU kept busy first (the host recorded this bucket meanwhile): timed after
                 # an idle moment, an H100 read a 4B's 8-row step at 4.4-6.7 ms over three loads
                 # against 5.1 in use, and once its 32-row step at 20.3 against 9.3
-                timing.replay(cl, timing.WARM_S if warm else timing.BUSY_S)
+                timing.replay(cl, timing.WARM_S if warm else timing.BUSY_S, before=rewind)
                 warm = False
                 runs = []
                 for _ in range(3):
+                    rewind()
                     cl.submit(wait=True)
                     runs.append(float(cl.timestamps_ns(2)[1]) / 1e3)
                 best[B] = min(best.get(B, float("inf")), *runs)
@@ -646,10 +709,10 @@ class VulkanBackend(Backend):
         cl.submit(wait=True)
         self.busy.account(cl)
 
-    def _batch_recording(self, B: int, mode: BatchMode, mix: SamplerMix, penalty: bool) -> CommandList:
+    def _batch_recording(self, B: int, mode: BatchMode, mix: SamplerMix, penalty: bool, copy: int = 0) -> CommandList:
         rows = self.buffers.rows
         assert rows is not None
-        key = (B, mode, mix, penalty)
+        key = (B, mode, mix, penalty, copy)
         cl = self._batch_lists.get(key)
         if cl is None:
             cl = self._batch_lists[key] = record_batch(self.graph, rows, B, mode, mix, penalty)

@@ -38,13 +38,17 @@ def _record(dev: Device, record: Record, reps: int) -> CommandList:
     return cl
 
 
-def replay(cl: CommandList, seconds: float) -> None:
+def replay(cl: CommandList, seconds: float, before: Callable[[], None] | None = None) -> None:
     """Submit `cl` again and again for `seconds` (at least once): raises an idle GPU's clocks
-    before a timed run."""
+    before a timed run. before: called ahead of each submit (a recording that moves its own
+    state on, as a sampled decode step its positions, is set back)."""
     t0 = time.perf_counter()
-    cl.submit()
-    while time.perf_counter() - t0 < seconds:
+    while True:
+        if before is not None:
+            before()
         cl.submit()
+        if time.perf_counter() - t0 >= seconds:
+            return
 
 
 def time_many(dev: Device, records: Mapping[K, Record], reps: int = 6) -> dict[K, float]:
