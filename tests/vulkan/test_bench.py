@@ -133,11 +133,9 @@ def test_gemm_sweep_times_each_kernel_on_every_product(vk_device, tmp_path):
     got = json.loads(out.read_text())
     kernels = gemm_sweep.kernels_of(vk_device, None)
     gpu_int8 = list(ops_gemm.INT8_KERNELS) if vk_device.caps.int_dot and not vk_device.caps.is_software else []
-    assert (
-        kernels
-        == (list(ops_gemm.COOPMAT_KERNELS) if ops_gemm.coopmat_ok(vk_device) else [ops_gemm.kernel(vk_device)])
-        + gpu_int8
-    )
+    # matrix cores: the generic tiles, the few-token and prefill tiles built in registers
+    matrix_cores = [*ops_gemm.COOPMAT_KERNELS, *ops_gemm.CF_KERNELS, *ops_gemm.CF_PREFILL_KERNELS]
+    assert kernels == (matrix_cores if ops_gemm.coopmat_ok(vk_device) else [ops_gemm.kernel(vk_device)]) + gpu_int8
     assert {(r["type"], r["matrix"]) for r in got} == {(t, m) for t in ("Q4_0", "F16") for m in ("qkv", "gate_up")}
     for r in got:
         assert r["kernel"] in kernels and r["us"] > 0 and r["tflops"] > 0

@@ -109,6 +109,14 @@ def test_load_time_choice_of_the_few_token_path(vk_device, tiny_path):
         assert np.isfinite(vk.forward([2, 5, 9], 0, all_logits=True)).all()
     finally:
         vk.close()
+    # a context shorter than the counts: only the forwards it holds are timed (a 19-token
+    # context once stopped a load on an H100 here, its 32-token forward refused)
+    short = VulkanBackend(open_weights(tiny_path), 3, device=vk_device)
+    try:
+        choose_few_token_path(short, [2, 3, 8], repeats=1)
+        assert sorted(short.stats()["few_token_timing"]) == [2, 3]
+    finally:
+        short.close()
     # near a tie the matvec path keeps the count (the GEMM must win by autotune.GEMM_MARGIN)
     assert few_token_winner({"gemm_ms": 17.2, "int8_ms": 17.25}) == "int8"
     assert few_token_winner({"gemm_ms": 33.0, "int8_ms": 40.0, "matvec_ms": 50.0}) == "gemm"

@@ -680,7 +680,11 @@ def choose_few_token_path(
     is ~0.1-0.4 s). The paths are timed in `rounds` rounds, every other one in reverse order,
     and each keeps its best: in one order the first path ran while the clocks still rose (H100,
     4B: the int8 path took 32 rows in one load of four, and its steps were 15 ms against 10.3)."""
-    counts = sorted(counts)
+    # a context shorter than FEW_TOKENS holds no forward of more tokens (a 19-token context on
+    # an H100 stopped the load here)
+    counts = sorted(T for T in counts if T <= backend.context_length)
+    if not counts:
+        return
     timed = [T for T in counts if T in TIMED_COUNTS or T in (counts[0], counts[-1])]
     tuning = backend.tuning
     paths = ["gemm", "matvec"] + (["int8"] if backend.int_dot else [])
