@@ -188,3 +188,46 @@ def test_a_matrix_whose_matvec_beat_its_gemm_leaves_the_gemm_path(tiny_int8):
         t.gemm_shape_timing_few.update(saved[2])
         t.cols_timing = saved[3]
         vk.drop_recordings()
+
+
+def test_each_buckets_step_is_timed_both_ways_and_the_faster_kept(tmp_path, vk_device):
+    """batch_tuning (run at load on GPUs; called here on lavapipe, int8 activations on): every
+    bucket's whole step is recorded with every matrix on the int8 multi-column matvec and with
+    each matrix's own choice ("mixed": the GEMM here, nothing else timed), both timed; the faster
+    way is the bucket's tuning, its time the bucket's step time, its recording the one a batch of
+    that size replays — and the step then runs the chosen path (stats' few_token_paths)."""
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.batch_tuning import set_way, way_of
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    if not vk_device.caps.int_dot:
+        pytest.skip(f"{vk_device.name} has no shaderIntegerDotProduct")
+    w = open_weights(write(tmp_path / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=1))
+    vk = VulkanBackend(w, CTX, VulkanOptions(int_dot=True), device=vk_device, slots=SLOTS)
+    try:
+        assert vk.stats()["batch_step_ways"] == {}  # lavapipe: nothing timed at load
+        assert way_of(vk.tuning, 4) == "mixed"
+        vk.time_batch_steps()
+        ways = vk.stats()["batch_step_ways"]
+        assert sorted(ways) == [2, 4]
+        for B, t in ways.items():
+            assert set(t) == {"int8", "mixed"} and min(t.values()) > 0, (B, t)
+            win = min(t, key=t.__getitem__)
+            assert way_of(vk.tuning, B) == win and vk.batch_step_us[B] == t[win]
+            key = (B, "sample", (B, 0, 0), False, 0)
+            assert key in vk._batch_lists
+            before = set(vk._batch_lists)
+            params = SamplingParams(temperature=0.0)
+            steps = [SeqStep(s, 5 + s, 10, params) for s in range(B)]
+            assert len(vk.decode_batch_sampled(steps)) == B
+            assert set(vk._batch_lists) == before  # the timed recording replayed, none new
+            paths = set(vk.stats()["few_token_paths"][B].values())
+            assert paths == {"int8"} if win == "int8" else "gemm" in paths, (B, win, paths)
+        set_way(vk.tuning, 4, "f32")
+        assert way_of(vk.tuning, 4) == "f32" and 4 not in vk.tuning.few_token_int8
+        set_way(vk.tuning, 4, "int8")
+        assert way_of(vk.tuning, 4) == "int8" and 4 not in vk.tuning.few_token_matvec
+    finally:
+        vk.close()
+        w.close()

@@ -37,12 +37,12 @@ from phoenix_chat.engine.backends.base import (
 )
 from phoenix_chat.engine.backends.vulkan import (
     autotune,
+    batch_tuning,
     gemm_tuning,
     kv_handoff,
     ops_sample,
     profiling,
     resident,
-    timing,
 )
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, fastest_bucket, record_batch
@@ -56,7 +56,6 @@ from phoenix_chat.engine.backends.vulkan.plan import (
     LOGITS_CHUNK,
     PREFILL_CHUNK,
     SOFTWARE_PREFILL_CHUNK,
-    batch_buckets,
     batch_logits_stride,
     plan_memory,
 )
@@ -177,6 +176,7 @@ class VulkanBackend(Backend):
         # GPU µs of a whole batched step per bucket (fastest_bucket runs a batch in a bigger bucket
         # where that timed faster), or why none was timed
         self.batch_step_us: dict[int, float] = {}
+        self.batch_step_ways: dict[int, dict[str, float]] = {}
         self.batch_step_note = self._time_batch_steps(options)
 
     # ---- running ---------------------------------------------------------------------------
@@ -504,7 +504,7 @@ class VulkanBackend(Backend):
         if len(steps) == 1:
             st = steps[0]
             return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
-        B, mix, penalty = self._write_sampled_rows(steps)
+        B, mix, penalty = self.write_sampled_rows(steps)
         cl = self._batch_recording(B, "sample", mix, penalty)
         self._run_batch(cl, steps)
         for st in steps:
@@ -536,7 +536,7 @@ class VulkanBackend(Backend):
     ) -> Generator[list[int], None, None]:
         if max_steps < 1:
             return
-        B, mix, penalty = self._write_sampled_rows(steps)
+        B, mix, penalty = self.write_sampled_rows(steps)
         lists = [self._batch_recording(B, "sample", mix, penalty, copy) for copy in (0, 1)]
         kinds = [ops_sample.sampler_for(st.params) for st in steps]
         where = [self._slot_fields(st.slot)["tok_base"] + st.pos + 1 for st in steps]
@@ -572,7 +572,7 @@ class VulkanBackend(Backend):
         self._check_steps(steps, room=1)
         if len(steps) < 2:
             raise ValueError("profile_batch profiles a batched step of 2+ sequences (profile_step: one)")
-        B, mix, penalty = self._write_sampled_rows(steps)
+        B, mix, penalty = self.write_sampled_rows(steps)
         rows = self.buffers.rows
         assert rows is not None
         cl = record_batch(self.graph, rows, B, "sample", mix, penalty, profile=True)
@@ -580,7 +580,7 @@ class VulkanBackend(Backend):
             cl.submit(wait=True)
         return profiling.per_op(cl)
 
-    def _write_sampled_rows(self, steps: Sequence[SeqStep]) -> tuple[int, SamplerMix, bool]:
+    def write_sampled_rows(self, steps: Sequence[SeqStep]) -> tuple[int, SamplerMix, bool]:
         """Write a sampled step's rows (grouped by sampler): its bucket, sampler mix and whether
         any row applies a repetition penalty."""
         kinds = [ops_sample.sampler_for(st.params) for st in steps]
@@ -596,49 +596,32 @@ class VulkanBackend(Backend):
         return B, (counts[0], counts[1], counts[2]), penalty
 
     def _time_batch_steps(self, options: VulkanOptions) -> str:
-        """Time every bucket's batched step (argmax rows at position ~128 of slots 0..B-1, two
-        rounds, the second in reverse, each bucket keeping its best) into batch_step_us; returns
-        why nothing was timed, or "". The steps write KV and ids the slots' owners overwrite: no
-        slot holds a sequence yet."""
+        """Each bucket's batched step timed (both ways where it runs both: batch_tuning.py) into
+        batch_step_us and batch_step_ways; returns why nothing was timed, or ""."""
         if self.plan.batch_rows < 2:
             return "one KV slot: no batched step"
         if os.environ.get("PHOENIX_VULKAN_BATCH_PROMOTE") == "0":
-            return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket"
+            return "PHOENIX_VULKAN_BATCH_PROMOTE=0: each batch runs in its own bucket, on the forward timing's path"
         if self.dev.caps.is_software or options.autotune is False:
             return "not timed on CPU devices or with autotune off: each batch runs in its own bucket"
         if not self.dev.caps.timestamp_bits:
             return f"{self.dev.name} has no timestamps"
-        buckets = batch_buckets(self.plan.batch_rows)
-        pos = min(128, self.context_length - 2)
-        self.wrote_kv(pos + 1)  # slot 0's rings moved (prompt_cache reads the extent)
-        greedy = SamplingParams(temperature=0.0)
-        best: dict[int, float] = {}
-        warm = True
-        for order in (buckets, buckets[::-1]):
-            for B in order:
-                steps = [SeqStep(s, self.config.bos_token_id, pos, greedy) for s in range(B)]
-
-                def rewind(steps: list[SeqStep] = steps) -> None:
-                    # every run samples and so advances its rows (shaders/sample.comp): set back
-                    # to `pos`, or hundreds of replays of a small model's step would walk its
-                    # rows past a short context
-                    self._write_sampled_rows(steps)
-
-                B, mix, penalty = self._write_sampled_rows(steps)  # every row argmax: mix (B, 0, 0)
-                cl = self._batch_recording(B, "sample", mix, penalty)
-                # the GPU kept busy first (the host recorded this bucket meanwhile): timed after
-                # an idle moment, an H100 read a 4B's 8-row step at 4.4-6.7 ms over three loads
-                # against 5.1 in use, and once its 32-row step at 20.3 against 9.3
-                timing.replay(cl, timing.WARM_S if warm else timing.BUSY_S, before=rewind)
-                warm = False
-                runs = []
-                for _ in range(3):
-                    rewind()
-                    cl.submit(wait=True)
-                    runs.append(float(cl.timestamps_ns(2)[1]) / 1e3)
-                best[B] = min(best.get(B, float("inf")), *runs)
-        self.batch_step_us = {B: round(us, 1) for B, us in best.items()}
+        self.time_batch_steps()
         return ""
+
+    def time_batch_steps(self) -> None:
+        """batch_tuning.time_batch_steps: every bucket's step timed, its faster way kept (GPU µs
+        by bucket and way in batch_step_ways, the winners' in batch_step_us)."""
+        self.batch_step_ways = batch_tuning.time_batch_steps(self)
+        self.batch_step_us = {B: min(ways.values()) for B, ways in self.batch_step_ways.items()}
+
+    def adopt_batch_recording(self, B: int, mix: SamplerMix, penalty: bool, cl: CommandList) -> None:
+        """Cache `cl` as the sampled step of bucket B (batch_tuning recorded and timed it)."""
+        key: tuple[int, BatchMode, SamplerMix, bool, int] = (B, "sample", mix, penalty, 0)
+        old = self._batch_lists.pop(key, None)
+        if old is not None:
+            old.destroy()
+        self._batch_lists[key] = cl
 
     def drop_batch_recordings(self) -> None:
         """Forget the recorded batched steps (each is recorded again on its next use), so that a
@@ -814,6 +797,7 @@ class VulkanBackend(Backend):
         out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
         if self.plan.batch_rows >= 2:  # each bucket's timed step, and the bucket each batch size runs in
             out["batch_step_us"] = dict(self.batch_step_us)
+            out["batch_step_ways"] = dict(self.batch_step_ways)
             out["batch_step_note"] = self.batch_step_note
             rows = self.plan.batch_rows
             out["batch_bucket"] = {n: fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)}
