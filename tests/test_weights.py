@@ -130,6 +130,19 @@ def test_unsupported_tensor_type(tmp_path):
         open_weights(path)
 
 
+def test_a_gguf_without_a_vocabulary_is_refused_with_one_line(tmp_path):
+    """A file of ids only (tokenizer model "none", as the synthetic bench shapes and some
+    llama.cpp test files are) opens for the ids-only benches but cannot be chatted with: loading
+    it names the file and the missing vocabulary before any weight is uploaded."""
+    from phoenix_chat.engine.loader import load
+    from tools.make_synthetic_gguf import write
+
+    path = write(tmp_path / "ids-only.gguf", "tiny", "q4_0", "q8_0")
+    assert open_weights(path).config.num_layers > 0
+    with pytest.raises(ModelFileError, match=r"ids-only\.gguf: holds no vocabulary \(tokenizer model 'none'"):
+        load(path, backend="cpu", context_length=64)
+
+
 def test_missing_tensor(tmp_path):
     path = tiny_gguf(tmp_path / "missing.gguf", omit=("blk.3.ffn_down.weight",))
     with pytest.raises(ModelFileError, match="missing 1 tensor.*layers.3.mlp.down_proj"):

@@ -356,6 +356,13 @@ class GGUFFile(WeightSource):
     def tokenizer(self) -> Tokenizer:
         from phoenix_chat.engine.tokenizer import Tokenizer, gguf_cache_key
 
+        if "tokenizer.ggml.tokens" not in self.metadata:  # ids only (llama.cpp's benches load such files)
+            model = self.metadata.get("tokenizer.ggml.model", "?")
+            raise ModelFileError(
+                self.path,
+                f"holds no vocabulary (tokenizer model {model!r}, no tokenizer.ggml.tokens): a chat needs "
+                "the model's own tokenizer; convert the model with it",
+            )
         return Tokenizer.from_gguf_metadata(self.metadata, gguf_cache_key(self.path))
 
     def release_pages(self, name: str | None = None) -> None:
