@@ -47,11 +47,12 @@ def set_way(tuning: Tuning, T: int, way: Way) -> None:
     tuning.few_token_matvec = tuning.few_token_matvec | {T} if way == "f32" else tuning.few_token_matvec - {T}
 
 
-def time_batch_steps(backend: VulkanBackend, rounds: int = 2) -> dict[int, dict[str, float]]:
+def time_batch_steps(backend: VulkanBackend, rounds: int = 2, both_ways: bool = True) -> dict[int, dict[str, float]]:
     """{bucket: {way: best GPU µs of its whole step}} for argmax rows at position ~128 of slots
     0..B-1; leaves each bucket's tuning at its fastest way and that way's recording in the
-    backend's cache. The steps write K/V and ids that the slots' owners overwrite: call it
-    before any slot holds a sequence."""
+    backend's cache. both_ways False: each bucket's current way only (a path the options forced).
+    The steps write K/V and ids that the slots' owners overwrite: call it before any slot holds
+    a sequence."""
     rows = backend.buffers.rows
     assert rows is not None
     backend.batch_step_us = {}  # each batch in its own bucket while timing
@@ -65,7 +66,7 @@ def time_batch_steps(backend: VulkanBackend, rounds: int = 2) -> dict[int, dict[
     graph = backend.graph
     for B in buckets:
         first = way_of(backend.tuning, B)
-        others: list[Way] = [w for w in ("int8", "mixed") if w != first] if backend.int_dot else []
+        others: list[Way] = [w for w in ("int8", "mixed") if w != first] if backend.int_dot and both_ways else []
         for way in [first, *others]:
             set_way(backend.tuning, B, way)
             _, mix, penalty = backend.write_sampled_rows(steps[B])  # every row argmax: mix (B, 0, 0)
