@@ -504,9 +504,25 @@ class Scheduler:
                 return
         t0 = time.perf_counter()
         backend_s = self._decode_rows(seqs)
-        t1 = time.perf_counter()
-        self.policy.record(len(seqs), t1 - t0)
-        self.steps.append(DecodeStep(t1, len(seqs), t1 - t0, backend_s))
+        self._timed_step(len(seqs), t0, t0 + backend_s, time.perf_counter())
+
+    def _timed_step(self, rows: int, started: float, backend_done: float, ended: float) -> None:
+        """A decode step of `rows` sequences ran from `started` to `ended`, the backend's part
+        until `backend_done`: the batch policy's measurement and the bench's record."""
+        self.policy.record(rows, ended - started)
+        self.steps.append(DecodeStep(ended, rows, ended - started, backend_done - started))
+
+    @staticmethod
+    def _seq_step(seq: _Seq) -> SeqStep:
+        """The backend's view of `seq`'s next decode step: its pending token at its position."""
+        assert seq.token is not None
+        return SeqStep(seq.slot.index, seq.token, seq.pos, seq.stream.request.params, seq.seed)
+
+    def _hand_out(self, seqs: list[_Seq], drawn: list[int]) -> None:
+        """Each sequence's fed token is now in its slot, and `drawn` its next token (`_took`)."""
+        for seq, token in zip(seqs, drawn):
+            seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
+            self._took(seq, token)
 
     def _batch_run(self, seqs: list[_Seq]) -> bool:
         """Every decoding sequence in one batch, and nothing else to do: up to SOLO_RUN steps from
@@ -523,9 +539,8 @@ class Scheduler:
             for seq, p in zip(seqs, starts):
                 seq.slot.prefix.wrote(p + k)
 
-        steps = [SeqStep(s.slot.index, s.token, s.pos, s.stream.request.params, s.seed) for s in seqs]  # type: ignore[arg-type]
         t0 = time.perf_counter()
-        run = self.backend.decode_batch_tokens(steps, n, submitted)
+        run = self.backend.decode_batch_tokens([self._seq_step(s) for s in seqs], n, submitted)
         if run is None:
             return False
         self.max_batch = max(self.max_batch, len(seqs))
@@ -533,13 +548,11 @@ class Scheduler:
             for drawn in run:
                 t1 = time.perf_counter()
                 self.run_steps += 1
-                for seq, token in zip(seqs, drawn):
+                for seq in seqs:
                     seq.history.append(seq.token)  # type: ignore[arg-type]
-                    seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
-                    self._took(seq, token)
+                self._hand_out(seqs, drawn)
                 t2 = time.perf_counter()
-                self.policy.record(len(seqs), t2 - t0)
-                self.steps.append(DecodeStep(t2, len(seqs), t2 - t0, t1 - t0))
+                self._timed_step(len(seqs), t0, t1, t2)
                 t0 = t2
                 if self._pending or any(s.slot.seq is not s or self._is_cancelled(s.stream.id) for s in seqs):
                     break
@@ -549,10 +562,8 @@ class Scheduler:
 
     def _decode_rows(self, seqs: list[_Seq]) -> float:
         """One decode step of `seqs`; returns the seconds spent in the backend's call."""
-        steps = []
+        steps = [self._seq_step(seq) for seq in seqs]
         for seq in seqs:
-            assert seq.token is not None
-            steps.append(SeqStep(seq.slot.index, seq.token, seq.pos, seq.stream.request.params, seq.seed))
             seq.slot.prefix.wrote(seq.pos + 1)
         self.max_batch = max(self.max_batch, len(steps))
         t0 = time.perf_counter()
@@ -568,9 +579,7 @@ class Scheduler:
             backend_s = time.perf_counter() - t0
             for seq in seqs:
                 seq.history.append(seq.token)  # type: ignore[arg-type]
-        for seq, token in zip(seqs, drawn):
-            seq.slot.prefix.fed([seq.token])  # type: ignore[list-item]
-            self._took(seq, token)
+        self._hand_out(seqs, drawn)
         return backend_s
 
     def _took(self, seq: _Seq, token: int) -> None:

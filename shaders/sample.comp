@@ -47,10 +47,8 @@
 //     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
 //     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it (and a
 //     barrier) before either sampler.  Bindings: 0 step, 1 logits, 2 tokens.   Dispatch: (1, 1, 1).
-// Push (all variants): vocab, n_blocks = ceil(vocab / BLOCK), n_draws, advance. A Step with
-// n_tokens 0 (a batched step's pad row) is never advanced, so a batched step replayed with no
-// host write between (VulkanBackend.decode_batch_tokens) moves its sequences and leaves its pad
-// rows where they were.
+// Push (all variants): vocab, n_blocks = ceil(vocab / BLOCK), n_draws, advance (advance_step:
+// a pad row stays put).
 // NaN logits count as the lowest possible value.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -101,6 +99,13 @@ layout(std430, binding = 2) coherent buffer Cand { uvec2 cand[]; };
 layout(std430, binding = 3) buffer Tok { uint tokens[]; };
 #define ARRIVAL_BINDING 4
 #include "include/last_arrival.glsl"
+
+// the decode step's hand-over (advance = 1): the next step feeds the id drawn at q. A Step with
+// n_tokens 0 (a batched step's pad row) stays where it is, so a batched step replayed with no
+// host write between (VulkanBackend.decode_batch_tokens) moves its sequences and nothing else.
+void advance_step(uint q) {
+    if (pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
+}
 #endif
 
 #ifdef SAMPLE_ARGMAX
@@ -153,7 +158,7 @@ void main() {
     if (tid == 0) {
         const uint q = step.pos + step.n_tokens;
         for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = best.y;
-        if (pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
+        advance_step(q);
     }
 }
 #endif
@@ -538,7 +543,7 @@ void main() {
         tokens[step.tok_base + q + d] = sel[chosen].y;
     }
     barrier();   // every invocation has read step before it may change
-    if (tid == 0 && pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
+    if (tid == 0) advance_step(q);
 }
 #endif
 
@@ -615,7 +620,7 @@ void main() {
     if (st.temperature <= 0.0) {   // greedy: the argmax (ties -> lowest id)
         if (tid == 0) for (uint d = 0; d < pc.n_draws; d++) tokens[step.tok_base + q + d] = cand[COFF + btop * BLOCK].y;
         barrier();
-        if (tid == 0 && pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
+        if (tid == 0) advance_step(q);
         return;
     }
     const float inv_t = 1.0 / st.temperature, top = key_value(M);
@@ -717,7 +722,7 @@ void main() {
         tokens[step.tok_base + q + d] = cand[COFF + b * BLOCK + j].y;
     }
     barrier();   // every invocation has read step before it may change
-    if (tid == 0 && pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
+    if (tid == 0) advance_step(q);
 }
 #endif
 

@@ -20,7 +20,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,9 @@ MAX_RECORDINGS = 8
 MAX_BATCH_RECORDINGS = 32  # batched steps: one per (bucket, sampler mix, penalty) seen lately, two where run pipelined
 SAMPLER_ORDER: tuple[ops_sample.SamplerKind, ...] = ("argmax", "topk", "full")  # rows of a batched step
 IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
+# a recorded batched step: (bucket, mode, sampler mix, penalty, copy: 0, or 1 for the second of
+# the two identical recordings `decode_batch_tokens` keeps in flight)
+BatchKey: TypeAlias = tuple[int, BatchMode, SamplerMix, bool, int]
 
 
 class VulkanBackend(Backend):
@@ -125,9 +128,7 @@ class VulkanBackend(Backend):
         self._vision_towers: list[SiglipGraph] = []
         self.vision_note = ""  # why pictures are not encoded on this device, when they are not
         self._decode_lists: dict[tuple[ops_sample.SamplerKind, bool, int], list[CommandList]] = {}
-        # (bucket, mode, sampler mix, penalty, copy): copy 1 is the second of the two identical
-        # recordings `decode_batch_tokens` keeps in flight
-        self._batch_lists: OrderedDict[tuple[int, BatchMode, SamplerMix, bool, int], CommandList] = OrderedDict()
+        self._batch_lists: OrderedDict[BatchKey, CommandList] = OrderedDict()
         self.sampled: dict[ops_sample.SamplerKind, int] = {"argmax": 0, "topk": 0, "full": 0}  # tokens per GPU sampler
         try:
             if options.few_token_int8 and not self.int_dot:
@@ -619,11 +620,7 @@ class VulkanBackend(Backend):
 
     def adopt_batch_recording(self, B: int, mix: SamplerMix, penalty: bool, cl: CommandList) -> None:
         """Cache `cl` as the sampled step of bucket B (batch_tuning recorded and timed it)."""
-        key: tuple[int, BatchMode, SamplerMix, bool, int] = (B, "sample", mix, penalty, 0)
-        old = self._batch_lists.pop(key, None)
-        if old is not None:
-            old.destroy()
-        self._batch_lists[key] = cl
+        self._keep_batch_list((B, "sample", mix, penalty, 0), cl)
 
     def drop_batch_recordings(self) -> None:
         """Forget the recorded batched steps (each is recorded again on its next use), so that a
@@ -697,16 +694,25 @@ class VulkanBackend(Backend):
     def _batch_recording(self, B: int, mode: BatchMode, mix: SamplerMix, penalty: bool, copy: int = 0) -> CommandList:
         rows = self.buffers.rows
         assert rows is not None
-        key = (B, mode, mix, penalty, copy)
+        key: BatchKey = (B, mode, mix, penalty, copy)
         cl = self._batch_lists.get(key)
         if cl is None:
-            cl = self._batch_lists[key] = record_batch(self.graph, rows, B, mode, mix, penalty)
-            while len(self._batch_lists) > MAX_BATCH_RECORDINGS:
-                _, old = self._batch_lists.popitem(last=False)
-                old.destroy()
+            cl = record_batch(self.graph, rows, B, mode, mix, penalty)
+            self._keep_batch_list(key, cl)
         else:
             self._batch_lists.move_to_end(key)
         return cl
+
+    def _keep_batch_list(self, key: BatchKey, cl: CommandList) -> None:
+        """Cache `cl` under `key` (replacing any list there), the least recently used past
+        MAX_BATCH_RECORDINGS destroyed."""
+        old = self._batch_lists.pop(key, None)
+        if old is not None:
+            old.destroy()
+        self._batch_lists[key] = cl
+        while len(self._batch_lists) > MAX_BATCH_RECORDINGS:
+            _, old = self._batch_lists.popitem(last=False)
+            old.destroy()
 
     # ---- recorded command lists ---------------------------------------------------------------
 

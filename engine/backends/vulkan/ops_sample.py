@@ -9,7 +9,8 @@ sampled: [penalty -> barrier ->] top-k           (1 dispatch, 2 with the penalty
 `sampler_for(params)` says which of the three a setting needs: every setting has one.
 Each sampler dispatch reduces blocks of BLOCK logits to candidates; the last block to finish
 (an arrival counter) does the final pass. Both write tokens[step.pos + step.n_tokens (+ d)] and,
-with advance, set step.pos to that position and step.n_tokens to 1.
+with advance, set step.pos to that position and step.n_tokens to 1 (a batched step's pad row,
+n_tokens 0, stays put).
 """
 
 from __future__ import annotations
