@@ -246,3 +246,22 @@ def test_sampler_sweep_times_each_block_shape_and_they_draw_alike(vk_device, tmp
     for r, tok in enumerate(got["draws"]["topk 512x2048"]):
         assert tok in set(np.argsort(-logits[r])[:40].tolist())
     assert got["draws"]["argmax 256x1024"] == np.argmax(logits, axis=1).tolist()
+
+
+def test_batched_decode_cli_times_the_pipelined_run_and_step_by_step_beside_it(tmp_path, capsys):
+    """`python -m bench.batched_decode --step-by-step` on the tiny shape: the pipelined run at
+    every stream count and, on the same load, one decode_batch_sampled call a step at each count
+    of 2+, every figure with its steps and a rate, the step-by-step table printed."""
+    import json
+
+    from bench import batched_decode
+
+    out = tmp_path / "b.json"
+    args = ["--synthetic", "tiny", "--workdir", str(tmp_path), "--streams", "1,2,3", "--steps", "2"]
+    assert batched_decode.main([*args, "--prompt", "8", "--context", "32", "--step-by-step", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [r["streams"] for r in got["batched"]] == [1, 2, 3]
+    assert [r["streams"] for r in got["step_by_step"]["batched"]] == [2, 3]
+    for r in got["batched"] + got["step_by_step"]["batched"]:
+        assert r["aggregate_tok_s"] > 0 and r["steps"] == 2
+    assert "step by step" in capsys.readouterr().out
