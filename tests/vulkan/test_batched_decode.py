@@ -185,6 +185,9 @@ def test_a_pipelined_run_draws_what_steps_one_at_a_time_draw(tiny):
     got = list(vk.decode_batch_tokens(steps, n, submitted=written.append))
     assert got == want
     assert written == list(range(1, n + 1))
+    last = next(reversed(vk._batch_lists))  # the run's step
+    pair = [cl for key, cl in vk._batch_lists.items() if key[:4] == last[:4]]
+    assert len(pair) == 2 and pair[0]._sets is pair[1]._sets  # the second copy is a clone of the first
     np.testing.assert_array_equal(vk.forward_slot(0, [zero[-1]], len(zero) - 1), before)
     assert len({tuple(r) for r in zip(*got, strict=True)}) == 3  # three sequences, three answers
 
@@ -357,6 +360,49 @@ def test_a_batch_promoted_to_a_bigger_bucket_draws_the_same_ids(tiny):
         np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=1e-4 * scale)
     else:  # each bucket's own paths (int8 matvecs or GEMMs): the same values summed another way
         np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=cpu_tolerance(vk) * scale)
+
+
+def test_batched_steps_are_recorded_at_load_for_like_requests(tmp_path, vk_device, monkeypatch):
+    """prerecord_batches: every bucket a batch can run in is recorded at load for all-greedy and
+    all-top-k rows, both copies of a pipelined run; a run of default-sampled requests then
+    records nothing (on first use it recorded inside the request). The default is on for GPUs,
+    off on CPU devices (load time in tests) and with PHOENIX_VULKAN_PRERECORD=0."""
+    from phoenix_chat.engine.backends.vulkan import backend as backend_mod
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.weights import open_weights
+    from tools.make_synthetic_gguf import write
+
+    w = open_weights(write(tmp_path / "tiny.gguf", "tiny", "q4_0", "q8_0", seed=4))
+    vk = VulkanBackend(w, 32, VulkanOptions(prerecord_batches=True), device=vk_device, slots=5)
+    try:
+        buckets = sorted({vk.stats()["batch_bucket"][n] for n in range(2, 6)})
+        want = {(B, "sample", mix, False, c) for B in buckets for mix in ((B, 0, 0), (0, B, 0)) for c in (0, 1)}
+        assert set(vk._batch_lists) == want
+        assert vk.stats()["batch_prerecord_s"] > 0
+        params = SamplingParams(seed=3)  # the default sampler: top-k
+        firsts = [vk.prefill_sampled(s, _ids(90 + s, 6), 0, params, s) for s in range(3)]
+
+        def no_recording(*a, **kw):
+            raise AssertionError("a batched step was recorded inside the run")
+
+        with monkeypatch.context() as m:
+            m.setattr(backend_mod, "record_batch", no_recording)
+            got = list(vk.decode_batch_tokens([SeqStep(s, firsts[s], 6, params, s) for s in range(3)], 4))
+        assert len(got) == 4 and set(vk._batch_lists) == want
+    finally:
+        vk.close()
+    for env, opts in (("1", VulkanOptions()), ("0", VulkanOptions(prerecord_batches=None))):
+        monkeypatch.setenv("PHOENIX_VULKAN_PRERECORD", env)
+        vk = VulkanBackend(w, 32, opts, device=vk_device, slots=5)
+        try:
+            # lavapipe: a CPU device, no prerecording by default; the env turns a GPU's off too
+            expect = env == "1" and not vk.dev.caps.is_software
+            assert vk._prerecords(opts) is expect
+            assert any(key[2][1] for key in vk._batch_lists) is expect  # top-k steps: only prerecorded ones
+            assert (vk.stats()["batch_prerecord_s"] > 0) is expect
+        finally:
+            vk.close()
+    w.close()
 
 
 def test_batch_promotion_can_be_turned_off(tmp_path, vk_device, monkeypatch):

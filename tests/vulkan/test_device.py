@@ -116,6 +116,52 @@ def test_dispatch_replay_and_timestamps(vk_device):
     cl.destroy()
 
 
+def test_a_cloned_list_runs_the_same_commands(vk_device):
+    """clone() records a list's commands again (fill, dispatch, barriers, copy, timestamps) into
+    a list of its own that binds the same descriptor sets: it runs alike after the original is
+    destroyed or re-recorded (the sets live while one list shares them); an unended list is
+    refused."""
+    from phoenix_chat.engine.backends.vulkan.matvec import record_quantize
+
+    dev = vk_device
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    xb, qb, cb = dev.buffer(x.nbytes), dev.buffer(2 * 40), dev.buffer(2 * 40)
+    dev.upload(xb, x)
+    cl = dev.commands(timestamps=2)
+    with pytest.raises(RuntimeError, match="ended"):
+        cl.clone()
+    cl.timestamp(0)
+    cl.fill(qb, 0)
+    cl.barrier()
+    record_quantize(cl, dev, xb, qb, 64)
+    cl.barrier()
+    cl.copy(qb, cb, 2 * 40)
+    cl.barrier()
+    cl.timestamp(1)
+    cl.end()
+    cl.submit()
+    want = dev.download(cb, np.uint32)
+    assert want.any()
+    twin, second = cl.clone(), cl.clone()
+    assert (twin.dispatches, twin.barriers) == (cl.dispatches, cl.barriers)
+    cl.destroy()  # the sets stay: the clones share them
+    for other in (twin, second):
+        dev.upload(cb, np.zeros(20, np.uint32))
+        other.submit()
+        np.testing.assert_array_equal(dev.download(cb, np.uint32), want)
+        assert other.timestamps_ns()[1] >= 0
+    second.begin()  # re-recorded: its share released, twin still runs
+    second.fill(cb, 7)
+    second.submit()
+    assert (dev.download(cb, np.uint32) == 7).all()
+    twin.submit()
+    np.testing.assert_array_equal(dev.download(cb, np.uint32), want)
+    for other in (twin, second):
+        other.destroy()
+    for b in (xb, qb, cb):
+        b.destroy()
+
+
 def test_refused_cooperative_matrices_fall_back_loudly(caplog):
     """A driver that advertises cooperative matrices but refuses them at vkCreateDevice: the
     device still opens, without them, and says so (log + the prefill GEMM path)."""

@@ -24,6 +24,11 @@ class VulkanOptions:
     # matvecs (matvec_cols.py; needs int8 activations): all (True), none (False), or None: timed
     # at load on GPUs beside the paths above
     few_token_int8: bool | None = None
+    # every reachable bucket's batched step recorded at load for a batch of greedy rows and one
+    # of top-k rows (the two mixes like requests make), both copies a pipelined run keeps in
+    # flight: True, False, or None: on GPUs with 2+ slots (PHOENIX_VULKAN_PRERECORD=0 turns
+    # that default off, for comparisons)
+    prerecord_batches: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))

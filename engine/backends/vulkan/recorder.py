@@ -1,10 +1,12 @@
 """Command lists: record dispatches once, replay them as often as needed.
 
-A `CommandList` owns one primary command buffer, the descriptor sets its dispatches bind,
-a fence, and optionally a timestamp query pool. Recording uses the `vulkan` package's
+A `CommandList` owns one primary command buffer, a fence, optionally a timestamp query pool,
+and a share of the descriptor sets its dispatches bind. Recording uses the `vulkan` package's
 wrappers (it happens once per model and context); `submit`/`wait` use raw `vk.lib` calls on
 cdata built at `end()`, so replaying a recorded token step costs microseconds of Python and
-allocates nothing.
+allocates nothing. `clone()` records the same commands into a second list that shares the
+descriptor sets: what a step run twice in flight needs, at a small part of a recording's cost
+(no graph walk, no descriptor writes).
 """
 
 from __future__ import annotations
@@ -25,6 +27,43 @@ _SETS_PER_POOL = 512
 _DESCRIPTORS_PER_POOL = 512 * 8
 
 
+class _DescriptorPools:
+    """The descriptor pools of one recording, shared by its clones: destroyed with the last."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.pools: list[Any] = []  # VkDescriptorPool handles
+        self.users = 1
+        self.sets = 0  # in the last pool
+        self.descriptors = 0
+        self.add()
+
+    def add(self) -> None:
+        vk = self.dev.vk
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=_DESCRIPTORS_PER_POOL)
+        self.pools.append(
+            vk.vkCreateDescriptorPool(
+                self.dev.device,
+                vk.VkDescriptorPoolCreateInfo(maxSets=_SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]),
+                None,
+            )
+        )
+        self.sets = self.descriptors = 0
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            for p in self.pools:
+                self.dev.vk.vkDestroyDescriptorPool(self.dev.device, p, None)
+            self.pools = []
+
+
+# what a list recorded, for clone(): ("dispatch", pipeline, descriptor set, push, groups),
+# ("barrier", all_commands, transfer), ("copy", src, dst, nbytes, src_offset, dst_offset),
+# ("fill", buffer, value, offset, nbytes), ("timestamp", index)
+Command = tuple[Any, ...]
+
+
 class CommandList:
     # set by the graph on the lists it profiles (a label per timestamp after the first) or
     # brackets with two timestamps for the busy gauge; read by profiling.py
@@ -42,8 +81,8 @@ class CommandList:
             ),
         )[0]
         self.fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
-        self._pools: list[Any] = []  # VkDescriptorPool handles
-        self._new_pool()
+        self._sets = _DescriptorPools(dev)
+        self._log: list[Command] = []
         self.query_pool: Any = None
         self.n_timestamps = timestamps
         if timestamps:
@@ -62,30 +101,16 @@ class CommandList:
         self.begin()
 
     # ---- recording ----
-    def _new_pool(self) -> None:
-        vk = self.dev.vk
-        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=_DESCRIPTORS_PER_POOL)
-        self._pools.append(
-            vk.vkCreateDescriptorPool(
-                self.dev.device,
-                vk.VkDescriptorPoolCreateInfo(maxSets=_SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]),
-                None,
-            )
-        )
-        self._sets_in_pool = 0
-        self._descs_in_pool = 0
-
     def begin(self) -> None:
         """Start (or restart) recording; records a leading barrier against earlier submissions."""
         vk = self.dev.vk
         if self._pending:
             self.wait()
-        if self._ended:  # re-record: drop the old descriptor sets
+        if self._ended:  # re-record: drop the old descriptor sets (clones keep their share)
             vk.vkResetCommandBuffer(self.cmd, 0)
-            for p in self._pools:
-                vk.vkDestroyDescriptorPool(self.dev.device, p, None)
-            self._pools = []
-            self._new_pool()
+            self._sets.release()
+            self._sets = _DescriptorPools(self.dev)
+        self._log = []
         vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo())
         self._recording = True
         self._ended = False
@@ -97,15 +122,15 @@ class CommandList:
 
     def _descriptor_set(self, pipeline: Pipeline) -> Any:
         vk = self.dev.vk
-        n = pipeline.n_bindings
-        if self._sets_in_pool + 1 > _SETS_PER_POOL or self._descs_in_pool + n > _DESCRIPTORS_PER_POOL:
-            self._new_pool()
-        self._sets_in_pool += 1
-        self._descs_in_pool += n
+        n, sets = pipeline.n_bindings, self._sets
+        if sets.sets + 1 > _SETS_PER_POOL or sets.descriptors + n > _DESCRIPTORS_PER_POOL:
+            sets.add()
+        sets.sets += 1
+        sets.descriptors += n
         return vk.vkAllocateDescriptorSets(
             self.dev.device,
             vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=self._pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]
+                descriptorPool=sets.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]
             ),
         )[0]
 
@@ -156,6 +181,11 @@ class CommandList:
                     )
                 )
             vk.vkUpdateDescriptorSets(self.dev.device, len(infos), infos, 0, None)
+        self._log.append(("dispatch", pipeline, dset, push, groups))
+        self._record_dispatch(pipeline, dset, push, groups)
+
+    def _record_dispatch(self, pipeline: Pipeline, dset: Any, push: bytes | None, groups: tuple[int, ...]) -> None:
+        vk = self.dev.vk
         if self._last_pipeline is not pipeline:
             vk.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
             self._last_pipeline = pipeline
@@ -176,6 +206,7 @@ class CommandList:
         """Make every earlier compute/transfer write visible to every later read and write.
         transfer=False: compute shaders only (nothing but dispatches on either side)."""
         vk = self.dev.vk
+        self._log.append(("barrier", all_commands, transfer))
         xfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT if transfer else 0
         stages = (
             vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT if all_commands else vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | xfer
@@ -193,6 +224,7 @@ class CommandList:
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         vk = self.dev.vk
+        self._log.append(("copy", src, dst, nbytes, src_offset, dst_offset))
         vk.vkCmdCopyBuffer(
             self.cmd,
             src.handle,
@@ -204,10 +236,12 @@ class CommandList:
     def fill(self, buf: Buffer, value: int = 0, offset: int = 0, nbytes: int | None = None) -> None:
         """Fill with a 32-bit pattern (`nbytes` a multiple of 4)."""
         size = buf.size - offset if nbytes is None else nbytes
+        self._log.append(("fill", buf, value, offset, size))
         self.dev.vk.vkCmdFillBuffer(self.cmd, buf.handle, offset, size // 4 * 4, value & 0xFFFFFFFF)
 
     def timestamp(self, index: int) -> None:
         vk = self.dev.vk
+        self._log.append(("timestamp", index))
         vk.vkCmdWriteTimestamp(self.cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, index)
 
     def end(self) -> CommandList:
@@ -229,6 +263,32 @@ class CommandList:
         fences = ffi.new("VkFence[1]", [self.fence])
         self._raw = (cmds, info, fences)
         return self
+
+    def clone(self) -> CommandList:
+        """A second list of the same commands (ended), binding the same descriptor sets: to have
+        a step in flight twice. Its own command buffer, fence and timestamps; the sets live until
+        the last of the lists sharing them is destroyed (or re-recorded)."""
+        if not self._ended:
+            raise RuntimeError("clone() an ended list")
+        other = CommandList(self.dev, timestamps=self.n_timestamps, name=self.name)
+        other._sets.release()
+        other._sets = self._sets
+        self._sets.users += 1
+        other.profile_labels, other.busy_timed = self.profile_labels, self.busy_timed
+        for op in self._log[1:]:  # the first is begin()'s leading barrier, which other has
+            kind = op[0]
+            if kind == "dispatch":
+                other._log.append(op)
+                other._record_dispatch(*op[1:])
+            elif kind == "barrier":
+                other.barrier(all_commands=op[1], transfer=op[2])
+            elif kind == "copy":
+                other.copy(*op[1:])
+            elif kind == "fill":
+                other.fill(op[1], op[2], op[3], op[4])
+            else:
+                other.timestamp(op[1])
+        return other.end()
 
     # ---- replay ----
     def submit(self, wait: bool = True) -> None:
@@ -293,9 +353,7 @@ class CommandList:
         vk, d = self.dev.vk, self.dev.device
         if self._pending:
             self.wait()
-        for p in self._pools:
-            vk.vkDestroyDescriptorPool(d, p, None)
-        self._pools = []
+        self._sets.release()
         if self.query_pool is not None:
             vk.vkDestroyQueryPool(d, self.query_pool, None)
         vk.vkDestroyFence(d, self.fence, None)
