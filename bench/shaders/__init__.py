@@ -45,6 +45,16 @@ VARIANTS: dict[str, Variant] = {
             {"WG": (0, 512), "PERSIST": (1, 0), "PRE": (2, 4), "NORM_IN_STREAM": (3, 0)},
             home=HOME,
         ),
+        Variant(
+            "int_dot_rate",
+            "int_dot_rate.comp",
+            1,
+            PushLayout("int_dot_rate", [("iters", "u32"), ("seed", "u32")]),
+            {},
+            {"WG": (0, 256), "OP": (1, 0)},
+            requires=("int_dot",),
+            home=HOME,
+        ),
     )
 }
 

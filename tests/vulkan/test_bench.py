@@ -50,6 +50,24 @@ def test_dispatch_cost_times_barrier_and_flag_handoffs(vk_device, tmp_path):
     assert got["tiny_dispatch_barrier_us"] > 0 and got["copy_gb_s"] > 0
 
 
+def test_int_dot_rate_probe_times_every_kind_and_its_dots_agree(vk_device, tmp_path):
+    """bench.int_dot_rate (bench/shaders/int_dot_rate.comp): the four instruction kinds are timed
+    and their rates reported, and OpSDot + add computes what OpSDotAccSat computes (each is
+    emitted by hand as a SPIR-V instruction: a wrong operand order would differ here)."""
+    import json
+
+    from bench import int_dot_rate
+
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    out = tmp_path / "rate.json"
+    assert int_dot_rate.main(["--software", "--groups", "4", "--iters", "32", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [r["op"] for r in got["rows"]] == ["sdot + add", "sdot_acc_sat", "f32 fma", "f16vec2 fma"]
+    assert all(r["us"] > 0 and r["instr_per_s"] > 0 and r["macs_per_s"] > 0 for r in got["rows"])
+    assert got["dot_kinds_agree"] is True
+
+
 def test_persistent_chain_probe_matches_the_dispatch_chain(vk_device, tmp_path):
     """bench.persistent_chain (bench/shaders/persistent_probe.comp): the one-dispatch version of a
     layer chain, its phases separated by grid barriers, leaves the same activations as one
