@@ -145,7 +145,8 @@ def test_a_cloned_list_runs_the_same_commands(vk_device):
     twin, second = cl.clone(), cl.clone()
     assert (twin.dispatches, twin.barriers) == (cl.dispatches, cl.barriers)
     cl.destroy()  # the sets stay: the clones share them
-    for other in (twin, second):
+    third = twin.clone()  # a clone of a clone
+    for other in (twin, second, third):
         dev.upload(cb, np.zeros(20, np.uint32))
         other.submit()
         np.testing.assert_array_equal(dev.download(cb, np.uint32), want)
@@ -156,7 +157,7 @@ def test_a_cloned_list_runs_the_same_commands(vk_device):
     assert (dev.download(cb, np.uint32) == 7).all()
     twin.submit()
     np.testing.assert_array_equal(dev.download(cb, np.uint32), want)
-    for other in (twin, second):
+    for other in (twin, second, third):
         other.destroy()
     for b in (xb, qb, cb):
         b.destroy()

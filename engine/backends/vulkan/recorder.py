@@ -110,7 +110,6 @@ class CommandList:
             vk.vkResetCommandBuffer(self.cmd, 0)
             self._sets.release()
             self._sets = _DescriptorPools(self.dev)
-        self._log = []
         vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo())
         self._recording = True
         self._ended = False
@@ -119,6 +118,7 @@ class CommandList:
         if self.query_pool is not None:
             vk.vkCmdResetQueryPool(self.cmd, self.query_pool, 0, self.n_timestamps)
         self.barrier(all_commands=True)
+        self._log = []  # the commands recorded after begin()'s own (what clone() records again)
 
     def _descriptor_set(self, pipeline: Pipeline) -> Any:
         vk = self.dev.vk
@@ -269,13 +269,13 @@ class CommandList:
         a step in flight twice. Its own command buffer, fence and timestamps; the sets live until
         the last of the lists sharing them is destroyed (or re-recorded)."""
         if not self._ended:
-            raise RuntimeError("clone() an ended list")
+            raise RuntimeError("clone() takes an ended list")
         other = CommandList(self.dev, timestamps=self.n_timestamps, name=self.name)
         other._sets.release()
         other._sets = self._sets
         self._sets.users += 1
         other.profile_labels, other.busy_timed = self.profile_labels, self.busy_timed
-        for op in self._log[1:]:  # the first is begin()'s leading barrier, which other has
+        for op in self._log:
             kind = op[0]
             if kind == "dispatch":
                 other._log.append(op)
