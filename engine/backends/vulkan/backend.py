@@ -623,20 +623,23 @@ class VulkanBackend(Backend):
         return self.plan.batch_rows >= 2 and not self.dev.caps.is_software
 
     def prerecord_batch_steps(self) -> None:
-        """Record now every bucket a batch can run in (fastest_bucket of 2..batch_rows rows), for
-        all rows greedy and all rows on the top-k sampler (SamplingParams' default), both copies
-        a pipelined run keeps in flight: recorded on first use, they fell inside users' requests
+        """Record now every bucket a batch can run in (`batch_bucket`), for all rows greedy and
+        all rows on the top-k sampler (SamplingParams' default), both copies a pipelined run
+        keeps in flight: recorded on first use, they fell inside users' requests
         (~0.15 s a recording on an H100's host, plus the samplers' pipelines compiled: p99 gaps of
         88-331 ms between tokens through the scheduler at 2-32 streams). A batch of other mixes
         still records on its first step."""
         t0 = time.perf_counter()
-        rows = self.plan.batch_rows
-        buckets = sorted({fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)})
-        for B in buckets:
+        for B in sorted(set(self.batch_bucket().values())):
             for mix in ((B, 0, 0), (0, B, 0)):
                 for copy in (0, 1):
                     self._batch_recording(B, "sample", mix, False, copy)
         self.prerecord_seconds += time.perf_counter() - t0
+
+    def batch_bucket(self) -> dict[int, int]:
+        """The recorded bucket each batch size (2..batch_rows sequences) runs in."""
+        rows = self.plan.batch_rows
+        return {n: fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)}
 
     def time_batch_steps(self, both_ways: bool = True) -> None:
         """batch_tuning.time_batch_steps: every bucket's step timed, with both_ways its faster
@@ -833,8 +836,7 @@ class VulkanBackend(Backend):
             out["batch_step_us"] = dict(self.batch_step_us)
             out["batch_step_ways"] = dict(self.batch_step_ways)
             out["batch_step_note"] = self.batch_step_note
-            rows = self.plan.batch_rows
-            out["batch_bucket"] = {n: fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)}
+            out["batch_bucket"] = self.batch_bucket()
             out["batch_prerecord_s"] = round(self.prerecord_seconds, 3)  # 0.0: nothing recorded at load
         if self.vision_note:
             out["vision_tower"] = {"on_device": False, "why": self.vision_note}
