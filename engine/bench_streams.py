@@ -97,6 +97,9 @@ class StreamsResult:
     admission: AdmissionPoint | None = None
     chat_turns: int = 0
     chats: list[ChatTurns] = field(default_factory=list)  # one, or the conversations that took turns
+    # forwards the chats recorded for their prefills (a Vulkan backend's prefill_recordings; None
+    # on backends that record nothing)
+    chat_recordings: int | None = None
     date: str = ""
 
     def table(self) -> str:
@@ -129,6 +132,8 @@ class StreamsResult:
                 f"{name} TTFT: turn 1 {c.ttft_ms[0]:.0f} ms, turn {len(c.ttft_ms)} {c.ttft_ms[-1]:.0f} ms "
                 f"({c.ttft_ms[-1] / c.ttft_ms[0]:.2f}x); prompt/reused tokens per turn: {turns}"
             )
+        if self.chat_recordings is not None and self.chats:
+            lines.append(f"prefill forwards recorded during the chats: {self.chat_recordings}")
         return "\n".join(lines)
 
 
@@ -279,19 +284,23 @@ def measure_admission(
     )
 
 
-CHAT_MESSAGE_TOKENS = 64  # every turn of the scripted chat adds a message this long
+# every turn of the scripted chat adds a message this long (cycled): lengths vary as real turns'
+# do (a prefill of a length not seen before records its forward), around 64 tokens, so turn 1 and
+# turn 10 compute about the same number of new tokens
+CHAT_MESSAGE_TOKENS = (64, 57, 71, 50, 78, 61, 67, 53, 75, 63)
 CHAT_ANSWER_TOKENS = 8
 
 
 class _Conversation:
     """A scripted conversation: the first prompt is <bos> and a 64-token message, each next one
-    the previous prompt, its answer and a new 64-token message — so every turn computes about
-    the same number of new tokens, and TTFT growth is what the history costs. Conversation
+    the previous prompt, its answer and a new message of 50-78 tokens (CHAT_MESSAGE_TOKENS) — so
+    every turn computes about the same number of new tokens, and TTFT growth is what the history
+    costs. Conversation
     `index` has messages of its own (index 0: the single scripted chat's)."""
 
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         self.cfg, self.index = cfg, index
-        self.ids = bench_prompt(cfg, CHAT_MESSAGE_TOKENS + 1, seed=1000 + index)
+        self.ids = bench_prompt(cfg, CHAT_MESSAGE_TOKENS[0] + 1, seed=1000 + index)
         self.turns = ChatTurns()
 
     def turn(self, scheduler: Scheduler) -> None:
@@ -307,7 +316,8 @@ class _Conversation:
         self.turns.prompt_tokens.append(usage.prompt_tokens)
         self.turns.reused.append(usage.prompt_reused)
         answer = [t for d in deltas for t in d.token_ids]
-        message = bench_prompt(self.cfg, CHAT_MESSAGE_TOKENS + 1, seed=2000 + 1000 * self.index + n)
+        length = CHAT_MESSAGE_TOKENS[(n + 1) % len(CHAT_MESSAGE_TOKENS)]
+        message = bench_prompt(self.cfg, length + 1, seed=2000 + 1000 * self.index + n)
         self.ids = self.ids + answer + message[1:]  # no second <bos>
 
 
@@ -325,7 +335,7 @@ def scripted_chats(scheduler: Scheduler, cfg: ModelConfig, chats: int, turns: in
 def streams_context(prompt_tokens: int, gen_tokens: int, chat_turns: int, admit_tokens: int = 0) -> int:
     """The context every run needs: one stream's prompt and answer, the whole scripted chat,
     and with an admission the long prompt and the running streams' longer answers."""
-    need = [prompt_tokens + gen_tokens, (chat_turns + 1) * (CHAT_MESSAGE_TOKENS + CHAT_ANSWER_TOKENS)]
+    need = [prompt_tokens + gen_tokens, (chat_turns + 1) * (max(CHAT_MESSAGE_TOKENS) + CHAT_ANSWER_TOKENS)]
     if admit_tokens:
         need += [admit_tokens + ADMIT_ANSWER_TOKENS, prompt_tokens + admission_budget(admit_tokens, gen_tokens)]
     return max(need) + 8
@@ -392,11 +402,14 @@ def run_streams_bench(
         finally:
             s.close()
     if chat_turns > 0:
+        before = backend.stats().get("prefill_recordings")
         s = Scheduler(model)
         try:
             result.chats = scripted_chats(s, cfg, alternate_chats, chat_turns)
         finally:
             s.close()
+        if before is not None:
+            result.chat_recordings = backend.stats()["prefill_recordings"] - before
     return result
 
 

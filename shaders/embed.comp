@@ -1,7 +1,9 @@
 #version 450
 // Embedding lookup: out[t] = dequant(table[tokens[step.pos + t]]) * scale, f32, for
 // t < step.n_tokens. The ids come from the token buffer (step.glsl): the previous step's sampled
-// id when decoding, the prompt ids the host wrote when prefilling.
+// id when decoding, the prompt ids the host wrote when prefilling. Rows t >= step.n_tokens of
+// the recorded count are zeroed (by the first range's dispatch): a prefill run in a bigger
+// recording (a bucket) carries finite pad rows, the same on every run, through the layers.
 // scale = sqrt(hidden), rounded through the model dtype by the host.
 //
 // A table larger than maxStorageBufferRange is bound in row ranges (memory.Tensor.ranges):
@@ -64,7 +66,11 @@ float element(uint rb, uint e) {
 
 void main() {
     const uint t = gl_WorkGroupID.x;
-    if (t >= step.n_tokens) return;
+    if (t >= step.n_tokens) {
+        if (pc.row_start == 0u)
+            for (uint e = gl_LocalInvocationID.x; e < pc.hidden; e += WG) outp[t * pc.hidden + e] = 0.0;
+        return;
+    }
     const uint id = tokens[step.tok_base + step.pos + t];
     if (id < pc.row_start || id - pc.row_start >= pc.rows) return;   // another range has it
     const uint rb = (id - pc.row_start) * pc.row_bytes;

@@ -32,6 +32,7 @@ def test_admitted_prompt_is_chunked_between_decodes_and_alternating_chats_keep_t
 
     chats = r["chats"]
     assert len(chats) == 2  # A1, B1, A2, B2, A3, B3
+    assert r["chat_recordings"] is None  # the CPU backend records nothing
     for c in chats:
         assert len(c["ttft_ms"]) == 3 and all(t > 0 for t in c["ttft_ms"])
         assert c["reused"][0] == 0

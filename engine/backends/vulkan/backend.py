@@ -58,6 +58,7 @@ from phoenix_chat.engine.backends.vulkan.plan import (
     SOFTWARE_PREFILL_CHUNK,
     batch_logits_stride,
     plan_memory,
+    prefill_bucket,
 )
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
@@ -75,7 +76,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's constructor argument
 
-MAX_RECORDINGS = 8
+CHAT_PRERECORD_SAMPLERS: tuple[ops_sample.SamplerKind, ...] = ("topk", "argmax")  # the default and greedy
+CHAT_PRERECORD_TOKENS = 128  # a chat's first turns up to this long find their prefill recorded at load
+MAX_RECORDINGS = 24  # a chat's prefill buckets (plan.prefill_bucket) with its sampler, and the full chunk
 MAX_BATCH_RECORDINGS = 32  # batched steps: one per (bucket, sampler mix, penalty) seen lately, two where run pipelined
 SAMPLER_ORDER: tuple[ops_sample.SamplerKind, ...] = ("argmax", "topk", "full")  # rows of a batched step
 IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
@@ -155,6 +158,8 @@ class VulkanBackend(Backend):
         )
         # tokens per prefill submission; Stop is asked between them
         self.prefill_chunk = SOFTWARE_PREFILL_CHUNK if caps.is_software else PREFILL_CHUNK
+        self.prefill_buckets = self._buckets_prefill(options)
+        self.prefill_recordings = 0  # forwards recorded for prefill chunks (first uses and evictions)
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
         autotune.tune(
@@ -182,6 +187,9 @@ class VulkanBackend(Backend):
         self.prerecord_seconds = 0.0
         if self._prerecords(options):
             self.prerecord_batch_steps()
+        self.chat_prerecord_seconds = 0.0
+        if self._prerecords_chat(options):
+            self.prerecord_chat()
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -238,15 +246,16 @@ class VulkanBackend(Backend):
             last = s + chunk >= n
             self.buffers.tokens_view[base + start_pos + s : base + start_pos + s + m] = part
             mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
+            T = prefill_bucket(m, chunk) if self.prefill_buckets else m  # the recording's count
             if last and sampling is not None:
                 params, seed = sampling
                 kind = ops_sample.sampler_for(params)
                 mode = "sample"
-                cl = self._recording(m, mode, kind, params.repetition_penalty != 1.0)
+                cl = self._recording(T, mode, kind, params.repetition_penalty != 1.0)
                 write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **where, **_sampling_fields(params, seed))
                 self.sampled[kind] += 1
             else:
-                cl = self._recording(m, mode)
+                cl = self._recording(T, mode)
                 write_step(self.buffers.step, pos=start_pos + s, n_tokens=m, **where)
             cl.submit(wait=True)
             self.busy.account(cl)
@@ -255,6 +264,13 @@ class VulkanBackend(Backend):
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
+
+    def _buckets_prefill(self, options: VulkanOptions) -> bool:
+        if options.prefill_buckets is not None:
+            return options.prefill_buckets
+        if os.environ.get("PHOENIX_VULKAN_PREFILL_BUCKETS") == "0":
+            return False
+        return not self.dev.caps.is_software
 
     def _checked_span(self, slot: int, n: int, start_pos: int) -> dict[str, int]:
         """The slot's step fields, once `n` ids at `start_pos` fit it (one check for every prefill)."""
@@ -636,6 +652,28 @@ class VulkanBackend(Backend):
                     self._batch_recording(B, "sample", mix, False, copy)
         self.prerecord_seconds += time.perf_counter() - t0
 
+    def _prerecords_chat(self, options: VulkanOptions) -> bool:
+        if options.prerecord_chat is not None:
+            return options.prerecord_chat
+        if os.environ.get("PHOENIX_VULKAN_PRERECORD") == "0":
+            return False
+        return self.prefill_buckets and not self.dev.caps.is_software
+
+    def prerecord_chat(self) -> None:
+        """Record now what a chat's first turn would: the prefill's last chunk in each bucket up to
+        CHAT_PRERECORD_TOKENS, ending in the top-k sampler (SamplingParams' default, the app's) or
+        the greedy one, without a penalty, and those samplers' decode steps. Recorded on first use
+        they made the first turn's TTFT 5-10x a later one's (4B on an H100: 102-248 ms against
+        ~20). Penalized or full-vocabulary sampling, and longer turns, still record on first use."""
+        t0 = time.perf_counter()
+        chunk = self.prefill_chunk
+        top = min(CHAT_PRERECORD_TOKENS, chunk, self.context_length - 1)
+        for kind in CHAT_PRERECORD_SAMPLERS:
+            for T in sorted({prefill_bucket(n, chunk) for n in range(2, top + 1)}):
+                self._recording(T, "sample", kind, False)
+            self._decode_lists_for(kind, False, self.steps_per_submit)
+        self.chat_prerecord_seconds = time.perf_counter() - t0
+
     def batch_bucket(self) -> dict[int, int]:
         """The recorded bucket each batch size (2..batch_rows sequences) runs in."""
         rows = self.plan.batch_rows
@@ -759,6 +797,7 @@ class VulkanBackend(Backend):
         key = (T, mode, sampler, penalty, images)
         cl = self._recordings.get(key)
         if cl is None:
+            self.prefill_recordings += 1
             cl = self._recordings[key] = self.graph.record(
                 T,
                 mode,
@@ -832,6 +871,10 @@ class VulkanBackend(Backend):
         choices (`tuning`) and their timings, python_ms_per_token, gpu_busy_fraction, and how
         many tokens each GPU sampler drew (`gpu_sampled`: argmax, topk, full), and the KV slots."""
         out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
+        # prefill chunks run in their bucket's recording (plan.prefill_bucket) or their own length's
+        out["prefill_buckets"] = self.prefill_buckets
+        out["prefill_recordings"] = self.prefill_recordings
+        out["chat_prerecord_s"] = round(self.chat_prerecord_seconds, 3)  # 0.0: nothing recorded at load
         if self.plan.batch_rows >= 2:  # each bucket's timed step, and the bucket each batch size runs in
             out["batch_step_us"] = dict(self.batch_step_us)
             out["batch_step_ways"] = dict(self.batch_step_ways)

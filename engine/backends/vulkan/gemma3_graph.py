@@ -1,7 +1,9 @@
 """Gemma 3's forward pass as Vulkan command lists: the layer graph, recorded once per (token
 count, output kind) and replayed. Reads beside engine/models/gemma3.py (the numpy reference):
 embed, per layer norm → QKV → QK-norm + RoPE + KV write → attention → o-proj + norm_add →
-GEGLU → down + norm_add, then the LM head (and the sampler, for a decode step). Another
+GEGLU → down + norm_add, then the LM head (and the sampler, for a decode step). A prefill's
+LM head reads row 0 of h, where its last real token's row is moved first (ops_last_row): the
+step buffer's n_tokens may be below the count recorded (a bucketed chunk). Another
 architecture would be another file like this one.
 
 One decode layer, as recorded (B = barrier; 5 dispatches, 6 where down takes the q8_1 int8 path
@@ -30,6 +32,7 @@ from phoenix_chat.engine.backends.vulkan import (
     ops_attention,
     ops_embed,
     ops_gemm,
+    ops_last_row,
     ops_norm,
     ops_rope,
     ops_sample,
@@ -46,6 +49,7 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     RopeTail,
     WeightMatrix,
     fusable,
+    q8_1_bytes,
     record_matvec,
     record_quantize,
 )
@@ -309,7 +313,12 @@ class Gemma3Graph:
         if mode == "all":
             self.mv(cl, [w.lm_head], b.h, b.logits, T=T, x_cols=H, y_cols=V, key="lm")
         elif mode in ("last", "sample"):
-            self.mv(cl, [w.lm_head], b.h, b.logits, T=1, x_cols=H, y_cols=V, x_off=(T - 1) * H, key="lm", xq=hq)
+            if T > 1:  # the step's last real token may sit below row T - 1 (a bucketed prefill)
+                ops_last_row.last_row_to_front(cl, dev, b.step, b.h, row_bytes=H * 4)
+                if hq is not None:
+                    ops_last_row.last_row_to_front(cl, dev, b.step, hq, row_bytes=q8_1_bytes(H))
+                mark(cl, "last_row")
+            self.mv(cl, [w.lm_head], b.h, b.logits, T=1, x_cols=H, y_cols=V, key="lm", xq=hq)
         if mode == "sample":
             mark(cl, "lm_head")
             ops_sample.sample(

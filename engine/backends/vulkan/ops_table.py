@@ -156,6 +156,8 @@ EMBED_PUSH = PushLayout(
         ("scale", "f32"),
     ],
 )
+# the last real token's row moved to row 0 for the LM head (shaders/last_row.comp)
+LAST_ROW_PUSH = PushLayout("last_row", [("row_words", "u32")])
 # ---- sampling (shaders/sample.comp) ----
 SAMPLE_PUSH = PushLayout(
     "sample",
@@ -275,6 +277,7 @@ def _variants() -> list[Variant]:
         v.append(
             Variant(f"embed_{wt.lower()}_f32", "embed.comp", 4, EMBED_PUSH, {"WTYPE_" + wt: None}, {"WG": (0, 256)})
         )
+    v.append(Variant("last_row_u32", "last_row.comp", 2, LAST_ROW_PUSH, {}, {"WG": (0, 256)}))
     # the fragment layout the CF_DIRECT tiles need (ops_gemm.cf_direct_layout)
     v.append(
         Variant(

@@ -29,6 +29,15 @@ class VulkanOptions:
     # flight: True, False, or None: on GPUs with 2+ slots (PHOENIX_VULKAN_PRERECORD=0 turns
     # that default off, for comparisons)
     prerecord_batches: bool | None = None
+    # a prefill chunk runs in the recording of its bucket (plan.prefill_bucket) rather than one
+    # recorded for its exact length: True, False, or None: on GPUs, not on CPU devices, where the
+    # pad rows cost more than a recording (PHOENIX_VULKAN_PREFILL_BUCKETS=0 turns that default off)
+    prefill_buckets: bool | None = None
+    # a chat's first turn recorded at load: the prefill buckets up to 128 tokens ending in the
+    # top-k sampler (SamplingParams' default, the app's) or the greedy one, and their decode steps: True,
+    # False, or None: on GPUs where prefill buckets are on (PHOENIX_VULKAN_PRERECORD=0 turns that
+    # default off, as it does the batched steps')
+    prerecord_chat: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))
