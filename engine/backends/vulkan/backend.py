@@ -51,7 +51,7 @@ from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3
 from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
 from phoenix_chat.engine.backends.vulkan.matvec import MAX_COLUMNS
 from phoenix_chat.engine.backends.vulkan.ops_common import STEP_BYTES, pack_step, write_step
-from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
+from phoenix_chat.engine.backends.vulkan.options import VulkanOptions, chosen
 from phoenix_chat.engine.backends.vulkan.plan import (
     LOGITS_CHUNK,
     PREFILL_CHUNK,
@@ -158,8 +158,9 @@ class VulkanBackend(Backend):
         )
         # tokens per prefill submission; Stop is asked between them
         self.prefill_chunk = SOFTWARE_PREFILL_CHUNK if caps.is_software else PREFILL_CHUNK
-        self.prefill_buckets = self._buckets_prefill(options)
-        self.prefill_recordings = 0  # forwards recorded for prefill chunks (first uses and evictions)
+        gpu = not caps.is_software
+        self.prefill_buckets = chosen(options.prefill_buckets, "PHOENIX_VULKAN_PREFILL_BUCKETS", gpu)
+        self.prefill_recordings = 0  # forwards recorded for prefill chunks since load (at load too)
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
         autotune.tune(
@@ -185,10 +186,10 @@ class VulkanBackend(Backend):
         self.batch_step_ways: dict[int, dict[str, float]] = {}
         self.batch_step_note = self._time_batch_steps(options)
         self.prerecord_seconds = 0.0
-        if self._prerecords(options):
+        if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
             self.prerecord_batch_steps()
         self.chat_prerecord_seconds = 0.0
-        if self._prerecords_chat(options):
+        if chosen(options.prerecord_chat, "PHOENIX_VULKAN_PRERECORD", gpu and self.prefill_buckets):
             self.prerecord_chat()
 
     # ---- running ---------------------------------------------------------------------------
@@ -264,13 +265,6 @@ class VulkanBackend(Backend):
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
-
-    def _buckets_prefill(self, options: VulkanOptions) -> bool:
-        if options.prefill_buckets is not None:
-            return options.prefill_buckets
-        if os.environ.get("PHOENIX_VULKAN_PREFILL_BUCKETS") == "0":
-            return False
-        return not self.dev.caps.is_software
 
     def _checked_span(self, slot: int, n: int, start_pos: int) -> dict[str, int]:
         """The slot's step fields, once `n` ids at `start_pos` fit it (one check for every prefill)."""
@@ -631,13 +625,6 @@ class VulkanBackend(Backend):
         self.time_batch_steps(both_ways=not forced)
         return ""
 
-    def _prerecords(self, options: VulkanOptions) -> bool:
-        if options.prerecord_batches is not None:
-            return options.prerecord_batches and self.plan.batch_rows >= 2
-        if os.environ.get("PHOENIX_VULKAN_PRERECORD") == "0":
-            return False
-        return self.plan.batch_rows >= 2 and not self.dev.caps.is_software
-
     def prerecord_batch_steps(self) -> None:
         """Record now every bucket a batch can run in (`batch_bucket`), for all rows greedy and
         all rows on the top-k sampler (SamplingParams' default), both copies a pipelined run
@@ -651,13 +638,6 @@ class VulkanBackend(Backend):
                 for copy in (0, 1):
                     self._batch_recording(B, "sample", mix, False, copy)
         self.prerecord_seconds += time.perf_counter() - t0
-
-    def _prerecords_chat(self, options: VulkanOptions) -> bool:
-        if options.prerecord_chat is not None:
-            return options.prerecord_chat
-        if os.environ.get("PHOENIX_VULKAN_PRERECORD") == "0":
-            return False
-        return self.prefill_buckets and not self.dev.caps.is_software
 
     def prerecord_chat(self) -> None:
         """Record now what a chat's first turn would: the prefill's last chunk in each bucket up to

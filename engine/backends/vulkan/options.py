@@ -3,6 +3,7 @@ benchmarks and tests force (int8 activations, load-time timing, the few-token pa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from phoenix_chat.engine.quantization import WeightQuant
@@ -41,3 +42,10 @@ class VulkanOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))
+
+
+def chosen(option: bool | None, env: str, default: bool) -> bool:
+    """A load-time default that an option forces either way and `env=0` turns off (comparisons)."""
+    if option is not None:
+        return option
+    return default and os.environ.get(env) != "0"
