@@ -115,6 +115,26 @@ def test_image_chat_logits_match_cpu_and_transformers(models, golden, meta):
     np.testing.assert_allclose(vk.backend.forward_images(ids, 0, spans), got[-1], rtol=0, atol=1e-5)
 
 
+def test_a_bucketed_picture_chunk_gives_the_exact_chunks_logits(models, meta):
+    """Prefill buckets (a GPU's default; off on lavapipe, turned on here): a chunk holding a
+    picture runs in its bucket's recording, the pad rows getting no soft tokens, and every
+    position's logits and the last one's are those of the exact-length recordings."""
+    _, vk = models
+    backend = vk.backend
+    ids, spans = encode_prompt(vk, chat_with_images(meta))
+    want_all = backend.forward_images(ids, 0, spans, all_logits=True)
+    want_last = backend.forward_images(ids, 0, spans)
+    before = backend.prefill_buckets
+    backend.prefill_buckets = True
+    try:
+        got_all = backend.forward_images(ids, 0, spans, all_logits=True)
+        got_last = backend.forward_images(ids, 0, spans)
+    finally:
+        backend.prefill_buckets = before
+    np.testing.assert_allclose(got_all, want_all, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got_last, want_last, rtol=0, atol=1e-4)
+
+
 def test_a_pictures_first_token_sees_its_last(models, meta):
     """Bidirectional inside a picture: changing a picture's last soft token changes the logits
     at its first; the text before the picture is unaffected (causal outside)."""

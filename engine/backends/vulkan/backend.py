@@ -329,10 +329,12 @@ class VulkanBackend(Backend):
                     f"every position's logits come back {LOGITS_CHUNK} at a time: a picture of {m} tokens "
                     "needs one forward (ask for the last position's logits)"
                 )
-            pictured = rows.write(start_pos + i, m, images)
+            # the recording's count: a bucket (a chunk holding a longer picture keeps its own)
+            T = min(prefill_bucket(m, max(chunk, m)), rows.capacity) if self.prefill_buckets else m
+            pictured = rows.write(start_pos + i, m, images, recorded=T)
             self.buffers.tokens_view[base + start_pos + i : base + start_pos + j] = ids[i:j]
             mode: ForwardMode = "all" if all_logits else ("last" if j == n else "none")
-            cl = self._recording(m, mode, images=pictured)
+            cl = self._recording(T, mode, images=pictured)
             write_step(self.buffers.step, pos=start_pos + i, n_tokens=m, **where)
             cl.submit(wait=True)
             self.busy.account(cl)

@@ -37,16 +37,18 @@ class ImageRows:
     def nbytes(self) -> int:
         return self.flags.size + self.rows.size + self.vis.size
 
-    def write(self, pos0: int, n: int, spans: Sequence[ImageSpan]) -> bool:
+    def write(self, pos0: int, n: int, spans: Sequence[ImageSpan], recorded: int = 0) -> bool:
         """Fill the rows of positions pos0 .. pos0 + n - 1; False: no picture among them (the
-        chunk can take the text-only recording)."""
-        if n > self.capacity:
+        chunk can take the text-only recording). recorded: the rows of the recording that runs
+        (a bucket, at least n): those past n get no overlay either."""
+        recorded = max(recorded, n)
+        if recorded > self.capacity:
             raise ValueError(
-                f"a forward of {n} tokens holding a picture exceeds the {self.capacity} rows of its buffers"
+                f"a forward of {recorded} tokens holding a picture exceeds the {self.capacity} rows of its buffers"
             )
+        self.flags.view(np.uint32, recorded)[:] = 0
         flags = self.flags.view(np.uint32, n)
         vis = self.vis.view(np.uint32, n)
-        flags[:] = 0
         vis[:] = np.arange(pos0, pos0 + n, dtype=np.uint32)
         end = pos0 + n
         pictured = False
