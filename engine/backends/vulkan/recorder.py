@@ -1,10 +1,11 @@
 """Command lists: record dispatches once, replay them as often as needed.
 
 A `CommandList` owns one primary command buffer, a fence, optionally a timestamp query pool,
-and a share of the descriptor sets its dispatches bind. Recording uses the `vulkan` package's
-wrappers (it happens once per model and context); `submit`/`wait` use raw `vk.lib` calls on
-cdata built at `end()`, so replaying a recorded token step costs microseconds of Python and
-allocates nothing. `clone()` records the same commands into a second list that shares the
+and a share of the descriptor sets its dispatches bind. Dispatches and barriers are recorded
+through raw `vk.lib` calls on cffi structs (a recording lands inside a request where its shape is
+new: the `vulkan` package's wrappers built a Python object per struct field, half the host time);
+`submit`/`wait` use raw calls on cdata built at `end()`, so replaying a recorded token step costs
+microseconds of Python and allocates nothing. `clone()` records the same commands into a second list that shares the
 descriptor sets: what a step run twice in flight needs, at a small part of a recording's cost
 (no graph walk, no descriptor writes).
 """
@@ -57,6 +58,9 @@ class _DescriptorPools:
                 self.dev.vk.vkDestroyDescriptorPool(self.dev.device, p, None)
             self.pools = []
 
+
+# the memory barriers' raw structs, by (all_commands, transfer): read-only once built
+_BARRIERS: dict[tuple[bool, bool], Any] = {}
 
 # what a list recorded, for clone(): ("dispatch", pipeline, descriptor set, push, groups),
 # ("barrier", all_commands, transfer), ("copy", src, dst, nbytes, src_offset, dst_offset),
@@ -121,18 +125,24 @@ class CommandList:
         self._log = []  # the commands recorded after begin()'s own (what clone() records again)
 
     def _descriptor_set(self, pipeline: Pipeline) -> Any:
-        vk = self.dev.vk
+        """A new set for `pipeline`'s layout, as the VkDescriptorSet[1] that binding it takes."""
+        vk, ffi = self.dev.vk, self.dev.ffi
         n, sets = pipeline.n_bindings, self._sets
         if sets.sets + 1 > _SETS_PER_POOL or sets.descriptors + n > _DESCRIPTORS_PER_POOL:
             sets.add()
         sets.sets += 1
         sets.descriptors += n
-        return vk.vkAllocateDescriptorSets(
-            self.dev.device,
-            vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=sets.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]
-            ),
-        )[0]
+        info = ffi.new("VkDescriptorSetAllocateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
+        info.descriptorPool = sets.pools[-1]
+        info.descriptorSetCount = 1
+        layouts = ffi.new("VkDescriptorSetLayout[1]", [pipeline.set_layout])
+        info.pSetLayouts = layouts
+        dset = ffi.new("VkDescriptorSet[1]")
+        r = self.dev.lib.vkAllocateDescriptorSets(self.dev.device, info, dset)
+        if r:
+            raise vk.exception_codes[r]
+        return dset
 
     @staticmethod
     def _binding(b: Binding) -> tuple[Buffer, int, int]:
@@ -163,63 +173,73 @@ class CommandList:
             raise ValueError(f"{pipeline.name}: workgroup count {groups} outside 1..{limit}")
         dset = None
         if pipeline.n_bindings:
+            # the writes as raw structs, one array each (the vulkan package's wrappers built a
+            # Python struct per field: half of a recording's host time)
+            ffi, n = self.dev.ffi, pipeline.n_bindings
             dset = self._descriptor_set(pipeline)
-            infos = []
+            infos = ffi.new("VkDescriptorBufferInfo[]", n)
+            writes = ffi.new("VkWriteDescriptorSet[]", n)
             for i, b in enumerate(bindings):
                 buf, off, size = self._binding(b)
                 if off % self.dev.caps.min_storage_offset_alignment:
                     raise ValueError(f"{pipeline.name} binding {i}: offset {off} is not aligned")
                 if size > self.dev.caps.max_storage_buffer_range:
                     raise ValueError(f"{pipeline.name} binding {i}: {size} B exceeds maxStorageBufferRange")
-                infos.append(
-                    vk.VkWriteDescriptorSet(
-                        dstSet=dset,
-                        dstBinding=i,
-                        descriptorCount=1,
-                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                        pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=buf.handle, offset=off, range=size)],
-                    )
-                )
-            vk.vkUpdateDescriptorSets(self.dev.device, len(infos), infos, 0, None)
+                info, w = infos[i], writes[i]
+                info.buffer, info.offset, info.range = buf.handle, off, size
+                w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+                w.dstSet = dset[0]
+                w.dstBinding = i
+                w.descriptorCount = 1
+                w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                w.pBufferInfo = infos + i
+            self.dev.lib.vkUpdateDescriptorSets(self.dev.device, n, writes, 0, ffi.NULL)
         self._log.append(("dispatch", pipeline, dset, push, groups))
         self._record_dispatch(pipeline, dset, push, groups)
 
     def _record_dispatch(self, pipeline: Pipeline, dset: Any, push: bytes | None, groups: tuple[int, ...]) -> None:
-        vk = self.dev.vk
+        """Bind, push and dispatch through raw vk.lib calls (dset: a VkDescriptorSet[1] or None)."""
+        vk, lib = self.dev.vk, self.dev.lib
         if self._last_pipeline is not pipeline:
-            vk.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
+            lib.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
             self._last_pipeline = pipeline
         if dset is not None:
-            vk.vkCmdBindDescriptorSets(
-                self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, [dset], 0, None
+            lib.vkCmdBindDescriptorSets(
+                self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1, dset, 0, self.dev.ffi.NULL
             )
         if pipeline.push.size:
             if push is None or len(push) != pipeline.push.size:
                 raise ValueError(f"{pipeline.name} needs {pipeline.push.size} B of push constants")
-            vk.vkCmdPushConstants(
+            lib.vkCmdPushConstants(
                 self.cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push), self.dev.ffi.from_buffer(push)
             )
-        vk.vkCmdDispatch(self.cmd, *groups)
+        lib.vkCmdDispatch(self.cmd, *groups)
         self.dispatches += 1
 
     def barrier(self, *, all_commands: bool = False, transfer: bool = True) -> None:
         """Make every earlier compute/transfer write visible to every later read and write.
         transfer=False: compute shaders only (nothing but dispatches on either side)."""
-        vk = self.dev.vk
+        vk, ffi = self.dev.vk, self.dev.ffi
         self._log.append(("barrier", all_commands, transfer))
         xfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT if transfer else 0
         stages = (
             vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT if all_commands else vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | xfer
         )
-        mb = vk.VkMemoryBarrier(
-            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT
-            | (vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
-            | (vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT if all_commands else 0),
-            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
-            | vk.VK_ACCESS_SHADER_WRITE_BIT
-            | (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0),
-        )
-        vk.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
+        mb = _BARRIERS.get((all_commands, transfer))
+        if mb is None:  # one raw struct per kind, shared by every list
+            mb = _BARRIERS[all_commands, transfer] = ffi.new("VkMemoryBarrier*")
+            mb.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+            mb.srcAccessMask = (
+                vk.VK_ACCESS_SHADER_WRITE_BIT
+                | (vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
+                | (vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT if all_commands else 0)
+            )
+            mb.dstAccessMask = (
+                vk.VK_ACCESS_SHADER_READ_BIT
+                | vk.VK_ACCESS_SHADER_WRITE_BIT
+                | (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT if transfer else 0)
+            )
+        self.dev.lib.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, mb, 0, ffi.NULL, 0, ffi.NULL)
         self.barriers += 1
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
