@@ -295,8 +295,7 @@ class _Conversation:
     """A scripted conversation: the first prompt is <bos> and a 64-token message, each next one
     the previous prompt, its answer and a new message of 50-78 tokens (CHAT_MESSAGE_TOKENS) — so
     every turn computes about the same number of new tokens, and TTFT growth is what the history
-    costs. Conversation
-    `index` has messages of its own (index 0: the single scripted chat's)."""
+    costs. Conversation `index` has messages of its own (index 0: the single scripted chat's)."""
 
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         self.cfg, self.index = cfg, index

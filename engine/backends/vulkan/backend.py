@@ -247,7 +247,7 @@ class VulkanBackend(Backend):
             last = s + chunk >= n
             self.buffers.tokens_view[base + start_pos + s : base + start_pos + s + m] = part
             mode: ForwardMode = "all" if all_logits else ("last" if last else "none")
-            T = prefill_bucket(m, chunk) if self.prefill_buckets else m  # the recording's count
+            T = self._recorded_count(m, chunk)
             if last and sampling is not None:
                 params, seed = sampling
                 kind = ops_sample.sampler_for(params)
@@ -265,6 +265,11 @@ class VulkanBackend(Backend):
             elif mode == "last":
                 outs.append(self.dev.download(self.buffers.logits, np.float32, (V,)))
         return outs
+
+    def _recorded_count(self, m: int, chunk: int) -> int:
+        """Tokens of the recording a chunk of m runs in: its bucket, or m itself without buckets
+        or where m outgrows the chunk (a chunk holding a picture longer than `chunk`)."""
+        return prefill_bucket(m, max(chunk, m)) if self.prefill_buckets else m
 
     def _checked_span(self, slot: int, n: int, start_pos: int) -> dict[str, int]:
         """The slot's step fields, once `n` ids at `start_pos` fit it (one check for every prefill)."""
@@ -329,8 +334,7 @@ class VulkanBackend(Backend):
                     f"every position's logits come back {LOGITS_CHUNK} at a time: a picture of {m} tokens "
                     "needs one forward (ask for the last position's logits)"
                 )
-            # the recording's count: a bucket (a chunk holding a longer picture keeps its own)
-            T = min(prefill_bucket(m, max(chunk, m)), rows.capacity) if self.prefill_buckets else m
+            T = self._recorded_count(m, chunk)
             pictured = rows.write(start_pos + i, m, images, recorded=T)
             self.buffers.tokens_view[base + start_pos + i : base + start_pos + j] = ids[i:j]
             mode: ForwardMode = "all" if all_logits else ("last" if j == n else "none")
