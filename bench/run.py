@@ -114,7 +114,9 @@ def _streams(label, path, backend, args) -> dict:
     turns, admit, chats = args.chat_turns, args.admit_tokens, args.alternate_chats
     model = load_for_streams(path, backend, counts, args.prompt_tokens, args.gen_tokens, turns, admit, chats)
     try:
-        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, turns, "", admit, chats)
+        r = run_streams_bench(
+            model, counts, args.prompt_tokens, args.gen_tokens, turns, "", admit, chats, args.mixed_sampling
+        )
     finally:
         model.close()
     print(r.table(), flush=True)

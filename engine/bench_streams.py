@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,11 @@ class StreamsPoint:
     rows_per_step: float = 0.0
     step_ms: float = 0.0
     backend_ms: float = 0.0
+    # batched steps recorded while these streams ran (a Vulkan backend's batch_recordings; None on
+    # backends that record nothing): each one stalls every stream for the recording's host time
+    batch_recordings: int | None = None
+    # tokens each GPU sampler drew meanwhile (argmax, topk, full; None without a device sampler)
+    gpu_sampled: dict[str, int] | None = None
 
 
 @dataclass
@@ -100,20 +105,23 @@ class StreamsResult:
     # forwards the chats recorded for their prefills (a Vulkan backend's prefill_recordings; None
     # on backends that record nothing)
     chat_recordings: int | None = None
+    mixed_sampling: bool = False  # every other stream greedy, the rest top-k (--mixed-sampling)
     date: str = ""
 
     def table(self) -> str:
+        sampling = "every other stream greedy, the rest top-k" if self.mixed_sampling else "top-k"
         lines = [
             f"{self.model} on {self.backend} ({self.device}), {self.slots} slots, context {self.context}, "
-            f"prompt {self.prompt_tokens} tok, {self.gen_tokens} tok per stream",
+            f"prompt {self.prompt_tokens} tok, {self.gen_tokens} tok per stream, {sampling}",
             f"{'streams':>7} {'aggregate tok/s':>16} {'per stream':>11} {'ITL p50 ms':>11} {'p99 ms':>8} {'batch':>6}"
-            f" {'steps':>6} {'rows/step':>9} {'step ms':>8} {'backend ms':>10}",
+            f" {'steps':>6} {'rows/step':>9} {'step ms':>8} {'backend ms':>10} {'recorded':>8}",
         ]
         for p in self.points:
+            recorded = "-" if p.batch_recordings is None else str(p.batch_recordings)
             lines.append(
                 f"{p.streams:>7} {p.aggregate_tok_s:>16.1f} {p.per_stream_tok_s:>11.1f} "
                 f"{p.itl_p50_ms:>11.1f} {p.itl_p99_ms:>8.1f} {p.max_batch:>6}"
-                f" {p.window_steps:>6} {p.rows_per_step:>9.1f} {p.step_ms:>8.1f} {p.backend_ms:>10.1f}"
+                f" {p.window_steps:>6} {p.rows_per_step:>9.1f} {p.step_ms:>8.1f} {p.backend_ms:>10.1f} {recorded:>8}"
             )
         a = self.admission
         if a is not None:
@@ -170,15 +178,23 @@ def _ms(gaps: list[float], q: float) -> float:
     return float(np.percentile(gaps, q)) * 1000 if gaps else 0.0
 
 
+def stream_sampling(i: int, mixed: bool) -> SamplingParams:
+    """Stream i's sampling: top-k 40 (seeded: the same every run), or with `mixed` greedy for
+    the even streams, as a server's clients that ask temperature 0 beside sampled ones."""
+    if mixed and i % 2 == 0:
+        return SamplingParams(temperature=0.0)
+    return SamplingParams(temperature=1.0, top_k=40, seed=i)
+
+
 def _submit_streams(
-    scheduler: Scheduler, cfg: ModelConfig, n: int, prompt_tokens: int, budget: int
+    scheduler: Scheduler, cfg: ModelConfig, n: int, prompt_tokens: int, budget: int, mixed: bool = False
 ) -> list[RequestStream]:
-    """N sampled requests of `prompt_tokens`-token prompts (seeded: the same every run)."""
+    """N requests of `prompt_tokens`-token prompts, sampled as `stream_sampling` says."""
     return [
         scheduler.submit(
             Request(
                 PromptIds(tuple(bench_prompt(cfg, prompt_tokens, seed=i + 1))),
-                SamplingParams(temperature=1.0, top_k=40, seed=i),
+                stream_sampling(i, mixed),
                 max_tokens=budget,
             )
         )
@@ -187,12 +203,13 @@ def _submit_streams(
 
 
 def measure_streams(
-    scheduler: Scheduler, cfg: ModelConfig, n: int, prompt_tokens: int, gen_tokens: int
+    scheduler: Scheduler, cfg: ModelConfig, n: int, prompt_tokens: int, gen_tokens: int, mixed: bool = False
 ) -> StreamsPoint:
     """N requests at once, each read on its own thread; the rates over the span when all N decode."""
     scheduler.max_batch = 0
     times: list[list[tuple[float, int]]] = [[] for _ in range(n)]
-    streams = _submit_streams(scheduler, cfg, n, prompt_tokens, gen_tokens)
+    before = scheduler.model.backend.stats()
+    streams = _submit_streams(scheduler, cfg, n, prompt_tokens, gen_tokens, mixed)
     readers = [threading.Thread(target=_read, args=(s, t)) for s, t in zip(streams, times)]
     for r in readers:
         r.start()
@@ -219,7 +236,18 @@ def measure_streams(
         rows_per_step=sum(st.rows for st in inside) / k,
         step_ms=1e3 * sum(st.seconds for st in inside) / k,
         backend_ms=1e3 * sum(st.backend_s for st in inside) / k,
+        **_backend_counts(before, scheduler.model.backend.stats()),
     )
+
+
+def _backend_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """StreamsPoint's batch_recordings and gpu_sampled: what the backend's counters moved by."""
+    out: dict[str, Any] = {}
+    if "batch_recordings" in before:
+        out["batch_recordings"] = after["batch_recordings"] - before["batch_recordings"]
+    if "gpu_sampled" in before:
+        out["gpu_sampled"] = {k: n - before["gpu_sampled"][k] for k, n in after["gpu_sampled"].items()}
+    return out
 
 
 ADMIT_ANSWER_TOKENS = 2  # the admitted request's answer: only its first token is measured
@@ -355,10 +383,12 @@ def run_streams_bench(
     backend_label: str = "",
     admit_tokens: int = 0,
     alternate_chats: int = 1,
+    mixed_sampling: bool = False,
 ) -> StreamsResult:
     """Each stream count in turn on one scheduler over `model` (loaded with `streams_slots` and
-    `streams_context`); then, with `admit_tokens`, the admission beside the largest count; then
-    the scripted chat (`alternate_chats` conversations taking turns), each on a fresh scheduler."""
+    `streams_context`; `mixed_sampling`: every other stream greedy); then, with `admit_tokens`, the
+    admission beside the largest count; then the scripted chat (`alternate_chats` conversations
+    taking turns), each on a fresh scheduler."""
     from phoenix_chat.engine.scheduler import Scheduler
 
     cfg, backend = model.config, model.backend
@@ -383,6 +413,7 @@ def run_streams_bench(
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         chat_turns=chat_turns,
+        mixed_sampling=mixed_sampling,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
     s = Scheduler(model, max_queue=max(streams))
@@ -391,7 +422,7 @@ def run_streams_bench(
         if admit_tokens:  # the admission's chunk recordings too (Vulkan records each shape once)
             measure_streams(s, cfg, 1, min(admit_tokens, 2 * PREFILL_CHUNK), 1)
         for n in streams:
-            result.points.append(measure_streams(s, cfg, n, prompt_tokens, gen_tokens))
+            result.points.append(measure_streams(s, cfg, n, prompt_tokens, gen_tokens, mixed_sampling))
     finally:
         s.close()
     if admit_tokens:
@@ -442,6 +473,12 @@ def add_streams_arguments(p: argparse.ArgumentParser) -> None:
         help="with --streams: N scripted chats take turns (A1, B1, A2, ...), each in a slot of its own; "
         "per chat the TTFT of turn 1 and the last, prompt and reused tokens per turn",
     )
+    p.add_argument(
+        "--mixed-sampling",
+        action="store_true",
+        help="with --streams: every other stream greedy, the rest top-k (a server's mixed clients), "
+        "with the batched steps recorded while each count ran",
+    )
 
 
 def load_for_streams(
@@ -475,7 +512,7 @@ def load_for_streams(
 
 def run_streams_cli(args: argparse.Namespace) -> int:
     """`phoenix-chat bench --streams`: the model loaded by `load_for_streams`, then
-    `run_streams_bench`; --admit-tokens and --alternate-chats where the parser has them."""
+    `run_streams_bench`; --admit-tokens, --alternate-chats and --mixed-sampling where the parser has them."""
     counts = parse_streams(args.streams)
     admit = getattr(args, "admit_tokens", 0)
     chats = getattr(args, "alternate_chats", 1)
@@ -492,8 +529,11 @@ def run_streams_cli(args: argparse.Namespace) -> int:
         quant=args.quant,
         device=args.device,
     )
+    mixed = getattr(args, "mixed_sampling", False)
     try:
-        r = run_streams_bench(model, counts, args.prompt_tokens, args.gen_tokens, args.chat_turns, "", admit, chats)
+        r = run_streams_bench(
+            model, counts, args.prompt_tokens, args.gen_tokens, args.chat_turns, "", admit, chats, mixed
+        )
     finally:
         model.close()
     print(json.dumps(asdict(r), indent=1) if args.json else r.table())

@@ -40,9 +40,10 @@
 //   All three: bindings 0 step, 1 logits, 2 cand (uvec2 entries: ordered key, id; 1 (argmax), KC
 //     (top-k) or BLOCK (full) per block), 3 tokens, 4 arrival counter (uint[1], 0 before and
 //     after). Dispatch: (n_blocks, 1, 1).
-//   STEP_ROWS (sample_*_f32_rows): a batched step's rows of one sampler in one dispatch
-//     (n_blocks, rows, 1); row y's Step, logits, candidates and counter are y * (the Step stride,
-//     LROW floats, CROW entries, AROW counters) from the bindings' starts.
+//   STEP_ROWS (sample_*_f32_rows): a batched step's rows in one dispatch per sampler
+//     (n_blocks, rows, 1), each row drawing in the sampler its Step selects (row_skips); row y's
+//     Step, logits, candidates and counter are y * (the Step stride, LROW floats, CROW entries,
+//     AROW counters) from the bindings' starts.
 //   SAMPLE_PENALTY (sample_penalty_f32): llama.cpp repetition penalty, in place on the logits,
 //     over the unique ids of tokens[max(0, q - rep_window) .. q), q = step.pos + step.n_tokens:
 //     l > 0 ? l / rep_penalty : l * rep_penalty. No-op when rep_penalty == 1. Run it (and a
@@ -103,9 +104,27 @@ layout(std430, binding = 3) buffer Tok { uint tokens[]; };
 // the decode step's hand-over (advance = 1): the next step feeds the id drawn at q. A Step with
 // n_tokens 0 (a batched step's pad row) stays where it is, so a batched step replayed with no
 // host write between (VulkanBackend.decode_batch_tokens) moves its sequences and nothing else.
+#ifdef STEP_ROWS
+// (a batched step's rows decode one token each: n_tokens stays 1, so only pos is written, and the
+// other samplers' workgroups of the same step can read the row's Step without a race)
+void advance_step(uint q) {
+    if (pc.advance != 0u && step.n_tokens != 0u) step.pos = q;
+}
+// A batched step records each sampler its rows need once over all of its rows (batch.py): a row
+// runs the one its settings select, as ops_sample.sampler_for does on the host (0 argmax:
+// temperature <= 0; 1 top-k: 1 <= top_k <= KC; 2 full: every other top_k), and a pad row
+// (n_tokens 0) none, so a bucket's recording serves every split of its rows between samplers.
+bool row_skips(uint kind) {
+    const uint k = step.temperature <= 0.0 ? 0u : (step.top_k >= 1u && step.top_k <= KC ? 1u : 2u);
+    return step.n_tokens == 0u || k != kind;
+}
+#define SKIP_OTHER_ROWS(kind) if (row_skips(kind)) return;
+#else
 void advance_step(uint q) {
     if (pc.advance != 0u && step.n_tokens != 0u) { step.pos = q; step.n_tokens = 1u; }
 }
+#define SKIP_OTHER_ROWS(kind)
+#endif
 #endif
 
 #ifdef SAMPLE_ARGMAX
@@ -128,6 +147,7 @@ uvec2 wg_argmax(uint key, uint id) {
 }
 
 void main() {
+    SKIP_OTHER_ROWS(0u)
     const uint b = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
     uint bk = 0u, bi = 0xFFFFFFFFu;
     const uint end = min((b + 1) * BLOCK, pc.vocab);
@@ -375,6 +395,7 @@ uint rank_in_big(uint i, uint n) {
 }
 
 void main() {
+    SKIP_OTHER_ROWS(1u)
     const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks;
     block_top(gl_WorkGroupID.x, tid);
     if (!arrive_last(AOFF, NB)) return;
@@ -581,6 +602,7 @@ float weight(uint key, float top, float inv_t) {
 }
 
 void main() {
+    SKIP_OTHER_ROWS(2u)
     const uint tid = gl_LocalInvocationID.x, NB = pc.n_blocks, blk = gl_WorkGroupID.x;
     sort_block(blk, tid);
     {   // the block's list and the running sums of its weights (each invocation: E entries)

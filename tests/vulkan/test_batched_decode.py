@@ -213,9 +213,9 @@ def test_a_pipelined_run_is_refused_where_its_steps_would_pass_the_context(tiny)
 
 def test_a_buckets_recording_does_not_depend_on_how_many_rows_are_active(tiny):
     """Three and four top-k rows fill the same 4-row bucket: one recording serves both (the pad
-    row samples with the rows' own sampler; before, each active count was a sampler mix of its
-    own, recorded on first use — a scheduler whose row count moves re-recorded within a bucket),
-    and the pad row changes no sequence's draw."""
+    row draws with no sampler; before, each active count was a sampler mix of its own, recorded
+    on first use — a scheduler whose row count moves re-recorded within a bucket), and the pad
+    row changes no sequence's draw."""
     _cpu, vk = tiny
     params = SamplingParams(temperature=0.9, top_k=20, seed=7)
     prompts = [_ids(40 + i, 7) for i in range(4)]
@@ -227,7 +227,47 @@ def test_a_buckets_recording_does_not_depend_on_how_many_rows_are_active(tiny):
     if same_arithmetic(vk):
         assert four[:3] == three
     recorded = [key for key in vk._batch_lists if key[0] == 4]
-    assert recorded == [(4, "sample", (0, 4, 0), False, 0)]
+    assert recorded == [(4, "sample", ("topk",), False, 0)]
+
+
+def test_one_recording_serves_every_split_of_rows_between_samplers(tiny, monkeypatch):
+    """Greedy and top-k rows in one 4-row bucket, split 1 + 2, 2 + 1, 3 + 1 and 1 + 3 over four
+    steps (three then four sequences: a pad row too): the first step records the bucket for
+    {argmax, top-k}, the other splits replay it (recorded per split, a server with greedy and
+    sampled clients re-recorded inside the scheduler's step whenever the split moved), and every
+    row draws what the same position draws alone with its own sampler and seed."""
+    from phoenix_chat.engine.backends.vulkan import backend as backend_mod
+
+    _cpu, vk = tiny
+    greedy, topk = SAMPLERS[0], SAMPLERS[1]
+    prompts = [_ids(60 + s, 9 + s) for s in range(4)]
+    firsts = [vk.prefill_sampled(s, p, 0, topk, 40 + s) for s, p in enumerate(prompts)]
+    splits = [(greedy, topk, topk), (greedy, greedy, topk), (greedy, topk, greedy, greedy), (topk, greedy, topk, topk)]
+    vk.drop_batch_recordings()
+    recorded = []
+    real_record = backend_mod.record_batch
+
+    def counting(*a, **kw):
+        recorded.append(a[2:5])
+        return real_record(*a, **kw)
+
+    monkeypatch.setattr(backend_mod, "record_batch", counting)
+    for k, split in enumerate(splits):
+        steps = [SeqStep(s, firsts[s], len(prompts[s]) + k, params, 40 + s) for s, params in enumerate(split)]
+        drawn = vk.decode_batch_sampled(steps)
+        alone = [vk.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed) for st in steps]
+        if same_arithmetic(vk):
+            assert drawn == alone, f"split {k}"
+        else:  # int8 rows batched, int8 decode alone: greedy ids agree, a sampled one may flip
+            assert [d for d, st in zip(drawn, steps, strict=True) if st.params.greedy] == [
+                a for a, st in zip(alone, steps, strict=True) if st.params.greedy
+            ]
+        for s in range(len(steps)):  # the next step feeds each row's own draw
+            firsts[s] = alone[s]
+        for s in range(len(steps), 4):  # a sequence left out of this step stays one behind
+            firsts[s] = vk.prefill_sampled(s, [firsts[s]], len(prompts[s]) + k, topk, 40 + s)
+    assert recorded == [(4, "sample", ("argmax", "topk"))]
+    assert set(vk._batch_lists) == {(4, "sample", ("argmax", "topk"), False, 0)}
 
 
 def test_a_slot_is_untouched_by_its_neighbours(tiny):
@@ -368,7 +408,7 @@ def test_batched_steps_are_recorded_at_load_for_like_requests(tmp_path, vk_devic
     records nothing (on first use it recorded inside the request). The default is on for GPUs,
     off on CPU devices (load time in tests) and with PHOENIX_VULKAN_PRERECORD=0."""
     from phoenix_chat.engine.backends.vulkan import backend as backend_mod
-    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.backend import PRERECORD_SAMPLER_SETS, VulkanBackend, VulkanOptions
     from phoenix_chat.engine.weights import open_weights
     from tools.make_synthetic_gguf import write
 
@@ -376,7 +416,9 @@ def test_batched_steps_are_recorded_at_load_for_like_requests(tmp_path, vk_devic
     vk = VulkanBackend(w, 32, VulkanOptions(prerecord_batches=True), device=vk_device, slots=5)
     try:
         buckets = sorted({vk.stats()["batch_bucket"][n] for n in range(2, 6)})
-        want = {(B, "sample", mix, False, c) for B in buckets for mix in ((B, 0, 0), (0, B, 0)) for c in (0, 1)}
+        sets = PRERECORD_SAMPLER_SETS
+        want = {(B, "sample", samplers, False, c) for B in buckets for samplers in sets for c in (0, 1)}
+        assert ("argmax", "topk") in PRERECORD_SAMPLER_SETS  # greedy and sampled clients in one batch
         assert set(vk._batch_lists) == want
         assert vk.stats()["batch_prerecord_s"] > 0
         params = SamplingParams(seed=3)  # the default sampler: top-k
@@ -397,7 +439,7 @@ def test_batched_steps_are_recorded_at_load_for_like_requests(tmp_path, vk_devic
         try:
             # lavapipe: a CPU device, no prerecording by default; the env turns a GPU's off too
             expect = env == "1" and not vk.dev.caps.is_software
-            assert any(key[2][1] for key in vk._batch_lists) is expect  # top-k steps: only prerecorded ones
+            assert any("topk" in key[2] for key in vk._batch_lists) is expect  # top-k steps: only prerecorded ones
             assert (vk.stats()["batch_prerecord_s"] > 0) is expect
         finally:
             vk.close()

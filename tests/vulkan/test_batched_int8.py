@@ -216,7 +216,7 @@ def test_each_buckets_step_is_timed_both_ways_and_the_faster_kept(tmp_path, vk_d
             assert {"int8", "mixed"} <= set(t) <= {"int8", "mixed", "f32"} and min(t.values()) > 0, (B, t)
             win = min(t, key=t.__getitem__)
             assert way_of(vk.tuning, B) == win and vk.batch_step_us[B] == t[win]
-            key = (B, "sample", (B, 0, 0), False, 0)
+            key = (B, "sample", ("argmax",), False, 0)
             assert key in vk._batch_lists
             before = set(vk._batch_lists)
             params = SamplingParams(temperature=0.0)

@@ -66,3 +66,39 @@ def test_bench_command_prints_measured_json(vk_device, tiny_path):
     table = cli("bench", "--model", str(tiny_path), "--backend", "cpu", "--prompt-tokens", "8", "--gen-tokens", "2")
     assert table.returncode == 0, table.stderr
     assert "decode_tok_s" in table.stdout and "cpu" in table.stdout
+
+
+def _streams_bench(*extra):
+    """The many-stream bench on the embedded 270M (its scheduler tokenizes: the tiny file has no
+    vocabulary), four streams: the one point's figures."""
+    proc = cli(
+        "bench",
+        "--backend",
+        "vulkan",
+        "--streams",
+        "4",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "6",
+        "--chat-turns",
+        "0",
+        *extra,
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    [point] = json.loads(proc.stdout)["points"]
+    return point
+
+
+def test_bench_streams_mixed_sampling_batches_greedy_and_top_k_rows_in_one_recording(vk_device):
+    """--mixed-sampling: two of the four streams draw greedy on the device and two top-k (the
+    backend's sampler counts), in batched steps recorded once per bucket whatever the split of
+    rows (4 streams joining one by one: buckets 2 and 4; recorded per split it was 3 or more).
+    Without it every stream samples top-k."""
+    mixed = _streams_bench("--mixed-sampling")
+    assert mixed["max_batch"] == 4
+    assert mixed["gpu_sampled"]["argmax"] >= 2 * 6 - 2 and mixed["gpu_sampled"]["topk"] >= 2 * 6 - 2
+    assert 1 <= mixed["batch_recordings"] <= 2
+    plain = _streams_bench()
+    assert plain["gpu_sampled"]["argmax"] == 0 and plain["gpu_sampled"]["topk"] >= 4 * 6 - 4

@@ -45,7 +45,7 @@ from phoenix_chat.engine.backends.vulkan import (
     resident,
 )
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
-from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerMix, fastest_bucket, record_batch
+from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerSet, fastest_bucket, record_batch, sampler_set
 from phoenix_chat.engine.backends.vulkan.device import Device
 from phoenix_chat.engine.backends.vulkan.gemma3_graph import ForwardMode, Gemma3Graph
 from phoenix_chat.engine.backends.vulkan.image_prefill import ImageRows
@@ -79,12 +79,14 @@ __all__ = ["VulkanBackend", "VulkanOptions"]  # VulkanOptions: the facade's cons
 CHAT_PRERECORD_SAMPLERS: tuple[ops_sample.SamplerKind, ...] = ("topk", "argmax")  # the default and greedy
 CHAT_PRERECORD_TOKENS = 128  # a chat's first turns up to this long find their prefill recorded at load
 MAX_RECORDINGS = 24  # a chat's prefill buckets (plan.prefill_bucket) with its sampler, and the full chunk
-MAX_BATCH_RECORDINGS = 32  # batched steps: one per (bucket, sampler mix, penalty) seen lately, two where run pipelined
-SAMPLER_ORDER: tuple[ops_sample.SamplerKind, ...] = ("argmax", "topk", "full")  # rows of a batched step
+MAX_BATCH_RECORDINGS = 48  # batched steps: one per (bucket, samplers, penalty) seen lately, two where run pipelined
+# the samplers a batched step is recorded with at load for every bucket: greedy requests, default
+# (top-k) ones, and both in one batch (a server with greedy and sampled clients)
+PRERECORD_SAMPLER_SETS: tuple[SamplerSet, ...] = (("argmax",), ("topk",), ("argmax", "topk"))
 IN_FLIGHT = 3  # decode steps queued ahead: hides submit-to-start latency on the GPU
-# a recorded batched step: (bucket, mode, sampler mix, penalty, copy: 0, or 1 for the second of
-# the two identical recordings `decode_batch_tokens` keeps in flight)
-BatchKey: TypeAlias = tuple[int, BatchMode, SamplerMix, bool, int]
+# a recorded batched step: (bucket, mode, the samplers its rows draw with, penalty, copy: 0, or 1
+# for the second of the two identical recordings `decode_batch_tokens` keeps in flight)
+BatchKey: TypeAlias = tuple[int, BatchMode, SamplerSet, bool, int]
 
 
 class VulkanBackend(Backend):
@@ -161,6 +163,7 @@ class VulkanBackend(Backend):
         gpu = not caps.is_software
         self.prefill_buckets = chosen(options.prefill_buckets, "PHOENIX_VULKAN_PREFILL_BUCKETS", gpu)
         self.prefill_recordings = 0  # forwards recorded for prefill chunks since load (at load too)
+        self.batch_recordings = 0  # batched steps recorded since load, prerecorded ones too (not clones, not timing)
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
         autotune.tune(
@@ -505,8 +508,8 @@ class VulkanBackend(Backend):
         if len(steps) == 1:
             st = steps[0]
             return self.forward_slot(st.slot, [st.token], st.pos)[None, :]
-        layout = self._write_rows(steps, list(range(len(steps))), "logits")
-        cl = self._batch_recording(len(layout), "logits", (0, 0, 0), False)
+        layout = self._write_rows(steps)
+        cl = self._batch_recording(len(layout), "logits", (), False)
         self._run_batch(cl, steps)
         V = self.config.vocab_size
         logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), batch_logits_stride(V)))
@@ -524,8 +527,8 @@ class VulkanBackend(Backend):
         if len(steps) == 1:
             st = steps[0]
             return [self.prefill_sampled(st.slot, [st.token], st.pos, st.params, st.seed)]
-        B, mix, penalty = self.write_sampled_rows(steps)
-        cl = self._batch_recording(B, "sample", mix, penalty)
+        B, samplers, penalty = self.write_sampled_rows(steps)
+        cl = self._batch_recording(B, "sample", samplers, penalty)
         self._run_batch(cl, steps)
         for st in steps:
             self.sampled[ops_sample.sampler_for(st.params)] += 1
@@ -556,8 +559,8 @@ class VulkanBackend(Backend):
     ) -> Generator[list[int], None, None]:
         if max_steps < 1:
             return
-        B, mix, penalty = self.write_sampled_rows(steps)
-        lists = [self._batch_recording(B, "sample", mix, penalty, copy) for copy in (0, 1)]
+        B, samplers, penalty = self.write_sampled_rows(steps)
+        lists = [self._batch_recording(B, "sample", samplers, penalty, copy) for copy in (0, 1)]
         kinds = [ops_sample.sampler_for(st.params) for st in steps]
         where = [self._slot_fields(st.slot)["tok_base"] + st.pos + 1 for st in steps]
         slot0 = next((st.pos for st in steps if st.slot == 0), None)
@@ -592,28 +595,23 @@ class VulkanBackend(Backend):
         self._check_steps(steps, room=1)
         if len(steps) < 2:
             raise ValueError("profile_batch profiles a batched step of 2+ sequences (profile_step: one)")
-        B, mix, penalty = self.write_sampled_rows(steps)
+        B, samplers, penalty = self.write_sampled_rows(steps)
         rows = self.buffers.rows
         assert rows is not None
-        cl = record_batch(self.graph, rows, B, "sample", mix, penalty, profile=True)
+        cl = record_batch(self.graph, rows, B, "sample", samplers, penalty, profile=True)
         for _ in range(3):  # the first runs warm clocks and caches
             cl.submit(wait=True)
         return profiling.per_op(cl)
 
-    def write_sampled_rows(self, steps: Sequence[SeqStep]) -> tuple[int, SamplerMix, bool]:
-        """Write a sampled step's rows (grouped by sampler): its bucket, sampler mix and whether
-        any row applies a repetition penalty."""
-        kinds = [ops_sample.sampler_for(st.params) for st in steps]
-        order = sorted(range(len(steps)), key=lambda i: SAMPLER_ORDER.index(kinds[i]))
-        # the bucket's pad rows join the most common sampler's rows, so that a bucket's recording
-        # depends on the mix of samplers, not on how many rows are active: 17..32 rows that all
-        # sample top-k replay one recording, not 16 (each recorded on first use, ~0.1-0.3 s on an
-        # H100, and evicting the others' past MAX_BATCH_RECORDINGS)
-        pad_kind = max(SAMPLER_ORDER, key=lambda k: (kinds.count(k), -SAMPLER_ORDER.index(k)))
-        B = len(self._write_rows(steps, order, "sample", pad_kind, kinds))
-        counts = [kinds.count(k) + (B - len(steps) if k == pad_kind else 0) for k in SAMPLER_ORDER]
+    def write_sampled_rows(self, steps: Sequence[SeqStep]) -> tuple[int, SamplerSet, bool]:
+        """Write a sampled step's rows: its bucket, the samplers its rows draw with and whether
+        any row applies a repetition penalty. The recording depends on those only, not on how
+        many rows are active or how they split between the samplers (each row draws in the one
+        its Step selects): recorded per split, a batch whose greedy and sampled rows came and
+        went recorded inside the scheduler's step again and again (~0.1-0.3 s each on an H100)."""
+        B = len(self._write_rows(steps))
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
-        return B, (counts[0], counts[1], counts[2]), penalty
+        return B, sampler_set([ops_sample.sampler_for(st.params) for st in steps]), penalty
 
     def _time_batch_steps(self, options: VulkanOptions) -> str:
         """Each bucket's batched step timed (both ways where it runs both: batch_tuning.py) into
@@ -632,17 +630,17 @@ class VulkanBackend(Backend):
         return ""
 
     def prerecord_batch_steps(self) -> None:
-        """Record now every bucket a batch can run in (`batch_bucket`), for all rows greedy and
-        all rows on the top-k sampler (SamplingParams' default), both copies a pipelined run
+        """Record now every bucket a batch can run in (`batch_bucket`), for the sampler sets of
+        PRERECORD_SAMPLER_SETS (greedy and top-k, SamplingParams' default), both copies a pipelined run
         keeps in flight: recorded on first use, they fell inside users' requests
         (~0.15 s a recording on an H100's host, plus the samplers' pipelines compiled: p99 gaps of
-        88-331 ms between tokens through the scheduler at 2-32 streams). A batch of other mixes
-        still records on its first step."""
+        88-331 ms between tokens through the scheduler at 2-32 streams). A batch with rows on the
+        full sampler or a repetition penalty still records on its first step."""
         t0 = time.perf_counter()
         for B in sorted(set(self.batch_bucket().values())):
-            for mix in ((B, 0, 0), (0, B, 0)):
+            for samplers in PRERECORD_SAMPLER_SETS:
                 for copy in (0, 1):
-                    self._batch_recording(B, "sample", mix, False, copy)
+                    self._batch_recording(B, "sample", samplers, False, copy)
         self.prerecord_seconds += time.perf_counter() - t0
 
     def prerecord_chat(self) -> None:
@@ -671,9 +669,9 @@ class VulkanBackend(Backend):
         self.batch_step_ways = batch_tuning.time_batch_steps(self, both_ways=both_ways)
         self.batch_step_us = {B: min(ways.values()) for B, ways in self.batch_step_ways.items()}
 
-    def adopt_batch_recording(self, B: int, mix: SamplerMix, penalty: bool, cl: CommandList) -> None:
+    def adopt_batch_recording(self, B: int, samplers: SamplerSet, penalty: bool, cl: CommandList) -> None:
         """Cache `cl` as the sampled step of bucket B (batch_tuning recorded and timed it)."""
-        self._keep_batch_list((B, "sample", mix, penalty, 0), cl)
+        self._keep_batch_list((B, "sample", samplers, penalty, 0), cl)
 
     def drop_batch_recordings(self) -> None:
         """Forget the recorded batched steps (each is recorded again on its next use), so that a
@@ -696,34 +694,15 @@ class VulkanBackend(Backend):
             if not 0 <= st.pos < self.context_length - room:
                 raise ValueError(f"slot {st.slot}: position {st.pos} is past the context of {self.context_length}")
 
-    def _write_rows(
-        self,
-        steps: Sequence[SeqStep],
-        order: list[int],
-        mode: BatchMode,
-        pad_kind: ops_sample.SamplerKind = "argmax",
-        kinds: Sequence[ops_sample.SamplerKind] = (),
-    ) -> list[int | None]:
-        """Each row's Step (rows in `order`, grouped by sampler in SAMPLER_ORDER as
-        batch.record_batch expects, the bucket's pad rows at the end of `pad_kind`'s group with
-        that sampler's settings: their draws land in a scratch row of `tokens`) and each
-        sequence's token; returns the rows: the index in `steps` each holds (None: a pad row),
-        as many as the bucket. kinds: each step's sampler ("sample" mode; the caller has them)."""
+    def _write_rows(self, steps: Sequence[SeqStep]) -> list[int | None]:
+        """Each row's Step (the steps in order, then the bucket's pad rows: n_tokens 0, which
+        every kernel of the step skips) and each sequence's token; returns the rows: the index
+        in `steps` each holds (None: a pad row), as many as the bucket."""
         rows = self.buffers.rows
         assert rows is not None
         B = fastest_bucket(len(steps), self.plan.batch_rows, self.batch_step_us)
-        scratch = self.n_slots * self.buffers.tok_stride
-        pad = pack_step(n_tokens=0, tok_base=scratch)
-        cut = 0  # where the pad rows go: after the rows whose sampler comes before pad_kind's too
-        if mode == "sample":
-            if len(kinds) != len(steps):
-                raise ValueError("a sampled step's rows need each step's sampler kind")
-            rank = SAMPLER_ORDER.index(pad_kind)
-            cut = sum(SAMPLER_ORDER.index(kinds[i]) <= rank for i in order)
-            like = next((steps[i] for i in order if kinds[i] == pad_kind), None)
-            if like is not None:
-                pad = pack_step(n_tokens=0, tok_base=scratch, **_sampling_fields(like.params, like.seed))
-        layout: list[int | None] = [*order[:cut], *([None] * (B - len(steps))), *order[cut:]]
+        pad = pack_step(n_tokens=0, tok_base=self.n_slots * self.buffers.tok_stride)  # the scratch row of tokens
+        layout: list[int | None] = [*range(len(steps)), *([None] * (B - len(steps)))]
         mapped = rows.steps.mapped
         assert mapped is not None
         for r, i in enumerate(layout):
@@ -744,15 +723,21 @@ class VulkanBackend(Backend):
         cl.submit(wait=True)
         self.busy.account(cl)
 
-    def _batch_recording(self, B: int, mode: BatchMode, mix: SamplerMix, penalty: bool, copy: int = 0) -> CommandList:
+    def _batch_recording(
+        self, B: int, mode: BatchMode, samplers: SamplerSet, penalty: bool, copy: int = 0
+    ) -> CommandList:
         rows = self.buffers.rows
         assert rows is not None
-        key: BatchKey = (B, mode, mix, penalty, copy)
+        key: BatchKey = (B, mode, samplers, penalty, copy)
         cl = self._batch_lists.get(key)
         if cl is None:
             # a pipelined run's other copy: the same commands, cloned (no graph walk)
-            twin = self._batch_lists.get((B, mode, mix, penalty, 1 - copy))
-            cl = twin.clone() if twin is not None else record_batch(self.graph, rows, B, mode, mix, penalty)
+            twin = self._batch_lists.get((B, mode, samplers, penalty, 1 - copy))
+            if twin is not None:
+                cl = twin.clone()
+            else:
+                self.batch_recordings += 1
+                cl = record_batch(self.graph, rows, B, mode, samplers, penalty)
             self._keep_batch_list(key, cl)
         else:
             self._batch_lists.move_to_end(key)
@@ -860,6 +845,7 @@ class VulkanBackend(Backend):
         # prefill chunks run in their bucket's recording (plan.prefill_bucket) or their own length's
         out["prefill_buckets"] = self.prefill_buckets
         out["prefill_recordings"] = self.prefill_recordings
+        out["batch_recordings"] = self.batch_recordings
         out["chat_prerecord_s"] = round(self.chat_prerecord_seconds, 3)  # 0.0: nothing recorded at load
         if self.plan.batch_rows >= 2:  # each bucket's timed step, and the bucket each batch size runs in
             out["batch_step_us"] = dict(self.batch_step_us)

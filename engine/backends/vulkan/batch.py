@@ -8,20 +8,23 @@ says which ran); the work that depends on a
 sequence reads its row's Step in `BatchRows.steps` (slot, position, seed, sampling values):
 QK-norm + RoPE + KV write into its slot at its position and decode attention over its slot up
 to its position are one dispatch each for all rows (the `_rows` kernels: a workgroup index is
-the row), and so is each sampler for its rows (argmax, top-k, full: the rows are grouped by
-sampler), each row with its own logits and sampler scratch; the embedding and the repetition
-penalty are one dispatch per row. The sampler draws with the row's seed and the Philox counter
+the row), and so is each sampler the rows need (argmax, top-k, full), over every row: a row draws
+in the one its Step selects and the others' workgroups of that row return at once, each row with
+its own logits and sampler scratch; the embedding and the repetition penalty are one dispatch per
+row. The sampler draws with the row's seed and the Philox counter
 of the drawn token's position, so a sequence's ids do not depend on who shares the step. One
 barrier separates each phase.
 
-Recorded once per (bucket, sampler mix) and replayed: the host writes the rows' Steps and
-submits. A bucket is a power of two; its unused rows carry n_tokens 0 (the embedding and the
-KV write skip them) and draw into the pad row of `tokens`, so they change no slot.
+Recorded once per (bucket, set of samplers) and replayed: the host writes the rows' Steps and
+submits, so a batch whose rows move between greedy and sampled requests replays one recording
+(keyed by the split of rows it was recorded once per split, inside the scheduler's step). A
+bucket is a power of two; its unused rows carry n_tokens 0 (the embedding, the KV write and
+every sampler skip them), so they change no slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, TypeAlias
 
 import numpy as np
@@ -37,8 +40,14 @@ from phoenix_chat.engine.backends.vulkan.resident import BatchRows
 
 # what a recorded batched step leaves: every row's logits, or every row's sampled id in `tokens`
 BatchMode: TypeAlias = Literal["logits", "sample"]
-# the samplers of a step's rows, in row order: (argmax rows, top-k rows, full rows)
-SamplerMix: TypeAlias = tuple[int, int, int]
+# the samplers a step's rows draw with, in SAMPLER_ORDER, each once: ("argmax",), ("argmax", "topk"), ...
+SamplerSet: TypeAlias = tuple[ops_sample.SamplerKind, ...]
+SAMPLER_ORDER: SamplerSet = ("argmax", "topk", "full")
+
+
+def sampler_set(kinds: Sequence[ops_sample.SamplerKind]) -> SamplerSet:
+    """The samplers a step of rows with these kinds records (ops_sample.sampler_for's), in order."""
+    return tuple(k for k in SAMPLER_ORDER if k in kinds)
 
 
 def bucket_for(n: int, max_rows: int) -> int:
@@ -72,12 +81,12 @@ def record_batch(
     rows: BatchRows,
     B: int,
     mode: BatchMode,
-    mix: SamplerMix = (0, 0, 0),
+    samplers: SamplerSet = (),
     penalty: bool = False,
     profile: bool = False,
 ) -> CommandList:
-    """One decode step of B rows. mode 'sample': rows [0, mix[0]) draw the argmax, the next
-    mix[1] rows the top-k sampler, the last mix[2] the full sampler (ops_sample.sampler_for);
+    """One decode step of B rows. mode 'sample': each sampler of `samplers` over every row, a row
+    drawing in the one its Step's settings select (ops_sample.sampler_for; shaders/sample.comp);
     penalty: every row's repetition penalty first (a no-op where its rep_penalty is 1).
     profile: a timestamp at every barrier (profiling.profile_batch), never replayed by the engine."""
     cfg, dev, b, w = graph.config, graph.dev, graph.buffers, graph.weights
@@ -197,28 +206,23 @@ def record_batch(
             for r in range(B):
                 ops_sample.repetition_penalty(cl, dev, step(r), (b.logits, r * Vs * f, V * f), b.tokens, vocab=V)
             mark(cl, "penalty")
-        n_argmax, n_topk, _ = mix
-        # the rows of each sampler in one dispatch, each row with its own Step and scratch (rows
-        # past the argmax and top-k ones take the full sampler)
-        for r0, n, kind in (
-            (0, n_argmax, "argmax"),
-            (n_argmax, n_topk, "topk"),
-            (n_argmax + n_topk, B - n_argmax - n_topk, "full"),
-        ):
-            if n <= 0:
-                continue
+        if not samplers:
+            raise ValueError("a sampled batched step needs its rows' samplers")
+        # each sampler in one dispatch over every row (no barrier between: a row is written by
+        # one of them only), each row with its own Step and scratch
+        for kind in samplers:
             ops_sample.sample(
                 cl,
                 dev,
-                (rows.steps, r0 * rows.step_stride, n * rows.step_stride),
-                (b.logits, r0 * Vs * f, (n - 1) * Vs * f + V * f),
-                (rows.cand, r0 * rows.cand_stride, n * rows.cand_stride),
-                (rows.counters, r0 * rows.counters_stride, n * rows.counters_stride),
+                (rows.steps, 0, B * rows.step_stride),
+                (b.logits, 0, (B - 1) * Vs * f + V * f),
+                (rows.cand, 0, B * rows.cand_stride),
+                (rows.counters, 0, B * rows.counters_stride),
                 b.tokens,
                 vocab=V,
                 greedy=kind == "argmax",
                 full=kind == "full",
-                rows=n,
+                rows=B,
                 row_strides=(Vs * f, rows.cand_stride, rows.counters_stride),
             )
     if profile:  # close the last op: the sampler, or the LM head

@@ -69,9 +69,9 @@ def time_batch_steps(backend: VulkanBackend, rounds: int = 2, both_ways: bool = 
         others: list[Way] = [w for w in ("int8", "mixed") if w != first] if backend.int_dot and both_ways else []
         for way in [first, *others]:
             set_way(backend.tuning, B, way)
-            _, mix, penalty = backend.write_sampled_rows(steps[B])  # every row argmax: mix (B, 0, 0)
+            _, samplers, penalty = backend.write_sampled_rows(steps[B])  # every row argmax: ("argmax",)
             graph.few_token_paths.pop(B, None)
-            lists[(B, way)] = record_batch(graph, rows, B, "sample", mix, penalty)
+            lists[(B, way)] = record_batch(graph, rows, B, "sample", samplers, penalty)
             paths[(B, way)] = graph.few_token_paths.pop(B, {})
     best: dict[tuple[int, Way], float] = {}
     try:
@@ -108,6 +108,6 @@ def time_batch_steps(backend: VulkanBackend, rounds: int = 2, both_ways: bool = 
         for w in ways:
             if w != win:
                 lists[(B, w)].destroy()
-        _, mix, penalty = backend.write_sampled_rows(steps[B])
-        backend.adopt_batch_recording(B, mix, penalty, lists[(B, win)])
+        _, samplers, penalty = backend.write_sampled_rows(steps[B])
+        backend.adopt_batch_recording(B, samplers, penalty, lists[(B, win)])
     return out
