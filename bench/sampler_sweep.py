@@ -59,14 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         cand = buffer(R * crow)
         counters = buffer(4 * R, np.zeros(R, np.uint32))
         tokens = buffer(4 * R * TOKENS_PER_ROW, np.zeros(R * TOKENS_PER_ROW, np.uint32))
-        steps = buffer(R * STEP_ROW_BYTES, host=True)
-        rows = np.zeros(R * STEP_ROW_BYTES, np.uint8)
-        for r in range(R):
-            d = pack_step(n_tokens=1, seed=r, top_k=40, temperature=0.8, top_p=0.95, tok_base=r * TOKENS_PER_ROW)
-            rows[r * STEP_ROW_BYTES : r * STEP_ROW_BYTES + len(d)] = np.frombuffer(d, np.uint8)
-        steps.write(rows)
+
+        def step_rows(temperature: float) -> Buffer:
+            """R rows' Steps: a row draws only in the sampler its settings select (sample.comp)."""
+            rows = np.zeros(R * STEP_ROW_BYTES, np.uint8)
+            for r in range(R):
+                d = pack_step(
+                    n_tokens=1, seed=r, top_k=40, temperature=temperature, top_p=0.95, tok_base=r * TOKENS_PER_ROW
+                )
+                rows[r * STEP_ROW_BYTES : r * STEP_ROW_BYTES + len(d)] = np.frombuffer(d, np.uint8)
+            b = buffer(R * STEP_ROW_BYTES, host=True)
+            b.write(rows)
+            return b
+
+        sampled_steps, greedy_steps = step_rows(0.8), step_rows(0.0)
 
         def recorder(wg: int, block: int, greedy: bool = False):
+            steps = greedy_steps if greedy else sampled_steps
+
             def record(cl: CommandList) -> None:
                 sample(
                     cl, dev, steps, lb, cand, counters, tokens, vocab=V, greedy=greedy, advance=False,
