@@ -18,8 +18,8 @@ barrier separates each phase.
 Recorded once per (bucket, set of samplers) and replayed: the host writes the rows' Steps and
 submits, so a batch whose rows move between greedy and sampled requests replays one recording
 (keyed by the split of its rows between the samplers, it was recorded again inside the
-scheduler's step whenever the split moved). A bucket is a power of two; its unused rows carry n_tokens 0 (the embedding, the KV write and
-every sampler skip them), so they change no slot.
+scheduler's step whenever the split moved). A bucket is a power of two; its unused rows carry
+n_tokens 0 (the embedding, the KV write and every sampler skip them), so they change no slot.
 """
 
 from __future__ import annotations
