@@ -508,12 +508,12 @@ class VulkanBackend(Backend):
         if len(steps) == 1:
             st = steps[0]
             return self.forward_slot(st.slot, [st.token], st.pos)[None, :]
-        layout = self._write_rows(steps)
-        cl = self._batch_recording(len(layout), "logits", (), False)
+        B = self._write_rows(steps)
+        cl = self._batch_recording(B, "logits", (), False)
         self._run_batch(cl, steps)
         V = self.config.vocab_size
-        logits = self.dev.download(self.buffers.logits, np.float32, (len(layout), batch_logits_stride(V)))
-        return np.ascontiguousarray(logits[[layout.index(i) for i in range(len(steps))], :V])
+        logits = self.dev.download(self.buffers.logits, np.float32, (B, batch_logits_stride(V)))
+        return np.ascontiguousarray(logits[: len(steps), :V])  # row r is steps[r]
 
     @property
     def max_batch_rows(self) -> int:
@@ -609,7 +609,7 @@ class VulkanBackend(Backend):
         many rows are active or how they split between the samplers (each row draws in the one
         its Step selects): recorded per split, a batch whose greedy and sampled rows came and
         went recorded inside the scheduler's step again and again (~0.1-0.3 s each on an H100)."""
-        B = len(self._write_rows(steps))
+        B = self._write_rows(steps)
         penalty = any(st.params.repetition_penalty != 1.0 for st in steps)
         return B, sampler_set([ops_sample.sampler_for(st.params) for st in steps]), penalty
 
@@ -694,27 +694,25 @@ class VulkanBackend(Backend):
             if not 0 <= st.pos < self.context_length - room:
                 raise ValueError(f"slot {st.slot}: position {st.pos} is past the context of {self.context_length}")
 
-    def _write_rows(self, steps: Sequence[SeqStep]) -> list[int | None]:
-        """Each row's Step (the steps in order, then the bucket's pad rows: n_tokens 0, which
-        every kernel of the step skips) and each sequence's token; returns the rows: the index
-        in `steps` each holds (None: a pad row), as many as the bucket."""
+    def _write_rows(self, steps: Sequence[SeqStep]) -> int:
+        """Row r's Step for steps[r] (and its token), then the bucket's pad rows (n_tokens 0, which
+        every kernel of the step skips); returns the bucket, the rows written."""
         rows = self.buffers.rows
         assert rows is not None
         B = fastest_bucket(len(steps), self.plan.batch_rows, self.batch_step_us)
         pad = pack_step(n_tokens=0, tok_base=self.n_slots * self.buffers.tok_stride)  # the scratch row of tokens
-        layout: list[int | None] = [*range(len(steps)), *([None] * (B - len(steps)))]
         mapped = rows.steps.mapped
         assert mapped is not None
-        for r, i in enumerate(layout):
-            if i is None:
+        for r in range(B):
+            if r >= len(steps):
                 data = pad
             else:
-                st = steps[i]
+                st = steps[r]
                 where = self._slot_fields(st.slot)
                 self.buffers.tokens_view[where["tok_base"] + st.pos] = st.token
                 data = pack_step(pos=st.pos, n_tokens=1, **where, **_sampling_fields(st.params, st.seed))
             mapped[r * rows.step_stride : r * rows.step_stride + STEP_BYTES] = np.frombuffer(data, np.uint8)
-        return layout
+        return B
 
     def _run_batch(self, cl: CommandList, steps: Sequence[SeqStep]) -> None:
         for st in steps:

@@ -82,7 +82,8 @@ def sample(
     """Draw n_draws ids from `logits` into `tokens`: the argmax (greedy), else the top-k sampler,
     or with `full` the sampler for every top_k. cand: scratch_bytes(vocab) bytes; counters: one
     uint32, 0 (the kernel leaves it 0 again, so a recording replays as is).
-    rows > 0: that many rows of a batched step with this sampler, in one dispatch: `step` binds
+    rows > 0: that many rows of a batched step in one dispatch, each drawing here only where its
+    Step's settings select this sampler (a pad row, n_tokens 0, nowhere): `step` binds
     their Steps (STEP_ROW_BYTES apart), and row r's logits, candidates and counter sit
     row_strides = (bytes of logits, of candidates, of counters) after row r - 1's: one dispatch
     and one recording entry for the rows, not one per row (no faster on the H100: a row's top-k
