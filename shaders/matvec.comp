@@ -23,6 +23,13 @@
 // down matvec, so it needs no quantize dispatch. A workgroup whose rows are whole blocks encodes
 // them from shared memory; where 32 / (its rows) workgroups share a block, they count themselves
 // in that block's arrival counter (binding 6) and the last to arrive encodes it.
+// PRO_NORM_ADD / PRO_QUANT (decode, one token, INT_DOT only): x is not read from binding 0 but
+// made by every workgroup itself, in shared memory, from the op before, whose own dispatch and
+// barrier go away: PRO_NORM_ADD runs norm.comp's split norm_add (the four sums over the whole
+// row, then  r = res_in + rmsnorm(pin) * w_post;  x = q8_1 of rmsnorm(r) * w_next;  workgroup 0
+// writes r to res_out), PRO_QUANT quantizes pin. Redundant work per workgroup, so the dispatch
+// strides its row groups over as many workgroups as the host launches (a few hundred, chosen by
+// timing: autotune.choose_prologue). n_cols % 32 == 0, n_cols <= PRO_MAX_BLOCKS * 32 (per kind).
 #include "include/common.glsl"
 #ifdef INT_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -48,9 +55,23 @@ layout(constant_id = 4) const uint NCOLS = 1;
 
 PUSH_CONSTANTS
 
-#ifdef INT_DOT
+#if defined(PRO_NORM_ADD) || defined(PRO_QUANT)
+#define PRO
+#ifndef INT_DOT
+#error "the prologues make q8_1 blocks: INT_DOT only"
+#endif
+#ifdef PRO_NORM_ADD
+#define PRO_MAX_BLOCKS 168u       // matvec.PRO_MAX_COLS["norm_add"] / 32: Gemma 3 27B's hidden size
+shared float h_sh[PRO_MAX_BLOCKS * 32u];   // x in f32, before its q8_1 blocks
+#else
+#define PRO_MAX_BLOCKS 672u       // matvec.PRO_MAX_COLS["quant"] / 32: Gemma 3 27B's 21504-wide down input
+#endif
+shared uint xq[PRO_MAX_BLOCKS * 10u];   // x's q8_1 blocks, made by this workgroup (pro_make_x)
+uvec4 xq4_at(uint i) { return uvec4(xq[4u * i], xq[4u * i + 1u], xq[4u * i + 2u], xq[4u * i + 3u]); }
+#elif defined(INT_DOT)
 layout(binding = 0) readonly buffer X { uint xq[]; };
 layout(binding = 0) readonly buffer X4 { uvec4 xq4[]; };
+#define xq4_at(i) xq4[i]
 #ifdef QUANT_IN_REGS
 layout(binding = 0) readonly buffer XF4 { vec4 xf4[]; };
 #endif
@@ -214,7 +235,7 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
             uint xw[20];
             uint xi = (x_off + 2u * p) * 10u;        // 80 B per pair: uvec4-aligned
             [[unroll]] for (uint k = 0u; k < 5u; k++) {
-                uvec4 v = xq4[(xi >> 2) + k];
+                uvec4 v = xq4_at((xi >> 2) + k);
                 xw[4u * k] = v.x; xw[4u * k + 1u] = v.y; xw[4u * k + 2u] = v.z; xw[4u * k + 3u] = v.w;
             }
 #else
@@ -404,8 +425,7 @@ void main_subgroup_rows_cols() {
 // reduced with subgroupAdd alone: no shared memory, no barrier. Short rows (a few hundred
 // blocks) keep every lane busy this way. Correct for any actual subgroup size, full or partial:
 // a subgroup takes row groups sid, sid + nsg, ... < RG; its lanes stride by subgroup_lanes().
-void main_subgroup_rows() {
-    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+void main_subgroup_rows(const uint group) {
     uint n_chunks = (pc.n_cols + 31u) >> 5;
 #ifdef EPI_GEGLU
     uint total = pc.rows0;
@@ -442,10 +462,9 @@ void main_subgroup_rows() {
     }
 }
 
-void main_thread_rows() {
+void main_thread_rows(const uint group) {
     // each invocation owns ROWS consecutive rows; `accumulate` (stride 1: every chunk) loads x
     // once per block pair or chunk for all of them
-    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
 #ifdef EPI_GEGLU
     uint total = pc.rows0;
@@ -474,8 +493,7 @@ void main_thread_rows() {
     }
 }
 
-void main_cooperative() {
-    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+void main_cooperative(const uint group) {
     uint t = gl_LocalInvocationID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
 #ifdef EPI_GEGLU
@@ -544,17 +562,18 @@ void main_cooperative() {
     }
 }
 
-void main() {
+// One row group's work: its rows of y, then the epilogues that count row groups (the q8_1
+// blocks of y, the rope per head). Uniform over the workgroup.
+void run_group(const uint group) {
     // spec constants: uniform branches; the sub-kernels' early returns end only their own call
 #ifndef INT_DOT
     if (NCOLS > 1u) main_subgroup_rows_cols();
     else
 #endif
-    if (THREAD_ROWS != 0u) main_thread_rows();
-    else if (SUBGROUP_ROWS != 0u) main_subgroup_rows();
-    else main_cooperative();
+    if (THREAD_ROWS != 0u) main_thread_rows(group);
+    else if (SUBGROUP_ROWS != 0u) main_subgroup_rows(group);
+    else main_cooperative(group);
 #ifdef OUT_Q8_1
-    const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     const uint gr = group_rows();       // rows0 is a multiple of 32; gr a multiple or divisor of 32
     if (gr >= 32u) {
         // this workgroup's rows of y are whole q8_1 blocks
@@ -578,9 +597,8 @@ void main() {
 #endif
 #ifdef EPI_ROPE
     {
-        // the workgroups of one head (head_dim / group_rows() of them) count themselves in the
+        // the row groups of one head (head_dim / group_rows() of them) count themselves in the
         // head's counter; the last one runs QK-norm + RoPE (q in place) or the cache write (k, v)
-        const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
         const uint first = group * group_rows();
         if (first < pc.rows0 + pc.rows1 + pc.rows2) {
             const uint D = pc.head_dim, hh = first / D;
@@ -591,6 +609,97 @@ void main() {
             }
         }
     }
+#endif
+}
+
+#ifdef PRO
+#if defined(EPI_NORM) || defined(OUT_Q8_1) || defined(QUANT_IN_REGS)
+#error "a prologue goes with the plain, GEGLU and rope epilogues on q8_1 blocks"
+#endif
+layout(binding = 12) readonly buffer PIN4 { vec4 pin4[]; };
+#ifdef PRO_NORM_ADD
+layout(binding = 13) readonly buffer PRI4 { vec4 pres_in4[]; };
+layout(binding = 14) readonly buffer PW04 { vec4 pw_post4[]; };
+layout(binding = 15) readonly buffer PW14 { vec4 pw_next4[]; };
+layout(binding = 16) writeonly buffer PRO4 { vec4 pres_out4[]; };
+shared vec4 pro_red[64];
+
+// norm.comp's four sums over the whole row (NORM_ADD_SPLIT): S(x^2), S(res^2), S(res*a),
+// S(a^2) with a = x * w_post; two steps' loads in flight per invocation
+vec4 pro_sums(uint n4) {
+    vec4 s = vec4(0.0);
+    for (uint i = gl_LocalInvocationIndex; i < n4; i += 2u * WG) {
+        const uint j = min(i + WG, n4 - 1u);
+        const float keep = i + WG < n4 ? 1.0 : 0.0;
+        const vec4 x0 = pin4[i], r0 = pres_in4[i], w0 = pw_post4[i];
+        const vec4 x1 = pin4[j] * keep, r1 = pres_in4[j] * keep, w1 = pw_post4[j];
+        const vec4 a0 = x0 * w0, a1 = x1 * w1;
+        s += vec4(dot(x0, x0), dot(r0, r0), dot(r0, a0), dot(a0, a0));
+        s += vec4(dot(x1, x1), dot(r1, r1), dot(r1, a1), dot(a1, a1));
+    }
+    s = subgroupAdd(s);
+    if (subgroupElect()) pro_red[gl_SubgroupID] = s;
+    barrier();
+    vec4 t = vec4(0.0);
+    for (uint k = 0u; k < gl_NumSubgroups; k++) t += pro_red[k];
+    return t;
+}
+#endif
+
+// x's q8_1 blocks into shared memory (xq), the same in every workgroup; workgroup 0 also writes
+// the new residual (PRO_NORM_ADD: every invocation's elements i = tid + k * WG, coalesced, into
+// h_sh, then a block per invocation encoded from there)
+void pro_make_x() {
+    const uint n = pc.n_cols, nb = n / 32u, tid = gl_LocalInvocationIndex;
+#ifdef PRO_NORM_ADD
+    const vec4 s = pro_sums(n / 4u);
+    const float inv = inversesqrt(s.x / float(n) + pc.pro_eps);
+    const float ss2 = max(0.0, s.y + 2.0 * inv * s.z + inv * inv * s.w);
+    const float inv2 = inversesqrt(ss2 / float(n) + pc.pro_eps);
+    const bool writer = gl_WorkGroupID.x == 0u && gl_WorkGroupID.y == 0u;
+    for (uint i = tid; i < n / 4u; i += WG) {
+        const vec4 r = pres_in4[i] + pin4[i] * inv * pw_post4[i];
+        if (writer) pres_out4[i] = r;
+        const vec4 o = r * inv2 * pw_next4[i];
+        h_sh[4u * i] = o.x; h_sh[4u * i + 1u] = o.y; h_sh[4u * i + 2u] = o.z; h_sh[4u * i + 3u] = o.w;
+    }
+    barrier();
+#endif
+    for (uint b = tid; b < nb; b += WG) {
+        float v[32];
+#ifdef PRO_NORM_ADD
+        [[unroll]] for (uint k = 0u; k < 32u; k++) v[k] = h_sh[32u * b + k];
+#else
+        [[unroll]] for (uint k = 0u; k < 8u; k++) {
+            const vec4 o = pin4[8u * b + k];
+            v[4u * k] = o.x; v[4u * k + 1u] = o.y; v[4u * k + 2u] = o.z; v[4u * k + 3u] = o.w;
+        }
+#endif
+        uint words[10];
+        q8_1_encode(v, words);
+        [[unroll]] for (uint k = 0u; k < 10u; k++) xq[10u * b + k] = words[k];
+    }
+    barrier();
+}
+#endif
+
+void main() {
+#ifdef PRO
+    // x made here, then the row groups strided over the workgroups launched
+    pro_make_x();
+#ifdef EPI_GEGLU
+    const uint total = pc.rows0;
+#else
+    const uint total = pc.rows0 + pc.rows1 + pc.rows2;
+#endif
+    const uint n_groups = (total + group_rows() - 1u) / group_rows();
+    const uint n_wg = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+    for (uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; group < n_groups; group += n_wg) {
+        run_group(group);
+        barrier();      // the reduction's shared slots are free again
+    }
+#else
+    run_group(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x);
 #endif
 #ifdef EPI_NORM
     if (arrive_last(0u, gl_NumWorkGroups.x * gl_NumWorkGroups.y)) {

@@ -85,12 +85,15 @@ def check_matvec(dev, spec):
 
 
 def test_matvec_epilogues_in_gpu_shapes(vk_device):
-    """The decode fusions (norm tail, QKV + rope) and the multi-column matvec, GPU-shaped;
+    """The decode fusions (norm tail, QKV + rope, prologues) and the multi-column matvec, GPU-shaped;
     the multi-column one also on rows of 2048 columns (more chunks than lanes)."""
     dev = vk_device
     spec = subgroup_rows_spec(dev, 2)
     test_matvec.test_norm_tail_epilogue(dev, spec, False)
     test_matvec.test_qkv_rope_epilogue_matches_matvec_then_rope(dev, spec, False, Q.Q5_0)
+    if dev.caps.int_dot:  # the prologues, strided over 3 workgroups
+        test_matvec.test_prologue_matches_the_dispatch_it_replaces(dev, spec, 3, "norm_add", "geglu", Q.Q4_0)
+        test_matvec.test_prologue_matches_the_dispatch_it_replaces(dev, spec, 3, "quant", None, Q.Q6_K)
     test_matvec.test_several_vectors_in_one_pass_over_the_weights(dev, Q.Q4_K)
     test_matvec.test_several_vectors_on_long_rows(dev, Q.Q8_0)
 
@@ -261,3 +264,24 @@ def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
     ref = float(CPU_PPL) if CPU_PPL else cpu_reference_ppl(weights, ids)
     print(f"perplexity vulkan (GPU shapes) {ppl:.4f} cpu {ref:.4f}")
     assert abs(ppl / ref - 1) < 0.01
+
+
+def test_270m_with_prologues(weights, golden, vk_device):
+    """Decode with the norm_adds and the down's quantize run as the next matvecs' prologues
+    (the int8 path of every reader of h, the row groups strided over 4 workgroups): the same
+    greedy tokens as transformers."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+    backend = VulkanBackend(weights, CTX, VulkanOptions(int_dot=True, autotune=False), device=vk_device)
+    try:
+        t = backend.tuning
+        t.matvec = {k: MatvecChoice(0.0, True, None) for k in ("qkv", "o", "geglu", "down")}
+        t.norm_tail, t.prologue_groups = {"o": False, "down": False}, 4
+        backend.drop_recordings()
+        assert backend.graph.prologues(), backend.graph.prologue_refusal()
+        assert _greedy(backend, golden["capital_prompt_ids"].tolist(), 8) == golden["capital_greedy_ids"][:8].tolist()
+    finally:
+        backend.close()

@@ -223,6 +223,125 @@ def test_tiny_model_int8_paths_match_cpu(tiny, vk_device):
         vk8.close()
 
 
+@pytest.mark.parametrize(
+    "groups,rope,geglu_q8_1,big,down",
+    [
+        (0, True, False, False, True),
+        (2, True, False, True, True),
+        (3, False, False, False, True),
+        (2, True, True, False, True),
+        (2, True, False, False, False),
+    ],
+    ids=["one_per_group", "strided_big_workgroups", "qkv_without_rope", "geglu_writes_q8_1", "down_apart"],
+)
+def test_tiny_model_decode_with_prologues_matches_cpu(tiny, vk_device, groups, rope, geglu_q8_1, big, down):
+    """Decode with each norm_add and the down's quantize run by the matvec after them
+    (tuning.prologue_groups: the QKV (with or without the rope epilogue) and the GEGLU make h
+    from the norm_add, the down its q8_1 input) matches the CPU and the same backend with the
+    separate dispatches, token by token past the prompt; the step has 3 dispatches a layer
+    fewer, the last layer's norm_add kept (2 where the separate path's GEGLU wrote down's
+    q8_1 input: with prologues the down quantizes it instead). `big`: the prologue matvecs in
+    autotune.prologue_specs' shape (the biggest workgroup, up to 64 subgroups) instead of their tuned shapes;
+    `down` False: the down's quantize stays a dispatch (2 fewer a layer)."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    from phoenix_chat.engine.backends.vulkan import autotune
+    from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.matvec import default_spec
+
+    cpu, vk = tiny
+    vk8 = VulkanBackend(vk.weights_source, 64, VulkanOptions(int_dot=True, autotune=True), device=vk_device)
+    try:
+        t = vk8.tuning
+        t.matvec = {k: MatvecChoice(0.0, True, None) for k in ("qkv", "o", "geglu", "down", "lm")}
+        t.norm_tail = {"o": False, "down": False}
+        t.qkv_rope = (True, default_spec(vk_device)) if rope else None
+        t.geglu_q8_1 = (True, default_spec(vk_device)) if geglu_q8_1 else None
+        t.prologue_spec = autotune.prologue_specs(vk_device.caps)[0] if big else None
+        t.prologue_down = down
+        ids = [2, 9, 311, 4000, 12, 99, 7, 1234]
+        ref = cpu.forward(ids, 0, all_logits=True)
+        runs, profiles = [], []
+        for g in (None, groups):
+            t.prologue_groups = g
+            vk8.drop_recordings()
+            assert vk8.graph.prologues() == (g is not None)
+            vk8.forward(ids[:3], 0)
+            runs.append(np.stack([vk8.forward([tok], p) for p, tok in enumerate(ids[3:], start=3)]))
+            profiles.append(profile_step(vk8))
+        off, on = runs
+        assert (on.argmax(-1) == ref[3:].argmax(-1)).all()
+        np.testing.assert_allclose(on, ref[3:], atol=0.1 * np.abs(ref).max())
+        np.testing.assert_allclose(on, off, atol=2e-3 * np.abs(off).max())
+        layers = vk8.config.num_layers
+        fewer = (2 if geglu_q8_1 or not down else 3) * layers - 1
+        assert profiles[0]["dispatches"] - profiles[1]["dispatches"] == fewer
+        assert profiles[1]["norm_add+gate_up_geglu"] > 0 and profiles[1]["norm_add"] > 0  # the last layer's
+        assert vk8.stats()["prologue_groups"] == groups
+    finally:
+        vk8.close()
+
+
+def test_the_load_time_choice_times_decode_steps_with_and_without_prologues(tiny, vk_device, monkeypatch):
+    """choose_prologue times whole decode steps, separate dispatches against the prologues at
+    each grid size, and keeps the prologues only where a step was 2 % faster, saying why not
+    otherwise; PHOENIX_VULKAN_PROLOGUE=0 refuses them untimed."""
+    if not vk_device.caps.int_dot:
+        pytest.skip("no shaderIntegerDotProduct")
+    from phoenix_chat.engine.backends.vulkan import autotune
+    from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+    _cpu, vk = tiny
+    vk8 = VulkanBackend(vk.weights_source, 64, VulkanOptions(int_dot=True, autotune=True), device=vk_device)
+    try:
+        t = vk8.tuning
+        t.matvec = {k: MatvecChoice(0.0, True, None) for k in ("qkv", "o", "geglu", "down", "lm")}
+        t.norm_tail = {"o": True, "down": False}
+        autotune.choose_prologue(vk8.graph)
+        times = t.prologue_timing
+        shapes = {
+            f"{g}x{s['WG']}{'' if down else ',down apart'}": (g, s, down)
+            for s in autotune.prologue_specs(vk_device.caps)
+            for g in autotune.PROLOGUE_GROUPS
+            for down in (True, False)
+        }
+        assert set(times) == {"off", *shapes} and len(shapes) >= 3 and min(times.values()) > 0
+        best = min(shapes, key=times.__getitem__)
+        if times[best] < times["off"] * autotune.PROLOGUE_MARGIN:
+            assert (t.prologue_groups, t.prologue_spec, t.prologue_down) == shapes[best]
+            assert t.norm_tail == {"o": False, "down": False}
+            assert vk8.graph.prologues() and not t.prologue_note
+        else:
+            assert t.prologue_groups is None and "timed faster" in t.prologue_note
+            assert t.norm_tail == {"o": True, "down": False}  # as it was
+        assert vk8.stats()["prologue_timing"] == times
+        monkeypatch.setenv("PHOENIX_VULKAN_PROLOGUE", "0")
+        autotune.choose_prologue(vk8.graph)
+        assert t.prologue_groups is None and not t.prologue_timing and "refused" in t.prologue_note
+        # a reader of h off the q8_1 path: not applicable, and why
+        monkeypatch.delenv("PHOENIX_VULKAN_PROLOGUE")
+        t.matvec["geglu"] = MatvecChoice(0.0, False, None)
+        autotune.choose_prologue(vk8.graph)
+        assert t.prologue_groups is None and "geglu matvec does not read q8_1 blocks" in t.prologue_note
+    finally:
+        vk8.close()
+
+
+def test_prologues_refused_where_a_norm_tail_runs(tiny):
+    """A norm run as the o matvec's tail cannot also be the GEGLU's prologue: refused, saying so."""
+    _cpu, vk = tiny
+    saved = (vk.tuning.prologue_groups, dict(vk.tuning.norm_tail))
+    try:
+        vk.tuning.prologue_groups = 0
+        vk.tuning.norm_tail = {"o": True, "down": False}
+        assert not vk.graph.prologues()
+        assert "norm tail" in vk.graph.prologue_refusal()
+    finally:
+        vk.tuning.prologue_groups, vk.tuning.norm_tail = saved
+
+
 @pytest.mark.parametrize("quant", ["q8_0", "f16", "q4_0", "q4_1", "q5_1"])
 def test_tiny_model_requantized_on_load(tiny, vk_device, quant):
     """--quant re-quantizes every matrix on load; Q8_0/F16 of Q4_0 weights are nearly lossless,

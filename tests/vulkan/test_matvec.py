@@ -598,3 +598,87 @@ def test_several_vectors_on_long_rows(vk_device, qtype=Q.Q8_0):
     g, up = x.astype(np.float64) @ ref.T, x.astype(np.float64) @ ref_u.T
     want = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * up
     assert nmse(dev.download(yb, np.float32, (n, 40)).astype(np.float64), want) < F32_NMSE
+
+
+@pytest.mark.parametrize("groups", [0, 1, 3], ids=["one_per_group", "one_workgroup", "three"])
+@SPECS
+@pytest.mark.parametrize(
+    "kind,epilogue,qtype",
+    [
+        ("norm_add", None, Q.Q8_0),
+        ("norm_add", "geglu", Q.Q4_0),
+        ("norm_add", None, Q.Q4_K),
+        ("quant", None, Q.Q6_K),
+    ],
+    ids=["norm_add-q8_0", "norm_add-geglu-q4_0", "norm_add-q4_k", "quant-q6_k"],
+)
+def test_prologue_matches_the_dispatch_it_replaces(vk_device, spec, groups, kind, epilogue, qtype):
+    """A decode matvec whose workgroups make their q8_1 x themselves (matvec.Prologue): the split
+    norm_add (res_out = res_in + rmsnorm(pin) * w_post, x = rmsnorm(res_out) * w_next) or the
+    quantize of pin, then the product, with the row groups strided over `groups` workgroups,
+    gives what the separate dispatch, a barrier and the int8 matvec give: y, and the new residual
+    written once (res_in untouched)."""
+    from phoenix_chat.engine.backends.vulkan.matvec import Prologue
+    from phoenix_chat.engine.backends.vulkan.ops_norm import norm_add_split
+
+    dev = vk_device
+    if not dev.caps.int_dot:
+        pytest.skip(f"{dev.name} has no shaderIntegerDotProduct")
+    rows, cols, eps = 70, 1280, 1e-6  # 1280: whole K-quant super-blocks, not a multiple of 64 blocks
+    n_mats = 2 if epilogue == "geglu" else 1
+    parts = [make_weights(qtype, rows, cols, seed=40 + i) for i in range(n_mats)]
+    mats = [WeightMatrix.upload(dev, raw, qtype, ref.shape) for raw, ref in parts]
+    rng = np.random.default_rng(41)
+    pin = (rng.standard_normal(cols) * 5).astype(np.float32)
+    res_in = (rng.standard_normal(cols) * 300).astype(np.float32)
+    w_post = (1 + rng.standard_normal(cols) * 0.1).astype(np.float32)
+    w_next = (1 + rng.standard_normal(cols) * 0.1).astype(np.float32)
+
+    def buf(a):
+        b = dev.buffer(a.nbytes)
+        dev.upload(b, a)
+        return b
+
+    bp, bri, bwp, bwn = buf(pin), buf(res_in), buf(w_post), buf(w_next)
+    y_sep, y_pro = dev.buffer(rows * 4), dev.buffer(rows * 4)
+    h, hq, ro_sep, ro_pro = (
+        dev.buffer(cols * 4),
+        dev.buffer(q8_1_bytes(cols)),
+        dev.buffer(cols * 4),
+        dev.buffer(cols * 4),
+    )
+    cl = dev.commands()
+    if kind == "norm_add":
+        norm_add_split(cl, dev, bp, bwp, bri, bwn, h, ro_sep, n=cols, eps=eps, q=hq)
+    else:
+        record_quantize(cl, dev, bp, hq, cols)
+    cl.barrier()
+    record_matvec(cl, dev, mats, hq, y_sep, epilogue=epilogue, int_dot=True, spec=spec)
+    cl.barrier()
+    pro = Prologue(kind, bp, groups, bri, bwp, bwn, ro_pro, eps) if kind == "norm_add" else Prologue(kind, bp, groups)
+    record_matvec(cl, dev, mats, dummy_x := dev.buffer(16), y_pro, epilogue=epilogue, int_dot=True, spec=spec, pro=pro)
+    cl.submit()
+    want, got = dev.download(y_sep, np.float32, (rows,)), dev.download(y_pro, np.float32, (rows,))
+    # the prologue's sums run in another order than norm.comp's: the blocks may differ by a
+    # rounding step here and there, so close (int8 rounding) rather than equal
+    assert nmse(got.astype(np.float64), want.astype(np.float64)) < INT8_NMSE / 20
+    assert np.abs(want).max() > 1.0
+    # against numpy too
+    if kind == "norm_add":
+        r = res_in.astype(np.float64) + _rmsnorm(pin.astype(np.float64), w_post, eps)
+        x = _rmsnorm(r, w_next, eps)
+        np.testing.assert_allclose(dev.download(ro_pro, np.float32, (cols,)), r, rtol=1e-5, atol=1e-3)
+        np.testing.assert_array_equal(dev.download(bri, np.float32, (cols,)), res_in)
+    else:
+        x = pin.astype(np.float64)
+    ref = [p[1] @ x for p in parts]
+    if epilogue == "geglu":
+        g, u = ref
+        ref_y = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+    else:
+        ref_y = ref[0]
+    assert nmse(got.astype(np.float64), ref_y) < INT8_NMSE * 4
+    cl.destroy()
+    dummy_x.destroy()
+    for m in mats:
+        m.tensor.buffer.destroy()

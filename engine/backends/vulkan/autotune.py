@@ -4,7 +4,8 @@ On GPUs the matvec path (f32 / int8 / int8 quantized in registers) and workgroup
 chosen per matrix shape (`autotune_matvecs`), then the decode fusions across ops (the GEGLU
 writing down's q8_1 input, the QKV matvec running the rope: `choose_geglu_q8_1`,
 `choose_qkv_rope`) and the path of forwards of a few tokens and of the batched decode step
-(`choose_few_token_path`: GEMM, f32 or int8 multi-column matvec), each by
+(`choose_few_token_path`: GEMM, f32 or int8 multi-column matvec), and whether decode's
+norm_adds run as the next matvec's prologue (`choose_prologue`), each by
 timing the candidates on the model's own matrices. Untuned devices (CPU Vulkan) keep the
 defaults and take each fusion wherever it applies. The graph (gemma3_graph.py) reads the record;
 these functions record candidates through the graph's public methods.
@@ -83,6 +84,14 @@ class Tuning:
     # RoPE + the KV write (no rope dispatch), or None
     qkv_rope: tuple[IntDot, Spec] | None = None
     qkv_rope_timing: dict[str, float] = field(default_factory=dict)
+    # decode: the norm_adds and the down's quantize run by the matvecs after them (matvec.Prologue)
+    # with this many workgroups striding over each such matvec's rows (0: one per row group),
+    # or None: separate dispatches (`choose_prologue`)
+    prologue_groups: int | None = None
+    prologue_spec: Spec | None = None  # their workgroup shape (None: each matvec's tuned one)
+    prologue_down: bool = True  # the down quantizes its input too (else a quantize dispatch)
+    prologue_timing: dict[str, float] = field(default_factory=dict)  # "off" / "<groups>" -> µs a decode step
+    prologue_note: str = ""  # why the prologues were not timed or not taken
     # token counts (2..MAX_COLUMNS) whose forwards take the f32 multi-column matvecs, not the GEMMs
     few_token_matvec: frozenset[int] = frozenset()
     # token counts (2..FEW_TOKENS) whose forwards (and batched decode steps of that many rows)
@@ -164,6 +173,13 @@ class Tuning:
         out["qkv_rope"] = None if self.qkv_rope is None else {"int8": self.qkv_rope[0], **self.qkv_rope[1]}
         if self.qkv_rope_timing:
             out["qkv_rope_timing"] = self.qkv_rope_timing
+        out["prologue_groups"] = self.prologue_groups
+        out["prologue_spec"] = self.prologue_spec
+        out["prologue_down"] = self.prologue_down
+        if self.prologue_timing:
+            out["prologue_timing"] = self.prologue_timing
+        if self.prologue_note:
+            out["prologue_note"] = self.prologue_note
         out["geglu_q8_1"] = None if self.geglu_q8_1 is None else {"int8": self.geglu_q8_1[0], **self.geglu_q8_1[1]}
         if self.geglu_q8_1_timing:
             out["geglu_q8_1_timing"] = self.geglu_q8_1_timing
@@ -221,6 +237,84 @@ def tune(graph: Gemma3Graph, *, time_matvecs: bool) -> None:
         autotune_matvecs(graph)
     graph.tuning.geglu_q8_1 = choose_geglu_q8_1(graph)
     graph.tuning.qkv_rope = choose_qkv_rope(graph)
+    choose_prologue(graph)
+
+
+# workgroups a matvec with a prologue is launched with, timed at load: each workgroup redoes the
+# norm over the whole row, so a few big ones striding over the rows (bench.persistent_chain on an
+# H100: 132-528 of 512 invocations). On an H200 (27B) one per row group of the tuned
+# 128-invocation shapes made a step 4.8x slower; of the 512- and 1024-invocation shapes at 64-512
+# workgroups the 1024 ones at 128 came closest, 7-11 % slower than the separate dispatches.
+PROLOGUE_GROUPS = (64, 128, 256)
+PROLOGUE_MARGIN = 0.98  # taken where a decode step times at least 2 % faster
+
+
+def prologue_specs(caps: Capabilities) -> list[Spec]:
+    """The workgroup shape timed for the matvecs with a prologue: as many invocations as the
+    device allows, up to 1024 and 64 subgroups, each subgroup owning its rows, 32 rows a group
+    (64 at 8-lane subgroups)."""
+    sg = max(8, min(64, caps.subgroup_size))
+    wg = min(1024, caps.max_workgroup_invocations, 64 * sg)
+    n_sg = wg // sg
+    return [{"WG": wg, "ROWS": max(1, 32 // n_sg), "THREAD_ROWS": 0, "SUBGROUP_ROWS": n_sg}]
+
+
+def choose_prologue(graph: Gemma3Graph) -> None:
+    """Decode's norm_adds and the down's quantize as the prologues of the matvecs after them
+    (matvec.Prologue: 3 dispatches and barriers a layer fewer) or as dispatches of their own:
+    decode steps of TUNE_LAYERS layers (all 62 of a 27B cost seconds of recording at load) timed
+    both ways, the prologues with each of PROLOGUE_GROUPS and `prologue_specs`, the down's
+    quantize folded or not, on tuned devices. Sets tuning.prologue_groups (None: separate),
+    prologue_spec and prologue_down, and says in prologue_note why none is taken. A norm run as
+    a matvec's tail (tuning.norm_tail) gives way to the prologues where they win.
+    PHOENIX_VULKAN_PROLOGUE=0 refuses them (for comparisons)."""
+    tuning, dev = graph.tuning, graph.dev
+    tuning.prologue_groups, tuning.prologue_timing = None, {}
+    if os.environ.get("PHOENIX_VULKAN_PROLOGUE") == "0":
+        tuning.prologue_note = "refused (PHOENIX_VULKAN_PROLOGUE=0)"
+        return
+    if "o" not in tuning.matvec:
+        tuning.prologue_note = "not timed on an untuned device: separate dispatches"
+        return
+    tails = dict(tuning.norm_tail)
+    folded = {**tails, "o": False, "down": False}
+    tuning.norm_tail, tuning.prologue_groups = folded, 0
+    why = graph.prologue_refusal()
+    tuning.norm_tail, tuning.prologue_groups = tails, None
+    if why:
+        tuning.prologue_note = f"not applicable: {why}"
+        return
+
+    Shape = tuple[int | None, Spec | None, bool]  # groups, spec, down folded
+
+    def step(shape: Shape, norm_tail: dict[str, bool]) -> Callable[[CommandList], None]:
+        def record(cl: CommandList) -> None:
+            tuning.prologue_groups, tuning.prologue_spec, tuning.prologue_down = shape
+            tuning.norm_tail = norm_tail
+            graph.record_decode_layers(cl, TUNE_LAYERS)
+
+        return record
+
+    shapes: dict[str, Shape] = {
+        f"{g}x{s['WG']}{'' if down else ',down apart'}": (g, s, down)
+        for s in prologue_specs(dev.caps)
+        for g in PROLOGUE_GROUPS
+        for down in (True, False)
+    }
+    records = {"off": step((None, None, True), tails), **{k: step(sh, folded) for k, sh in shapes.items()}}
+    write_step(graph.buffers.step, pos=min(graph.context_length - 1, 512), n_tokens=1)
+    try:
+        times = timing.time_many(dev, records, reps=6)
+    finally:
+        tuning.prologue_groups, tuning.prologue_spec, tuning.prologue_down = None, None, True
+        tuning.norm_tail = tails
+    tuning.prologue_timing = {k: round(us, 1) for k, us in times.items()}
+    best = min(shapes, key=times.__getitem__)
+    if times[best] < times["off"] * PROLOGUE_MARGIN:
+        tuning.prologue_groups, tuning.prologue_spec, tuning.prologue_down = shapes[best]
+        tuning.norm_tail, tuning.prologue_note = folded, ""
+    else:
+        tuning.prologue_note = f"separate dispatches timed faster ({times['off']:.0f} against {times[best]:.0f} µs)"
 
 
 def tuning_layers(graph: Gemma3Graph, pick: Callable[[Layer], list[WeightMatrix]]) -> list[int]:

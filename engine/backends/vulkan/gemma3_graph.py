@@ -17,7 +17,11 @@ which moves the residual between `x` and `x_alt`. Where the matvec reading h
 (QKV, gate/up, LM head) takes the q8_1 int8 path, that norm_add (or the first norm) also writes
 h's q8_1 blocks into `hq`, so those matvecs need no quantize dispatch; likewise attention writes
 its output's q8_1 blocks into `attnq` for an int8 o matvec, and the GEGLU its output's into
-`mlpq` for an int8 down matvec (`geglu_q8_1`, where timing says it pays). Prefill (T > 1) runs GEMMs and
+`mlpq` for an int8 down matvec (`geglu_q8_1`, where timing says it pays). Where timing says so
+(`tuning.prologue_groups`, autotune.choose_prologue) each norm_add is instead the prologue of the
+matvec reading h (the GEGLU, the next layer's QKV: its workgroups run it themselves, `Prologue`)
+and the down quantizes its own input: QKV B attention B o B gate/up B down B, the last layer's
+norm_add apart. Prefill (T > 1) runs GEMMs and
 separate norm_add dispatches. Which path each matvec takes is the `Tuning` record's (autotune.py).
 """
 
@@ -46,12 +50,18 @@ from phoenix_chat.engine.backends.vulkan.matvec import (
     MAX_COLUMNS,
     REGS_SPEC,
     NormTail,
+    Prologue,
     RopeTail,
     WeightMatrix,
+    default_spec,
+    dummy,
     fusable,
+    prologue_ok,
     q8_1_bytes,
     record_matvec,
     record_quantize,
+    rope_tail_ok,
+    rows_per_group,
 )
 from phoenix_chat.engine.backends.vulkan.matvec_cols import cols_ok, record_matvec_cols
 from phoenix_chat.engine.backends.vulkan.memory import Buffer
@@ -142,6 +152,11 @@ class Gemma3Graph:
             cl.busy_timed = True
         return cl.end()
 
+    def record_decode_layers(self, cl: CommandList, n_layers: int | None = None) -> None:
+        """One decode token's first `n_layers` layers (all: None) into `cl`, no LM head or
+        sampler (autotune's step timing)."""
+        self._record_body(cl, 1, "none", greedy=True, penalty=False, n_layers=n_layers)
+
     def _record_body(
         self,
         cl: CommandList,
@@ -151,8 +166,10 @@ class Gemma3Graph:
         penalty: bool,
         full_sampler: bool = False,
         images: ImageRows | None = None,
+        n_layers: int | None = None,
     ) -> None:
         cfg, dev, b, w = self.config, self.dev, self.buffers, self.weights
+        layers = w.layers[:n_layers]  # all but for autotune's timing of a few
         eps = cfg.rms_norm_eps
         H = cfg.hidden_size
         tuning = self.tuning
@@ -184,21 +201,28 @@ class Gemma3Graph:
         ops_norm.norm(cl, dev, b.x, w.layers[0].norms["input_layernorm"], b.h, rows=T, n=H, eps=eps, q=hq)
         open_op = "norm"  # the op the next barrier closes (profile label)
         res = b.x  # the buffer holding the residual stream (decode alternates)
-        for i, L in enumerate(w.layers):
+        # decode with prologues: each norm_add (and the down's quantize: the GEGLU then writes
+        # no q8_1 blocks) is run by the matvec after it, in its workgroups (matvec.Prologue);
+        # `pending` is the one the next reader of h runs
+        fold = dec and self.prologues()
+        pending: Prologue | None = None
+        for i, L in enumerate(layers):
             mark(cl, open_op)
+            pre = "norm_add+" if pending is not None else ""
             if (
                 dec
                 and tuning.qkv_rope is not None
                 and self.qkv_fused(L)
                 and self.path(L.qkv, "qkv")[0] == tuning.qkv_rope[0]
             ):
-                self._qkv(cl, L, T, hq=hq, rope=self.rope_tail(i))
-                mark(cl, "qkv+rope_kv")
+                self._qkv(cl, L, T, hq=hq, rope=self.rope_tail(i), pro=pending)
+                mark(cl, pre + "qkv+rope_kv")
             else:
-                self._qkv(cl, L, T, hq=hq)
-                mark(cl, "qkv")
+                self._qkv(cl, L, T, hq=hq, pro=pending)
+                mark(cl, pre + "qkv")
                 self.rope_kv(cl, i, T)
                 mark(cl, "rope_kv")
+            pending = None
             window = 0 if L.is_global else cfg.sliding_window
             attnq = self._attn_q8_1(L) if dec else None  # the int8 o matvec's input blocks
             if T == 1:
@@ -245,23 +269,30 @@ class Gemma3Graph:
             mark(cl, "attention")
             # o-proj + (x += norm(o); h = norm(x)): one dispatch in decode
             hq = self._h_q8_1([L.gate, L.up], "geglu") if dec else None
-            open_op, res = self._mv_norm_add(
-                cl,
-                L.o,
-                b.attn,
-                T=T,
-                x_cols=cfg.q_dim,
-                key="o",
-                label="o_proj",
-                w_post=L.norms["post_attention_layernorm"],
-                w_next=L.norms["pre_feedforward_layernorm"],
-                res=res,
-                hq=hq,
-                xq=attnq,
-            )
+            if fold:  # the norm_add goes to the GEGLU's prologue
+                self.mv(cl, [L.o], b.attn, b.o, T=1, x_cols=cfg.q_dim, y_cols=H, key="o", xq=attnq)
+                pending, res = self._norm_add_prologue(
+                    L.norms["post_attention_layernorm"], L.norms["pre_feedforward_layernorm"], res
+                )
+                open_op = "o_proj"
+            else:
+                open_op, res = self._mv_norm_add(
+                    cl,
+                    L.o,
+                    b.attn,
+                    T=T,
+                    x_cols=cfg.q_dim,
+                    key="o",
+                    label="o_proj",
+                    w_post=L.norms["post_attention_layernorm"],
+                    w_next=L.norms["pre_feedforward_layernorm"],
+                    res=res,
+                    hq=hq,
+                    xq=attnq,
+                )
             mark(cl, open_op)
             mlpq: Buffer | None = None
-            if dec and tuning.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
+            if dec and not fold and tuning.geglu_q8_1 is not None and self._geglu_q8_1_applies(L):
                 mlpq = b.mlpq  # the int8 down matvec's input blocks, from the GEGLU itself
                 self.mv(
                     cl,
@@ -288,12 +319,34 @@ class Gemma3Graph:
                     epilogue="geglu",
                     key="geglu",
                     xq=hq,
+                    pro=pending,
                 )
-            mark(cl, "gate_up_geglu")
-            if i + 1 < len(w.layers):
-                nxt, hq = w.layers[i + 1].norms["input_layernorm"], qkv_hq(w.layers[i + 1])
+            mark(cl, ("norm_add+" if pending is not None else "") + "gate_up_geglu")
+            pending = None
+            if i + 1 < len(layers):
+                nxt, hq = layers[i + 1].norms["input_layernorm"], qkv_hq(layers[i + 1])
             else:  # the lm head reads one row of h (the last token's), through the int8 path or not
                 nxt, hq = w.final_norm, (self._h_q8_1([w.lm_head], "lm") if mode in ("last", "sample") else None)
+            # the down's input quantized by its own workgroups, where the GEGLU did not write it
+            down_pro = None
+            if fold and tuning.prologue_down and mlpq is None:
+                down_pro = Prologue("quant", b.mlp, tuning.prologue_groups or 0)
+            if fold and i + 1 < len(layers):  # the norm_add goes to the next QKV's prologue
+                self.mv(
+                    cl,
+                    [L.down],
+                    b.mlp,
+                    b.o,
+                    T=1,
+                    x_cols=cfg.intermediate_size,
+                    y_cols=H,
+                    key="down",
+                    xq=mlpq,
+                    pro=down_pro,
+                )
+                pending, res = self._norm_add_prologue(L.norms["post_feedforward_layernorm"], nxt, res)
+                open_op = ("quantize+" if down_pro is not None else "") + "down"
+                continue
             open_op, res = self._mv_norm_add(
                 cl,
                 L.down,
@@ -301,12 +354,13 @@ class Gemma3Graph:
                 T=T,
                 x_cols=cfg.intermediate_size,
                 key="down",
-                label="down",
+                label=("quantize+" if down_pro is not None else "") + "down",
                 w_post=L.norms["post_feedforward_layernorm"],
                 w_next=nxt,
                 res=res,
                 hq=hq,
                 xq=mlpq,
+                pro=down_pro,
             )
         mark(cl, open_op)
         V = cfg.vocab_size
@@ -337,8 +391,17 @@ class Gemma3Graph:
 
     # ---- the attention half ----------------------------------------------------------------
 
-    def _qkv(self, cl: CommandList, L: Layer, T: int, hq: Buffer | None = None, rope: RopeTail | None = None) -> None:
-        """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope."""
+    def _qkv(
+        self,
+        cl: CommandList,
+        L: Layer,
+        T: int,
+        hq: Buffer | None = None,
+        rope: RopeTail | None = None,
+        pro: Prologue | None = None,
+    ) -> None:
+        """qkv = [q; k; v] h. rope (decode): the fused matvec also runs each head's rope.
+        pro (decode, fused): h is made by its workgroups (the norm_add before)."""
         cfg, b = self.config, self.buffers
         q, k, v = L.qkv
         if rope is not None:
@@ -355,11 +418,13 @@ class Gemma3Graph:
                 force=qkv_rope,
                 xq=hq if qkv_rope[0] is True else None,
                 rope=rope,
+                pro=pro,
             )
             return
         if self.qkv_fused(L):
-            self.mv(cl, L.qkv, b.h, b.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv", xq=hq)
+            self.mv(cl, L.qkv, b.h, b.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim, key="qkv", xq=hq, pro=pro)
             return
+        assert pro is None
         if T > 1:
             self.mv(cl, L.qkv, b.h, b.qkv, T=T, x_cols=cfg.hidden_size, y_cols=self.qkv_dim)
             return
@@ -481,6 +546,7 @@ class Gemma3Graph:
         tail: NormTail | None = None,
         y_q8_1: Buffer | None = None,
         rope: RopeTail | None = None,
+        pro: Prologue | None = None,
     ) -> None:
         """One (possibly fused) matvec over T tokens, through the int8 path where it applies;
         several tokens go through the tiled GEMM (weights read once per 64 tokens).
@@ -489,7 +555,8 @@ class Gemma3Graph:
         offsets): the int8 path reads them instead of recording a quantize dispatch.
         tail: a NormTail run by the matvec's last workgroup (T == 1, one matrix in one binding).
         y_q8_1: with epilogue "geglu_q8_1", where the GEGLU writes y's q8_1 blocks.
-        rope: a RopeTail run per head after the fused decode QKV (epilogue "rope")."""
+        rope: a RopeTail run per head after the fused decode QKV (epilogue "rope").
+        pro: x made by the matvec's workgroups (matvec.Prologue; decode, the q8_1 int8 path)."""
         b = self.buffers
         arrival = b.block_arrival if epilogue == "geglu_q8_1" else None
         if tail is not None:
@@ -568,6 +635,13 @@ class Gemma3Graph:
             group.finish(cl)
             return
         int_dot, spec = force if force is not None else self.path(mats, key)
+        if pro is not None:
+            assert T == 1 and int_dot is True
+            spec = self.tuning.prologue_spec or spec
+            record_matvec(
+                cl, self.dev, mats, dummy(self.dev), y, epilogue=epilogue, int_dot=True, spec=spec, rope=rope, pro=pro
+            )
+            return
         if int_dot == "regs":
             if spec is None or spec.get("THREAD_ROWS"):
                 spec = REGS_SPEC  # the block-pair path lives in the cooperative kernels
@@ -747,6 +821,51 @@ class Gemma3Graph:
             off += sum(m.rows for m in group)
         return True
 
+    def _norm_add_prologue(self, w_post: Buffer, w_next: Buffer, res: Buffer) -> tuple[Prologue, Buffer]:
+        """The decode norm_add after a matvec into b.o, as the next matvec's prologue: (it, the
+        buffer the residual moves to, the other of x / x_alt)."""
+        b = self.buffers
+        out = b.x_alt if res is b.x else b.x
+        groups = self.tuning.prologue_groups or 0
+        return Prologue("norm_add", b.o, groups, res, w_post, w_next, out, self.config.rms_norm_eps), out
+
+    def prologues(self) -> bool:
+        """Decode runs the norm_adds and the down's quantize as prologues: tuned so
+        (tuning.prologue_groups) and nothing refuses it (`prologue_refusal`)."""
+        return self.tuning.prologue_groups is not None and not self.prologue_refusal()
+
+    def prologue_refusal(self) -> str:
+        """Why decode cannot run its norm_adds (and the down's quantize) as the prologues of the
+        matvecs after them ("" where it can): every reader of h must take the q8_1 int8 path
+        with a prologue kernel for its type, and o / down must not run the norm as a tail."""
+        tuning = self.tuning
+        for key in ("o", "down"):
+            if tuning.norm_tail.get(key, True):
+                return f"the {key} matvec runs the norm_add in its last workgroup (norm tail)"
+        for i, L in enumerate(self.weights.layers):
+            uses: list[tuple[list[WeightMatrix], str, str | None, str]] = [
+                ([L.gate, L.up], "geglu", "geglu", "norm_add")
+            ]
+            if i > 0:
+                if not self.qkv_fused(L):
+                    return f"layer {i}'s q, k and v run as three matvecs"
+                qkv_rope = tuning.qkv_rope
+                rope = qkv_rope is not None and self.path(L.qkv, "qkv")[0] == qkv_rope[0]
+                if rope and qkv_rope is not None:
+                    spec = tuning.prologue_spec or qkv_rope[1] or default_spec(self.dev)
+                    if not rope_tail_ok(spec, self.config.head_dim):
+                        return f"the QKV's workgroups with a prologue ({rows_per_group(spec)} rows) straddle heads"
+                uses.append((L.qkv, "qkv", "rope" if rope else None, "norm_add"))
+            if tuning.prologue_down:  # (the GEGLU then writes no q8_1 blocks)
+                uses.append(([L.down], "down", None, "quant"))
+            for mats, key, epilogue, kind in uses:
+                if self.path(mats, key)[0] is not True:
+                    return f"layer {i}'s {key} matvec does not read q8_1 blocks"
+                why = prologue_ok(mats, epilogue, kind)
+                if why:
+                    return f"layer {i}'s {key}: {why}"
+        return ""
+
     def _mv_norm_add(
         self,
         cl: CommandList,
@@ -762,16 +881,18 @@ class Gemma3Graph:
         res: Buffer,
         hq: Buffer | None = None,
         xq: Buffer | None = None,
+        pro: Prologue | None = None,
     ) -> tuple[str, Buffer]:
         """o = m x, then res += rmsnorm(o) * w_post; h = rmsnorm(res) * w_next (+ q8_1 of h into
         hq). Decode: one dispatch where tuned so (the matvec's last workgroup runs the norm), else
         the matvec, a barrier and the split norm_add, which writes the residual to the other of
         x / x_alt; prefill: the matvec and a norm_add per row, in place. xq: x's q8_1 blocks, as
         for `mv`. Returns the profile label of what is still open (no barrier after) and the
-        buffer that now holds the residual."""
+        buffer that now holds the residual. pro: the matvec's prologue (decode, no norm tail)."""
         cfg, b = self.config, self.buffers
         H = cfg.hidden_size
         if T == 1 and len(m.tensor.ranges) == 1 and self.tuning.norm_tail.get(key, True):
+            assert pro is None
             self.mv(
                 cl,
                 [m],
@@ -785,7 +906,7 @@ class Gemma3Graph:
                 tail=NormTail(w_post, res, w_next, b.h, b.mv_arrival, cfg.rms_norm_eps, q=hq),
             )
             return label + "+norm_add", res
-        self.mv(cl, [m], x, b.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq)
+        self.mv(cl, [m], x, b.o, T=T, x_cols=x_cols, y_cols=H, key=key, xq=xq, pro=pro)
         mark(cl, label)
         if T == 1:
             out = b.x_alt if res is b.x else b.x

@@ -17,7 +17,13 @@ from gguf import GGMLQuantizationType as QType
 
 from phoenix_chat.engine.backends.vulkan.codebooks import grid_prefix
 from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer, ByteProgress, Tensor
-from phoenix_chat.engine.backends.vulkan.pipelines import MIXED_QKV_TYPES, PAIR_TYPES, WEIGHT_TYPES, matvec_name
+from phoenix_chat.engine.backends.vulkan.pipelines import (
+    MIXED_QKV_TYPES,
+    PAIR_TYPES,
+    VARIANTS,
+    WEIGHT_TYPES,
+    matvec_name,
+)
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -158,6 +164,46 @@ class RopeTail:
     eps: float
 
 
+# the longest x each prologue makes in shared memory (matvec.comp's PRO_MAX_BLOCKS * 32): Gemma 3
+# 27B's hidden size (the norm_add's x, staged in f32 too) and its 21504-wide down input
+PRO_MAX_COLS = {"norm_add": 5376, "quant": 21504}
+
+
+@dataclass
+class Prologue:
+    """The op before a decode matvec, run by each of its workgroups into shared memory instead
+    of in a dispatch of its own (matvec.comp's PRO_*): kind "norm_add" (res_out = res_in +
+    rmsnorm(pin) * w_post; x = q8_1 of rmsnorm(res_out) * w_next, workgroup 0 writing res_out)
+    or "quant" (x = q8_1 of pin). `groups`: workgroups launched, each striding over the row
+    groups (0: one per row group)."""
+
+    kind: Literal["norm_add", "quant"]
+    pin: Binding
+    groups: int = 0
+    res_in: Binding | None = None
+    w_post: Binding | None = None
+    w_next: Binding | None = None
+    res_out: Binding | None = None
+    eps: float = 0.0
+
+    @property
+    def suffix(self) -> str:
+        return "_pn" if self.kind == "norm_add" else "_pq"
+
+
+def prologue_ok(mats: list[WeightMatrix], epilogue: str | None, kind: str) -> str:
+    """Why a prologue of `kind` cannot go with this matvec ("" where it can)."""
+    m = mats[0]
+    if m.cols % 32 or m.cols > PRO_MAX_COLS[kind]:
+        return f"x of {m.cols} values (a {kind} prologue makes at most {PRO_MAX_COLS[kind]}, in whole q8_1 blocks)"
+    if any(len(w.tensor.ranges) > 1 for w in mats):
+        return "a matrix bound in several row ranges"
+    name = variant_name(m.qtype, epilogue, True, mats[2].qtype if len(mats) == 3 else None)
+    if name + ("_pn" if kind == "norm_add" else "_pq") not in VARIANTS:
+        return f"no {kind} prologue kernel for {m.qtype.name} with the {epilogue or 'plain'} epilogue"
+    return ""
+
+
 def rope_tail_ok(spec: Spec, head_dim: int) -> bool:
     """Every workgroup's rows lie in one head."""
     return head_dim % rows_per_group(spec) == 0
@@ -226,6 +272,7 @@ def record_matvec(
     arrival: Binding | None = None,
     rope: RopeTail | None = None,
     columns: int = 1,
+    pro: Prologue | None = None,
 ) -> None:
     """Record y[y_off + r] = (W x)[r] for the rows of `mats` concatenated (fused QKV when 3).
 
@@ -242,6 +289,9 @@ def record_matvec(
     advancing by x_stride / y_stride per token (prefill without a GEMM kernel).
     columns > 1 (instead of tokens; f32 x, plain or geglu, up to MAX_COLUMNS): the product for
     `columns` vectors in one pass over the weights (a few tokens: speculative verify, short prompts).
+    pro (decode, one token, int_dot True, epilogue None / "geglu" / "rope"): x is made by each
+    workgroup from `pro` (see Prologue; `x` is not read), the row groups strided over
+    `pro.groups` workgroups.
     Every matrix must share one type and column count. No barrier is recorded.
     """
     if not 1 <= len(mats) <= 3:
@@ -279,6 +329,9 @@ def record_matvec(
         res = y_q8_1
     if int_dot == "regs" and not regs_ok(mats[0], x_off):
         raise ValueError("in-register quantization needs Q4_0/Q8_0, n_cols % 64 == 0 and x_off % 4 == 0")
+    if pro is not None:
+        _record_with_prologue(cl, dev, mats, y, epilogue=epilogue, int_dot=int_dot, spec=spec, rope=rope, pro=pro)
+        return
     p = dev.pipeline(variant_name(qtype, epilogue, int_dot, v_qtype), **spec)
     d = dummy(dev)
     resb = res if res is not None else d
@@ -397,3 +450,66 @@ def record_matvec(
     gx, gy, _ = groups_2d(-(-total // rows_per_group(spec)))
     extra = [arrival if arrival is not None else d] if epilogue == "geglu_q8_1" else []
     cl.dispatch(p, [x, y, *w_binds, resb, *extra], (gx, gy, tokens), push)
+
+
+def _record_with_prologue(
+    cl: CommandList,
+    dev: Device,
+    mats: list[WeightMatrix],
+    y: Binding,
+    *,
+    epilogue: str | None,
+    int_dot: IntDot,
+    spec: Spec,
+    rope: RopeTail | None,
+    pro: Prologue,
+) -> None:
+    """record_matvec with a Prologue: bindings 0-11 as the epilogue's (x unread), 12-16 the
+    prologue's; row groups strided over min(pro.groups, row groups) workgroups."""
+    if int_dot is not True or epilogue not in (None, "geglu", "rope"):
+        raise ValueError(f"a prologue makes q8_1 x for the plain, geglu or rope matvec, not {epilogue!r} / {int_dot!r}")
+    if pro.kind == "norm_add" and None in (pro.res_in, pro.w_post, pro.w_next, pro.res_out):
+        raise ValueError("the norm_add prologue needs res_in, w_post, w_next and res_out")
+    if pro.res_in is not None and pro.res_in is pro.res_out:
+        raise ValueError("the norm_add prologue reads the residual from one buffer and writes another")
+    why = prologue_ok(mats, epilogue, pro.kind)
+    if why:
+        raise ValueError(f"no {pro.kind} prologue here: {why}")
+    if epilogue == "rope" and (rope is None or len(mats) != 3 or not rope_tail_ok(spec, rope.head_dim)):
+        raise ValueError("the rope epilogue takes fused [q, k, v], a RopeTail and workgroups within one head")
+    d = dummy(dev)
+    v_qtype = mats[2].qtype if len(mats) == 3 else None
+    p = dev.pipeline(variant_name(mats[0].qtype, epilogue, True, v_qtype) + pro.suffix, **spec)
+    rows = [m.rows for m in mats] + [0] * (3 - len(mats))
+    fields = dict(
+        n_cols=mats[0].cols,
+        rows0=rows[0],
+        rows1=rows[1],
+        rows2=rows[2],
+        x_off=0,
+        y_off=0,
+        res_off=0,
+        x_stride=0,
+        y_stride=0,
+        pro_eps=pro.eps,
+    )
+    w_binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
+    if rope is not None and epilogue == "rope":
+        r = rope
+        fields.update(
+            head_dim=r.head_dim,
+            n_heads=r.n_heads,
+            n_kv_heads=r.n_kv_heads,
+            cache_slots=r.cache_slots,
+            theta=r.theta,
+            pos_scale=1.0 / r.scale_factor,
+            eps=r.eps,
+        )
+        binds = [d, y, *w_binds, d, r.step, r.q_norm, r.k_norm, r.k_cache, r.v_cache, r.arrival]
+    else:
+        binds = [d, y, *w_binds] + [d] * 7
+    binds += [pro.pin, *(b if b is not None else d for b in (pro.res_in, pro.w_post, pro.w_next, pro.res_out))]
+    total = rows[0] if epilogue == "geglu" else sum(rows)
+    n_groups = -(-total // rows_per_group(spec))
+    launched = min(pro.groups, n_groups) if pro.groups else n_groups
+    cl.dispatch(p, binds, groups_2d(launched), p.push.pack(**fields))

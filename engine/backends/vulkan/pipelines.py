@@ -101,6 +101,9 @@ MATVEC_ROPE_PUSH = PushLayout(
         ("eps", "f32"),  # QK-norm epsilon
     ],
 )
+# a prologue's push (`_pn` / `_pq` variants): the epilogue's layout and the norm_add's epsilon
+MATVEC_PRO_PUSH = PushLayout("matvec_pro", MATVEC_PUSH.fields + [("pro_eps", "f32")])
+MATVEC_ROPE_PRO_PUSH = PushLayout("matvec_rope_pro", MATVEC_ROPE_PUSH.fields + [("pro_eps", "f32")])
 MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0), "NCOLS": (4, 1)}
 
 # the multi-column int8 matvec (matvec_cols.comp): n_vecs vectors of q8_1 blocks, NCOLS per workgroup
@@ -162,6 +165,47 @@ def _matvec_cols_variants() -> list[Variant]:
                 requires=("int_dot",),
             )
         )
+    return out
+
+
+# prologue suffix -> its defines (int8 from q8_1 blocks only): the consumer of a decode norm_add
+# (`_pn`: QKV, GEGLU) or of a quantize (`_pq`: down) makes its x itself (matvec.Prologue)
+_PROLOGUES: tuple[tuple[str, Mapping[str, str | int | None]], ...] = (
+    ("_pn", {"PRO_NORM_ADD": None}),
+    ("_pq", {"PRO_QUANT": None}),
+)
+PRO_EPILOGUES = ("", "_geglu", "_rope")  # the epilogues a prologue goes with
+PRO_BINDINGS = 17  # 12 pin, 13 residual in, 14 w_post, 15 w_next, 16 residual out
+
+
+def _matvec_pro_variants() -> list[Variant]:
+    """The prologue variants, q8_1 x: per QUANT_KERNEL_TYPES type the norm_add prologue with the
+    plain, GEGLU and rope epilogues and the quantize prologue plain; the mixed QKVs' norm_add
+    prologue with the plain and rope epilogues."""
+    out = []
+    kinds: list[tuple[dict[str, None], str, str | None]] = [
+        ({"WTYPE_" + wt: None}, wt, None) for wt in QUANT_KERNEL_TYPES
+    ]
+    kinds += [({"WTYPE_" + qk: None, "MIXED_V": None, "V_WTYPE_" + v: None}, qk, v) for qk, v in MIXED_QKV_TYPES]
+    for base, wt, v in kinds:
+        for suffix, extra in _EPILOGUES:
+            if suffix not in PRO_EPILOGUES or (v is not None and suffix == "_geglu"):
+                continue
+            push = MATVEC_ROPE_PRO_PUSH if suffix == "_rope" else MATVEC_PRO_PUSH
+            for psuffix, pdefs in _PROLOGUES:
+                if psuffix == "_pq" and (suffix or v is not None):
+                    continue  # the quantize prologue is the down matvec's: plain, one type
+                out.append(
+                    Variant(
+                        matvec_name(wt, "q8_1", suffix + psuffix, v),
+                        "matvec.comp",
+                        PRO_BINDINGS,
+                        push,
+                        {**base, "INT_DOT": None, **extra, **pdefs},
+                        MATVEC_SPEC,
+                        requires=("int_dot",),
+                    )
+                )
     return out
 
 
@@ -227,6 +271,7 @@ def _matvec_variants() -> list[Variant]:
                     requires=("int_dot",),
                 )
             )
+    out += _matvec_pro_variants()
     out.append(Variant("quantize_q8_1", "quantize_q8_1.comp", 2, QUANTIZE_PUSH, {}, {"WG": (0, 32)}))
     out.append(Variant("copy_u32x4", "copy.comp", 2, PushLayout("copy", [("n", "u32")]), {}, {"WG": (0, 256)}))
     return out
