@@ -163,6 +163,18 @@ class RopeTail:
     scale_factor: float
     eps: float
 
+    def push_fields(self) -> dict[str, float]:
+        """Its part of the rope epilogue's push constants (pipelines.MATVEC_ROPE_PUSH)."""
+        return dict(
+            head_dim=self.head_dim,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            cache_slots=self.cache_slots,
+            theta=self.theta,
+            pos_scale=1.0 / self.scale_factor,
+            eps=self.eps,
+        )
+
 
 # the longest x each prologue makes in shared memory (matvec.comp's PRO_MAX_BLOCKS * 32): Gemma 3
 # 27B's hidden size (the norm_add's x, staged in f32 too) and its 21504-wide down input
@@ -360,13 +372,7 @@ def record_matvec(
             res_off=0,
             x_stride=0,
             y_stride=0,
-            head_dim=r.head_dim,
-            n_heads=r.n_heads,
-            n_kv_heads=r.n_kv_heads,
-            cache_slots=r.cache_slots,
-            theta=r.theta,
-            pos_scale=1.0 / r.scale_factor,
-            eps=r.eps,
+            **r.push_fields(),
         )
         binds = [
             x,
@@ -496,15 +502,7 @@ def _record_with_prologue(
     w_binds = [m.tensor.ranges[0] for m in mats] + [d] * (3 - len(mats))
     if rope is not None and epilogue == "rope":
         r = rope
-        fields.update(
-            head_dim=r.head_dim,
-            n_heads=r.n_heads,
-            n_kv_heads=r.n_kv_heads,
-            cache_slots=r.cache_slots,
-            theta=r.theta,
-            pos_scale=1.0 / r.scale_factor,
-            eps=r.eps,
-        )
+        fields.update(r.push_fields())
         binds = [d, y, *w_binds, d, r.step, r.q_norm, r.k_norm, r.k_cache, r.v_cache, r.arrival]
     else:
         binds = [d, y, *w_binds] + [d] * 7
