@@ -179,6 +179,7 @@ class RopeTail:
 # the longest x each prologue makes in shared memory (matvec.comp's PRO_MAX_BLOCKS * 32): Gemma 3
 # 27B's hidden size (the norm_add's x, staged in f32 too) and its 21504-wide down input
 PRO_MAX_COLS = {"norm_add": 5376, "quant": 21504}
+PRO_SUFFIX = {"norm_add": "_pn", "quant": "_pq"}  # each prologue's variant suffix (pipelines._PROLOGUES)
 
 
 @dataclass
@@ -200,7 +201,7 @@ class Prologue:
 
     @property
     def suffix(self) -> str:
-        return "_pn" if self.kind == "norm_add" else "_pq"
+        return PRO_SUFFIX[self.kind]
 
 
 def prologue_ok(mats: list[WeightMatrix], epilogue: str | None, kind: str) -> str:
@@ -211,7 +212,7 @@ def prologue_ok(mats: list[WeightMatrix], epilogue: str | None, kind: str) -> st
     if any(len(w.tensor.ranges) > 1 for w in mats):
         return "a matrix bound in several row ranges"
     name = variant_name(m.qtype, epilogue, True, mats[2].qtype if len(mats) == 3 else None)
-    if name + ("_pn" if kind == "norm_add" else "_pq") not in VARIANTS:
+    if name + PRO_SUFFIX[kind] not in VARIANTS:
         return f"no {kind} prologue kernel for {m.qtype.name} with the {epilogue or 'plain'} epilogue"
     return ""
 
