@@ -45,6 +45,10 @@ SHAPES = {
         ("kv", 2048, 5376, 1, None),
         ("gate", 21504, 5376, 1, None),
     ],
+    "heads": [  # the LM heads (262,144 rows: Gemma 3's vocabulary), Q8_0 in Gemma 3's Q4_0 files
+        ("lm_head_27b", 262144, 5376, 1, None),
+        ("lm_head_4b", 262144, 2560, 1, None),
+    ],
     "tiny": [("qkv", 96, 640, 1, None), ("gate_up", 128, 640, 2, "geglu")],  # a smoke run (lavapipe)
     "4b": [
         ("qkv", 4096, 2560, 1, None),

@@ -112,8 +112,8 @@ layout(binding = 3) readonly buffer W1c { uint w1_32[]; };
 shared uint wraw[CF_NSG * NW * 16u * RW];
 #endif
 
-#if defined(CF_DIRECT) && !defined(WTYPE_Q4_0) && !(defined(WTYPE_Q4_K) && !defined(CF_WIDE))
-#error CF_DIRECT is built for Q4_0, and without CF_WIDE for Q4_K
+#if defined(CF_DIRECT) && !defined(WTYPE_Q4_0) && !(defined(WTYPE_Q4_K) && !defined(CF_WIDE)) && !(defined(WTYPE_Q8_0) && defined(CF_WIDE))
+#error CF_DIRECT is built for Q4_0, without CF_WIDE for Q4_K, with it for Q8_0
 #endif
 #ifdef CF_DIRECT
 // CF_DIRECT (Q4_0; Q4_K below): no shared copy of the weights at all. Each lane loads the 16-bit words its own
@@ -140,7 +140,16 @@ layout(constant_id = 2) const uint CF_PK = 10u;
 // instruction of a subgroup touches 8 rows' cache lines either way, so wider loads are fewer of
 // them. The 16 fragments of the slab take their lane-t K slots from pair t: step j from block
 // j / 8, quant word (j % 8) / 2, low (even j) or high nibbles, and put_x stages x to match.
-#define DW 18u                  // words per lane, matrix and slab: row g's pair, then row g + 8's
+// Q8_0 (CF_WIDE only): a pair is 68 bytes (17 words); step j takes quant word j % 8 of block j / 8,
+// its even bytes into K slots 2t, 2t + 1 and its odd ones into 2t + 8, 2t + 9, and put_x stages x
+// to match (fetch_x's `base`). Why: the LM head (Q8_0 in Gemma 3's Q4_0 files) of a 32-row batched
+// step took the record tiles, ~0.8 TB/s on the H100 — 2 ms of a 27B step.
+#if defined(WTYPE_Q8_0)
+#define PW 17u                  // 32-bit words of a block pair
+#else
+#define PW 9u
+#endif
+#define DW (2u * PW)            // words per lane, matrix and slab: row g's pair, then row g + 8's
 #define XU ((BM * 16u + CF_NSG * 32u - 1u) / (CF_NSG * 32u))   // x units (4 vec4s) per invocation per slab
 #elif defined(WTYPE_Q4_K)
 // CF_DIRECT for Q4_K: a 64-weight group of a 256-weight super-block is 32 quant bytes, the low
@@ -174,15 +183,15 @@ shared float cs[CF_NSG * 256u];                 // one 16 x 16 output tile per s
 #if defined(CF_WIDE)
 // this lane's words of slab `slab` (see CF_WIDE): block pair t of rows g and g + 8
 void fetch_w(uint slab, uint row0, out uint r[NW][DW]) {
-    const uint lane = gl_SubgroupInvocationID, wpr = (pc.k / 64u) * 9u;   // 32-bit words a row
-    const uint o = slab * 36u + (lane % 4u) * 9u;
+    const uint lane = gl_SubgroupInvocationID, wpr = (pc.k / 64u) * PW;   // 32-bit words a row
+    const uint o = slab * 4u * PW + (lane % 4u) * PW;
     const uint ra = min(row0 + lane / 4u, pc.n - 1u) * wpr + o, rb = min(row0 + lane / 4u + 8u, pc.n - 1u) * wpr + o;
-    [[unroll]] for (uint i = 0u; i < 9u; i++) {
+    [[unroll]] for (uint i = 0u; i < PW; i++) {
         r[0][i] = w0_32[ra + i];
-        r[0][9u + i] = w0_32[rb + i];
+        r[0][PW + i] = w0_32[rb + i];
 #ifdef GEMM_GEGLU
         r[1][i] = w1_32[ra + i];
-        r[1][9u + i] = w1_32[rb + i];
+        r[1][PW + i] = w1_32[rb + i];
 #endif
     }
 }
@@ -296,7 +305,11 @@ void fetch_x(uint slab, uint m0, out vec4 xr[XV * XU]) {
     [[unroll]] for (uint i = 0u; i < XU; i++) {
         const uint unit = gl_LocalInvocationID.x + i * WG, j = unit % 16u;
         const uint t = min(m0 + min(unit / 16u, BM - 1u), pc.m - 1u);
+#if defined(WTYPE_Q8_0)
+        const uint base = 32u * (j / 8u) + 4u * (j % 8u);   // quant word j % 8 of block j / 8
+#else
         const uint base = 32u * (j / 8u) + 4u * ((j % 8u) / 2u) + 16u * (j % 2u);
+#endif
         const uint v = (t * pc.x_stride + slab * KS + base) / 4u;
         [[unroll]] for (uint q = 0u; q < 4u; q++) xr[4u * i + q] = x4[v + 16u * q];
     }
@@ -392,6 +405,10 @@ void put_w(CHUNK u, uint region, uint j) {
 #ifdef CF_DIRECT
 // weights of nibble pair `v` (4 bits at bit 0 and bit 16) times d: 0x6400 | q is the half 1024 + q
 f16vec2 nib(uint v, f16vec2 d) { return (unpackFloat2x16((v & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0)) * d; }
+// weights of int8 pair `v` (bytes 0 and 2) times d: (q ^ 0x80) | 0x6400 is the half 1152 + q
+f16vec2 byte_pair(uint v, f16vec2 d) {
+    return (unpackFloat2x16(((v ^ 0x00800080u) & 0x00FF00FFu) | 0x64006400u) - f16vec2(1152.0)) * d;
+}
 
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 // the B fragment of a lane's four weight pairs p[row g / g + 8][K slots 2t.. / 2t + 8..], placed
@@ -417,12 +434,21 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
         [[unroll]] for (uint g = 0u; g < NW; g++) {
             f16vec2 p[2][2];   // [row g / g + 8][K slots 2t.. / 2t + 8..]
             [[unroll]] for (uint r = 0u; r < 2u; r++) {
-                const uint o = 9u * r;
+                const uint o = PW * r;
+#if defined(WTYPE_Q8_0)
+                // block 0's quants start at byte 2 of the pair (after its scale), block 1's at 36
+                const uint q = j % 8u;
+                const uint v = blk == 0u ? (w[g][o + q] >> 16) | (w[g][o + q + 1u] << 16) : w[g][o + 9u + q];
+                const float16_t dv = blk == 0u ? unpackFloat2x16(w[g][o]).x : unpackFloat2x16(w[g][o + 8u]).y;
+                p[r][0] = byte_pair(v, f16vec2(dv));
+                p[r][1] = byte_pair(v >> 8, f16vec2(dv));
+#else
                 // block 0's quants start at byte 2 of the pair (after its scale), block 1's at 20
                 const uint v = blk == 0u ? (w[g][o + wd] >> 16) | (w[g][o + wd + 1u] << 16) : w[g][o + 5u + wd];
                 const float16_t dv = blk == 0u ? unpackFloat2x16(w[g][o]).x : unpackFloat2x16(w[g][o + 4u]).y;
                 p[r][0] = nib(v >> sh, f16vec2(dv));
                 p[r][1] = nib(v >> (sh + 8u), f16vec2(dv));
+#endif
             }
             FRAG_B b;
             fragment(p, b);

@@ -94,7 +94,7 @@ def test_gemm(vk_device, wtype, m, n, k, kern):
 
 
 @pytest.mark.parametrize(
-    "wtype", ["F16", "Q4_0", "Q4_K", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XS"]
+    "wtype", ["F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ3_S", "IQ2_XS"]
 )
 @EVERY_KERNEL
 def test_gemm_geglu_strides(vk_device, wtype, kern):
@@ -231,23 +231,23 @@ def test_the_fragment_layout_probe_is_read_as_pairs_or_refused():
 
 def test_the_direct_tiles_say_why_they_do_not_run(vk_device):
     """Where they cannot run (lavapipe: no cooperative matrices) the CF_DIRECT tiles and their
-    layout query say why; a type the tile does not build from (Q8_0; Q4_K for the CF_WIDE ones) is
-    refused by name."""
+    layout query say why; a type the tile does not build from (Q8_0 for the others; Q4_K for the
+    CF_WIDE ones) is refused by name."""
     layout = cf_direct_layout(vk_device)
     if isinstance(layout, tuple):
-        assert cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False) is not None
-        assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False)
-        assert "Q4_0" in cf_refusal(vk_device, "Q4_K", 256, "cmw1_4", False)  # CF_WIDE: Q4_0's block pairs
+        assert "Q4_0" in cf_refusal(vk_device, "Q8_0", 256, "cmd2_4", False)
+        assert "Q8_0" in cf_refusal(vk_device, "Q4_K", 256, "cmw1_4", False)  # CF_WIDE: Q4_0's / Q8_0's block pairs
+        assert cf_refusal(vk_device, "Q8_0", 256, "cmw1_4", False) is None
         assert cf_refusal(vk_device, "Q4_K", 256, "cpd2_8", False) is None
         return
     assert layout and cf_refusal(vk_device, "Q4_0", 256, "cmw1_4", False) == layout
 
 
-def test_the_wide_tiles_build_from_q4_0_only_the_other_direct_ones_from_q4_k_too():
+def test_the_wide_tiles_build_from_q4_0_and_q8_0_the_other_direct_ones_from_q4_0_and_q4_k():
     from phoenix_chat.engine.backends.vulkan.ops_table import CF_DIRECT_TILES, CF_WIDE_TILES, cf_direct_types
 
     for kn in CF_DIRECT_TILES:
-        assert cf_direct_types(kn) == (("Q4_0",) if kn in CF_WIDE_TILES else ("Q4_0", "Q4_K")), kn
+        assert cf_direct_types(kn) == (("Q4_0", "Q8_0") if kn in CF_WIDE_TILES else ("Q4_0", "Q4_K")), kn
 
 
 def test_phoenix_vulkan_cf_direct_0_refuses_the_register_built_tiles(vk_device, monkeypatch):
