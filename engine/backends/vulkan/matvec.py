@@ -20,6 +20,7 @@ from phoenix_chat.engine.backends.vulkan.memory import Binding, Buffer, ByteProg
 from phoenix_chat.engine.backends.vulkan.pipelines import (
     MIXED_QKV_TYPES,
     PAIR_TYPES,
+    PRO_SUFFIX,
     VARIANTS,
     WEIGHT_TYPES,
     matvec_name,
@@ -179,7 +180,6 @@ class RopeTail:
 # the longest x each prologue makes in shared memory (matvec.comp's PRO_MAX_BLOCKS * 32): Gemma 3
 # 27B's hidden size (the norm_add's x, staged in f32 too) and its 21504-wide down input
 PRO_MAX_COLS = {"norm_add": 5376, "quant": 21504}
-PRO_SUFFIX = {"norm_add": "_pn", "quant": "_pq"}  # each prologue's variant suffix (pipelines._PROLOGUES)
 
 
 @dataclass

@@ -168,12 +168,14 @@ def _matvec_cols_variants() -> list[Variant]:
     return out
 
 
-# prologue suffix -> its defines (int8 from q8_1 blocks only): the consumer of a decode norm_add
-# (`_pn`: QKV, GEGLU) or of a quantize (`_pq`: down) makes its x itself (matvec.Prologue)
-_PROLOGUES: tuple[tuple[str, Mapping[str, str | int | None]], ...] = (
-    ("_pn", {"PRO_NORM_ADD": None}),
-    ("_pq", {"PRO_QUANT": None}),
-)
+# prologue kind -> its variant suffix and defines (int8 from q8_1 blocks only): the consumer of a
+# decode norm_add (`_pn`: QKV, GEGLU) or of a quantize (`_pq`: down) makes its x itself
+# (matvec.Prologue)
+PRO_SUFFIX = {"norm_add": "_pn", "quant": "_pq"}
+_PRO_DEFINES: dict[str, Mapping[str, str | int | None]] = {
+    "norm_add": {"PRO_NORM_ADD": None},
+    "quant": {"PRO_QUANT": None},
+}
 PRO_EPILOGUES = ("", "_geglu", "_rope")  # the epilogues a prologue goes with
 PRO_BINDINGS = 17  # 12 pin, 13 residual in, 14 w_post, 15 w_next, 16 residual out
 
@@ -192,12 +194,12 @@ def _matvec_pro_variants() -> list[Variant]:
             if suffix not in PRO_EPILOGUES or (v is not None and suffix == "_geglu"):
                 continue
             push = MATVEC_ROPE_PRO_PUSH if suffix == "_rope" else MATVEC_PRO_PUSH
-            for psuffix, pdefs in _PROLOGUES:
-                if psuffix == "_pq" and (suffix or v is not None):
+            for kind, pdefs in _PRO_DEFINES.items():
+                if kind == "quant" and (suffix or v is not None):
                     continue  # the quantize prologue is the down matvec's: plain, one type
                 out.append(
                     Variant(
-                        matvec_name(wt, "q8_1", suffix + psuffix, v),
+                        matvec_name(wt, "q8_1", suffix + PRO_SUFFIX[kind], v),
                         "matvec.comp",
                         PRO_BINDINGS,
                         push,
