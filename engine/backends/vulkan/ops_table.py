@@ -65,6 +65,10 @@ CF_TILES = {
     "cmw1_4_k4": (1, 4, True, 4, 4),
     "cmw2_8_k2": (2, 8, True, 2, 4),
     "cmw2_4": (2, 4, True, 1, 4),  # 27B LM head (Q8_0) of 32 tokens: the weights read once, not twice
+    # the down of a 32-row step: 128 rows a workgroup (x staged once for all of them), K split
+    # further; H200, 2026-11-28, µs against the best tile before (docs/PERFORMANCE.md)
+    "cmw2_8_k4": (2, 8, True, 4, 4),  # 4B down of 32 tokens: 31.1 against 37.9
+    "cmw2_8_k8": (2, 8, True, 8, 4),  # 27B down of 32 tokens: 87.7 against 101.5
     "cpd2_8": (2, 8, True, 1, 1),  # 27B q: 175 us against coopmat_p's 187
     "cpd2_16": (2, 16, True, 1, 1),  # 27B k / v: 83 against 152
     "cpd3_8": (3, 8, True, 1, 1),
@@ -77,7 +81,7 @@ CF_PREFILL_TILES = frozenset(kn for kn in CF_TILES if kn.startswith("cpd"))
 # the tiles of them that build the weight fragments in registers, no shared copy (CF_DIRECT), for
 # the types cf_direct_types names (Q4_0 and Q4_K; the CF_WIDE ones Q4_0 and Q8_0); they run where the
 # driver's fragment layout is the one checked for (ops_gemm.cf_direct_layout)
-CF_WIDE_TILES = frozenset({"cmw1_4", "cmw1_4_k4", "cmw2_8_k2", "cmw2_4"})  # CF_WIDE: a lane loads whole block pairs
+CF_WIDE_TILES = frozenset(kn for kn in CF_TILES if kn.startswith("cmw"))  # CF_WIDE: a lane loads whole block pairs
 CF_DIRECT_TILES = frozenset({"cmd2_4"}) | CF_WIDE_TILES | CF_PREFILL_TILES
 CF_DIRECT_TYPES = ("Q4_0", "Q4_K")
 CF_WIDE_TYPES = ("Q4_0", "Q8_0")  # the whole-block-pair loads of CF_WIDE: 36 / 68 bytes a pair, word-aligned
