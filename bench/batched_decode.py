@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "few_token_int8",
         "few_token_matvec",
         "few_token_paths",
+        "batch_step_us",
+        "batch_step_tiles",
     ):
         if key in stats:  # the load-time choice of the batched step's path, and what ran
             print(f"{key}: {json.dumps(stats[key], default=str)}")

@@ -121,16 +121,19 @@ def test_every_model_shape_gets_a_timed_tile(tiny_weights, vk_device):
         else:  # every shape took a register-built tile: the tile of shapes not timed from a whole forward
             assert st["gemm_kernel"] == min(st["gemm_timing"], key=st["gemm_timing"].__getitem__)
         # the few-token tiles: every shape timed at 8, 16 and 32 tokens, the LM head's too (a
-        # batched step's rows each need logits), the fastest kept
+        # batched step's rows each need logits), the fastest kept — or the tile a batched step's
+        # search kept in the whole step (step_tiles.py)
         assert sorted(st["gemm_kernels_few"]) == [8, 16, FEW_TOKENS]
         few_shapes = gemm_tuning.model_shapes(be.graph, lm_head=True)
         lm = be.graph.weights.lm_head
         assert set(few_shapes) - set(shapes) == {gemm_tuning.shape_key(lm.qtype.name, lm.rows, lm.cols, False)}
         for count, chosen in st["gemm_kernels_few"].items():
             assert set(chosen) == set(few_shapes), count
+            search = st.get("batch_step_tiles", {}).get(count)
+            kept = search["kept"] if isinstance(search, dict) else {}
             for key, kn in chosen.items():
                 timed = st["gemm_shape_timing_few"][count][key]
-                assert kn == min(timed, key=timed.__getitem__)
+                assert kn == kept.get(key, min(timed, key=timed.__getitem__)), (count, key, kept)
         key = next(iter(shapes))
         assert be.tuning.gemm_kernel_for(5, key) == st["gemm_kernels_few"][8][key]
         assert be.tuning.gemm_kernel_for(12, key) == st["gemm_kernels_few"][16][key]

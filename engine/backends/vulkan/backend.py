@@ -43,6 +43,7 @@ from phoenix_chat.engine.backends.vulkan import (
     ops_sample,
     profiling,
     resident,
+    step_tiles,
 )
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerSet, fastest_bucket, record_batch, sampler_set
@@ -187,6 +188,7 @@ class VulkanBackend(Backend):
         # where that timed faster), or why none was timed
         self.batch_step_us: dict[int, float] = {}
         self.batch_step_ways: dict[int, dict[str, float]] = {}
+        self.batch_step_tiles: dict[int, step_tiles.Trials | str] = {}  # each bucket's tile search
         self.batch_step_note = self._time_batch_steps(options)
         self.prerecord_seconds = 0.0
         if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
@@ -663,11 +665,16 @@ class VulkanBackend(Backend):
         rows = self.plan.batch_rows
         return {n: fastest_bucket(n, rows, self.batch_step_us) for n in range(2, rows + 1)}
 
-    def time_batch_steps(self, both_ways: bool = True) -> None:
+    def time_batch_steps(self, both_ways: bool = True, tiles: bool | None = None) -> None:
         """batch_tuning.time_batch_steps: every bucket's step timed, with both_ways its faster
-        way kept (GPU µs by bucket and way in batch_step_ways, the winners' in batch_step_us)."""
-        self.batch_step_ways = batch_tuning.time_batch_steps(self, both_ways=both_ways)
-        self.batch_step_us = {B: min(ways.values()) for B, ways in self.batch_step_ways.items()}
+        way kept (GPU µs by bucket and way in batch_step_ways, the kept way's in batch_step_us),
+        and with `tiles` (None: unless PHOENIX_VULKAN_STEP_TILES=0) a GEMM step's tiles searched
+        in the whole step (step_tiles.py; what was tried in batch_step_tiles)."""
+        search = chosen(tiles, "PHOENIX_VULKAN_STEP_TILES", True)
+        self.batch_step_ways, self.batch_step_tiles = batch_tuning.time_batch_steps(
+            self, both_ways=both_ways, tiles=search
+        )
+        self.batch_step_us = {B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()}
 
     def adopt_batch_recording(self, B: int, samplers: SamplerSet, penalty: bool, cl: CommandList) -> None:
         """Cache `cl` as the sampled step of bucket B (batch_tuning recorded and timed it)."""
@@ -849,6 +856,9 @@ class VulkanBackend(Backend):
             out["batch_step_us"] = dict(self.batch_step_us)
             out["batch_step_ways"] = dict(self.batch_step_ways)
             out["batch_step_note"] = self.batch_step_note
+            out["batch_step_tiles"] = {
+                B: t if isinstance(t, str) else t.stats() for B, t in self.batch_step_tiles.items()
+            }
             out["batch_bucket"] = self.batch_bucket()
             out["batch_prerecord_s"] = round(self.prerecord_seconds, 3)  # 0.0: nothing recorded at load
         if self.vision_note:

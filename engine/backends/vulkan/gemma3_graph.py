@@ -107,6 +107,9 @@ class Gemma3Graph:
         # recorded ("int8", "f32" multi-column matvec or "gemm"): stats()["few_token_paths"], so
         # no fallback is silent
         self.few_token_paths: dict[int, dict[str, str]] = {}
+        # T (2..FEW_TOKENS) -> weight shape (gemm_tuning.shape_key) -> the GEMM tile its T-token
+        # products ran when last recorded: what step_tiles.py may swap in a batched step
+        self.few_token_tiles: dict[int, dict[str, str]] = {}
 
     def record(
         self,
@@ -572,10 +575,12 @@ class Gemma3Graph:
             if y_off:
                 yr = (y, y_off * 4, y.size - y_off * 4)
             geglu = epilogue == "geglu"
-            kernels = [
-                self.tuning.gemm_kernel_for(T, shape_key(m.qtype.name, m.rows, x_cols, geglu=geglu))
-                for m in (mats[:1] if geglu else mats)
-            ]
+            shapes = [shape_key(m.qtype.name, m.rows, x_cols, geglu=geglu) for m in (mats[:1] if geglu else mats)]
+            kernels = [self.tuning.gemm_kernel_for(T, shape) for shape in shapes]
+            if T <= FEW_TOKENS:
+                self.few_token_tiles.setdefault(T, {}).update(
+                    (shape, kn) for shape, kn in zip(shapes, kernels, strict=True) if kn is not None
+                )
             gemm_xq = None
             if any(kn in ops_gemm.INT8_KERNELS for kn in kernels):
                 # the int8 GEMMs read x's q8_1 blocks: quantized once for the products sharing x

@@ -69,6 +69,11 @@ CF_TILES = {
     # further; H200, 2026-11-28, µs against the best tile before (docs/PERFORMANCE.md)
     "cmw2_8_k4": (2, 8, True, 4, 4),  # 4B down of 32 tokens: 31.1 against 37.9
     "cmw2_8_k8": (2, 8, True, 8, 4),  # 27B down of 32 tokens: 87.7 against 101.5
+    # 8-16 tokens: won products alone (27B down 67 -> 62) yet slowed whole 8-row steps 5-6 %
+    # where a load picked them, so a step keeps them only where it runs faster (step_tiles.py)
+    "cmw1_4_k8": (1, 4, True, 8, 4),
+    "cmw1_8_k2": (1, 8, True, 2, 4),
+    "cmw1_8_k4": (1, 8, True, 4, 4),
     "cpd2_8": (2, 8, True, 1, 1),  # 27B q: 175 us against coopmat_p's 187
     "cpd2_16": (2, 16, True, 1, 1),  # 27B k / v: 83 against 152
     "cpd3_8": (3, 8, True, 1, 1),
