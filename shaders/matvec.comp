@@ -141,6 +141,16 @@ layout(binding = 10) writeonly buffer VC { uint vc[]; };
 #include "include/rope_head.glsl"
 #endif
 
+// rows of y in all: the gate's with a GEGLU (its up's rows follow in the same binding), else
+// every bound range's (a fused QKV: three)
+uint total_rows() {
+#ifdef EPI_GEGLU
+    return pc.rows0;
+#else
+    return pc.rows0 + pc.rows1 + pc.rows2;
+#endif
+}
+
 // rows of y one workgroup computes (contiguous, from group * group_rows())
 uint group_rows() { return THREAD_ROWS != 0u ? ROWS * WG : (SUBGROUP_ROWS != 0u ? ROWS * SUBGROUP_ROWS : ROWS); }
 
@@ -327,11 +337,7 @@ uint subgroup_lanes() { return subgroupAdd(1u); }
 void main_subgroup_rows_cols() {
     const uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     const uint n_chunks = (pc.n_cols + 31u) >> 5;
-#ifdef EPI_GEGLU
-    const uint total = pc.rows0;
-#else
-    const uint total = pc.rows0 + pc.rows1 + pc.rows2;
-#endif
+    const uint total = total_rows();
     const uint lanes = subgroup_lanes();
     for (uint rg = gl_SubgroupID; rg < SUBGROUP_ROWS; rg += gl_NumSubgroups) {
         const uint first = (group * SUBGROUP_ROWS + rg) * ROWS;
@@ -427,11 +433,7 @@ void main_subgroup_rows_cols() {
 // a subgroup takes row groups sid, sid + nsg, ... < RG; its lanes stride by subgroup_lanes().
 void main_subgroup_rows(const uint group) {
     uint n_chunks = (pc.n_cols + 31u) >> 5;
-#ifdef EPI_GEGLU
-    uint total = pc.rows0;
-#else
-    uint total = pc.rows0 + pc.rows1 + pc.rows2;
-#endif
+    const uint total = total_rows();
     uint tok = gl_WorkGroupID.z;
     uint x_off = pc.x_off + tok * pc.x_stride;
     uint y_off = pc.y_off + tok * pc.y_stride;
@@ -466,11 +468,7 @@ void main_thread_rows(const uint group) {
     // each invocation owns ROWS consecutive rows; `accumulate` (stride 1: every chunk) loads x
     // once per block pair or chunk for all of them
     uint n_chunks = (pc.n_cols + 31u) >> 5;
-#ifdef EPI_GEGLU
-    uint total = pc.rows0;
-#else
-    uint total = pc.rows0 + pc.rows1 + pc.rows2;
-#endif
+    const uint total = total_rows();
     uint tok = gl_WorkGroupID.z;
     uint x_off = pc.x_off + tok * pc.x_stride;
     uint y_off = pc.y_off + tok * pc.y_stride;
@@ -496,11 +494,7 @@ void main_thread_rows(const uint group) {
 void main_cooperative(const uint group) {
     uint t = gl_LocalInvocationID.x;
     uint n_chunks = (pc.n_cols + 31u) >> 5;
-#ifdef EPI_GEGLU
-    uint total = pc.rows0;
-#else
-    uint total = pc.rows0 + pc.rows1 + pc.rows2;
-#endif
+    const uint total = total_rows();
     uint first = group * ROWS;
     if (first >= total) return;     // whole workgroup leaves together
     uint tok = gl_WorkGroupID.z;
@@ -600,7 +594,7 @@ void run_group(const uint group) {
         // the row groups of one head (head_dim / group_rows() of them) count themselves in the
         // head's counter; the last one runs QK-norm + RoPE (q in place) or the cache write (k, v)
         const uint first = group * group_rows();
-        if (first < pc.rows0 + pc.rows1 + pc.rows2) {
+        if (first < total_rows()) {
             const uint D = pc.head_dim, hh = first / D;
             if (arrive_last(hh, D / group_rows())) {
                 if (hh < pc.n_heads) rope_q_head(hh * D, step.pos);
@@ -687,11 +681,7 @@ void main() {
 #ifdef PRO
     // x made here, then the row groups strided over the workgroups launched
     pro_make_x();
-#ifdef EPI_GEGLU
-    const uint total = pc.rows0;
-#else
-    const uint total = pc.rows0 + pc.rows1 + pc.rows2;
-#endif
+    const uint total = total_rows();
     const uint n_groups = (total + group_rows() - 1u) / group_rows();
     const uint n_wg = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
     for (uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; group < n_groups; group += n_wg) {

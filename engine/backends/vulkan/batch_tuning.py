@@ -172,7 +172,7 @@ def time_batch_steps(
 def _no_search(tuning: Tuning, B: int, wins: dict[int, Way], tiles: bool) -> str:
     """Why bucket B's tiles are not searched in its step (step_tiles.py), or "" where they are."""
     if not tiles:
-        return "off (PHOENIX_VULKAN_STEP_TILES=0, or a path the options forced)"
+        return "off (PHOENIX_VULKAN_STEP_TILES=0, or asked so: time_batch_steps(tiles=False))"
     if wins[B] != "mixed":
         return f"the step runs the {wins[B]} multi-column matvecs"
     count = tuning.few_count(B)
