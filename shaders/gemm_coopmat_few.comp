@@ -430,7 +430,7 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
         coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CF_FT];
         [[unroll]] for (uint i = 0u; i < CF_FT; i++)
             coopMatLoad(a[i], xs, (buf * BM + 16u * i) * SX4 + j * 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
-        const uint blk = j / 8u, wd = (j % 8u) / 2u, sh = 4u * (j % 2u);
+        const uint blk = j / 8u;   // which block of the lane's pair this K step reads
         [[unroll]] for (uint g = 0u; g < NW; g++) {
             f16vec2 p[2][2];   // [row g / g + 8][K slots 2t.. / 2t + 8..]
             [[unroll]] for (uint r = 0u; r < 2u; r++) {
@@ -443,7 +443,9 @@ void multiply(uint w[NW][DW], uint buf, inout ACC acc[NW][CF_FT]) {
                 p[r][0] = byte_pair(v, f16vec2(dv));
                 p[r][1] = byte_pair(v >> 8, f16vec2(dv));
 #else
-                // block 0's quants start at byte 2 of the pair (after its scale), block 1's at 20
+                // block 0's quants start at byte 2 of the pair (after its scale), block 1's at 20;
+                // a word holds 8 nibbles: K steps 2w and 2w + 1 read its low and high ones
+                const uint wd = (j % 8u) / 2u, sh = 4u * (j % 2u);
                 const uint v = blk == 0u ? (w[g][o + wd] >> 16) | (w[g][o + wd + 1u] << 16) : w[g][o + 5u + wd];
                 const float16_t dv = blk == 0u ? unpackFloat2x16(w[g][o]).x : unpackFloat2x16(w[g][o + 4u]).y;
                 p[r][0] = nib(v >> sh, f16vec2(dv));
