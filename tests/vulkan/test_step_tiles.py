@@ -140,6 +140,7 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
             if vk.dev.caps.is_software:  # "lanes" is lavapipe's own GEMM: every swap to it wins
                 assert set(report["kept"].values()) == {"lanes"}, report
             assert report["step_us"] > 0 and st["batch_step_us"][B] == report["step_us"]
+            assert report["s"] > 0  # the search's share of the load, in stats
             # the recording a batch of B replays is the search's: its products ran the picks
             assert vk.graph.few_token_tiles[B] == {s: picks[s] for s in vk.graph.few_token_tiles[B]}
             recorded = set(vk._batch_lists)

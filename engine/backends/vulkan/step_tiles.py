@@ -16,6 +16,7 @@ those buckets' steps).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,15 +32,17 @@ MAX_TRIALS = 6  # swaps tried per bucket (each a recording, ~0.15 s on an H100's
 
 @dataclass
 class Trials:
-    """What one bucket's search tried: GPU µs of the step before, each swap's step against the
-    incumbent's timed beside it, and the swaps kept (shape -> tile)."""
+    """What one bucket's search tried: GPU µs of the step kept, each swap's step against the
+    incumbent's timed beside it, the swaps kept (shape -> tile), and the host seconds it took
+    (recordings and timings: part of the load)."""
 
     step_us: float
+    seconds: float = 0.0
     tried: dict[str, dict[str, float]] = field(default_factory=dict)  # "shape -> tile" -> {tile µs, incumbent µs}
     kept: dict[str, str] = field(default_factory=dict)
 
     def stats(self) -> dict[str, object]:
-        return {"step_us": round(self.step_us, 1), "tried": self.tried, "kept": self.kept}
+        return {"step_us": round(self.step_us, 1), "tried": self.tried, "kept": self.kept, "s": round(self.seconds, 3)}
 
 
 def trials(tuning: Tuning, T: int, used: dict[str, str]) -> list[tuple[str, str]]:
@@ -70,6 +73,7 @@ def search(
     `record`, timed by `time_step` in the order swap, incumbent, incumbent, swap; best of each);
     keep a swap where its step beats the incumbent's by KEEP. Returns the step kept (the
     incumbent's recording, or the last kept swap's: the others are destroyed) and what was tried."""
+    t0 = time.perf_counter()
     picks = tuning.gemm_kernels_few[T]
     out = Trials(step_us)
     for shape, alt in trials(tuning, T, used):
@@ -92,4 +96,5 @@ def search(
             cl.destroy()
             picks[shape] = old
             out.step_us = min(out.step_us, t_inc)
+    out.seconds = time.perf_counter() - t0
     return incumbent, out
