@@ -129,29 +129,25 @@ def time_batch_steps(
     searched: dict[int, step_tiles.Trials | str] = {}
     kept: dict[int, CommandList] = {}  # bucket -> the recording it keeps
     for B in buckets:
-        kept[B], taken_by = lists[(B, wins[B])], {0: paths[(B, wins[B])]}
+        kept[B] = lists[(B, wins[B])]
+        taken_by = {kept[B]: paths[(B, wins[B])]}  # each recording -> what its matrices took
+        used = paths[(B, wins[B])][1]
         why = _no_search(backend.tuning, B, wins, tiles)
         if why:
             searched[B] = why
-        elif taken_by[0][1]:
+        elif used:
 
             def record_swap(B: int = B) -> CommandList:
                 cl = record(B)
-                taken_by[id(cl)] = taken(B)
+                taken_by[cl] = taken(B)
                 return cl
 
             kept[B], trials = step_tiles.search(
-                backend.tuning,
-                B,
-                taken_by[0][1],
-                kept[B],
-                best[(B, wins[B])],
-                record_swap,
-                functools.partial(time_step, B),
+                backend.tuning, B, used, kept[B], best[(B, wins[B])], record_swap, functools.partial(time_step, B)
             )
             out[B][wins[B]] = round(trials.step_us, 1)
             searched[B] = trials
-        paths[(B, wins[B])] = taken_by.get(id(kept[B]), taken_by[0])
+        paths[(B, wins[B])] = taken_by[kept[B]]
     for B in buckets:
         # a bucket running the tiles another bucket's search changed: recorded with them, re-timed
         count = backend.tuning.few_count(B)
