@@ -98,6 +98,14 @@ def _batch_logits(vk, B: int) -> np.ndarray:
     return vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1, params) for s, ids in seqs.items()])
 
 
+def _batch_tokens(vk, B: int) -> list[int]:
+    params = SamplingParams(temperature=0.0)
+    seqs = {s: _ids(40 + s, 9 + s) for s in range(B)}
+    for s, ids in seqs.items():
+        vk.forward_slot(s, ids[:-1], 0)
+    return vk.decode_batch_sampled([SeqStep(s, ids[-1], len(ids) - 1, params) for s, ids in seqs.items()])
+
+
 def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(tiny_gemm, monkeypatch):
     from phoenix_chat.engine.backends.vulkan import step_tiles
 
@@ -119,6 +127,8 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
         before = _set_timings(vk)
         monkeypatch.delenv("PHOENIX_VULKAN_STEP_TILES")
         vk.time_batch_steps(both_ways=False)
+        # the reference's logits steps ran the tiles before the search: none survives it
+        assert {key[:2] for key in vk._batch_lists} == {(2, "sample"), (4, "sample")}
         st = vk.stats()
         for B in (2, 4):
             report = st["batch_step_tiles"][B]
@@ -143,9 +153,13 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
             assert report["s"] > 0  # the search's share of the load, in stats
             # the recording a batch of B replays is the search's: its products ran the picks
             assert vk.graph.few_token_tiles[B] == {s: picks[s] for s in vk.graph.few_token_tiles[B]}
+            # a greedy sampled batch of B replays the timed recording in its bucket (B, or a
+            # bigger one that timed faster), none new
+            assert (vk.batch_bucket()[B], "sample", ("argmax",), False, 0) in vk._batch_lists
             recorded = set(vk._batch_lists)
+            _batch_tokens(vk, B)
+            assert set(vk._batch_lists) == recorded
             logits = _batch_logits(vk, B)
-            assert set(vk._batch_lists) == recorded  # the timed recording replayed, none new
             scale = np.abs(reference[B]).max()
             np.testing.assert_allclose(logits, reference[B], rtol=0, atol=1e-3 * scale)
     finally:
