@@ -90,20 +90,17 @@ def _set_timings(vk) -> dict[int, dict[str, str]]:
     return {T: dict(picks) for T, picks in t.gemm_kernels_few.items()}
 
 
+def _batch_steps(vk, B: int) -> list[SeqStep]:
+    """B greedy sequences of different lengths, each prefilled in its slot but its last token."""
+    params = SamplingParams(temperature=0.0)
+    seqs = {s: _ids(40 + s, 9 + s) for s in range(B)}
+    for s, ids in seqs.items():
+        vk.forward_slot(s, ids[:-1], 0)
+    return [SeqStep(s, ids[-1], len(ids) - 1, params) for s, ids in seqs.items()]
+
+
 def _batch_logits(vk, B: int) -> np.ndarray:
-    params = SamplingParams(temperature=0.0)
-    seqs = {s: _ids(40 + s, 9 + s) for s in range(B)}
-    for s, ids in seqs.items():
-        vk.forward_slot(s, ids[:-1], 0)
-    return vk.decode_batch([SeqStep(s, ids[-1], len(ids) - 1, params) for s, ids in seqs.items()])
-
-
-def _batch_tokens(vk, B: int) -> list[int]:
-    params = SamplingParams(temperature=0.0)
-    seqs = {s: _ids(40 + s, 9 + s) for s in range(B)}
-    for s, ids in seqs.items():
-        vk.forward_slot(s, ids[:-1], 0)
-    return vk.decode_batch_sampled([SeqStep(s, ids[-1], len(ids) - 1, params) for s, ids in seqs.items()])
+    return vk.decode_batch(_batch_steps(vk, B))
 
 
 def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(tiny_gemm, monkeypatch):
@@ -127,8 +124,9 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
         before = _set_timings(vk)
         monkeypatch.delenv("PHOENIX_VULKAN_STEP_TILES")
         vk.time_batch_steps(both_ways=False)
-        # the reference's logits steps ran the tiles before the search: none survives it
+        # the reference's recordings ran the tiles before the search: none survives it
         assert {key[:2] for key in vk._batch_lists} == {(2, "sample"), (4, "sample")}
+        assert not vk._recordings
         st = vk.stats()
         for B in (2, 4):
             report = st["batch_step_tiles"][B]
@@ -157,7 +155,7 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
             # bigger one that timed faster), none new
             assert (vk.batch_bucket()[B], "sample", ("argmax",), False, 0) in vk._batch_lists
             recorded = set(vk._batch_lists)
-            _batch_tokens(vk, B)
+            vk.decode_batch_sampled(_batch_steps(vk, B))
             assert set(vk._batch_lists) == recorded
             logits = _batch_logits(vk, B)
             scale = np.abs(reference[B]).max()

@@ -669,10 +669,11 @@ class VulkanBackend(Backend):
         """batch_tuning.time_batch_steps: every bucket's step timed, with both_ways its faster
         way kept (GPU µs by bucket and way in batch_step_ways, the kept way's in batch_step_us),
         and with `tiles` (None: unless PHOENIX_VULKAN_STEP_TILES=0) a GEMM step's tiles searched
-        in the whole step (step_tiles.py; what was tried in batch_step_tiles). Batched steps
-        recorded before are dropped first: they ran the ways and tiles this may change."""
+        in the whole step (step_tiles.py; what was tried in batch_step_tiles). Every recording
+        made before is dropped first: the ways and tiles this may change are also those of a
+        forward of as many tokens."""
         search = chosen(tiles, "PHOENIX_VULKAN_STEP_TILES", True)
-        self.drop_batch_recordings()
+        self.drop_recordings()
         self.batch_step_ways, self.batch_step_tiles = batch_tuning.time_batch_steps(
             self, both_ways=both_ways, tiles=search
         )
