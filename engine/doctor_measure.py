@@ -190,7 +190,7 @@ def vulkan_device(
     model: str | Path | None = None,
     options: VulkanOptions | None = None,
 ) -> dict[str, Any]:
-    """Load the model on Vulkan device `index` (the load runs the autotuner), then measure.
+    """Load the model on Vulkan device `index` (the load runs the autotuner afresh), then measure.
     Returns {load_s, tuning, measurement}; a load that fails is {error} in one line."""
     from dataclasses import replace
 
@@ -198,7 +198,9 @@ def vulkan_device(
     from phoenix_chat.engine.doctor_tuning import tuning_picks
     from phoenix_chat.engine.weights import open_weights
 
-    opts = replace(options or VulkanOptions(), device_index=index, allow_software=True)
+    # timed afresh (and the record of it rewritten: tuning_record.py), since a report is asked
+    # for when something looks wrong, and the picks it shows should be this machine's now
+    opts = replace(options or VulkanOptions(), device_index=index, allow_software=True, tuning_record="refresh")
     try:
         weights = open_weights(model_path(model))
     except Exception as exc:

@@ -45,6 +45,7 @@ def tuning_picks(be: VulkanBackend) -> dict[str, Any]:
         "weights_heap": stats["weights_heap"],
         "memory_budget": stats.get("memory_budget"),
         "int8_activations_why": stats.get("int_dot_why"),
+        "record": stats.get("tuning_record"),  # timed at this load, and where it was kept for later loads
     }
     out.update({k: stats[k] for k in TUNING_KEYS if k in stats})
     if caps.is_software:
@@ -109,6 +110,11 @@ def tuning_lines(t: dict[str, Any]) -> list[str]:
         ]
         line += "; timed tokens: matvec/GEMM ms " + ", ".join(cells)
     lines.append(line)
+    rec = t.get("record") or {}
+    if rec.get("path"):
+        lines.append(f"- timing took {rec.get('timed_s')} s; kept for later loads in {rec['path']}")
+    elif rec.get("not_written"):
+        lines.append(f"- not kept for later loads: {rec['not_written']}")
     return lines
 
 

@@ -14,9 +14,12 @@ GOLDENS = Path(__file__).resolve().parent / "goldens"
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_home(tmp_path_factory):
-    """Keep tokenizer caches and app data of the test run out of the user's folders."""
+    """Keep tokenizer caches and app data of the test run out of the user's folders. Each test's
+    load times its own kernel choices: a record of an earlier test's load (tuning_record.py) would
+    make what a test sees depend on the order tests ran in; its own tests turn it on by option."""
     home = tmp_path_factory.mktemp("phoenix-home")
     os.environ["PHOENIX_CHAT_HOME"] = str(home)
+    os.environ["PHOENIX_VULKAN_TUNING_RECORD"] = "0"
     yield home
 
 

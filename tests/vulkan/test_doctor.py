@@ -356,6 +356,10 @@ def test_doctor_reports_the_tuning_timed_on_lavapipe_and_a_full_measurement(vk_d
     lines = tuning_lines(t)
     assert lines[0].startswith("- autotuner (timed at load; context 1024)")
     assert f"o: f32 {' '.join(f'{k}={v}' for k, v in shapes[0].items())} {t['matvec_tuning']['o']['us']} µs" in lines[1]
+    # the doctor times afresh and keeps the result for later loads (tuning_record.py)
+    rec = t["record"]
+    assert rec["mode"] == "refresh" and rec["source"] == "timed" and Path(rec["path"]).is_file(), rec
+    assert lines[-1] == f"- timing took {rec['timed_s']} s; kept for later loads in {rec['path']}"
     m = got["measurement"]
     p, d = m["prefill"], m["decode"]
     assert p["tokens"] in (32, 128, MAX_PROMPT) and p["warm"] and d["warm"], m  # ramped past the first 8

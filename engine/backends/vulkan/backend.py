@@ -44,6 +44,7 @@ from phoenix_chat.engine.backends.vulkan import (
     profiling,
     resident,
     step_tiles,
+    tuning_record,
 )
 from phoenix_chat.engine.backends.vulkan.autotune import Tuning
 from phoenix_chat.engine.backends.vulkan.batch import BatchMode, SamplerSet, fastest_bucket, record_batch, sampler_set
@@ -167,6 +168,25 @@ class VulkanBackend(Backend):
         self.batch_recordings = 0  # batched steps recorded since load, prerecorded ones too (not clones, not timing)
         self.busy = profiling.BusyGauge(bool(caps.timestamp_bits))
         self.host_time = profiling.HostTime()
+        # GPU µs of a whole batched step per bucket (fastest_bucket runs a batch in a bigger bucket
+        # where that timed faster), or why none was timed
+        self.batch_step_us: dict[int, float] = {}
+        self.batch_step_ways: dict[int, dict[str, float]] = {}
+        self.batch_step_tiles: dict[int, step_tiles.Trials | str] = {}  # each bucket's tile search
+        self.batch_step_note = ""
+        self.tuning_source = self._tune_or_read(options, progress)  # timed, or read from a record
+        self.batch_step_us = {B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()}
+        self.prerecord_seconds = 0.0
+        if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
+            self.prerecord_batch_steps()
+        self.chat_prerecord_seconds = 0.0
+        if chosen(options.prerecord_chat, "PHOENIX_VULKAN_PRERECORD", gpu and self.prefill_buckets):
+            self.prerecord_chat()
+
+    def _tune(self, options: VulkanOptions) -> None:
+        """The load-time timing: every choice autotune.py, gemm_tuning.py and batch_tuning.py make."""
+        caps = self.dev.caps
+        context_length = self.context_length
         autotune.tune(
             self.graph, time_matvecs=options.autotune if options.autotune is not None else not caps.is_software
         )
@@ -184,18 +204,41 @@ class VulkanBackend(Backend):
             autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
         if options.few_token_matvec is None and options.few_token_int8 is None and not caps.is_software:
             autotune.choose_few_token_path(self)
-        # GPU µs of a whole batched step per bucket (fastest_bucket runs a batch in a bigger bucket
-        # where that timed faster), or why none was timed
-        self.batch_step_us: dict[int, float] = {}
-        self.batch_step_ways: dict[int, dict[str, float]] = {}
-        self.batch_step_tiles: dict[int, step_tiles.Trials | str] = {}  # each bucket's tile search
         self.batch_step_note = self._time_batch_steps(options)
-        self.prerecord_seconds = 0.0
-        if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
-            self.prerecord_batch_steps()
-        self.chat_prerecord_seconds = 0.0
-        if chosen(options.prerecord_chat, "PHOENIX_VULKAN_PRERECORD", gpu and self.prefill_buckets):
-            self.prerecord_chat()
+
+    def _tune_or_read(self, options: VulkanOptions, progress: Callable[[float, str], None] | None) -> dict[str, Any]:
+        """Run the load-time timing (`_tune`), or put the results of an earlier load's in place
+        where a record of them matches this load (tuning_record.py); what happened, for stats()."""
+        times = not self.dev.caps.is_software or options.autotune is True
+        how = tuning_record.mode(options) if times else "off"
+        fields = tuning_record.key_fields(self, options) if how != "off" else {}
+        path = tuning_record.path_for(fields) if how != "off" else None
+        info: dict[str, Any] = {"mode": how}
+        if path is not None and how == "use" and path.exists():
+            try:
+                record = tuning_record.read(path, fields)
+            except tuning_record.RecordError as exc:
+                info["not_read"] = f"{path}: {exc}; timed again"
+                log.warning("tuning record %s", info["not_read"])
+            else:
+                tuning_record.apply(self, record)
+                if progress is not None:
+                    progress(1.0, f"kernel choices timed on this GPU on {record.saved}")
+                return {**info, "source": "record", "path": str(path), "saved": record.saved, "timed_s": record.seconds}
+        if times and progress is not None:
+            progress(1.0, "timing the kernels on this GPU" + (" (once: kept for later loads)" if path else ""))
+        t0 = time.perf_counter()
+        self._tune(options)
+        seconds = time.perf_counter() - t0
+        info.update(source="timed" if times else "defaults", timed_s=round(seconds, 3))
+        if path is not None:
+            try:
+                tuning_record.write(path, fields, tuning_record.of(self, seconds))
+                info["path"] = str(path)
+            except OSError as exc:
+                info["not_written"] = f"{path}: {exc}"
+                log.warning("tuning record not written: %s", info["not_written"])
+        return info
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -852,6 +895,7 @@ class VulkanBackend(Backend):
         out = {**profiling.stats(self), "gpu_sampled": dict(self.sampled), "kv_slots": self.n_slots}
         # prefill chunks run in their bucket's recording (plan.prefill_bucket) or their own length's
         out["prefill_buckets"] = self.prefill_buckets
+        out["tuning_record"] = dict(self.tuning_source)  # timed at this load or read (tuning_record.py)
         out["prefill_recordings"] = self.prefill_recordings
         out["batch_recordings"] = self.batch_recordings
         out["chat_prerecord_s"] = round(self.chat_prerecord_seconds, 3)  # 0.0: nothing recorded at load

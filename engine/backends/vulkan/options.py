@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 from phoenix_chat.engine.quantization import WeightQuant
 
@@ -39,9 +40,15 @@ class VulkanOptions:
     # False, or None: on GPUs where prefill buckets are on (PHOENIX_VULKAN_PRERECORD=0 turns that
     # default off, as it does the batched steps')
     prerecord_chat: bool | None = None
+    # the load-time timing's results kept on disk for later loads (tuning_record.py): "use" (read
+    # a matching record, else time and write one), "refresh" (time afresh and rewrite it: the
+    # doctor), "off", or None: "use" unless PHOENIX_VULKAN_TUNING_RECORD=0
+    tuning_record: Literal["use", "refresh", "off"] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))
+        if self.tuning_record not in (None, "use", "refresh", "off"):
+            raise ValueError(f"tuning_record={self.tuning_record!r}: 'use', 'refresh', 'off' or None")
 
 
 def chosen(option: bool | None, env: str, default: bool) -> bool:
