@@ -194,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         be.close()
         weights.close()
     single = float(out["single_stream_tok_s"])  # type: ignore[arg-type]
-    print(f"== {path.name} on {out['device']}, loaded in {out['load_s']} s (every load-time timing included)")
+    rec = dict(out["stats"]).get("tuning_record", {})  # type: ignore[call-overload]
+    how = (
+        f"the kernel choices read from the record of {rec.get('saved')} ({rec.get('timed_s')} s of timing skipped)"
+        if rec.get("source") == "record"
+        else f"every load-time timing included ({rec.get('timed_s')} s of it)"
+    )
+    print(f"== {path.name} on {out['device']}, loaded in {out['load_s']} s ({how})")
     print(f"single-stream decode_tokens {single:.1f} tok/s")
     print(f"{'streams':>7} {'aggregate tok/s':>16} {'x single':>9} {'per stream':>11} {'p50 ms':>8} {'p99 ms':>8}")
     for r in out["batched"]:  # type: ignore[attr-defined]
