@@ -32,10 +32,11 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def _load(weights, vk_device, record: str | None = "use", ctx: int = CTX):
+def _load(weights, vk_device, record: str | None = "use", ctx: int = CTX, progress=None):
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-    return VulkanBackend(weights, ctx, VulkanOptions(autotune=True, tuning_record=record), device=vk_device)
+    options = VulkanOptions(autotune=True, tuning_record=record)
+    return VulkanBackend(weights, ctx, options, device=vk_device, progress=progress)
 
 
 def _every_field_set() -> Tuning:
@@ -102,8 +103,10 @@ def test_a_second_load_runs_the_record_without_timing(open_tiny, vk_device, home
     from phoenix_chat.engine.backends.cpu import CpuBackend
 
     w = open_tiny()
-    first = _load(w, vk_device)
+    said: list[str] = []
+    first = _load(w, vk_device, progress=lambda f, msg: said.append(msg))
     try:
+        assert said[-1] == "timing the kernels on this GPU (once: kept for later loads)", said
         info = first.stats()["tuning_record"]
         assert info["source"] == "timed" and info["mode"] == "use" and info["timed_s"] > 0, info
         path = Path(info["path"])
@@ -120,8 +123,10 @@ def test_a_second_load_runs_the_record_without_timing(open_tiny, vk_device, home
     finally:
         first.close()
 
-    second = _load(w, vk_device)
+    said.clear()
+    second = _load(w, vk_device, progress=lambda f, msg: said.append(msg))
     try:
+        assert said[-1] == f"kernel choices timed on this GPU on {body['saved']}", said
         info2 = second.stats()["tuning_record"]
         assert info2 == {**info, "source": "record", "saved": body["saved"], "timed_s": body["seconds"]}, info2
         # the timings are the first load's to the digit: read, not timed again
