@@ -16,6 +16,7 @@ those buckets' steps).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,21 @@ if TYPE_CHECKING:
 MARGIN = 1.15  # an alternative tile timed alone within 15 % of the shape's pick
 KEEP = 0.99  # a swap is kept where the whole step runs >= 1 % faster
 MAX_TRIALS = 6  # swaps tried per bucket (each a recording, ~0.15 s on an H100's host, and 4 timings)
+
+
+def breadth() -> tuple[float, int]:
+    """(MARGIN, MAX_TRIALS), or PHOENIX_VULKAN_STEP_SEARCH="<margin>,<trials>" (comparisons)."""
+    raw = os.environ.get("PHOENIX_VULKAN_STEP_SEARCH")
+    if not raw:
+        return MARGIN, MAX_TRIALS
+    try:
+        margin, n = raw.split(",")
+        out = float(margin), int(n)
+    except ValueError:
+        raise ValueError(f"PHOENIX_VULKAN_STEP_SEARCH={raw!r}: '<margin>,<trials>', e.g. '1.3,12'") from None
+    if out[0] < 1.0 or out[1] < 0:
+        raise ValueError(f"PHOENIX_VULKAN_STEP_SEARCH={raw!r}: a margin >= 1 and trials >= 0")
+    return out
 
 
 @dataclass
@@ -50,14 +66,15 @@ def trials(tuning: Tuning, T: int, used: dict[str, str]) -> list[tuple[str, str]
     (`used`: graph.few_token_tiles[T]) the other tiles timed alone within MARGIN of its pick at
     count T, the shapes whose pick took longest first (a shape's faster alternative before its
     slower), at most MAX_TRIALS."""
+    margin, max_trials = breadth()
     timed = tuning.gemm_shape_timing_few.get(T, {})
     ranked: list[tuple[float, float, str, str]] = []
     for shape, kn in used.items():
         us = timed.get(shape, {})
         if kn not in us:
             continue
-        ranked += [(-us[kn], t, shape, alt) for alt, t in us.items() if alt != kn and t <= MARGIN * us[kn]]
-    return [(shape, alt) for _, _, shape, alt in sorted(ranked)[:MAX_TRIALS]]
+        ranked += [(-us[kn], t, shape, alt) for alt, t in us.items() if alt != kn and t <= margin * us[kn]]
+    return [(shape, alt) for _, _, shape, alt in sorted(ranked)[:max_trials]]
 
 
 def search(
