@@ -176,13 +176,24 @@ def test_an_unreadable_record_is_timed_again_and_rewritten(open_tiny, vk_device,
     a = _load(w, vk_device)
     path = Path(a.stats()["tuning_record"]["path"])
     a.close()
-    for junk in (b"\x00\xff not json", b'{"key": 1}', json.dumps({"tuning": {}}).encode()):
+    good = json.loads(path.read_text())
+    unknown_kernel = json.loads(json.dumps(good))
+    unknown_kernel["tuning"]["gemm_kernel_few"] = "no_such_tile"
+    unknown_path = json.loads(json.dumps(good))
+    unknown_path["tuning"]["matvec"]["o"][1] = "int4"
+    for junk, why in (
+        (b"\x00\xff not json", "unreadable"),
+        (b'{"key": 1}', "written for another"),
+        (json.dumps({**good, "tuning": {}}).encode(), "does not read back"),
+        (json.dumps(unknown_kernel).encode(), "kernels this engine does not have: ['no_such_tile']"),
+        (json.dumps(unknown_path).encode(), "a matvec path other than"),
+    ):
         path.write_bytes(junk)
         b = _load(w, vk_device)
         info = b.stats()["tuning_record"]
         b.close()
-        assert info["source"] == "timed" and info["not_read"].startswith(str(path)), info
-        assert json.loads(path.read_text())["tuning"]["matvec"], "rewritten whole"
+        assert info["source"] == "timed" and info["not_read"].startswith(str(path)) and why in info["not_read"], info
+        assert json.loads(path.read_text())["tuning"]["matvec"]["o"][1] in (True, False, "regs"), "rewritten whole"
     c = _load(w, vk_device)
     assert c.stats()["tuning_record"]["source"] == "record"
     c.close()

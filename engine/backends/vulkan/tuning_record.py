@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice, Tuning
+from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS
 from phoenix_chat.engine.backends.vulkan.step_tiles import Trials
 from phoenix_chat.engine.paths import cache_dir
 from phoenix_chat.shaders import SPV_DIR
@@ -250,7 +251,7 @@ def read(path: Path, fields: dict[str, Any]) -> Record:
     if body.get("key") != json.loads(json.dumps(fields)):
         raise RecordError("written for another device, engine, model or setting")
     try:
-        return Record(
+        record = Record(
             tuning=decode(body["tuning"]),
             batch_step_ways={
                 int(B): {str(w): float(us) for w, us in v.items()} for B, v in body["batch_step_ways"].items()
@@ -262,6 +263,25 @@ def read(path: Path, fields: dict[str, Any]) -> Record:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RecordError(f"a field does not read back ({type(exc).__name__}: {exc})") from None
+    check(record)
+    return record
+
+
+def check(record: Record) -> None:
+    """RecordError where a choice names nothing this engine has (a kernel, a way, a matvec path):
+    such a record is timed again rather than failing the load when the step is recorded."""
+    t = record.tuning
+    kernels = [t.gemm_kernel, t.gemm_kernel_few, *t.gemm_kernels.values()]
+    kernels += [kn for picks in t.gemm_kernels_few.values() for kn in picks.values()]
+    unknown = sorted({kn for kn in kernels if kn is not None and kn not in KERNELS})
+    if unknown:
+        raise RecordError(f"it names kernels this engine does not have: {unknown}")
+    paths = [c.int_dot for c in t.matvec.values()] + [p[0] for p in (t.qkv_rope, t.geglu_q8_1) if p is not None]
+    if any(p not in (True, False, "regs") for p in paths):
+        raise RecordError(f"it names a matvec path other than f32 / int8 / regs: {paths}")
+    ways = {w for v in record.batch_step_ways.values() for w in v}
+    if not ways <= {"int8", "mixed", "f32"}:
+        raise RecordError(f"it names batched-step ways this engine does not have: {sorted(ways)}")
 
 
 def apply(backend: VulkanBackend, record: Record) -> None:
