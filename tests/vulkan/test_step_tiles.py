@@ -46,6 +46,27 @@ def test_trials_take_near_fastest_tiles_of_the_longest_shapes_first():
     assert picked == [(f"s{i}", "b") for i in range(9, 9 - step_tiles.MAX_TRIALS, -1)]
 
 
+def test_a_wider_search_is_asked_for_by_setting(monkeypatch):
+    """PHOENIX_VULKAN_STEP_SEARCH="<margin>,<trials>" (comparisons) widens both bounds; a malformed
+    value is refused by name."""
+    from phoenix_chat.engine.backends.vulkan import step_tiles
+    from phoenix_chat.engine.backends.vulkan.autotune import Tuning
+
+    t = Tuning()
+    t.gemm_shape_timing_few = {
+        8: {"down": {"a": 100.0, "b": 110.0, "d": 120.0, "e": 150.0}, "o": {"a": 30.0, "b": 29.0}}
+    }
+    used = {"down": "a", "o": "a"}
+    monkeypatch.setenv("PHOENIX_VULKAN_STEP_SEARCH", "1.25,2")
+    assert step_tiles.trials(t, 8, used) == [("down", "b"), ("down", "d")]  # e outside 25 %, o cut by 2
+    monkeypatch.setenv("PHOENIX_VULKAN_STEP_SEARCH", "1.6,24")
+    assert step_tiles.trials(t, 8, used) == [("down", "b"), ("down", "d"), ("down", "e"), ("o", "b")]
+    for bad in ("1.2", "x,3", "0.9,3", "1.2,-1"):
+        monkeypatch.setenv("PHOENIX_VULKAN_STEP_SEARCH", bad)
+        with pytest.raises(ValueError, match="PHOENIX_VULKAN_STEP_SEARCH"):
+            step_tiles.trials(t, 8, used)
+
+
 def test_why_a_bucket_is_not_searched():
     from phoenix_chat.engine.backends.vulkan.autotune import Tuning
     from phoenix_chat.engine.backends.vulkan.batch_tuning import _no_search
