@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,28 @@ def home(tmp_path, monkeypatch):
     path.mkdir()
     monkeypatch.setenv("PHOENIX_CHAT_HOME", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer_file(tmp_path_factory, gguf) -> Path:
+    """The embedded model's tokenizer as the engine caches it (built once a session, ~2 s)."""
+    from phoenix_chat.engine.paths import cache_dir
+    from phoenix_chat.engine.tokenizer import gguf_cache_key
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PHOENIX_CHAT_HOME", str(tmp_path_factory.mktemp("tokenizer-home")))
+        gguf.tokenizer()
+        return cache_dir() / "tokenizers" / f"{gguf_cache_key(gguf.path)}.json"
+
+
+@pytest.fixture
+def built_tokenizer(home, embedded_tokenizer_file):
+    """`home` with the embedded model's tokenizer already in its cache, as after a first start:
+    for tests about something else that start apps on the embedded model."""
+    folder = home / "cache" / "tokenizers"
+    folder.mkdir(parents=True)
+    shutil.copy(embedded_tokenizer_file, folder)
+    return home
 
 
 def preset(home, **values):

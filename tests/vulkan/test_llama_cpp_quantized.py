@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,11 @@ RESULTS: dict[str, dict] = {}
 
 
 @pytest.fixture(scope="session")
-def llama_cpp_quantized(tmp_path_factory, model_path):
-    """make(case) -> (path, report): the file of that case, made once per session (on first use)."""
+def llama_cpp_quantized(request, tmp_path_factory, model_path):
+    """make(case) -> (path, report): the file of that case, made once per session. llama.cpp's
+    quantizer keeps one core busy (~12 s a file on 2 idle cores), so on first use one background
+    thread starts making the files of every case this session runs, in the order they run: the
+    next case's file is written while the one before is tested (on the device, the other core)."""
     from tools import llama_cpp_server as peer
     from tools.quantize_with_llama_cpp import quantize
 
@@ -72,16 +76,27 @@ def llama_cpp_quantized(tmp_path_factory, model_path):
             pytest.fail(message)
         pytest.skip(message)
     folder = tmp_path_factory.mktemp("llama-cpp-quantized")
-    made: dict[str, tuple[Path, dict]] = {}
+    in_order = [
+        item.callspec.params["quantized"]
+        for item in request.session.items
+        if "quantized" in getattr(getattr(item, "callspec", None), "params", {})
+    ]
+    made: dict[str, Future[tuple[Path, dict]]] = {}
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-quantize")
+
+    def quantize_case(case: str) -> tuple[Path, dict]:
+        qtype, pure, _ = CASES[case]
+        path = folder / f"gemma-3-270m-{qtype.lower()}{'-pure' if pure else ''}.gguf"
+        return path, quantize(model_path, path, qtype, pure=pure, threads=2)
 
     def make(case: str) -> tuple[Path, dict]:
-        if case not in made:
-            qtype, pure, _ = CASES[case]
-            path = folder / f"gemma-3-270m-{qtype.lower()}{'-pure' if pure else ''}.gguf"
-            made[case] = path, quantize(model_path, path, qtype, pure=pure, threads=2)
-        return made[case]
+        for c in (*dict.fromkeys(in_order), case):
+            if c not in made:
+                made[c] = pool.submit(quantize_case, c)
+        return made[case].result()
 
-    return make
+    yield make
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
