@@ -256,7 +256,9 @@ def _make_backend(
             from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
             options = VulkanOptions(device_index=device, quant=quant)
-            backend = _sized(lambda n: VulkanBackend(weights, n, options, progress=progress, **many), ctx, model_max)
+            backend = _sized(
+                lambda n: VulkanBackend(weights, n, options, progress=progress, cancel=cancel, **many), ctx, model_max
+            )
             return backend, "auto: hardware Vulkan GPU"
         except DeviceUnavailableError as exc:
             note = f"auto: CPU backend, because {exc}"
@@ -271,7 +273,9 @@ def _make_backend(
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
         options = VulkanOptions(device_index=device, allow_software=True, quant=quant)
-        return _sized(lambda n: VulkanBackend(weights, n, options, progress=progress, **many), ctx, model_max), ""
+        return _sized(
+            lambda n: VulkanBackend(weights, n, options, progress=progress, cancel=cancel, **many), ctx, model_max
+        ), ""
     return _sized(lambda n: _npu_hybrid(weights, n, quant, device, progress, cancel), ctx, model_max)
 
 
@@ -294,7 +298,9 @@ def _npu_hybrid(
     try:
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
 
-        decoder = VulkanBackend(weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress)
+        decoder = VulkanBackend(
+            weights, ctx, VulkanOptions(device_index=device, quant=quant), progress=progress, cancel=cancel
+        )
         note = "NPU prefill, Vulkan decode"
     except DeviceUnavailableError as exc:
         decoder, note = _cpu(weights, ctx, quant, progress, cancel), f"NPU prefill, CPU decode, because {exc}"

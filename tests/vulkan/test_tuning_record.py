@@ -203,13 +203,15 @@ def test_refresh_times_afresh_and_off_keeps_nothing(open_tiny, vk_device, home):
     w = open_tiny()
     a = _load(w, vk_device)
     path = Path(a.stats()["tuning_record"]["path"])
-    saved = json.loads(path.read_text())["seconds"]
     a.close()
+    marked = json.loads(path.read_text())
+    marked["seconds"] = -1.0  # a mark the rewrite must replace
+    path.write_text(json.dumps(marked))
     b = _load(w, vk_device, record="refresh")
     info = b.stats()["tuning_record"]
     b.close()
     assert info["source"] == "timed" and info["mode"] == "refresh" and Path(info["path"]) == path
-    assert json.loads(path.read_text())["seconds"] == info["timed_s"] != saved
+    assert json.loads(path.read_text())["seconds"] == info["timed_s"] > 0
     path.unlink()
     c = _load(w, vk_device, record="off")
     info = c.stats()["tuning_record"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Sequence
@@ -64,7 +65,7 @@ from phoenix_chat.engine.backends.vulkan.plan import (
 )
 from phoenix_chat.engine.backends.vulkan.recorder import CommandList
 from phoenix_chat.engine.backends.vulkan.resident import allocate_buffers, upload_weights
-from phoenix_chat.engine.errors import OutOfMemoryError
+from phoenix_chat.engine.errors import CancelledError, OutOfMemoryError
 from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.weights.base import WeightSource
 
@@ -104,11 +105,15 @@ class VulkanBackend(Backend):
         progress: Callable[[float, str], None] | None = None,
         device: Device | None = None,
         slots: int = 1,
+        cancel: threading.Event | None = None,
     ):
         """device: an open Device to share (tests, several backends on one GPU); else one is
         opened from options and closed with the backend. slots: sequences whose K/V it holds
-        at once (each a whole context; the memory plan counts them all)."""
+        at once (each a whole context; the memory plan counts them all). cancel: set to stop the
+        load between uploaded tensors and between timing stages (CancelledError; what it had
+        allocated is released), so a long first load on a GPU can be given up."""
         super().__init__(weights.config, context_length)
+        self._load_cancel = cancel
         self.n_slots = slots
         self.options = options
         self.quant = options.quant
@@ -141,7 +146,7 @@ class VulkanBackend(Backend):
             if options.few_token_int8 and not self.int_dot:
                 raise ValueError(f"few_token_int8 needs int8 activations, which {dev.name} does not run (int_dot)")
             self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
-            self.device_weights = upload_weights(dev, weights, self.plan, progress)
+            self.device_weights = upload_weights(dev, weights, self.plan, self._cancellable(progress))
             weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
             self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
         except BaseException:
@@ -174,14 +179,40 @@ class VulkanBackend(Backend):
         self.batch_step_ways: dict[int, dict[str, float]] = {}
         self.batch_step_tiles: dict[int, step_tiles.Trials | str] = {}  # each bucket's tile search
         self.batch_step_note = ""
-        self.tuning_source = self._tune_or_read(options, progress)  # timed, or read from a record
-        self.batch_step_us = {B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()}
         self.prerecord_seconds = 0.0
-        if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
-            self.prerecord_batch_steps()
         self.chat_prerecord_seconds = 0.0
-        if chosen(options.prerecord_chat, "PHOENIX_VULKAN_PRERECORD", gpu and self.prefill_buckets):
-            self.prerecord_chat()
+        try:  # a cancelled or failed load releases what it allocated
+            self.tuning_source = self._tune_or_read(options, progress)  # timed, or read from a record
+            self.batch_step_us = {
+                B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()
+            }
+            self._check_load_cancel()
+            if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
+                self.prerecord_batch_steps()
+            self._check_load_cancel()
+            if chosen(options.prerecord_chat, "PHOENIX_VULKAN_PRERECORD", gpu and self.prefill_buckets):
+                self.prerecord_chat()
+        except BaseException:
+            self.close()
+            raise
+        self._load_cancel = None  # loaded: nothing asks it again
+
+    def _check_load_cancel(self) -> None:
+        if self._load_cancel is not None and self._load_cancel.is_set():
+            raise CancelledError("loading cancelled")
+
+    def _cancellable(self, progress: Callable[[float, str], None] | None) -> Callable[[float, str], None] | None:
+        """`progress` that first raises CancelledError where the load was cancelled (upload_weights
+        calls it after each tensor)."""
+        if self._load_cancel is None:
+            return progress
+
+        def report(fraction: float, message: str) -> None:
+            self._check_load_cancel()
+            if progress is not None:
+                progress(fraction, message)
+
+        return report
 
     def _tune(self, options: VulkanOptions) -> None:
         """The load-time timing: every choice autotune.py, gemm_tuning.py and batch_tuning.py make."""
@@ -190,6 +221,7 @@ class VulkanBackend(Backend):
         autotune.tune(
             self.graph, time_matvecs=options.autotune if options.autotune is not None else not caps.is_software
         )
+        self._check_load_cancel()
         if not caps.is_software:
             chunk = min(PREFILL_CHUNK, context_length - 1)
             self.tuning.gemm_kernels_note = gemm_tuning.choose_gemm_kernels(self.graph, chunk) or ""
@@ -198,12 +230,16 @@ class VulkanBackend(Backend):
             self.tuning.gemm_kernel = gemm_tuning.most_chosen(self.tuning) or autotune.choose_gemm_tile(self, chunk)
             few = min(autotune.FEW_TOKENS, context_length - 1)
             for count in autotune.few_tile_counts(few):
+                self._check_load_cancel()
                 gemm_tuning.choose_gemm_kernels(self.graph, count, few=True)
             self.tuning.gemm_kernel_few = autotune.choose_gemm_tile(self, few, few=True)
+        self._check_load_cancel()
         if not caps.is_software and options.autotune is not False:
             autotune.choose_cols_specs(self.graph)  # before the path choice, which times with them
+        self._check_load_cancel()
         if options.few_token_matvec is None and options.few_token_int8 is None and not caps.is_software:
             autotune.choose_few_token_path(self)
+        self._check_load_cancel()
         self.batch_step_note = self._time_batch_steps(options)
 
     def _tune_or_read(self, options: VulkanOptions, progress: Callable[[float, str], None] | None) -> dict[str, Any]:
