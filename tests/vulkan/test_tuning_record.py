@@ -39,6 +39,15 @@ def _load(weights, vk_device, record: str | None = "use", ctx: int = CTX, progre
     return VulkanBackend(weights, ctx, options, device=vk_device, progress=progress)
 
 
+def _info(weights, vk_device, **kw) -> dict:
+    """Load, and what stats() say of the record (the backend closed again)."""
+    be = _load(weights, vk_device, **kw)
+    try:
+        return be.stats()["tuning_record"]
+    finally:
+        be.close()
+
+
 def _every_field_set() -> Tuning:
     """A Tuning with every field away from its default, in the shapes the timing leaves."""
     spec = {"WG": 8, "ROWS": 4, "THREAD_ROWS": 1, "SUBGROUP_ROWS": 0}
@@ -147,35 +156,25 @@ def test_a_second_load_runs_the_record_without_timing(open_tiny, vk_device, home
 
 def test_a_record_for_another_load_is_never_read(open_tiny, vk_device, home):
     w = open_tiny()
-    a = _load(w, vk_device)
-    path_a = Path(a.stats()["tuning_record"]["path"])
-    a.close()
+    path_a = Path(_info(w, vk_device)["path"])
     # another context length: another key, another file, timed
-    b = _load(w, vk_device, ctx=2 * CTX)
-    info_b = b.stats()["tuning_record"]
-    b.close()
+    info_b = _info(w, vk_device, ctx=2 * CTX)
     assert info_b["source"] == "timed" and Path(info_b["path"]) != path_a
     # a PHOENIX_VULKAN_* setting changes the key too
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PHOENIX_VULKAN_FEW_TILE_COUNTS", "32")
-        c = _load(w, vk_device)
-        info_c = c.stats()["tuning_record"]
-        c.close()
+        info_c = _info(w, vk_device)
     assert info_c["source"] == "timed" and Path(info_c["path"]) not in (path_a, Path(info_b["path"]))
     # A's record put where B's belongs: its key says so, and B is timed again and rewritten
     Path(info_b["path"]).write_text(path_a.read_text())
-    d = _load(w, vk_device, ctx=2 * CTX)
-    info_d = d.stats()["tuning_record"]
-    d.close()
+    info_d = _info(w, vk_device, ctx=2 * CTX)
     assert info_d["source"] == "timed" and "written for another" in info_d["not_read"], info_d
     assert json.loads(Path(info_b["path"]).read_text())["key"]["plan"]["context_length"] == 2 * CTX
 
 
 def test_an_unreadable_record_is_timed_again_and_rewritten(open_tiny, vk_device, home):
     w = open_tiny()
-    a = _load(w, vk_device)
-    path = Path(a.stats()["tuning_record"]["path"])
-    a.close()
+    path = Path(_info(w, vk_device)["path"])
     good = json.loads(path.read_text())
     unknown_kernel = json.loads(json.dumps(good))
     unknown_kernel["tuning"]["gemm_kernel_few"] = "no_such_tile"
@@ -189,9 +188,7 @@ def test_an_unreadable_record_is_timed_again_and_rewritten(open_tiny, vk_device,
         (json.dumps(unknown_path).encode(), "a matvec path other than"),
     ):
         path.write_bytes(junk)
-        b = _load(w, vk_device)
-        info = b.stats()["tuning_record"]
-        b.close()
+        info = _info(w, vk_device)
         assert info["source"] == "timed" and info["not_read"].startswith(str(path)) and why in info["not_read"], info
         assert json.loads(path.read_text())["tuning"]["matvec"]["o"][1] in (True, False, "regs"), "rewritten whole"
     c = _load(w, vk_device)
@@ -201,21 +198,15 @@ def test_an_unreadable_record_is_timed_again_and_rewritten(open_tiny, vk_device,
 
 def test_refresh_times_afresh_and_off_keeps_nothing(open_tiny, vk_device, home):
     w = open_tiny()
-    a = _load(w, vk_device)
-    path = Path(a.stats()["tuning_record"]["path"])
-    a.close()
+    path = Path(_info(w, vk_device)["path"])
     marked = json.loads(path.read_text())
     marked["seconds"] = -1.0  # a mark the rewrite must replace
     path.write_text(json.dumps(marked))
-    b = _load(w, vk_device, record="refresh")
-    info = b.stats()["tuning_record"]
-    b.close()
+    info = _info(w, vk_device, record="refresh")
     assert info["source"] == "timed" and info["mode"] == "refresh" and Path(info["path"]) == path
     assert json.loads(path.read_text())["seconds"] == info["timed_s"] > 0
     path.unlink()
-    c = _load(w, vk_device, record="off")
-    info = c.stats()["tuning_record"]
-    c.close()
+    info = _info(w, vk_device, record="off")
     assert info == {"mode": "off", "source": "timed", "timed_s": info["timed_s"]} and not path.exists()
     # PHOENIX_VULKAN_TUNING_RECORD=0 (the test session's default) is "off" too
     d = _load(w, vk_device, record=None)
