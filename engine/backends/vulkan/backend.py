@@ -183,9 +183,6 @@ class VulkanBackend(Backend):
         self.chat_prerecord_seconds = 0.0
         try:  # a cancelled or failed load releases what it allocated
             self.tuning_source = self._tune_or_read(options, progress)  # timed, or read from a record
-            self.batch_step_us = {
-                B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()
-            }
             self._check_load_cancel()
             if self.plan.batch_rows >= 2 and chosen(options.prerecord_batches, "PHOENIX_VULKAN_PRERECORD", gpu):
                 self.prerecord_batch_steps()
@@ -753,10 +750,14 @@ class VulkanBackend(Backend):
         forward of as many tokens."""
         search = chosen(tiles, "PHOENIX_VULKAN_STEP_TILES", True)
         self.drop_recordings()
-        self.batch_step_ways, self.batch_step_tiles = batch_tuning.time_batch_steps(
-            self, both_ways=both_ways, tiles=search
-        )
-        self.batch_step_us = {B: ways[batch_tuning.way_of(self.tuning, B)] for B, ways in self.batch_step_ways.items()}
+        ways, self.batch_step_tiles = batch_tuning.time_batch_steps(self, both_ways=both_ways, tiles=search)
+        self.keep_batch_step_ways(ways)
+
+    def keep_batch_step_ways(self, ways: dict[int, dict[str, float]]) -> None:
+        """Each bucket's timed ways (GPU µs), and the way its tuning kept as `batch_step_us` (what
+        batch_bucket promotes by): after the timing, or read from a record of it."""
+        self.batch_step_ways = ways
+        self.batch_step_us = {B: w[batch_tuning.way_of(self.tuning, B)] for B, w in ways.items()}
 
     def adopt_batch_recording(self, B: int, samplers: SamplerSet, penalty: bool, cl: CommandList) -> None:
         """Cache `cl` as the sampled step of bucket B (batch_tuning recorded and timed it)."""

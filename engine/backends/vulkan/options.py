@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias, get_args
 
 from phoenix_chat.engine.quantization import WeightQuant
+
+# what a load does with the record of its kernel timing (tuning_record.py)
+TuningRecordMode: TypeAlias = Literal["use", "refresh", "off"]
 
 
 @dataclass(frozen=True)
@@ -43,12 +46,12 @@ class VulkanOptions:
     # the load-time timing's results kept on disk for later loads (tuning_record.py): "use" (read
     # a matching record, else time and write one), "refresh" (time afresh and rewrite it: the
     # doctor), "off", or None: "use" unless PHOENIX_VULKAN_TUNING_RECORD=0
-    tuning_record: Literal["use", "refresh", "off"] | None = None
+    tuning_record: TuningRecordMode | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant", WeightQuant.parse(self.quant))
-        if self.tuning_record not in (None, "use", "refresh", "off"):
-            raise ValueError(f"tuning_record={self.tuning_record!r}: 'use', 'refresh', 'off' or None")
+        if self.tuning_record is not None and self.tuning_record not in get_args(TuningRecordMode):
+            raise ValueError(f"tuning_record={self.tuning_record!r}: one of {get_args(TuningRecordMode)} or None")
 
 
 def chosen(option: bool | None, env: str, default: bool) -> bool:

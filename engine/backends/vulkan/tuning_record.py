@@ -24,10 +24,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, get_args
 
 from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice, Tuning
+from phoenix_chat.engine.backends.vulkan.batch_tuning import Way
 from phoenix_chat.engine.backends.vulkan.ops_gemm import KERNELS
+from phoenix_chat.engine.backends.vulkan.options import TuningRecordMode
 from phoenix_chat.engine.backends.vulkan.step_tiles import Trials
 from phoenix_chat.engine.paths import cache_dir
 from phoenix_chat.shaders import SPV_DIR
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 
 FORMAT = 1  # bumped when a record's layout changes (an older record is then timed again)
 ENV = "PHOENIX_VULKAN_TUNING_RECORD"  # "0": neither read nor write records (comparisons, tests)
-Mode: TypeAlias = Literal["use", "refresh", "off"]
 _ENGINE_DIR = Path(__file__).resolve().parent
 _MANIFEST = SPV_DIR / "manifest.json"
 
@@ -47,7 +48,7 @@ class RecordError(Exception):
     """A record that exists but cannot be used (unreadable, another format, bad fields)."""
 
 
-def mode(options: VulkanOptions) -> Mode:
+def mode(options: VulkanOptions) -> TuningRecordMode:
     """The option's mode; None: "use", unless PHOENIX_VULKAN_TUNING_RECORD=0 ("off")."""
     if options.tuning_record is not None:
         return options.tuning_record
@@ -140,8 +141,11 @@ def _same(v: Any) -> Any:
     return v
 
 
-def _pair_back(v: Any) -> Any:
-    return None if v is None else (v[0], v[1])
+# a (path, workgroup shape) pair or None (Tuning.geglu_q8_1, .qkv_rope): a list in JSON
+_PAIR: tuple[Callable[[Any], Any], Callable[[Any], Any]] = (
+    lambda v: None if v is None else list(v),
+    lambda v: None if v is None else (v[0], v[1]),
+)
 
 
 _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
@@ -150,9 +154,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
         lambda d: {k: MatvecChoice(float(v[0]), v[1], v[2]) for k, v in d.items()},
     ),
     "norm_tail": (_same, _same),
-    "geglu_q8_1": (lambda v: None if v is None else list(v), _pair_back),
+    "geglu_q8_1": _PAIR,
     "geglu_q8_1_timing": (_same, _same),
-    "qkv_rope": (lambda v: None if v is None else list(v), _pair_back),
+    "qkv_rope": _PAIR,
     "qkv_rope_timing": (_same, _same),
     "prologue_groups": (_same, _same),
     "prologue_spec": (_same, _same),
@@ -280,7 +284,7 @@ def check(record: Record) -> None:
     if any(p not in (True, False, "regs") for p in paths):
         raise RecordError(f"it names a matvec path other than f32 / int8 / regs: {paths}")
     ways = {w for v in record.batch_step_ways.values() for w in v}
-    if not ways <= {"int8", "mixed", "f32"}:
+    if not ways <= set(get_args(Way)):
         raise RecordError(f"it names batched-step ways this engine does not have: {sorted(ways)}")
 
 
@@ -289,6 +293,6 @@ def apply(backend: VulkanBackend, record: Record) -> None:
     in place: the graph holds the same object."""
     for f in dataclasses.fields(Tuning):
         setattr(backend.tuning, f.name, getattr(record.tuning, f.name))
-    backend.batch_step_ways = record.batch_step_ways
+    backend.keep_batch_step_ways(record.batch_step_ways)
     backend.batch_step_tiles = record.batch_step_tiles
     backend.batch_step_note = record.batch_step_note
