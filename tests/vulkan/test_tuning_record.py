@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -242,3 +243,22 @@ def test_a_bad_mode_is_refused():
 
     with pytest.raises(ValueError, match="tuning_record"):
         VulkanOptions(tuning_record="always")  # type: ignore[arg-type]
+
+
+def test_the_folder_keeps_the_records_loads_last_used(open_tiny, vk_device, home):
+    """Every engine or driver update keys new records: a write prunes the folder to the KEEP most
+    recently used, and a load that reads a record marks it used, so it outlives older ones."""
+    w = open_tiny()
+    path_a = Path(_info(w, vk_device)["path"])
+    folder = path_a.parent
+    hour_ago = path_a.stat().st_mtime - 3600
+    os.utime(path_a, (hour_ago, hour_ago))
+    old = [folder / f"old-{i:02d}.json" for i in range(tuning_record.KEEP)]
+    for i, p in enumerate(old):  # all used after A, the least recently first in the list
+        p.write_text("{}")
+        os.utime(p, (hour_ago + 10 + i, hour_ago + 10 + i))
+    assert _info(w, vk_device)["source"] == "record"  # A read: now the newest
+    info_b = _info(w, vk_device, ctx=2 * CTX)  # B written: the folder pruned to KEEP
+    left = set(folder.glob("*.json"))
+    assert len(left) == tuning_record.KEEP and {path_a, Path(info_b["path"])} <= left
+    assert left - {path_a, Path(info_b["path"])} == set(old[2:])  # the two least recently used went

@@ -255,6 +255,7 @@ class VulkanBackend(Backend):
                 log.warning("tuning record %s", info["not_read"])
             else:
                 tuning_record.apply(self, record)
+                tuning_record.used(path)
                 if progress is not None:
                     progress(1.0, f"kernel choices timed on this GPU on {record.saved}")
                 return {**info, "source": "record", "path": str(path), "saved": record.saved, "timed_s": record.seconds}

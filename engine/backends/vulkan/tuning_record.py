@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.options import VulkanOptions
 
 FORMAT = 1  # bumped when a record's layout changes (an older record is then timed again)
+KEEP = 32  # records kept in the folder: each update of the engine or driver keys new ones
 ENV = "PHOENIX_VULKAN_TUNING_RECORD"  # "0": neither read nor write records (comparisons, tests)
 _ENGINE_DIR = Path(__file__).resolve().parent
 _MANIFEST = SPV_DIR / "manifest.json"
@@ -235,6 +236,30 @@ def write(path: Path, fields: dict[str, Any], record: Record) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(body, indent=1))
     os.replace(tmp, path)
+    prune(path.parent)
+
+
+def used(path: Path) -> None:
+    """Mark a record as just used (its mtime), so that pruning takes the ones no load reads."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still serves the record; it only ages
+
+
+def prune(folder: Path, keep: int = KEEP) -> list[Path]:
+    """Delete all but the `keep` most recently used records. A key changes with every engine or
+    driver update, so old records would otherwise pile up, one per model, setting and version."""
+    records = []
+    for p in folder.glob("*.json"):
+        try:
+            records.append((p.stat().st_mtime, p))
+        except OSError:
+            continue  # removed meanwhile by another load
+    gone = [p for _, p in sorted(records, reverse=True)[keep:]]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
 
 
 def _trials(v: Any) -> Trials | str:
