@@ -2,7 +2,8 @@
 first load on a GPU): CancelledError, and what the load had allocated is released.
 
 On lavapipe (a tiny synthetic model; `autotune=True` makes the load time its matvecs, as a GPU's
-does) the cancel is set from the load's own progress messages, so it lands at a known stage.
+does) the cancel is set from the load's own progress messages, so it lands at a known stage, or at a
+known count of askings inside the first timing stage.
 """
 
 from __future__ import annotations
@@ -73,3 +74,50 @@ def test_the_loader_passes_cancel_to_a_vulkan_load(model_path):
         loader.load(model_path, backend="vulkan", context_length=64, progress=progress, cancel=event)
     uploads = [m for m in seen if m.startswith("uploading")]
     assert len(uploads) == 1, seen
+
+
+class _SetOnAsking(threading.Event):
+    """An Event that sets itself the n-th time it is asked after `arm()`: a Cancel pressed while
+    the load is in the middle of something, at a point the test chooses by count."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.armed, self.asked = n, False, 0
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def is_set(self) -> bool:
+        if self.armed and not super().is_set():
+            self.asked += 1
+            if self.asked >= self.n:
+                self.set()
+        return super().is_set()
+
+
+def test_a_cancel_reaches_into_a_timing_stage_and_leaves_a_shared_device_clean(open_tiny, vk_device):
+    """Cancel while the matvec candidates are timed (the first stage; seconds of a GPU load) stops
+    the load from inside the timing, not at the stage's end; the shared device's hook is cleared,
+    and the next load on it times in full."""
+    import traceback
+
+    from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+
+    event = _SetOnAsking(3)
+
+    def progress(fraction: float, message: str) -> None:
+        if message.startswith("timing the kernels"):
+            event.arm()
+
+    options = VulkanOptions(autotune=True, tuning_record="off")
+    with pytest.raises(CancelledError, match="loading cancelled") as err:
+        VulkanBackend(open_tiny(), 64, options, device=vk_device, progress=progress, cancel=event)
+    frames = [f.name for f in traceback.extract_tb(err.value.__traceback__)]
+    assert "interrupt" in frames and "tune" in frames, frames  # raised by the timing, inside autotune.tune
+    assert event.asked == 3  # asked no more once set
+    assert vk_device.timing_interrupt is None
+    be = VulkanBackend(open_tiny(), 64, options, device=vk_device)
+    try:
+        assert be.stats()["tuning_record"]["source"] == "timed" and be.tuning.matvec
+    finally:
+        be.close()

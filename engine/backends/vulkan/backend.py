@@ -262,7 +262,11 @@ class VulkanBackend(Backend):
         if times and progress is not None:
             progress(1.0, "timing the kernels on this GPU" + (" (once: kept for later loads)" if path else ""))
         t0 = time.perf_counter()
-        self._tune(options)
+        self.dev.timing_interrupt = self._check_load_cancel if self._load_cancel is not None else None
+        try:
+            self._tune(options)
+        finally:
+            self.dev.timing_interrupt = None  # a shared device: the next user's timing is not ours
         seconds = time.perf_counter() - t0
         info.update(source="timed" if times else "defaults", timed_s=round(seconds, 3))
         if path is not None:

@@ -57,7 +57,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -524,6 +524,9 @@ class Device:
         # every pipeline is then built with its statistics captured (bench/pipeline_stats.py);
         # off in the product: a driver may skip its pipeline cache for such pipelines
         self.capture_statistics = capture_statistics
+        # asked between the load-time timing's candidates (timing.interrupt): a load sets it to
+        # its Cancel's check for as long as it times, so Cancel needs no timing stage to end
+        self.timing_interrupt: Callable[[], None] | None = None
         self.vk = vk
         self.ffi = vk.ffi
         self.lib = vk.lib

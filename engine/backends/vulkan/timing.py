@@ -6,6 +6,10 @@ candidate, drops its clocks, and work timed then reads several times slow (an H1
 autotuner's choices noise. So `time_many` records every candidate first, keeps the GPU busy
 replaying them back to back (WARM_S first, BUSY_S before each timed run), and only then reads
 the timestamps. CPU Vulkan has no clocks to raise: one untimed run, then the timed one.
+
+A load's Cancel reaches into the timing through `Device.timing_interrupt` (asked before each
+candidate is recorded and before each replay), so a load stops within one candidate's time
+rather than at the end of a timing stage (seconds on a GPU).
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ WARM_S = 0.3  # replay before the first candidate (hardware devices)
 BUSY_S = 0.02  # replay of each candidate before its timed run
 
 
+def interrupt(dev: Device) -> None:
+    """Raise where the work being timed was given up (a load's Cancel: CancelledError)."""
+    if dev.timing_interrupt is not None:
+        dev.timing_interrupt()
+
+
 def _record(dev: Device, record: Record, reps: int) -> CommandList:
+    interrupt(dev)
     cl = dev.commands(timestamps=reps + 1)
     cl.timestamp(0)
     for i in range(reps):
@@ -44,6 +55,7 @@ def replay(cl: CommandList, seconds: float, before: Callable[[], None] | None = 
     state on, as a sampled decode step its positions, is set back)."""
     t0 = time.perf_counter()
     while True:
+        interrupt(cl.dev)
         if before is not None:
             before()
         cl.submit()
@@ -55,7 +67,14 @@ def time_many(dev: Device, records: Mapping[K, Record], reps: int = 6) -> dict[K
     """{key: median GPU microseconds of records[key](cl)}, each recorded `reps` times back to back
     with a barrier after each (dependent work, as in a decode step)."""
     hw = not dev.caps.is_software
-    lists = {k: _record(dev, rec, reps) for k, rec in records.items()}
+    lists: dict[K, CommandList] = {}
+    try:
+        for k, rec in records.items():
+            lists[k] = _record(dev, rec, reps)
+    except BaseException:
+        for cl in lists.values():
+            cl.destroy()
+        raise
     out: dict[K, float] = {}
     try:
         if hw and lists:
