@@ -1,6 +1,6 @@
 """How soon a GPU load stops after Cancel is pressed while it times its kernels.
 
-    python -m bench.load_cancel [--synthetic 27b | --model PATH] [--after 2,10,25] [--compare]
+    python -m bench.load_cancel [--synthetic 27b | --model PATH] [--after 2,10,25] [--compare] [--autotune]
 
 The first load of a model on a GPU spends most of its time timing kernel candidates (tens of
 seconds on an H200 for the 27B). Cancel is asked before each candidate (timing.interrupt); this
@@ -20,7 +20,7 @@ from pathlib import Path
 from phoenix_chat.engine.errors import CancelledError
 
 
-def one_press(path: Path, after_s: float, context: int) -> dict[str, object]:
+def one_press(path: Path, after_s: float, context: int, autotune: bool | None = None) -> dict[str, object]:
     """Load `path`, press Cancel `after_s` into the timing; what happened and how long it took."""
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
     from phoenix_chat.engine.weights import open_weights
@@ -38,7 +38,7 @@ def one_press(path: Path, after_s: float, context: int) -> dict[str, object]:
             timers.append(threading.Timer(after_s, press))
             timers[0].start()
 
-    options = VulkanOptions(allow_software=True, tuning_record="off")
+    options = VulkanOptions(allow_software=True, tuning_record="off", autotune=autotune)
     t0 = time.perf_counter()
     try:
         backend = VulkanBackend(open_weights(path), context, options, progress=progress, cancel=event)
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", default="2,10,25", help="comma-separated seconds into the timing")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--compare", action="store_true", help="also with the in-stage asking off")
+    ap.add_argument("--autotune", action="store_true", help="time kernels on a CPU Vulkan device too (a smoke run)")
     ap.add_argument("--workdir", default="/tmp/phoenix-bench")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         timing.interrupt = real_interrupt if in_stage else (lambda dev: None)  # type: ignore[assignment]
         try:
             for after in (float(a) for a in args.after.split(",")):
-                row = {"in_stage": in_stage, **one_press(path, after, args.context)}
+                row = {"in_stage": in_stage, **one_press(path, after, args.context, True if args.autotune else None)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:

@@ -283,3 +283,21 @@ def test_batched_decode_cli_times_the_pipelined_run_and_step_by_step_beside_it(t
     for r in got["batched"] + got["step_by_step"]["batched"]:
         assert r["aggregate_tok_s"] > 0 and r["steps"] == 2
     assert "step by step" in capsys.readouterr().out
+
+
+def test_load_cancel_bench_stops_each_load_it_presses_cancel_in(tmp_path):
+    """`python -m bench.load_cancel --compare` on the tiny shape, its kernels timed on lavapipe:
+    Cancel pressed as the timing starts stops the load both with the in-stage asking and without
+    it (then at the first stage's end), each with a latency; the comparison's patch is undone."""
+    import json
+
+    from bench import load_cancel
+    from phoenix_chat.engine.backends.vulkan import timing
+
+    real = timing.interrupt
+    out = tmp_path / "c.json"
+    args = ["--synthetic", "tiny", "--workdir", str(tmp_path), "--after", "0", "--context", "32"]
+    assert load_cancel.main([*args, "--autotune", "--compare", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["presses"]
+    assert [(r["in_stage"], r["stopped"]) for r in rows] == [(True, True), (False, True)], rows
+    assert all(r["latency_s"] >= 0 for r in rows) and timing.interrupt is real
