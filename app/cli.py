@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from phoenix_chat.app.remote_cli import add_remote_args
+from phoenix_chat.app.remote_cli import add_remote_args, refuse_remote_flags_without_remote
 from phoenix_chat.engine.quantization import WeightQuant
 
 EXIT_USAGE = 2
@@ -219,6 +219,7 @@ def _messages(system, prompt, images=(), pan_and_scan=False):
 
 
 def cmd_run(args) -> int:
+    refuse_remote_flags_without_remote(args)
     if args.pan_and_scan and not args.image:
         from phoenix_chat.engine.errors import PhoenixError
 
@@ -317,6 +318,7 @@ def _run_direct(args, model, prompt) -> int:
 
 
 def cmd_chat(args) -> int:
+    refuse_remote_flags_without_remote(args)
     if args.remote:
         from phoenix_chat.app.remote_cli import remote_engine
         from phoenix_chat.app.terminal_chat import remote_terminal_chat

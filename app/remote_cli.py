@@ -47,8 +47,27 @@ def add_remote_args(p) -> None:
     g.add_argument(
         "--remote-model", metavar="NAME", default=None, help="the server's model id (default: the first it lists)"
     )
+    g.add_argument(
+        "--remote-timeout",
+        metavar="S",
+        type=_timeout,
+        default=None,
+        help="seconds to wait for the server's next words, the first ones included (default 60; "
+        "raise it for a server that reads long prompts slowly)",
+    )
     # refused on purpose (and so not an abbreviation of --api-key-env, which would take the key as a name)
     g.add_argument("--api-key", dest="api_key_flag", default=None, help=argparse.SUPPRESS)
+
+
+REMOTE_ONLY = ("remote_model", "remote_timeout", "api_key_env")  # meaningless without --remote
+
+
+def refuse_remote_flags_without_remote(args) -> None:
+    """PhoenixError for --remote-model / --remote-timeout / --api-key-env given without --remote:
+    this computer's engine would answer, and the flag be silently ignored."""
+    given = [f"--{name.replace('_', '-')}" for name in REMOTE_ONLY if getattr(args, name, None) is not None]
+    if given and not args.remote:
+        raise PhoenixError(f"{', '.join(given)}: for a remote server, give its URL with --remote")
 
 
 def remote_engine(args) -> RemoteEngine:
@@ -71,7 +90,22 @@ def remote_engine(args) -> RemoteEngine:
     warning = target.insecure_warning()
     if warning:
         print(f"phoenix-chat: {warning}", file=sys.stderr)
-    return RemoteEngine(target)
+    timeout = args.remote_timeout
+    return RemoteEngine(target) if timeout is None else RemoteEngine(target, timeout_s=timeout)
+
+
+def _timeout(text: str) -> float:
+    """--remote-timeout's seconds, within READ_TIMEOUT_RANGE_S (argparse says which flag erred)."""
+    from phoenix_chat.engine.remote.target import READ_TIMEOUT_RANGE_S
+
+    low, high = READ_TIMEOUT_RANGE_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text} s: takes {low:g} to {high:g} seconds")
+    return value
 
 
 def _api_key(named: str | None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from phoenix_chat.app.paths import data_dir
 from phoenix_chat.app.server.config import DEFAULT_PORT
 from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
+from phoenix_chat.engine.remote.target import READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S
 from phoenix_chat.engine.sampling import SamplingParams
 
 SETTINGS_VERSION = 2  # 2: quant is spelt as the engine's WeightQuant values (version 1 wrote "Q8_0")
@@ -66,8 +67,8 @@ class Settings:
     server_port: int = DEFAULT_PORT  # on 127.0.0.1 (0: any free port)
     # Settings → Engine…: "local" (this computer) or "remote" (the profile named remote_profile)
     engine: str = "local"
-    # saved remote servers: {name, url, model (None: the server's first)}; API keys are in the
-    # OS keyring (app/secrets.py), never here
+    # saved remote servers: {name, url, model (None: the server's first), timeout_s (seconds to
+    # wait for the server's next bytes)}; API keys are in the OS keyring (app/secrets.py), never here
     remote_profiles: list[dict] = field(default_factory=list)
     remote_profile: str | None = None
 
@@ -89,11 +90,12 @@ class Settings:
 
 
 ENGINES = ("local", "remote")
-PROFILE_FIELDS = ("name", "url", "model")
+PROFILE_FIELDS = ("name", "url", "model", "timeout_s")
 
 
 def _is_profile(value: object) -> bool:
-    """{name, url, model} and nothing else (an "api_key" field is refused: keys live in the keyring)."""
+    """{name, url, model, timeout_s} and nothing else (an "api_key" field is refused: keys live in
+    the keyring). timeout_s: seconds to wait for the server's next bytes (READ_TIMEOUT_RANGE_S)."""
     return (
         isinstance(value, dict)
         and set(value) == set(PROFILE_FIELDS)
@@ -102,7 +104,15 @@ def _is_profile(value: object) -> bool:
         and isinstance(value["url"], str)
         and bool(value["url"].strip())
         and (value["model"] is None or isinstance(value["model"], str))
+        and _in_range(*READ_TIMEOUT_RANGE_S)(value["timeout_s"])
     )
+
+
+def _profiles_with_timeouts(value: object) -> object:
+    """Profiles saved before the read timeout was a setting get the default they ran with."""
+    if not isinstance(value, list):
+        return value
+    return [{**p, "timeout_s": READ_TIMEOUT_S} if isinstance(p, dict) and "timeout_s" not in p else p for p in value]
 
 
 def _profiles_ok(value: object) -> bool:
@@ -123,7 +133,10 @@ def _in_range(low: float, high: float) -> Callable[[object], bool]:
 
 
 # Applied to a value before it is checked, on `set` and on reading the file: old spellings migrate.
-_NORMALIZERS: dict[str, Callable[[object], object]] = {"quant": _quant_spelling}
+_NORMALIZERS: dict[str, Callable[[object], object]] = {
+    "quant": _quant_spelling,
+    "remote_profiles": _profiles_with_timeouts,
+}
 
 _VALIDATORS: dict[str, Callable[[object], bool]] = {
     "quant": lambda v: v in QUANT_CHOICES,
@@ -198,8 +211,10 @@ class SettingsModel:
         self.set("recent_models", [p for p in self.values.recent_models if p != path])
 
     def save_remote_profile(self, profile: dict, *, replacing: str | None = None) -> None:
-        """Add `profile` ({name, url, model}), or put it in place of the one named `replacing`
-        (or of its own name); a profile with a key field is refused (ValueError)."""
+        """Add `profile` ({name, url, model, timeout_s}; timeout_s may be left out: the default),
+        or put it in place of the one named `replacing` (or of its own name); a profile with a key
+        field is refused (ValueError)."""
+        profile = {"timeout_s": READ_TIMEOUT_S, **profile}
         if not _is_profile(profile):
             raise ValueError(f"bad remote profile: fields must be {', '.join(PROFILE_FIELDS)}")
         old = {replacing, profile["name"]}

@@ -135,7 +135,9 @@ class ModelController(QObject):
             self._set_model_label()
             self._load_future.set_result(False)
             return self._load_future
-        self.load_id = self.worker.request_remote(remote["url"], remote["model"], self.api_key_for(remote["name"]))
+        self.load_id = self.worker.request_remote(
+            remote["url"], remote["model"], self.api_key_for(remote["name"]), remote["timeout_s"]
+        )
         self.window.show_loading(0.0, "Connecting to the server")
         self._set_model_label(loading=True)
         return self._load_future

@@ -16,9 +16,12 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QRadioButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
+
+from phoenix_chat.engine.remote.target import READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S
 
 NEW_PROFILE = ""  # the profiles combo's data for "New server…"
 
@@ -51,6 +54,15 @@ class EngineDialog(QDialog):
         line = self.model.lineEdit()
         if line is not None:
             line.setPlaceholderText("the server’s first model")
+        self.timeout = QSpinBox(suffix=" s")
+        self.timeout.setObjectName("engineTimeout")
+        self.timeout.setRange(*(int(s) for s in READ_TIMEOUT_RANGE_S))
+        self.timeout.setValue(int(READ_TIMEOUT_S))
+        self.timeout.setToolTip(
+            "How long to wait for the server's next words before calling the answer cut. The first "
+            "ones come only after the server has read the whole chat: raise this for a server that "
+            "reads long prompts slowly (one running on a CPU, a very long chat)."
+        )
         self.test_button = QPushButton("Test connection")
         self.status = QLabel(wordWrap=True)
         self.status.setObjectName("engineStatus")
@@ -72,6 +84,7 @@ class EngineDialog(QDialog):
         form.addRow("URL", self.url)
         form.addRow("API key", self.api_key)
         form.addRow("Model", self.model)
+        form.addRow("Wait for replies up to", self.timeout)
         form.addRow("", self.test_button)
         form.addRow("", self.status)
         form.addRow("", self.key_note)
@@ -111,9 +124,10 @@ class EngineDialog(QDialog):
 
     def show_profile(self, profile: dict | None, api_key: str | None) -> None:
         """Fill the fields with a saved profile (None: empty, for a new one)."""
-        profile = profile or {"name": "", "url": "", "model": None}
+        profile = profile or {"name": "", "url": "", "model": None, "timeout_s": READ_TIMEOUT_S}
         self.name.setText(profile["name"])
         self.url.setText(profile["url"])
+        self.timeout.setValue(round(profile["timeout_s"]))
         self.api_key.setText(api_key or "")
         self.set_models([], profile["model"])
         self.status.clear()
@@ -145,10 +159,11 @@ class EngineDialog(QDialog):
         return self.remote_radio.isChecked()
 
     def profile(self) -> dict:
-        """The remote fields as a profile ({name, url, model}); the key is read apart."""
+        """The remote fields as a profile ({name, url, model, timeout_s}); the key is read apart."""
         model = self.model.currentText().strip()
         url = self.url.text().strip()
-        return {"name": self.name.text().strip() or _default_name(url), "url": url, "model": model or None}
+        name = self.name.text().strip() or _default_name(url)
+        return {"name": name, "url": url, "model": model or None, "timeout_s": float(self.timeout.value())}
 
     def editing(self) -> str | None:
         """The saved profile the fields came from (None: a new one)."""

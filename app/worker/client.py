@@ -142,12 +142,14 @@ class WorkerClient(QObject):
         )
         return load_id
 
-    def request_remote(self, url: str, model: str | None, api_key: str | None) -> str:
+    def request_remote(self, url: str, model: str | None, api_key: str | None, timeout_s: float) -> str:
         """Answer through the OpenAI-compatible server at `url` from now on (the worker drops its
-        local model); MODEL_CHANGED or LOAD_FAILED answers, as for a load."""
+        local model), waiting up to `timeout_s` for its next bytes; MODEL_CHANGED or LOAD_FAILED
+        answers, as for a load."""
         load_id = P.new_id("load")
         self.model_info = None
-        self.send(P.LOAD_REQUESTED, id=load_id, remote={"url": url, "model": model, "api_key": api_key})
+        remote = {"url": url, "model": model, "api_key": api_key, "timeout_s": timeout_s}
+        self.send(P.LOAD_REQUESTED, id=load_id, remote=remote)
         return load_id
 
     def cancel_load(self, load_id: str) -> None:

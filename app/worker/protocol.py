@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 # GUI → worker
 # id, path, backend, device, quant, context_length, npu, slots (answers written at once: the engine's KV
 # slots; where that many do not fit or the backend holds one, one loads and MODEL_CHANGED's info says why);
-# or id, remote ({url, model, api_key}: answers come from that OpenAI-compatible server,
+# or id, remote ({url, model, api_key, timeout_s}: answers come from that OpenAI-compatible server,
 # app/worker/remote_answer.py; the local model is dropped)
 LOAD_REQUESTED = "load_requested"
 CANCEL_LOAD_REQUESTED = "cancel_load_requested"  # id

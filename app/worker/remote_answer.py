@@ -23,19 +23,20 @@ from phoenix_chat.app.pictures import media_type
 
 
 def connect(remote: dict) -> tuple[Any, dict]:
-    """A RemoteEngine for {url, model, api_key} and the model info the GUI shows; the server is
+    """A RemoteEngine for {url, model, api_key, timeout_s} and the model info the GUI shows (and
+    the engine's read timeout in it, so the GUI can check what it runs with); the server is
     asked which model it serves (its first one when `model` is None), so a wrong URL, key or model
     name fails here with the engine's one-line RemoteError, not at the first answer."""
     from phoenix_chat.engine.remote.engine import RemoteEngine, RemoteTarget
 
     target = RemoteTarget(url=str(remote["url"]), model=remote.get("model") or None, api_key=remote.get("api_key"))
-    engine = RemoteEngine(target)
+    engine = RemoteEngine(target, timeout_s=float(remote["timeout_s"]))
     try:
         model = engine.resolved_model()
     except BaseException:
         engine.close()
         raise
-    return engine, remote_info(target, model)
+    return engine, {**remote_info(target, model), "timeout_s": engine.timeout_s}
 
 
 def remote_info(target: Any, model: str) -> dict:

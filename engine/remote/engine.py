@@ -28,7 +28,7 @@ from . import faults, fields, retry
 from .deltas import RemoteDelta, RemoteUsage
 from .errors import RemoteError
 from .reading import CANCEL_POLL_S, Clock, Kind, read_stream
-from .target import RemoteTarget
+from .target import READ_TIMEOUT_S, RemoteTarget
 
 __all__ = ["RemoteDelta", "RemoteEngine", "RemoteError", "RemoteTarget", "RemoteUsage"]
 
@@ -48,7 +48,9 @@ class _StoppedBeforeHeaders(Exception):
 class RemoteEngine:
     """One server and model. Not thread-safe: one answer at a time, as the worker asks."""
 
-    def __init__(self, target: RemoteTarget, *, timeout_s: float = 60.0, retries: int = 4, backoff_s: float = 1.0):
+    def __init__(
+        self, target: RemoteTarget, *, timeout_s: float = READ_TIMEOUT_S, retries: int = 4, backoff_s: float = 1.0
+    ):
         target.validate()
         self.target = target
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s

@@ -8,6 +8,11 @@ from urllib.parse import urlsplit
 
 from .errors import RemoteError
 
+# How long a client waits for the server's next bytes, the first ones included: those come only
+# after the server has read the prompt, which a CPU server or a very long chat can make minutes.
+READ_TIMEOUT_S = 60.0  # the default (RemoteEngine, the CLI, a profile saved without one)
+READ_TIMEOUT_RANGE_S = (5.0, 3600.0)  # what a profile's "timeout_s" and --remote-timeout take
+
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 

@@ -125,7 +125,7 @@ def test_engine_dialog_tests_the_server_and_the_chat_streams_from_it(qtbot, make
     assert "quant" not in info and "weight_types" not in info  # nothing about local devices
     s = app.settings.values
     assert s.engine == "remote" and s.remote_profile == "box"
-    assert s.remote_profiles == [{"name": "box", "url": running.url, "model": name}]
+    assert s.remote_profiles == [{"name": "box", "url": running.url, "model": name, "timeout_s": 60.0}]
     assert secrets.get("box") == KEY and secrets.persistent
     assert w.model_label.text() == f"remote: {host_of(running.url)}, {name}"
     assert w.devices.engine_label.text().startswith(f"Engine — remote: {host_of(running.url)}, {name}")

@@ -122,7 +122,9 @@ def test_stop_while_the_server_sends_nothing(qtbot, make_app, home, double, beha
     assert content == kept and complete == 1 and json.loads(stats)["finish_reason"] == "cancelled"
 
 
-@pytest.mark.parametrize("fault", cases(skip=("cut", "closed-port")))  # those two: tests above, test_remote_engine_gui
+# "cut", "closed-port": tests above and test_remote_engine_gui; the 60 s read timeout's stall: the
+# CLI's case waits it out, and here the dialog's own timeout is set shorter (the test below)
+@pytest.mark.parametrize("fault", cases(skip=("cut", "closed-port", "stall-90")))
 def test_a_fault_is_one_line_and_nothing_is_lost(qtbot, make_app, home, double, tmp_path, fault: Fault):
     """Each fault is one line in the chat's notice. One on connecting fails the engine's load with
     it; one during an answer ends the answer with it: what came is kept and marked "cut", the
@@ -155,3 +157,28 @@ def test_a_fault_is_one_line_and_nothing_is_lost(qtbot, make_app, home, double, 
     assert [m.content for m in app.chat.messages] == ["Say hello", fault.kept]  # nothing lost
     if fault.slow:
         assert 59 < time.monotonic() - start < 80  # the client's 60 s read timeout, not the server's 90 s stall
+
+
+def test_the_dialogs_reply_timeout_is_what_the_engine_waits(qtbot, make_app, home, double):
+    """Settings → Engine…'s "Wait for replies up to", set from 60 to 5 s on the server in use: the
+    engine is reconnected with it, a server that stalls mid-answer is cut after 5 s (not 60), the
+    line says so, the text that came is kept, and the profile keeps the setting."""
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    app = app_on(make_app, home, double.url("stall-90"))
+    assert wait_loaded(qtbot, app)["timeout_s"] == 60.0  # a profile saved without one: the default
+    dialog = app.engines.open_dialog()
+    assert dialog.timeout.value() == 60
+    dialog.timeout.setValue(5)
+    with qtbot.waitSignal(app.models.model_ready, timeout=ANSWER_TIMEOUT_MS) as ready:
+        dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert ready.args[0]["timeout_s"] == 5.0 and app.settings.values.remote()["timeout_s"] == 5.0
+    errors: list[str] = []
+    app.worker.error_raised.connect(lambda _id, message: errors.append(message))
+    start = time.monotonic()
+    assert send(qtbot, app) == "cut"
+    assert 4.5 < time.monotonic() - start < 20
+    assert errors == [f"127.0.0.1:{double.port} sent nothing for 5 s (timeout)"]
+    ((content, complete, _stats, _engine, _v),) = saved_answers(home)
+    assert content == "".join(WORDS[:2]) and complete == 1
+    assert app.engines.open_dialog().timeout.value() == 5  # shown again as saved

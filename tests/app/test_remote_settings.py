@@ -71,6 +71,7 @@ def test_profiles_are_saved_without_a_key_and_the_engine_choice_persists(home):
         "name": "cluster",
         "url": "https://llm.example/v1",
         "model": "gemma-3-27b",
+        "timeout_s": 60.0,  # saved without one: the engine's default
     }
     SettingsModel(home).remove_remote_profile("cluster")  # the one in use: back to this computer
     after = SettingsModel(home).values
@@ -79,6 +80,22 @@ def test_profiles_are_saved_without_a_key_and_the_engine_choice_persists(home):
         and after.remote_profile is None
         and [p["name"] for p in after.remote_profiles] == ["ws"]
     )
+
+
+def test_a_profile_keeps_its_read_timeout_and_older_files_get_the_default(home):
+    model = SettingsModel(home)
+    model.save_remote_profile({"name": "cpu-box", "url": "http://10.0.0.7:8080", "model": None, "timeout_s": 900.0})
+    assert SettingsModel(home).values.remote_profiles[0]["timeout_s"] == 900.0
+    for bad in (0, 4.9, 3601, "60", True, None):  # outside READ_TIMEOUT_RANGE_S, or not a number
+        with pytest.raises(ValueError):
+            model.save_remote_profile({"name": "x", "url": "http://h", "model": None, "timeout_s": bad})
+    # a settings file written before the timeout was a setting: its profiles read with the default
+    data = json.loads(model.path.read_text())
+    data["remote_profiles"] = [{"name": "old", "url": "http://h:1", "model": "m"}]
+    model.path.write_text(json.dumps(data))
+    assert SettingsModel(home).values.remote_profiles == [
+        {"name": "old", "url": "http://h:1", "model": "m", "timeout_s": 60.0}
+    ]
 
 
 def test_a_hand_edited_key_in_the_settings_file_is_not_read(home):

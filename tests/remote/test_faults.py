@@ -369,3 +369,55 @@ def test_cli_warns_once_for_plain_http_to_another_machine():
         "travel unencrypted (use https://)\n"
     )
     assert proc.stdout.count("".join(WORDS)) == 2
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_cli_remote_timeout_is_what_the_engine_waits(double, command):
+    """`--remote-timeout 5` against a server that stalls mid-answer: cut after 5 s (the default
+    case above waits 60), the line says 5 s, and what came stays on stdout. `run` then exits 2;
+    `chat` shows the cut under the answer and goes on to the next prompt."""
+    args = ["--remote", double.url("stall-90"), "--remote-timeout", "5"]
+    line = f"127.0.0.1:{double.port} sent nothing for 5 s (timeout)"
+    start = time.monotonic()
+    if command == "run":
+        proc = cli("run", *args, "Say hello", timeout=120)
+    else:
+        proc = cli("chat", *args, input_text="Say hello\n", timeout=120)
+    assert 4.5 < time.monotonic() - start < 30
+    if command == "run":
+        assert proc.returncode == 2 and proc.stdout == "".join(WORDS[:2]) + "\n", (proc.stdout, proc.stderr)
+        assert proc.stderr.splitlines()[-1] == f"phoenix-chat: error: {line}", proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert f"> {''.join(WORDS[:2])}\n(cut: {line})\n" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--remote-timeout", "2"], "2 s: takes 5 to 3600 seconds"),
+        (["--remote-timeout", "soon"], "'soon' is not a number of seconds"),
+        (["--remote-timeout", "5000"], "5000 s: takes 5 to 3600 seconds"),
+    ],
+)
+def test_cli_remote_timeout_out_of_range_is_refused(double, args, said):
+    proc = cli("run", "--remote", double.url("ok"), *args, "hi", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == f"phoenix-chat run: error: argument --remote-timeout: {said}", proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        ("run", ["--remote-timeout", "30"]),
+        ("run", ["--remote-model", "m"]),
+        ("run", ["--api-key-env", "K"]),
+        ("chat", ["--remote-timeout", "30"]),
+    ],
+)
+def test_remote_flags_without_remote_are_refused_not_ignored(command, flag):
+    """Without --remote this computer's engine would answer and the flag be ignored: refused."""
+    proc = cli(command, *flag, *(["hi"] if command == "run" else []), input_text="", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    name = flag[0]
+    assert proc.stderr == f"phoenix-chat: error: {name}: for a remote server, give its URL with --remote\n"
