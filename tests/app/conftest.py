@@ -34,10 +34,17 @@ def qloop(qapp):
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
+def home(request, tmp_path, monkeypatch):
+    """A fresh data and cache folder for the test's app, with the embedded model's tokenizer
+    already built, as after a first start: building it costs every app process ~2-4 s on a busy
+    2-core box. A test marked `cold_cache` gets it empty (a first start: the load builds it)."""
     path = tmp_path / "home"
     path.mkdir()
     monkeypatch.setenv("PHOENIX_CHAT_HOME", str(path))
+    if request.node.get_closest_marker("cold_cache") is None:
+        folder = path / "cache" / "tokenizers"
+        folder.mkdir(parents=True)
+        shutil.copy(request.getfixturevalue("embedded_tokenizer_file"), folder)
     return path
 
 
@@ -51,16 +58,6 @@ def embedded_tokenizer_file(tmp_path_factory, gguf) -> Path:
         mp.setenv("PHOENIX_CHAT_HOME", str(tmp_path_factory.mktemp("tokenizer-home")))
         gguf.tokenizer()
         return cache_dir() / "tokenizers" / f"{gguf_cache_key(gguf.path)}.json"
-
-
-@pytest.fixture
-def built_tokenizer(home, embedded_tokenizer_file):
-    """`home` with the embedded model's tokenizer already in its cache, as after a first start:
-    for tests about something else that start apps on the embedded model."""
-    folder = home / "cache" / "tokenizers"
-    folder.mkdir(parents=True)
-    shutil.copy(embedded_tokenizer_file, folder)
-    return home
 
 
 def preset(home, **values):

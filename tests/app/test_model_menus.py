@@ -18,7 +18,7 @@ from phoenix_chat.app.views.dialogs import ReloadQuestion
 from phoenix_chat.engine.quantization import WeightQuant
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
 
-pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.usefixtures("built_tokenizer")]
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
 MATRICES, NORMS = 1 + 18 * 7, 1 + 18 * 6  # the 270M: tied embedding + 7 projections a layer; norms
 
 

@@ -21,7 +21,7 @@ from phoenix_chat.engine.sampling import SamplingParams
 from phoenix_chat.engine.scheduler import Scheduler
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, preset, wait_loaded
 
-pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.usefixtures("built_tokenizer")]
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 CONTEXT = 2048
 STORY = "Tell me a long story about a phoenix."

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStyle, QStyleOptionProgress
 
 from tests.app.conftest import wait_loaded
 
-pytestmark = [pytest.mark.gui, pytest.mark.slow]
+pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.cold_cache]  # the load builds the tokenizer
 
 
 def shown_and_room(widget) -> tuple[str, int]:

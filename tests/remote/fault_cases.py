@@ -19,7 +19,7 @@ import pytest
 
 from .misbehaving_server import FORBIDDEN, WORDS, MisbehavingServer
 
-CLIENT_TIMEOUT_S = 60  # RemoteEngine's default read timeout (the CLI's --remote-timeout and a profile's timeout_s change it)
+CLIENT_TIMEOUT_S = 60  # RemoteEngine's default read timeout (--remote-timeout, a profile's timeout_s change it)
 CONNECT_TIMEOUT_S = 10  # engine/remote/faults.py: CONNECT_TIMEOUT_S
 
 
