@@ -38,6 +38,7 @@ def test_menu_choice_reaches_the_worker_and_survives_a_restart(qtbot, make_app, 
     assert info["context_length"] == 2048 and info["backend"] == "cpu"
 
 
+@pytest.mark.cold_cache  # a first start's load (it builds the tokenizer too): long enough to cancel
 def test_model_loading_shows_progress_and_can_be_cancelled(qtbot, make_app, home):
     app = make_app()
     w = app.window
