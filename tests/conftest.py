@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import json
 import os
 from pathlib import Path
 
 import pytest
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if os.name == "posix" and ctypes.util.find_library("c") else None
+if _LIBC is not None and not hasattr(_LIBC, "malloc_trim"):  # not glibc (musl, macOS)
+    _LIBC = None
 
 SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "llama_cpp_270m.json"
 GOLDENS = Path(__file__).resolve().parent / "goldens"
@@ -21,6 +28,18 @@ def _isolated_home(tmp_path_factory):
     os.environ["PHOENIX_CHAT_HOME"] = str(home)
     os.environ["PHOENIX_VULKAN_TUNING_RECORD"] = "0"
     yield home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _return_memory_after_each_module():
+    """Give the memory of a module's models back to the OS when it ends. Freed numpy buffers stay
+    in glibc's heaps (and a cycle or two keeps some until a collection), so the session's RSS only
+    grew: a 24 GiB machine ran out of memory two thirds into the suite. gc + malloc_trim after each
+    module left 0.15 GB where 1.2 GB stayed (test_batching.py alone)."""
+    yield
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ CONTEXT = 256
 KEY = "sk-phoenix-remote-test-5f3a9c1e7b"  # distinctive: any leak of it is found by a plain search
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # freed when the package's tests end (the suite's memory)
 def remote_model(model_path):
     m = load(model_path, backend="cpu", context_length=CONTEXT)
     yield m

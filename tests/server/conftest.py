@@ -23,7 +23,7 @@ MAX_QUEUE = 2
 KEY = "test-key-0123456789"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # freed when the package's tests end (the suite's memory)
 def model(model_path):
     """Loaded once for tests/server; each module gets its own scheduler and server on it."""
     m = load(model_path, backend="cpu", context_length=CONTEXT)
