@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bench.model_file import model_file
 from bench.profile import show
 
 if TYPE_CHECKING:
@@ -154,17 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
-    from phoenix_chat.engine.weights import embedded_model_path, open_weights
+    from phoenix_chat.engine.weights import open_weights
 
-    if args.synthetic:
-        from tools.make_synthetic_gguf import write
-
-        path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write(path, args.synthetic, "q4_0", "q8_0")
-    else:
-        path = Path(args.model) if args.model else embedded_model_path()
+    path = model_file(args.model, args.synthetic, args.workdir)
     streams = [int(s) for s in args.streams.split(",")]
     weights = open_weights(path)
     t = time.perf_counter()  # the load includes every load-time timing (tiles, paths)

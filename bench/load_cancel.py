@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.model_file import model_file
 from phoenix_chat.engine.errors import CancelledError
 
 
@@ -64,17 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from phoenix_chat.engine.backends.vulkan import timing
-    from phoenix_chat.engine.weights import embedded_model_path
 
-    if args.synthetic:
-        from tools.make_synthetic_gguf import write
-
-        path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write(path, args.synthetic, "q4_0", "q8_0")
-    else:
-        path = Path(args.model) if args.model else embedded_model_path()
+    path = model_file(args.model, args.synthetic, args.workdir)
     rows: list[dict[str, object]] = []
     real_interrupt = timing.interrupt
     for in_stage in [True, False] if args.compare else [True]:

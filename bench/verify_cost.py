@@ -17,7 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from phoenix_chat.engine.weights import embedded_model_path, open_weights
+from bench.model_file import model_file
+from phoenix_chat.engine.weights import open_weights
 
 POSITION = 256  # cache filled this far first, as in a conversation
 REPEATS = 5
@@ -66,15 +67,8 @@ def main(argv=None) -> int:
         from phoenix_chat.engine.backends.vulkan import matvec
 
         matvec.COLUMN_ROWS = args.rows
-    path = args.model
-    if args.synthetic:
-        from tools.make_synthetic_gguf import write
-
-        path = Path(args.workdir) / f"synthetic-{args.synthetic}-q4_0.gguf"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write(path, args.synthetic, "q4_0", "q8_0")
-    weights = open_weights(path or embedded_model_path())
+    path = model_file(args.model, args.synthetic, args.workdir)
+    weights = open_weights(path)
     ctx = POSITION + 64  # room for 16 decode steps
     if args.backend == "vulkan":
         from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
@@ -92,7 +86,7 @@ def main(argv=None) -> int:
         tb = CpuBackend(weights, ctx)
     ids = [2] + [100 + i for i in range(POSITION - 1)]
     tb.forward(ids, 0)
-    out = {"model": str(path or embedded_model_path()), "backend": tb.name, "device": tb.device_name}
+    out = {"model": str(path), "backend": tb.name, "device": tb.device_name}
     stats = tb.stats()
     if "few_token_matvec" in stats:  # the Vulkan backend's load-time choice
         out["few_token_matvec_counts"] = stats["few_token_matvec"]
