@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import json
 import os
 from pathlib import Path
 
 import pytest
-
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if os.name == "posix" and ctypes.util.find_library("c") else None
-if _LIBC is not None and not hasattr(_LIBC, "malloc_trim"):  # not glibc (musl, macOS)
-    _LIBC = None
 
 SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "llama_cpp_270m.json"
 GOLDENS = Path(__file__).resolve().parent / "goldens"
@@ -37,9 +30,9 @@ def _return_memory_after_each_module():
     grew: a 24 GiB machine ran out of memory two thirds into the suite. gc + malloc_trim after each
     module left 0.15 GB where 1.2 GB stayed (test_batching.py alone)."""
     yield
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    from phoenix_chat.engine.heap import release_freed_memory
+
+    release_freed_memory()
 
 
 @pytest.fixture(scope="session")

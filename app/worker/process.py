@@ -591,6 +591,7 @@ class Worker:
                 pass
             self.draft = None
             self.draft_baseline_tps = None
+            _release_freed_memory()
 
     # -- helpers --------------------------------------------------------------------------
     def _report_start(self, gen_id: str, prompt, params, max_tokens: int) -> None:
@@ -646,6 +647,7 @@ class Worker:
                 pass
             self.model = None
             self.model_info = None
+            _release_freed_memory()  # the next model (or none: a remote server) must not sit on this one's heap
 
 
 class _AnswerPump:
@@ -826,3 +828,11 @@ def npu_status(entries=None) -> dict:
                 "name": _field(d, "name"),
             }
     return {"present": False, "reason": "no NPU support in this engine", "name": None}
+
+
+def _release_freed_memory() -> None:
+    """gc + glibc's malloc_trim after a model is dropped (engine/heap.py says why); imported here,
+    not at the top, since the worker starts before it imports the engine."""
+    from phoenix_chat.engine.heap import release_freed_memory
+
+    release_freed_memory()
