@@ -6,6 +6,7 @@ path; the candidate lists are checked on an RDNA-shaped copy of the capabilities
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from gguf import GGMLQuantizationType as Q
 
 from phoenix_chat.engine.backends.vulkan.autotune import matvec_candidates
 from phoenix_chat.engine.backends.vulkan.matvec import WeightMatrix
+from phoenix_chat.engine.backends.vulkan.ops_gemm import cf_refusal, cf_subgroup
+from phoenix_chat.engine.backends.vulkan.pipelines import SUBGROUP_SIZE
 from tests.vulkan import test_matvec
 
 
@@ -70,3 +73,30 @@ def test_rdna_candidates_cover_wave64_and_wave32(vk_device, default):
     # a device without the choice (NVIDIA: 32 only) keeps one size
     nv = dataclasses.replace(rdna(vk_device.caps, 32), subgroup_size_range=(32, 32), compute_subgroup_sizes=(32,))
     assert not any("SUBGROUP_SIZE" in s for s in matvec_candidates(nv))
+
+
+def rdna_device(vk_device, default: int, sizes: tuple[int, ...] = (32, 64)):
+    """A stand-in for a device on RADV (there is no RDNA GPU here): lavapipe's capabilities
+    reshaped as RADV reports a 780M's (cooperative matrices, 64 KiB of shared memory), for the
+    decisions that read only the capabilities."""
+    caps = dataclasses.replace(
+        rdna(vk_device.caps, default),
+        cooperative_matrix=True,
+        shared_memory=64 << 10,
+        max_workgroup_invocations=1024,
+        compute_subgroup_sizes=sizes,
+    )
+    return types.SimpleNamespace(caps=caps)
+
+
+def test_the_few_token_matrix_core_tiles_ask_a_wave64_driver_for_wave32(vk_device):
+    """gemm_coopmat_few.comp is compiled for 32-lane subgroups: RADV's wave64 default is asked for
+    32 through VK_EXT_subgroup_size_control instead of refusing the tiles (as it did before)."""
+    radv = rdna_device(vk_device, 64)
+    assert cf_subgroup(radv) == {SUBGROUP_SIZE: 32}
+    assert cf_refusal(radv, "Q4_0", 2048, "cmf1hr", False) is None  # a record tile: no layout to check
+    assert cf_subgroup(rdna_device(vk_device, 32)) == {}  # RADV_PERFTEST=cswave32: nothing to ask
+    # a driver that cannot be asked for 32 lanes still refuses them, and says so
+    fixed64 = rdna_device(vk_device, 64, sizes=(64,))
+    why = cf_refusal(fixed64, "Q4_0", 2048, "cmf1hr", False)
+    assert why == cf_subgroup(fixed64) and "cannot be asked for" in why and "[64]" in why

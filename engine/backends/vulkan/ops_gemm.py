@@ -52,6 +52,7 @@ from phoenix_chat.engine.backends.vulkan.ops_table import (
     INT8_GEMM_TYPES,
     cf_direct_types,
 )
+from phoenix_chat.engine.backends.vulkan.pipelines import SUBGROUP_SIZE
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.backends.vulkan.device import Device
@@ -138,6 +139,22 @@ def cf_shared_bytes(kernel_name: str, geglu: bool) -> int:
     return (2 * 16 * ft + nsg * nw * 16) * (128 * kc + 16) + nsg * 1024 + nsg * nw * 16 * 68 * kc
 
 
+def cf_subgroup(dev: Device) -> dict[str, int] | str:
+    """How the gemm_coopmat_few.comp tiles (and their layout query) get CF_SUBGROUP lanes here: {}
+    where that is the driver's own size (NVIDIA), {SUBGROUP_SIZE: 32} where it can be asked for
+    through VK_EXT_subgroup_size_control (RADV runs RDNA3 compute in wave64 unless told: without
+    the ask, a 780M had none of these tiles), or why neither."""
+    c = dev.caps
+    if c.subgroup_size == CF_SUBGROUP:
+        return {}
+    if CF_SUBGROUP in c.compute_subgroup_sizes:
+        return {SUBGROUP_SIZE: CF_SUBGROUP}
+    return (
+        f"subgroup size {c.subgroup_size}: the gemm_coopmat_few.comp tiles are compiled for {CF_SUBGROUP} "
+        f"lanes, which this device cannot be asked for (sizes allowed: {list(c.compute_subgroup_sizes) or 'none'})"
+    )
+
+
 def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m: int = 0, n: int = 0) -> str | None:
     """Why the gemm_coopmat_few.comp tile `kernel_name` (few-token or prefill) cannot run this product here
     (PHOENIX_VULKAN_CF=0 turns them off, for comparisons); with the product's m x n, also where a
@@ -152,9 +169,9 @@ def cf_refusal(dev: Device, wtype: str, k: int, kernel_name: str, geglu: bool, m
     direct = kernel_name in CF_DIRECT_TILES
     if not direct and CF_TILES[kernel_name][2] and wtype.upper() not in CF_RAW_TYPES:
         return f"{wtype}: tile {kernel_name} loads {' / '.join(CF_RAW_TYPES)} blocks as whole words"
-    if dev.caps.subgroup_size != CF_SUBGROUP:
-        size = dev.caps.subgroup_size
-        return f"subgroup size {size}: the gemm_coopmat_few.comp tiles are compiled for {CF_SUBGROUP} lanes"
+    lanes = cf_subgroup(dev)
+    if isinstance(lanes, str):
+        return lanes
     kstep = CF_KSTEP * CF_TILES[kernel_name][4]
     if k % kstep:
         return f"k = {k} is not a multiple of the tile's K step {kstep}"
@@ -188,8 +205,9 @@ def cf_direct_layout(dev: Device) -> tuple[int, int] | str:
     if known is not None:
         return known
     why = coopmat_refusal(dev)
-    if why is None and dev.caps.subgroup_size != CF_SUBGROUP:
-        why = f"subgroup size {dev.caps.subgroup_size}: the layout query is built for {CF_SUBGROUP} lanes"
+    lanes = cf_subgroup(dev)
+    if why is None and isinstance(lanes, str):
+        why = lanes
     result: tuple[int, int] | str = why if why is not None else _read_layout(dev)
     _CF_LAYOUTS[dev] = result
     return result
@@ -201,7 +219,9 @@ def _read_layout(dev: Device) -> tuple[int, int] | str:
     out = Buffer(dev, 257 * 4, host=True, name="fragment layout")
     cl = dev.commands(name="fragment layout")
     try:
-        cl.dispatch(dev.pipeline("coopmat_fragment_layout"), [out], 1)
+        lanes = cf_subgroup(dev)  # the tiles' own lanes: a wave64 driver's wave32 layout is theirs
+        assert not isinstance(lanes, str)
+        cl.dispatch(dev.pipeline("coopmat_fragment_layout", **lanes), [out], 1)
         cl.end()
         cl.submit()
         vals = out.view(np.float32, 257).copy()
@@ -370,6 +390,10 @@ def tile_pipeline(dev: Device, wtype: str, kernel_name: str, geglu: bool) -> Pip
         spec["WG"] = CM_TILE_SUBGROUPS.get(kernel_name, CM_SUBGROUPS) * dev.caps.subgroup_size
     elif kernel_name in CF_TILES:
         spec["WG"] = CF_TILES[kernel_name][1] * CF_SUBGROUP
+        lanes = cf_subgroup(dev)
+        if isinstance(lanes, str):
+            raise ValueError(f"gemm: tile {kernel_name} cannot run here: {lanes}")
+        spec.update(lanes)
         if kernel_name in CF_DIRECT_TILES:
             layout = cf_direct_layout(dev)
             if isinstance(layout, str):
