@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="print every saved conversation")
     p.add_argument("--format", choices=["json", "markdown"], default="json")
 
-    p = sub.add_parser("bench", help="prefill/decode speed, bandwidth and % of roofline")
+    p = sub.add_parser("bench", help="prefill/decode speed, bandwidth and %% of roofline")
     _add_model_args(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--prompt-tokens", type=int, default=512)

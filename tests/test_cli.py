@@ -16,6 +16,19 @@ def cli(*args, env_extra=None, timeout=600):
     )
 
 
+def test_help_lists_every_command_and_each_command_has_help():
+    """`phoenix-chat --help` crashed on a stray '%' in one command's help (argparse formats it)."""
+    from phoenix_chat.app.cli import build_parser
+
+    proc = cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert commands and all(name in proc.stdout for name in commands)
+    assert "% of roofline" in proc.stdout
+    for name, sub in commands.items():
+        assert sub.format_help().startswith("usage: "), name  # what `phoenix-chat NAME --help` prints
+
+
 def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
     chat = llama_reference["chat_prompt"]
     proc = cli("run", chat["messages"][0]["content"], "--backend", "cpu", "--temperature", "0", "--max-tokens", "16")
