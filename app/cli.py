@@ -218,6 +218,13 @@ def _messages(system, prompt, images=(), pan_and_scan=False):
     return msgs + [{"role": "user", "content": prompt}]
 
 
+# a base model (the embedded 270M is one) answers a chat turn poorly: say what continues text
+BASE_MODEL_NOTE = (
+    "note: this is a base model, not instruction-tuned: in the chat format it often answers poorly; "
+    "--raw continues PROMPT as text instead"
+)
+
+
 def cmd_run(args) -> int:
     refuse_remote_flags_without_remote(args)
     if args.pan_and_scan and not args.image:
@@ -234,6 +241,8 @@ def cmd_run(args) -> int:
         raise PhoenixError("--image needs the chat format: leave out --raw")
     model = _load(args)
     prompt = args.prompt if args.raw else _messages(args.system, args.prompt, args.image, args.pan_and_scan)
+    if not args.raw and not model.is_instruction_tuned:
+        print(BASE_MODEL_NOTE, file=sys.stderr)
     if args.draft or args.image:
         # the scheduler carries no pictures yet (it refuses them: engine/scheduler.py), so
         # --image goes through stream_generate, as --draft does

@@ -35,6 +35,7 @@ def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:16]) + "\n"
     assert "generated 16 tok" in proc.stderr and "finish: length" in proc.stderr
+    assert "base model, not instruction-tuned" in proc.stderr and "--raw continues PROMPT" in proc.stderr
 
 
 def test_run_with_a_draft_model_gives_the_same_answer_and_reports_acceptance(
@@ -81,6 +82,7 @@ def test_run_raw_and_seeded_sampling_is_reproducible():
     first, second = cli(*args), cli(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout and first.stdout.strip()
+    assert "base model" not in first.stderr  # --raw is what the note suggests
 
 
 def test_tokenize_matches_llama_cpp(llama_reference):
