@@ -24,7 +24,7 @@ def _add_model_args(p, backend=True):
     if backend:
         p.add_argument("--backend", choices=["auto", "cpu", "vulkan", "npu-hybrid"], default="auto")
         p.add_argument("--device", type=int, default=None, metavar="N", help="Vulkan device index (see `devices`)")
-        p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length")
+        p.add_argument("--ctx", type=_bounded(int, 1), default=None, metavar="N", help="context length")
         p.add_argument(
             "--quant",
             choices=[q.value for q in WeightQuant],
@@ -43,15 +43,37 @@ def _add_mmproj_arg(p):
     )
 
 
+def _bounded(kind: type, low: float, high: float | None = None, *, above: bool = False):
+    """An argparse type: a `kind` number from `low` (or above it) up to `high`, else the flag's
+    error with the range; out-of-range values went to the engine before (--max-tokens 0 still
+    wrote a token, --temperature -1 sampled greedily)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if (value <= low if above else value < low) or (high is not None and value > high):
+            if above:
+                wanted = f"more than {low:g}" + (f", up to {high:g}" if high is not None else "")
+            else:
+                wanted = f"{low:g}" + (f" to {high:g}" if high is not None else " or more")
+            raise argparse.ArgumentTypeError(f"{text}: takes {wanted}")
+        return value
+
+    return parse
+
+
 def _add_sampling_args(p):
-    # No sampling defaults here: a flag left out is the engine's SamplingParams default.
-    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--repeat-penalty", type=float)
-    p.add_argument("--seed", type=int)
+    # No sampling defaults here: a flag left out is the engine's SamplingParams default. The
+    # ranges are the server's (app/server/parsing.py), where they are the same quantity.
+    p.add_argument("--max-tokens", type=_bounded(int, 1), default=MAX_TOKENS)
+    p.add_argument("--temperature", type=_bounded(float, 0.0), help="0: greedy")
+    p.add_argument("--top-k", type=_bounded(int, 0), help="0: off")
+    p.add_argument("--top-p", type=_bounded(float, 0.0, 1.0), help="1: off")
+    p.add_argument("--min-p", type=_bounded(float, 0.0, 1.0), help="0: off")
+    p.add_argument("--repeat-penalty", type=_bounded(float, 0.0, above=True), help="1: off")
+    p.add_argument("--seed", type=_bounded(int, 0))
     p.add_argument("--system", default=None, help="system prompt (folded into the first user turn)")
 
 
@@ -89,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding: a small model with the same tokenizer proposes tokens "
         "(e.g. Gemma 3 270M or 1B for 4B-27B); the output is the same",
     )
-    p.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft proposes per round")
+    p.add_argument(
+        "--draft-tokens", type=_bounded(int, 1), default=4, metavar="K", help="tokens the draft proposes per round"
+    )
     p.add_argument(
         "--image",
         action="append",
@@ -119,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="architecture, parameters, tensor types, context, file size, memory fit")
     _add_model_args(p, backend=False)
     _add_mmproj_arg(p)
-    p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length for the memory estimate")
+    p.add_argument(
+        "--ctx", type=_bounded(int, 1), default=None, metavar="N", help="context length for the memory estimate"
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("perplexity", help="llama.cpp-style perplexity of a text file")

@@ -151,6 +151,8 @@ def load(
     wanted = _check_choices(backend, quant)
     if slots < 1:
         raise PhoenixError(f"slots must be at least 1, not {slots}")
+    if context_length is not None and context_length < 1:
+        raise PhoenixError(f"the context length must be at least 1 token, not {context_length} (None: auto)")
     if slots > 1 and backend == "npu-hybrid":
         raise PhoenixError("the npu-hybrid backend holds one sequence: use --backend cpu or vulkan for several slots")
     started = time.perf_counter()

@@ -100,3 +100,15 @@ def test_out_of_memory_names_the_type_that_would_fit(model_path, monkeypatch):
     with pytest.raises(OutOfMemoryError, match=r"CPU backend needs .* weights it would fit the machine") as exc:
         loader.load(model_path, backend="cpu", context_length=512)
     assert "\n" not in str(exc.value) and " at Q" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("what", "kw"),
+    [("context length", {"context_length": 0}), ("context length", {"context_length": -5}), ("slots", {"slots": 0})],
+)
+def test_load_refuses_a_zero_or_negative_size_before_opening_anything(what, kw):
+    from phoenix_chat.engine import load
+    from phoenix_chat.engine.errors import PhoenixError
+
+    with pytest.raises(PhoenixError, match=what):  # a negative context length crashed in numpy before
+        load("/nonexistent/model.gguf", backend="cpu", **kw)
