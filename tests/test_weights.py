@@ -55,6 +55,16 @@ def test_dequantize_uses_gguf_reference(gguf, reference_reader):
 
     t = next(t for t in reference_reader.tensors if t.name == "blk.0.ffn_down.weight")
     assert np.array_equal(gguf.dequantize("layers.0.mlp.down_proj"), quants.dequantize(t.data, t.tensor_type))
+    # one tensor of each type in the file (and the whole embedding table), dequantized with many
+    # rows handed to gguf as one (gguf_file._merged_rows): the same values as row by row
+    first_of_type = {}
+    for name, info in gguf.tensors.items():
+        first_of_type.setdefault(info.qtype, name)
+    first_of_type["embed"] = "embed_tokens"
+    for name in first_of_type.values():
+        info = gguf.tensors[name]
+        plain = quants.dequantize(gguf.raw(name), info.qtype).reshape(info.shape)
+        assert np.array_equal(gguf.dequantize(name), plain), name
     rows = gguf.dequantize_rows("embed_tokens", [2, 105, 262143])
     emb = next(t for t in reference_reader.tensors if t.name == "token_embd.weight")
     assert np.array_equal(rows, quants.dequantize(np.asarray(emb.data)[[2, 105, 262143]], emb.tensor_type))

@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -344,7 +344,7 @@ class GGUFFile(WeightSource):
 
     def dequantize(self, name: str) -> npt.NDArray[np.float32]:
         info = self.tensors[name]
-        out = gguf_quants.dequantize(self.raw(name), info.qtype)
+        out = gguf_quants.dequantize(merged_rows(self.raw(name)), info.qtype)
         return np.ascontiguousarray(out, dtype=np.float32).reshape(info.shape)
 
     def dequantize_rows(self, name: str, rows: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.float32]:
@@ -379,3 +379,19 @@ class GGUFFile(WeightSource):
             self._map.close()
         except BufferError:
             pass  # numpy views still alive; the map closes with them
+
+
+_Cell = TypeVar("_Cell", bound=np.generic)
+MERGED_ROWS = 256  # rows handed to gguf's dequantize as one: it loops over groups of 16 "rows"
+
+
+def merged_rows(raw: npt.NDArray[_Cell]) -> npt.NDArray[_Cell]:
+    """`raw` (rows x row bytes; or rows x values, for gguf's quantize) seen as fewer, longer
+    rows. gguf walks a tensor 16 rows at a time in Python; a row is whole blocks, so rows laid
+    end to end give the same values, and the 270M's CPU load dequantized in 2.5 s, not 3.8."""
+    if raw.ndim != 2:
+        return raw
+    rows, m = raw.shape[0], MERGED_ROWS
+    while m > 1 and rows % m:
+        m //= 2
+    return raw.reshape(rows // m, -1)

@@ -22,6 +22,7 @@ from gguf import quants as gguf_quants
 from phoenix_chat.engine.errors import UnsupportedModelError
 from phoenix_chat.engine.quantization import WeightQuant
 from phoenix_chat.engine.weights.base import TensorInfo, WeightSource
+from phoenix_chat.engine.weights.gguf_file import merged_rows
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.tokenizer import Tokenizer
@@ -78,7 +79,7 @@ class RequantizedWeights(WeightSource):
         if t.qtype == QType.F16:
             out = blocks.view(np.float16)
         else:
-            out = gguf_quants.dequantize(blocks, t.qtype)
+            out = gguf_quants.dequantize(merged_rows(blocks), t.qtype)
         return np.ascontiguousarray(out, dtype=np.float32).reshape(t.shape)
 
     def tokenizer(self) -> Tokenizer:
