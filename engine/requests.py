@@ -56,6 +56,10 @@ class Request:
     raw: bool = False
     id: str = field(default_factory=new_request_id)
 
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:  # the scheduler would still have written one token
+            raise PhoenixError(f"max_tokens must be at least 1, not {self.max_tokens}")
+
 
 @dataclass(frozen=True)
 class Usage:

@@ -72,6 +72,13 @@ def test_prompt_that_cannot_fit_is_refused_at_submit(scheduler):
     assert scheduler.waiting == 0
 
 
+def test_a_request_for_no_tokens_is_refused_when_made():
+    from phoenix_chat.engine.errors import PhoenixError
+
+    with pytest.raises(PhoenixError, match="max_tokens must be at least 1, not 0"):  # one token came out before
+        Request("word", GREEDY, max_tokens=0)
+
+
 def test_cancel_ends_a_running_request_and_the_engine_goes_on(scheduler):
     stream = scheduler.submit(Request(PROMPT, GREEDY, max_tokens=400, raw=True))
     got = []
