@@ -257,6 +257,10 @@ def cmd_run(args) -> int:
         from phoenix_chat.engine.errors import PhoenixError
 
         raise PhoenixError("--pan-and-scan crops pictures: give one with --image")
+    if args.system is not None and args.raw:  # raw text has no turns to put it in: it was dropped
+        from phoenix_chat.engine.errors import PhoenixError
+
+        raise PhoenixError("--system needs the chat format: leave out --raw, or put it in PROMPT")
     if args.remote:
         from phoenix_chat.app.remote_cli import run_remote
 

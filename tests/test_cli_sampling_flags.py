@@ -64,3 +64,10 @@ def test_a_value_out_of_a_flag_s_range_is_refused_with_the_range(capsys, flag, v
         main(["run", PROMPT, "--backend", "cpu", flag, value])
     assert stopped.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", [(), ("--remote", "http://127.0.0.1:9")])
+def test_system_with_raw_is_refused_not_dropped(capsys, where):
+    """Raw text has no turns: --system was silently left out of the prompt (locally and remote)."""
+    assert main(["run", PROMPT, "--raw", "--system", "Be brief.", *where]) == 2
+    assert "--system needs the chat format" in capsys.readouterr().err
