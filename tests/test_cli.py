@@ -29,6 +29,28 @@ def test_help_lists_every_command_and_each_command_has_help():
         assert sub.format_help().startswith("usage: "), name  # what `phoenix-chat NAME --help` prints
 
 
+def test_export_prints_every_saved_conversation_as_json_or_markdown(tmp_path):
+    """`phoenix-chat export [--format]` on the app's real SQLite history (PHOENIX_CHAT_HOME)."""
+    from phoenix_chat.app.store import Store
+
+    home = tmp_path / "home"
+    store = Store(home=home)
+    for title, said in (("Rivers", "The Nile."), ("Hills", "The Downs.")):
+        conv = store.create_conversation(title)
+        store.add_message(conv.id, "user", f"Name some {title.lower()}.")
+        store.add_message(conv.id, "assistant", said)
+    store.close()
+    env = {"PHOENIX_CHAT_HOME": str(home)}
+    as_json = cli("export", env_extra=env)  # json is the default
+    assert as_json.returncode == 0, as_json.stderr
+    exported = json.loads(as_json.stdout)["conversations"]
+    assert [c["title"] for c in exported] == ["Rivers", "Hills"]
+    assert [m["content"] for m in exported[1]["messages"]] == ["Name some hills.", "The Downs."]
+    as_markdown = cli("export", "--format", "markdown", env_extra=env)
+    assert as_markdown.returncode == 0 and "# Rivers" in as_markdown.stdout and "The Downs." in as_markdown.stdout
+    assert cli("export", "--format", "csv", env_extra=env).returncode == 2
+
+
 def test_run_streams_greedy_answer_to_stdout(llama_reference, cpu_model):
     chat = llama_reference["chat_prompt"]
     proc = cli("run", chat["messages"][0]["content"], "--backend", "cpu", "--temperature", "0", "--max-tokens", "16")
