@@ -223,3 +223,13 @@ def test_one_parallel_answer_queues_the_second_chat_and_says_so(qtbot, make_app,
     app.store.flush()
     rows = stored(home)
     assert rows[a][1] == 1 and rows[b][1] == 1 and rows[a][0] and rows[b][0]
+
+
+def test_four_parallel_answers_reload_the_model_with_four_kv_slots(qtbot, make_app, home):
+    preset(home, backend="cpu", context_length=CONTEXT, temperature=0.0)
+    app = make_app()
+    wait_loaded(qtbot, app)
+    with qtbot.waitSignal(app.models.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        app.window.parallel_actions[4].trigger()  # Devices → Parallel answers → 4
+    assert ready.args[0]["slots"] == 4 and ready.args[0]["context_length"] == CONTEXT
+    assert app.chat.capacity() == 4 and app.settings.values.parallel_answers == 4

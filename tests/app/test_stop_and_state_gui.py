@@ -142,6 +142,14 @@ def test_a_chat_longer_than_the_context_keeps_working(qtbot, make_app, home):
     app.store.flush()
     note = json.loads(answers(home)[2][2])["note"]
     assert "from the middle of a long message" in note and "earlier messages" in note
+    # → Drop the oldest messages again: the paste is left out whole, nothing is cut
+    app.window.overflow_actions["drop_oldest"].trigger()
+    assert app.settings.values.context_overflow == "drop_oldest"
+    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        app.chat.send("And now?")
+    app.store.flush()
+    note = json.loads(answers(home)[3][2])["note"]
+    assert "earlier messages" in note and "from the middle" not in note
 
 
 def test_a_second_chat_waits_its_turn_and_figures_stay_with_their_chat(qtbot, make_app, home):
