@@ -71,3 +71,20 @@ def test_system_with_raw_is_refused_not_dropped(capsys, where):
     """Raw text has no turns: --system was silently left out of the prompt (locally and remote)."""
     assert main(["run", PROMPT, "--raw", "--system", "Be brief.", *where]) == 2
     assert "--system needs the chat format" in capsys.readouterr().err
+
+
+def test_the_chat_command_s_flags_reach_the_engine(capsys, monkeypatch, cpu_model):
+    """`phoenix-chat chat` (cmd_chat, not terminal_chat called directly): --system, --max-tokens
+    and --temperature shape the answer to a turn typed on stdin."""
+    import io
+
+    from phoenix_chat.engine.generate import generate
+    from phoenix_chat.engine.sampling import SamplingParams
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a colour.\n"))
+    assert main(["chat", "--backend", "cpu", "--max-tokens", "5", "--temperature", "0", "--system", "Be brief."]) == 0
+    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    want = generate(cpu_model, talk, SamplingParams(temperature=0.0), max_tokens=5)
+    plain = generate(cpu_model, talk[1:], SamplingParams(temperature=0.0), max_tokens=5)
+    assert want != plain  # the system prompt changes this answer, so the test sees it arrive
+    assert f"> {want}\n" in capsys.readouterr().out
