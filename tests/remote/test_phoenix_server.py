@@ -140,6 +140,19 @@ def test_cli_run_remote_chat_mode_uses_the_chat_endpoint(scheduler, phoenix_serv
     assert proc.stdout == local(scheduler, CHAT, GREEDY, 8, raw=False) + "\n"
 
 
+def test_cli_remote_model_and_sampling_flags_reach_the_server(engine, scheduler, phoenix_server):
+    """--remote-model names the model asked for (the server's own id is accepted and reported),
+    and the sampling flags travel: a hot draw cut to its top token (--top-k 1) is the greedy one."""
+    model = engine.resolved_model()
+    flags = ("--raw", PROMPT, "--max-tokens", "8", "--temperature", "1.5", "--seed", "3")
+    hot = cli("run", "--remote", phoenix_server.url, *flags)
+    cut = cli("run", "--remote", phoenix_server.url, "--remote-model", model, *flags, "--top-k", "1")
+    assert hot.returncode == 0 and cut.returncode == 0, hot.stderr + cut.stderr
+    greedy = local(scheduler, PROMPT, GREEDY, 8, raw=True) + "\n"
+    assert hot.stdout != greedy and cut.stdout == greedy
+    assert f"[remote 127.0.0.1:{phoenix_server.port} {model}: " in cut.stderr
+
+
 def test_cli_refuses_local_flags_and_an_unknown_model(phoenix_server):
     proc = cli("run", "--remote", phoenix_server.url, "hi", "--backend", "cpu", "--model", "x.gguf")
     assert proc.returncode == 2
