@@ -154,9 +154,10 @@ def test_run_on_vulkan_without_any_driver_exits_2_with_the_reason():
 def test_perplexity_prints_ppl_last():
     proc = cli("perplexity", str(GOLDENS / "ppl_text.txt"), "--backend", "cpu", "--ctx", "128")
     assert proc.returncode == 0, proc.stderr
-    last = proc.stdout.strip().splitlines()[-1]
+    *_, windows, last = proc.stdout.strip().splitlines()
     assert last.startswith("PPL = ")
     assert 1.0 < float(last.split("=")[1]) < 100.0
+    assert " windows of 128 tokens, " in windows and windows.endswith("backend cpu")  # --ctx reached the scorer
 
 
 def test_perplexity_of_missing_file_is_a_clean_error(tmp_path):
