@@ -15,6 +15,7 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,14 @@ def gguf_cache_key(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", p.stem)[:60]
     return f"{stem}-{digest}"
+
+
+# Tokenizers read from a cache file in this process, by (file, mtime, size): parsing the 270M's
+# 262,144-token JSON takes ~1 s, and the app's worker reads it again at every reload (another
+# quantization, context or slot count). The same object serves both loads: it is immutable but
+# for the special-token switch, which its own lock guards.
+READ_KEEP = 4
+_READ: OrderedDict[tuple[str, int, int], Tokenizer] = OrderedDict()
 
 
 class Tokenizer:
@@ -81,7 +90,14 @@ class Tokenizer:
         n_tokens = len(meta["tokenizer.ggml.tokens"])
         hf = None
         cache_file = cache_dir() / "tokenizers" / f"{cache_key}.json" if cache_key else None
+        read_key: tuple[str, int, int] | None = None
         if cache_file is not None and cache_file.is_file():
+            st = cache_file.stat()
+            read_key = (str(cache_file), st.st_mtime_ns, st.st_size)
+            known = _READ.get(read_key)
+            if known is not None:  # this process read that very file before (a reload)
+                _READ.move_to_end(read_key)
+                return known
             try:
                 hf = tokenizers.Tokenizer.from_file(str(cache_file))
                 if hf.get_vocab_size(with_added_tokens=True) != n_tokens:
@@ -89,6 +105,7 @@ class Tokenizer:
             except Exception:  # a damaged cache file is rebuilt, never fatal
                 hf = None
         if hf is None:
+            read_key = None
             hf = build_gguf_tokenizer(meta)
             if cache_file is not None:
                 _write_atomically(cache_file, hf.to_str())
@@ -99,7 +116,7 @@ class Tokenizer:
 
         eos = [i for i in (meta_id("eos"), meta_id("eot"), meta_id("eom")) if i is not None]
         eos += [i for i in (hf.token_to_id(t) for t in _TURN_END_TEXTS) if i is not None]
-        return cls(
+        made = cls(
             hf,
             bos_id=meta_id("bos"),
             eos_ids=eos,
@@ -107,6 +124,11 @@ class Tokenizer:
             chat_template=meta.get("tokenizer.chat_template"),
             pad_id=meta_id("padding"),
         )
+        if read_key is not None:
+            _READ[read_key] = made
+            while len(_READ) > READ_KEEP:
+                _READ.popitem(last=False)
+        return made
 
     @classmethod
     def from_hf_folder(cls, folder: str | os.PathLike[str]) -> Tokenizer:

@@ -423,6 +423,25 @@ def test_cache_makes_the_second_load_fast(meta, monkeypatch, tmp_path, model_pat
     assert t_load < t_build
 
 
+def test_a_reload_in_the_same_process_reuses_the_tokenizer_it_read(meta, monkeypatch, tmp_path, model_path):
+    """The worker reads the cache file again at every reload (~1 s for the 270M's vocabulary):
+    the same file, unchanged, gives the tokenizer read before; a changed file is read again."""
+    import tokenizers
+
+    monkeypatch.setenv("PHOENIX_CHAT_HOME", str(tmp_path))
+    key = gguf_cache_key(model_path)
+    Tokenizer.from_gguf_metadata(meta, key)  # builds and writes the cache file
+    first = Tokenizer.from_gguf_metadata(meta, key)  # reads it
+    parse = tokenizers.Tokenizer.from_file
+    reads = []
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file", lambda path: reads.append(path) or parse(path))
+    assert Tokenizer.from_gguf_metadata(meta, key) is first and reads == []
+    cache_file = tmp_path / "cache" / "tokenizers" / f"{key}.json"
+    os.utime(cache_file, ns=(cache_file.stat().st_atime_ns, cache_file.stat().st_mtime_ns + 1_000_000))
+    again = Tokenizer.from_gguf_metadata(meta, key)
+    assert again is not first and reads == [str(cache_file)] and again.encode("Hello") == first.encode("Hello")
+
+
 def test_damaged_cache_is_rebuilt(meta, tok, monkeypatch, tmp_path):
     monkeypatch.setenv("PHOENIX_CHAT_HOME", str(tmp_path))
     path = tmp_path / "cache" / "tokenizers" / "k.json"
