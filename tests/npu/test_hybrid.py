@@ -144,8 +144,9 @@ def test_a_failed_npu_run_reaches_the_user_as_one_line(setup, monkeypatch, capsy
         hybrid.forward(ids[:8], 0)
     assert hybrid.stats()["handoff"]["count"] == 0  # nothing half-done reached the decoder
     # `phoenix-chat run` on it: the CLI's PhoenixError path, one line on stderr, exit status 2
+    # (--raw: the chat format would add run's base-model note)
     monkeypatch.setattr(loader, "_make_backend", lambda *a: (hybrid, "NPU prefill (emulated, failing)"))
-    assert main(["run", "Hello", "--backend", "npu-hybrid", "--max-tokens", "4"]) == 2
+    assert main(["run", "Hello", "--raw", "--backend", "npu-hybrid", "--max-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(f"phoenix-chat: error: {message}\n", err), err
 
