@@ -134,21 +134,21 @@ def test_a_chat_longer_than_the_context_keeps_working(qtbot, make_app, home):
     stats = [json.loads(s) for _, _, s in answers(home)]
     assert "2 earlier messages" in stats[1]["note"]
     assert all(s["ttft_s"] and s["ttft_s"] > 0 and s["prompt_tps"] < 1e5 for s in stats)
-    # Devices → Context length → Truncate the middle: the first exchange (the paste) is kept and cut
-    app.window.overflow_actions["truncate_middle"].trigger()
-    assert app.settings.values.context_overflow == "truncate_middle"
-    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS):
-        app.chat.send("One more?")
-    app.store.flush()
-    note = json.loads(answers(home)[2][2])["note"]
+
+    def note_after_choosing(overflow: str, text: str) -> str:
+        """Devices → Context length → `overflow`, then the note of the answer to `text`."""
+        app.window.overflow_actions[overflow].trigger()
+        assert app.settings.values.context_overflow == overflow
+        with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+            app.chat.send(text)
+        app.store.flush()
+        return json.loads(answers(home)[-1][2])["note"]
+
+    # Truncate the middle: the first exchange (the paste) is kept and cut
+    note = note_after_choosing("truncate_middle", "One more?")
     assert "from the middle of a long message" in note and "earlier messages" in note
-    # → Drop the oldest messages again: the paste is left out whole, nothing is cut
-    app.window.overflow_actions["drop_oldest"].trigger()
-    assert app.settings.values.context_overflow == "drop_oldest"
-    with qtbot.waitSignal(app.chat.answer_finished, timeout=ANSWER_TIMEOUT_MS):
-        app.chat.send("And now?")
-    app.store.flush()
-    note = json.loads(answers(home)[3][2])["note"]
+    # Drop the oldest messages again: the paste is left out whole, nothing is cut
+    note = note_after_choosing("drop_oldest", "And now?")
     assert "earlier messages" in note and "from the middle" not in note
 
 
