@@ -19,7 +19,8 @@ run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
 test: lint typecheck peer-server convert-tools
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
+	@mkdir -p build && rm -f build/test-times.tsv
+	PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)

@@ -119,3 +119,13 @@ def llama_cpp_server(model_path, llama_cpp_log):
         model_path, n_ctx=2048, threads=2, model_alias=LLAMA_CPP_MODEL_ID, extra_args=extra, log=llama_cpp_log
     ) as url:
         yield url
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Append each test phase's seconds to $PHOENIX_TEST_TIMES as it ends (`make test` sets it to
+    build/test-times.tsv): pytest's --durations prints only when the run ends, and a CI run stopped
+    by its time limit ends without them — the one run whose profile is most needed."""
+    path = os.environ.get("PHOENIX_TEST_TIMES")
+    if path:
+        with open(path, "a", encoding="utf-8") as times:
+            times.write(f"{report.duration:.3f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
