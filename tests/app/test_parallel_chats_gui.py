@@ -170,7 +170,7 @@ def test_stop_in_one_chat_leaves_the_other_answering_to_its_end(qtbot, make_app,
     events = Events(app)
     view = app.window.chat
     a, a_gen = start_chat(qtbot, app, STORY, 120)
-    b, b_gen = start_chat(qtbot, app, DRAGON, 200)
+    b, b_gen = start_chat(qtbot, app, DRAGON, 120)
     qtbot.waitUntil(lambda: events.seen("tokens", b_gen) and events.seen("tokens", a_gen), timeout=ANSWER_TIMEOUT_MS)
     assert a in app.chat.answers  # 120 tokens take seconds here: A is still writing
     assert app.chat.conversation_id == b and view.stop_button.isEnabled()
@@ -189,7 +189,7 @@ def test_stop_in_one_chat_leaves_the_other_answering_to_its_end(qtbot, make_app,
     rows = stored(home)
     assert rows[a] == (expected(reference, events, a_gen, STORY, 120), 1)
     b_text, b_complete = rows[b]
-    full_b = expected(reference, events, b_gen, DRAGON, 200)
+    full_b = expected(reference, events, b_gen, DRAGON, 120)
     assert b_complete == 1 and b_text and full_b.startswith(b_text) and len(b_text) < len(full_b)
 
 
@@ -205,11 +205,12 @@ def test_one_parallel_answer_queues_the_second_chat_and_says_so(qtbot, make_app,
     events = Events(app)
     view = app.window.chat
 
-    a, a_gen = start_chat(qtbot, app, STORY, 120)
+    a, a_gen = start_chat(qtbot, app, STORY, 40)  # B is sent at A's first text: A is still writing
     qtbot.waitUntil(lambda: events.seen("tokens", a_gen), timeout=ANSWER_TIMEOUT_MS)
     b = app.chat.new_conversation()
     assert "waits for it" in view.hint.text() and "Parallel answers" in view.hint.text()
     app.chat.set_chat_mode("chat")
+    app.chat.set_chat_settings("", {**app.settings.values.sampling_defaults(), "max_tokens": 16})
     app.chat.send(HELLO)
     assert app.chat.queue == [b] and b not in app.chat.answers
     assert "Waiting" in view.hint.text() and "Parallel answers" in view.hint.text()

@@ -17,7 +17,15 @@ from phoenix_chat.engine.remote.engine import RemoteDelta, RemoteEngine, RemoteE
 from phoenix_chat.engine.sampling import SamplingParams
 
 from .conftest import cli
-from .fault_cases import Fault, cases, closed_port, fault_url, self_signed_double, unaccepting_listener
+from .fault_cases import (
+    CLIENT_TIMEOUT_S,
+    Fault,
+    cases,
+    closed_port,
+    fault_url,
+    self_signed_double,
+    unaccepting_listener,
+)
 from .misbehaving_server import FORBIDDEN, MODEL, WORDS, MisbehavingServer
 
 CHAT = [{"role": "user", "content": "Say hello"}]
@@ -319,12 +327,13 @@ def test_a_model_the_server_does_not_list(double):
 CLI_KEY = "sk-cli-fault-test-0b1d"  # sent with every CLI case: it must never show in the output
 
 
-@pytest.mark.parametrize("fault", cases())
+# the stall: test_cli_remote_timeout_is_what_the_engine_waits cuts it after 5 s, and the default it
+# waits without the flag is checked below (waiting out the 60 s cost CI a minute)
+@pytest.mark.parametrize("fault", cases(skip=("stall-90",)))
 def test_cli_faults_are_one_line_and_exit_2(double, tmp_path, fault: Fault):
     """`run --remote` against each fault (fault_cases.py): exit 2, the text that came stays on
     stdout, and the fault is the one line on stderr."""
     with fault_url(fault, double, tmp_path) as (url, host):
-        start = time.monotonic()
         proc = cli("run", "--remote", url, "Say hello", env={"PHOENIX_CHAT_API_KEY": CLI_KEY}, timeout=300)
     assert proc.returncode == 2 and proc.stdout == fault.kept + "\n", (proc.stdout, proc.stderr)
     *figures, last = proc.stderr.splitlines()
@@ -336,8 +345,19 @@ def test_cli_faults_are_one_line_and_exit_2(double, tmp_path, fault: Fault):
     else:
         assert figures == []
     assert CLI_KEY not in proc.stdout + proc.stderr
-    if fault.slow:
-        assert 59 < time.monotonic() - start < 80  # the client's 60 s read timeout, not the server's 90 s stall
+
+
+def test_cli_without_remote_timeout_waits_the_engines_default():
+    """No --remote-timeout: the engine `run --remote` builds waits RemoteEngine's 60 s (the read
+    timeout the stall fault's line names), through the same parser and builder as the process."""
+    from phoenix_chat.app.cli import build_parser
+    from phoenix_chat.app.remote_cli import remote_engine
+
+    args = build_parser().parse_args(["run", "--remote", "http://127.0.0.1:9", "Say hello"])
+    engine = remote_engine(args)
+    assert args.remote_timeout is None and engine.timeout_s == CLIENT_TIMEOUT_S == 60
+    args = build_parser().parse_args(["run", "--remote", "http://127.0.0.1:9", "--remote-timeout", "7", "Say hello"])
+    assert remote_engine(args).timeout_s == 7
 
 
 def test_cli_busy_is_retried_with_a_notice(double):
