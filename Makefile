@@ -18,7 +18,10 @@ LINTED := $(PACKAGES) tests bench tools
 run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
-test: lint typecheck peer-server convert-tools
+# lint, mypy and the two peer venvs are independent: built side by side (mypy takes one core for
+# ~3 min while llama.cpp compiles), then the tests, one at a time.
+test:
+	$(MAKE) -j3 lint typecheck peer-server convert-tools
 	@mkdir -p build && rm -f build/test-times.tsv
 	PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
 
