@@ -34,7 +34,6 @@ from tests.vulkan import (
 )
 
 EXPECTED_SIZE = os.environ.get("PHOENIX_EXPECT_SUBGROUP_SIZE")  # set by test_subgroup_sizes.py
-CPU_PPL = os.environ.get("PHOENIX_CPU_PPL")  # the CPU reference's perplexity, when the parent has it
 CTX = 256
 PPL_CTX = 64
 GREEDY = 4  # tokens compared with transformers' (the module runs four times: each token counts)
@@ -214,14 +213,17 @@ def _greedy(backend, ids, n):
     return list(generate_step(_M(backend), ids, SamplingParams(temperature=0), n))
 
 
-def cpu_reference_ppl(weights, ids) -> float:
+@pytest.fixture(scope="module")
+def cpu_ppl(weights, golden) -> float:
+    """The CPU reference's perplexity of the one window both model tests score, computed once."""
     from phoenix_chat.engine.backends.cpu import CpuBackend
     from phoenix_chat.engine.perplexity import perplexity_of_ids
 
+    ids = golden["ppl_ids"][:PPL_CTX].tolist()
     return perplexity_of_ids(CpuBackend(weights, CTX), ids, PPL_CTX, 2, max_windows=1)["ppl"]
 
 
-def test_270m_in_the_devices_own_shapes(weights, golden, vk_device):
+def test_270m_in_the_devices_own_shapes(weights, golden, cpu_ppl, vk_device):
     """Greedy tokens equal transformers' (which the CPU reference matches, test_model_quality);
     perplexity of one window within 1% of the CPU reference's."""
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
@@ -234,12 +236,12 @@ def test_270m_in_the_devices_own_shapes(weights, golden, vk_device):
         ppl = perplexity_of_ids(backend, ids, PPL_CTX, 2, max_windows=1)["ppl"]
     finally:
         backend.close()
-    ref = float(CPU_PPL) if CPU_PPL else cpu_reference_ppl(weights, ids)
+    ref = cpu_ppl
     print(f"perplexity vulkan {ppl:.4f} cpu {ref:.4f}")
     assert abs(ppl / ref - 1) < 0.01
 
 
-def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
+def test_270m_in_gpu_shapes(weights, golden, cpu_ppl, vk_device, monkeypatch):
     """The backend on a device that reports itself an integrated GPU: subgroup-row matvecs
     with their norm/rope fusions, the prompt through the multi-column matvecs, split-K
     attention, device greedy sampling — the same tokens as transformers — and one perplexity window
@@ -267,7 +269,7 @@ def test_270m_in_gpu_shapes(weights, golden, vk_device, monkeypatch):
         ppl = perplexity_of_ids(backend, ids, PPL_CTX, 2, max_windows=1)["ppl"]  # the window through the GEMM
     finally:
         backend.close()
-    ref = float(CPU_PPL) if CPU_PPL else cpu_reference_ppl(weights, ids)
+    ref = cpu_ppl
     print(f"perplexity vulkan (GPU shapes) {ppl:.4f} cpu {ref:.4f}")
     assert abs(ppl / ref - 1) < 0.01
 

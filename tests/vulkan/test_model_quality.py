@@ -55,9 +55,15 @@ def cpu(weights):
 
 
 @pytest.fixture(scope="module")
-def cpu_ppl(cpu, golden) -> float:
-    """The CPU reference's perplexity on the file's own types (several tests compare with it)."""
-    return windowed_ppl(cpu, golden["ppl_ids"].tolist())
+def cpu_scored(cpu, golden) -> dict:
+    """The CPU reference's perplexity on the file's own types, over PPL_WINDOWS windows and after
+    each (several tests compare with it)."""
+    return perplexity_of_ids(cpu, golden["ppl_ids"].tolist(), PPL_CTX, 2, max_windows=PPL_WINDOWS)
+
+
+@pytest.fixture(scope="module")
+def cpu_ppl(cpu_scored) -> float:
+    return float(cpu_scored["ppl"])
 
 
 def windowed_ppl(backend, ids, bos=2, windows=PPL_WINDOWS) -> float:
@@ -66,9 +72,9 @@ def windowed_ppl(backend, ids, bos=2, windows=PPL_WINDOWS) -> float:
 
 
 @pytest.fixture(scope="module")
-def cpu_ppl_first(cpu, golden) -> float:
+def cpu_ppl_first(cpu_scored) -> float:
     """The CPU reference's perplexity on the file's own types, first window only."""
-    return windowed_ppl(cpu, golden["ppl_ids"].tolist(), windows=1)
+    return float(cpu_scored["running"][0])
 
 
 def test_teacher_forced_top1_agrees_on_99_percent(vulkan, cpu, golden, record_property):
