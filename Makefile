@@ -18,12 +18,17 @@ LINTED := $(PACKAGES) tests bench tools
 run: $(STAMP)
 	$(VENV)/bin/phoenix-chat
 
+# two test processes (pytest-xdist), a file at a time each: a GUI or CLI test keeps one core busy
+# on average and lavapipe ~1.6, so one process left ~a third of the machine idle. TEST_PROCESSES=
+# (empty) runs one.
+TEST_PROCESSES ?= -n 2 --dist loadfile
+
 # lint, mypy and the two peer venvs are independent: built side by side (mypy takes one core for
-# ~3 min while llama.cpp compiles), then the tests, one at a time.
+# ~3 min while llama.cpp compiles), then the tests.
 test:
 	$(MAKE) -j3 lint typecheck peer-server convert-tools
 	@mkdir -p build && rm -f build/test-times.tsv
-	PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15
+	PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15 $(TEST_PROCESSES)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)

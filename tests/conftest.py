@@ -123,9 +123,23 @@ def llama_cpp_server(model_path, llama_cpp_log):
 
 def pytest_runtest_logreport(report) -> None:
     """Append each test phase's seconds to $PHOENIX_TEST_TIMES as it ends (`make test` sets it to
-    build/test-times.tsv): pytest's --durations prints only when the run ends, and a CI run stopped
+    build/test-times.tsv; columns: seconds, phase, outcome, test, xdist
+    worker, RSS MB): pytest's --durations prints only when the run ends, and a CI run stopped
     by its time limit ends without them — the one run whose profile is most needed."""
     path = os.environ.get("PHOENIX_TEST_TIMES")
-    if path:
+    if path and getattr(report, "node", None) is None:  # under xdist the controller sees each report again
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
         with open(path, "a", encoding="utf-8") as times:
-            times.write(f"{report.duration:.3f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
+            times.write(
+                f"{report.duration:.3f}\t{report.when}\t{report.outcome}\t{report.nodeid}\t{worker}\t{_rss_mb()}\n"
+            )
+
+
+def _rss_mb() -> int:
+    """This process's resident memory in MB (the times file's last column: two test processes
+    share the machine's memory)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+    return pages * os.sysconf("SC_PAGE_SIZE") // 2**20
