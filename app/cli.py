@@ -341,8 +341,8 @@ def _run_direct(args, model, prompt) -> int:
     assert last is not None  # stream_generate always ends with a final record
     drafted = (
         f", draft {draft.config.name} ({draft.backend.name}) proposals accepted "
-        f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %), "
-        f"{spec.tokens_per_round:.2f} tok per target pass"
+        f"{spec.accepted}/{spec.proposed} ({100 * spec.acceptance:.0f} %) in {spec.rounds} target passes "
+        f"of up to {args.draft_tokens}, {spec.tokens_per_round:.2f} tok per target pass"
         if draft and spec
         else ""
     )

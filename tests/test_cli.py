@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,12 @@ def test_run_with_a_draft_model_gives_the_same_answer_and_reports_acceptance(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == cpu_model.tokenizer.decode(chat["greedy_48_ids"][:12]) + "\n"
-    assert "generated 12 tok" in proc.stderr and "proposals accepted" in proc.stderr
+    assert "generated 12 tok" in proc.stderr
+    # --draft-tokens 3 at the engine: every pass but the last one or two (cut by --max-tokens) proposes 3
+    found = re.search(r"proposals accepted (\d+)/(\d+) \(\d+ %\) in (\d+) target passes of up to 3,", proc.stderr)
+    assert found, proc.stderr
+    accepted, proposed, passes = map(int, found.groups())
+    assert 3 * passes - 3 <= proposed <= 3 * passes and accepted + passes >= 12, proc.stderr
     from .tinymodels import tiny_gguf
 
     other = cli("run", "hi", "--backend", "cpu", "--draft", str(tiny_gguf(tmp_path / "tiny.gguf")))
