@@ -120,6 +120,26 @@ def test_tokenize_matches_llama_cpp(llama_reference):
         assert [int(x) for x in proc.stdout.split()] == case["ids"]
 
 
+def test_tokenize_model_reads_that_files_vocabulary(tmp_path):
+    """--model: the ids come from that file's tokenizer (the tiny test model's 300 tokens), not the
+    embedded model's."""
+    from phoenix_chat.engine.weights import open_weights
+
+    from .tinymodels import tiny_gguf
+
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    text = "<t5><t7> hello"
+    proc = cli("tokenize", text, "--model", str(path))
+    assert proc.returncode == 0, proc.stderr
+    ids = [int(x) for x in proc.stdout.split()]
+    w = open_weights(path)
+    try:
+        assert ids == w.tokenizer().encode(text, add_bos=True, parse_special=True)
+    finally:
+        w.close()
+    assert max(ids) < 300 and ids != [int(x) for x in cli("tokenize", text).stdout.split()]
+
+
 def test_info_human_and_json():
     proc = cli("info")
     assert proc.returncode == 0
