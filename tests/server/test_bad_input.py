@@ -74,6 +74,34 @@ def test_n_other_than_1_is_refused_clearly(server, client):
     still_serves(client, server.state.model_id)
 
 
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    "endpoint, extra, param",
+    [
+        ("chat", {"tools": [TOOL]}, "tools"),
+        ("chat", {"functions": [TOOL["function"]]}, "functions"),
+        ("chat", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("text", {"logprobs": 2}, "logprobs"),
+        ("text", {"echo": True}, "echo"),
+        ("text", {"suffix": " end"}, "suffix"),
+        ("text", {"best_of": 2}, "best_of"),
+    ],
+)
+def test_features_it_cannot_honour_are_400_through_the_client(server, client, scheduler, endpoint, extra, param):
+    """The real client's own fields, sent over HTTP: refused naming the field, before the engine."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        if endpoint == "chat":
+            client.chat.completions.create(model=server.state.model_id, messages=HELLO, max_tokens=1, **extra)
+        else:
+            client.completions.create(model=server.state.model_id, prompt="Hello", max_tokens=1, **extra)
+    assert exc.value.status_code == 400 and exc.value.body["param"] == param
+    assert scheduler.active == 0 and scheduler.waiting == 0
+    still_serves(client, server.state.model_id)
+
+
 def test_context_overflow_is_400_context_length_exceeded(server, client, scheduler):
     long = [{"role": "user", "content": "word " * (CONTEXT * 2)}]
     for stream in (False, True):
