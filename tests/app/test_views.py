@@ -10,6 +10,7 @@ from PySide6.QtGui import QGuiApplication
 from phoenix_chat.app.views.action_links import ActionLinks
 from phoenix_chat.app.views.chat_view import ShownMessage
 from phoenix_chat.app.views.markdown_render import render_message, split_fences
+from tests.app.conftest import preset
 from tests.app.transcript_links import click_link
 
 pytestmark = pytest.mark.gui
@@ -128,3 +129,16 @@ def test_export_current_conversation(qtbot, qloop, make_app, home, tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert [m["content"] for m in data["conversations"][0]["messages"]] == ["Hi there", "Hello!"]
     assert len(data["conversations"]) == 1
+
+
+def test_a_notice_is_dismissed_by_its_close_button(qtbot, qloop, make_app, home):
+    """The notice's ✕: a settings file naming a remote server that is not saved says so in the
+    notice (no engine is started in its place); ✕ hides it, and the chat stays without a model."""
+    preset(home, engine="remote", remote_profile="gone-box")
+    app = make_app()
+    view = app.window.chat
+    qtbot.waitUntil(lambda: view.notice_kind() == "error", timeout=10_000)
+    assert "No remote server named “gone-box”" in view.notice.text() and view.notice_close.isVisible()
+    qtbot.mouseClick(view.notice_close, Qt.LeftButton)
+    assert view.notice_kind() is None and not view.notice_close.isVisible()
+    assert app.models.info is None
