@@ -1,8 +1,8 @@
 """Prefix reuse (engine/prompt_cache.py) on the Vulkan backend with the real embedded 270M
 (lavapipe in CI: ~0.13 s per prefilled token, so prompts are as short as the cases allow).
 
-Next turns prefill only their new tokens; the continuation equals a full prefill's across the
-512-token sliding window, after regenerate and after an edit of the first message; a scripted
+Next turns prefill only their new tokens; the continuation equals a full prefill's (the CPU
+reference's) across the 512-token sliding window, after regenerate and after an edit of the first message; a scripted
 10-turn chat keeps its time to first token flat. (The ring boundary to the position, with rings
 that have wrapped: tests/test_prompt_cache.py, on a synthetic model.)
 """
@@ -34,7 +34,11 @@ def answer(model, messages, cache=None, max_tokens=3):
     return [r.token for r in records if r.token is not None], records[-1]
 
 
-def test_next_turn_across_the_window_and_regenerate_match_a_full_prefill(vk_model):
+def test_next_turn_across_the_window_and_regenerate_match_a_full_prefill(vk_model, cpu_model):
+    """Turn 2 crosses the 512-token window on the cache of turn 1; it and a regenerate continue
+    as a full prefill of the same chat does: the CPU reference's (prefilling those ~520 tokens
+    again on lavapipe took a minute; Vulkan's own greedy tokens equal the CPU's:
+    test_model_quality.py)."""
     model = vk_model
     backend = model.backend
     assert model.config.sliding_window == 512 and backend.kv_ring_slots == 512 + 512
@@ -51,7 +55,7 @@ def test_next_turn_across_the_window_and_regenerate_match_a_full_prefill(vk_mode
     regen, last3 = answer(model, turn2, cache)
     assert last3.prompt_reused == len(ids2) - 1
 
-    full2, _ = answer(model, turn2)  # no cache: prefilled from position 0
+    full2, _ = answer(cpu_model, turn2)  # no cache: prefilled from position 0
     print(
         f"\nvulkan turn 2: reused {last2.prompt_reused} of {len(ids2)} tokens, ttft {last2.ttft_s:.2f} s "
         f"(turn 1: {len(ids1)} tokens, {last1.ttft_s:.2f} s); greedy {got2}, regenerated {regen}, full {full2}"
@@ -83,7 +87,7 @@ def test_ten_turn_chat_prefills_only_each_new_turn(vk_model):
     for turn in range(10):
         messages.append({"role": "user", "content": f"Question {turn + 1}: what comes after {turn * 7}?"})
         ids = prompt_ids_for(model, messages)
-        got, last = answer(model, messages, cache)
+        got, last = answer(model, messages, cache, max_tokens=2)
         ttft.append(last.ttft_s)
         computed.append(last.prompt_tokens - last.prompt_reused)
         if turn:  # the previous prompt and all but the last answer token came from the cache
@@ -98,4 +102,7 @@ def test_ten_turn_chat_prefills_only_each_new_turn(vk_model):
         f"turn 10 {ttft[-1] * 1e3:.0f} ms ({ttft[-1] / ttft[0]:.2f}x); turn 10 with a full prefill of "
         f"{len(prompt_ids_for(model, messages[:-1]))} tokens {full * 1e3:.0f} ms"
     )
-    assert ttft[-1] <= 2.0 * ttft[0]
+    # flat: every later turn prefilled at most 30 new tokens (above), and turn 10's first token came far sooner
+    # than a full prefill's of the same chat (~10x here). Not turn 10 against turn 1 by the clock:
+    # beside the other test process (make test runs two) a few seconds' noise made that fail.
+    assert ttft[-1] < full / 3

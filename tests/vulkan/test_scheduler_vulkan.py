@@ -70,10 +70,10 @@ def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model):
     first = Request(
         "Once upon a time, in a small village by the sea, there",
         SamplingParams(temperature=0.8, top_k=30, seed=3),
-        max_tokens=24,
+        max_tokens=12,  # lavapipe: ~1 s a decode token of the 270M, most of it the output head
         raw=True,
     )
-    second = Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=8, raw=True)
+    second = Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=5, raw=True)
     sched = Scheduler(tiny_model)
     try:
         alone = [_ids(sched.submit(r))[0] for r in (first, second)]
@@ -133,11 +133,11 @@ def test_a_pipelined_batch_is_broken_off_by_a_newcomer_and_a_cancel_and_nobody_l
         Request(
             "Once upon a time, in a small village by the sea, there",
             SamplingParams(temperature=0.8, top_k=30, seed=3),
-            max_tokens=20,
+            max_tokens=12,
             raw=True,
         ),
-        Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=20, raw=True),
-        Request("1, 2, 3,", SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=9), max_tokens=8, raw=True),
+        Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=14, raw=True),
+        Request("1, 2, 3,", SamplingParams(temperature=1.1, top_k=0, top_p=0.9, seed=9), max_tokens=4, raw=True),
     ]
     sched = Scheduler(tiny_model)
     try:
@@ -152,7 +152,7 @@ def test_a_pipelined_batch_is_broken_off_by_a_newcomer_and_a_cancel_and_nobody_l
             assert d.finish_reason is None, "the second request ended before any pipelined run"
         c = sched.submit(fresh[2])
         got_c = _ids(c)[0]
-        while len(got_b) < 12:
+        while len(got_b) < 8:
             d = next(ib)
             got_b.extend(d.token_ids)
             assert d.finish_reason is None
@@ -166,5 +166,5 @@ def test_a_pipelined_batch_is_broken_off_by_a_newcomer_and_a_cancel_and_nobody_l
     finally:
         sched.close()
     assert got_a == alone[0] and got_c == alone[2]
-    assert last is not None and last.finish_reason == "cancelled" and len(got_b) < 20
+    assert last is not None and last.finish_reason == "cancelled" and len(got_b) < 14
     assert got_b == alone[1][: len(got_b)]

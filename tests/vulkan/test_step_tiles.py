@@ -96,6 +96,19 @@ def tiny_gemm(tmp_path_factory, vk_device):
     w.close()
 
 
+SEARCH_TRIALS = 3  # swaps tried per bucket here (PHOENIX_VULKAN_STEP_SEARCH; the default is 6)
+
+
+@pytest.fixture
+def quick_search(monkeypatch):
+    """Half the default trials, one timed run per step: a tiny model's batched step takes ~1.6 s
+    on lavapipe's tiled GEMM, and the search's logic is the same at any width."""
+    from phoenix_chat.engine.backends.vulkan import batch_tuning, step_tiles
+
+    monkeypatch.setenv("PHOENIX_VULKAN_STEP_SEARCH", f"{step_tiles.MARGIN},{SEARCH_TRIALS}")
+    monkeypatch.setattr(batch_tuning, "RUNS", 1)
+
+
 def _set_timings(vk) -> dict[int, dict[str, str]]:
     """Every shape picks "tiled" at 2 and 4 tokens, "lanes" timed 5 % slower alone."""
     from phoenix_chat.engine.backends.vulkan import step_tiles
@@ -124,7 +137,7 @@ def _batch_logits(vk, B: int) -> np.ndarray:
     return vk.decode_batch(_batch_steps(vk, B))
 
 
-def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(tiny_gemm, monkeypatch):
+def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(tiny_gemm, monkeypatch, quick_search):
     from phoenix_chat.engine.backends.vulkan import step_tiles
 
     vk = tiny_gemm
@@ -153,11 +166,11 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
             report = st["batch_step_tiles"][B]
             assert isinstance(report, dict), report
             picks = vk.tuning.gemm_kernels_few[B]
-            # each shape's swap to the other GEMM tried, the longest first, at most MAX_TRIALS
+            # each shape's swap to the other GEMM tried, the longest first, at most SEARCH_TRIALS
             tried = list(report["tried"])
             longest_first = [shape for shape in before[B] if shape in used[B]]
             assert len(longest_first) >= 4, used[B]  # q, k, v, o, gate/up, down, the LM head
-            assert tried == [f"{shape} -> lanes" for shape in longest_first[: step_tiles.MAX_TRIALS]]
+            assert tried == [f"{shape} -> lanes" for shape in longest_first[:SEARCH_TRIALS]]
             for trial, times in report["tried"].items():
                 shape, tile = trial.split(" -> ")
                 assert times["us"] > 0 and times["incumbent_us"] > 0
@@ -186,7 +199,7 @@ def test_the_search_keeps_the_swaps_its_step_times_say_and_the_batch_runs_them(t
         vk.drop_recordings()
 
 
-def test_a_bucket_running_another_counts_tiles_is_re_recorded_with_the_search_result(tiny_gemm):
+def test_a_bucket_running_another_counts_tiles_is_re_recorded_with_the_search_result(tiny_gemm, quick_search):
     """Tiles timed for 4 tokens only: bucket 4 searches them, bucket 2 (which runs the 4-token
     tiles) is then recorded and timed again with what the search kept."""
     vk = tiny_gemm

@@ -146,25 +146,28 @@ class VulkanBackend(Backend):
             if options.few_token_int8 and not self.int_dot:
                 raise ValueError(f"few_token_int8 needs int8 activations, which {dev.name} does not run (int_dot)")
             self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
-            self.device_weights = upload_weights(dev, weights, self.plan, self._cancellable(progress))
+            with dev.owning(self):
+                self.device_weights = upload_weights(dev, weights, self.plan, self._cancellable(progress))
             weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
-            self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
+            with dev.owning(self):
+                self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
         except BaseException:
             self.close()
             raise
         self.budget = self.plan.budget
         self.layers = self.device_weights.layers
         self.kv_ring_slots = min(self.plan.slots)  # the local layers' rings (global: the whole context)
-        self.graph = Gemma3Graph(
-            self.config,
-            dev,
-            self.device_weights,
-            self.buffers,
-            context_length=context_length,
-            n_splits=self.plan.n_splits,
-            int_dot=self.int_dot,
-            tuning=self.tuning,
-        )
+        with dev.owning(self):
+            self.graph = Gemma3Graph(
+                self.config,
+                dev,
+                self.device_weights,
+                self.buffers,
+                context_length=context_length,
+                n_splits=self.plan.n_splits,
+                int_dot=self.int_dot,
+                tuning=self.tuning,
+            )
         # tokens per prefill submission; Stop is asked between them
         self.prefill_chunk = SOFTWARE_PREFILL_CHUNK if caps.is_software else PREFILL_CHUNK
         gpu = not caps.is_software
@@ -976,6 +979,8 @@ class VulkanBackend(Backend):
             self._image_rows = None
         if self._own_device:
             dev.close()
+        else:  # a shared device: give back what this backend made on it
+            dev.free_owned(self)
         del self.dev  # closed: a second close() finds none
 
 

@@ -56,7 +56,8 @@ def dummy(dev: Device) -> Buffer:
     """A small buffer for binding slots a variant declares but does not read."""
     d = getattr(dev, "_dummy_buffer", None)
     if d is None:
-        d = dev._dummy_buffer = dev.buffer(256, name="dummy")
+        with dev.owning(None):  # the device's, whichever backend asked first
+            d = dev._dummy_buffer = dev.buffer(256, name="dummy")
     return d
 
 

@@ -75,6 +75,7 @@ class Buffer:
             self.address = int(dev.ffi.cast("uintptr_t", dev.ffi.from_buffer(raw)))
         self.alloc_size = int(req.size)
         dev.allocated_bytes += self.alloc_size
+        self.owner = dev.alloc_owner  # Device.owning
         dev._buffers.append(self)
         self._alive = True
 
