@@ -138,8 +138,6 @@ def pytest_runtest_logreport(report) -> None:
 def _rss_mb() -> int:
     """This process's resident memory in MB (the times file's last column: two test processes
     share the machine's memory)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-    return pages * os.sysconf("SC_PAGE_SIZE") // 2**20
+    import psutil
+
+    return int(psutil.Process().memory_info().rss // 2**20)

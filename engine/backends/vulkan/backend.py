@@ -146,10 +146,9 @@ class VulkanBackend(Backend):
             if options.few_token_int8 and not self.int_dot:
                 raise ValueError(f"few_token_int8 needs int8 activations, which {dev.name} does not run (int_dot)")
             self.plan = plan_memory(weights, context_length, dev, options.quant, slots)
-            with dev.owning(self):
+            with dev.owning(self):  # freed by close() on a shared device too
                 self.device_weights = upload_weights(dev, weights, self.plan, self._cancellable(progress))
-            weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
-            with dev.owning(self):
+                weights.release_pages()  # the file's pages are a second copy of the weights in RAM now
                 self.buffers = allocate_buffers(dev, self.config, self.plan, context_length, self.device_weights.layers)
         except BaseException:
             self.close()
