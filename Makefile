@@ -22,13 +22,18 @@ run: $(STAMP)
 # on average and lavapipe ~1.6, so one process left ~a third of the machine idle. TEST_PROCESSES=
 # (empty) runs one.
 TEST_PROCESSES ?= -n 2 --dist loadfile
+# ... and each process's BLAS (numpy's OpenBLAS: the CPU backend, the references) on one thread:
+# its idle threads spin, so beside a lavapipe test a CPU-backend bench took 57-66 s with two
+# threads and 37-44 s with one (lavapipe's own threads lose nothing to sharing the cores).
+# With TEST_PROCESSES= set TEST_ENV= too.
+TEST_ENV ?= OPENBLAS_NUM_THREADS=1
 
 # lint, mypy and the two peer venvs are independent: built side by side (mypy takes one core for
 # ~3 min while llama.cpp compiles), then the tests.
 test:
 	$(MAKE) -j3 lint typecheck peer-server convert-tools
 	@mkdir -p build && rm -f build/test-times.tsv
-	PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15 $(TEST_PROCESSES)
+	$(TEST_ENV) PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15 $(TEST_PROCESSES)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)

@@ -246,14 +246,17 @@ def test_270m_in_gpu_shapes(weights, golden, cpu_ppl, vk_device, monkeypatch):
     with their norm/rope fusions, the prompt through the multi-column matvecs, split-K
     attention, device greedy sampling — the same tokens as transformers — and one perplexity window
     through the GPU-shaped GEMM within 1% of the CPU reference's. The 262144-row output
-    head keeps the CPU device's shape: in subgroup rows it is 32768 workgroups, which cost
-    lavapipe 3 s a token (its GPU shapes are checked above on 70 rows, test_matvec_every_shape)."""
-    from phoenix_chat.engine.backends.vulkan import matvec
+    head keeps the CPU device's shapes: in subgroup rows its matvec is 32768 workgroups, which
+    cost lavapipe 3 s a token, and the tiled GEMM over a window's 64 positions took ~80 of this
+    test's ~95 s alone (its GPU shapes are checked above on 70 rows, test_matvec_every_shape,
+    and the tiled GEMM on Q8_0 in test_gemm)."""
+    from phoenix_chat.engine.backends.vulkan import matvec, ops_gemm
     from phoenix_chat.engine.backends.vulkan.autotune import MatvecChoice
     from phoenix_chat.engine.backends.vulkan.backend import VulkanBackend, VulkanOptions
+    from phoenix_chat.engine.backends.vulkan.gemm_tuning import shape_key
     from phoenix_chat.engine.perplexity import perplexity_of_ids
 
-    cpu_spec = matvec.default_spec(vk_device)
+    cpu_spec, cpu_gemm = matvec.default_spec(vk_device), ops_gemm.kernel(vk_device)
 
     monkeypatch.setattr(vk_device, "caps", gpu_caps(vk_device))
     assert not vk_device.caps.is_software
@@ -261,8 +264,12 @@ def test_270m_in_gpu_shapes(weights, golden, cpu_ppl, vk_device, monkeypatch):
     backend = VulkanBackend(weights, CTX, opts, device=vk_device)
     try:
         assert matvec.default_spec(vk_device)["SUBGROUP_ROWS"] > 0
+        assert ops_gemm.kernel(vk_device) == "tiled" != cpu_gemm  # the layers' prefill GEMM
         assert backend.tuning.qkv_rope is not None and backend.plan.n_splits > 1
         backend.tuning.matvec["lm"] = MatvecChoice(0.0, False, cpu_spec)
+        head = backend.device_weights.lm_head
+        lm_shape = shape_key(head.qtype.name, head.rows, weights.config.hidden_size, geglu=False)
+        backend.tuning.gemm_kernels[lm_shape] = cpu_gemm
         backend.drop_recordings()
         assert _greedy(backend, golden["capital_prompt_ids"].tolist(), GREEDY) == _capital(golden)
         ids = golden["ppl_ids"][:PPL_CTX].tolist()

@@ -173,7 +173,10 @@ def test_int8_tiles_compete_only_where_int8_activations_are_on(tiny_weights, vk_
     forced = dataclasses.replace(vk_device.caps, device_type="integrated", name="an integrated GPU (shapes forced)")
     monkeypatch.setattr(vk_device, "caps", forced)
     for int_dot in (True, False):
-        be = VulkanBackend(tiny_weights, 64, VulkanOptions(int_dot=int_dot, autotune=False), device=vk_device)
+        # few_token_matvec set: the load skips timing a short prompt's path (matvec or GEMM), 18-25 s
+        # of lavapipe's ~30 a load, which this test does not read
+        opts = VulkanOptions(int_dot=int_dot, autotune=False, few_token_matvec=False)
+        be = VulkanBackend(tiny_weights, 64, opts, device=vk_device)
         try:
             st, note = be.stats(), be.tuning.gemm_kernels_note
             shapes = set(gemm_tuning.model_shapes(be.graph))

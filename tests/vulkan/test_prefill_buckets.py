@@ -147,10 +147,10 @@ def test_the_chat_bench_counts_the_forwards_its_turns_recorded(vk_device):
     their own lengths, one per distinct new-token count."""
     from phoenix_chat.engine.bench_streams import load_for_streams, run_streams_bench
 
-    model = load_for_streams(None, "vulkan", [1], 8, 2, 4)
+    model = load_for_streams(None, "vulkan", [1], 8, 2, 3)
     try:
         buckets = model.backend.prefill_buckets
-        r = run_streams_bench(model, [1], 8, 2, chat_turns=4)
+        r = run_streams_bench(model, [1], 8, 2, chat_turns=3)  # three turns: three new-token counts
     finally:
         model.close()
     [chat] = r.chats
