@@ -54,6 +54,13 @@ class BenchResult:
     matvec_tuning: dict[str, dict[str, Any]] | None = None  # the kernel path/shape the autotuner picked per matrix
     decode_options: dict[str, Any] | None = None  # tuned step-level fusions (rope in QKV, GEGLU q8_1 output)
     prefill_options: dict[str, Any] | None = None  # the prefill GEMM kernel and its load-time timings
+    # what was measured, as the backend holds it: the context its KV cache was sized for (--ctx,
+    # else prompt + answer + 8), the re-quantization asked for (--quant; "file": none) and the
+    # weight types it applied (its own count of the matrices it uploaded)
+    context_length: int = 0
+    kv_cache_gib: float | None = None
+    quant: str = "file"  # quantization.AS_IN_FILE
+    weight_types: dict[str, int] | None = None
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items()]
@@ -125,7 +132,7 @@ def run_bench(
     allow_software: bool = True,
     seed: int = 0,
 ) -> BenchResult:
-    from phoenix_chat.engine.quantization import WeightQuant
+    from phoenix_chat.engine.quantization import AS_IN_FILE, WeightQuant
     from phoenix_chat.engine.weights import open_weights
 
     wanted = WeightQuant.parse(quant)
@@ -185,6 +192,11 @@ def run_bench(
                 n += 1
         decode_s = time.perf_counter() - t0
         stats = be.stats()
+        held = {
+            "context_length": be.context_length,
+            "kv_cache_gib": be.live_stats().kv_cache_bytes / 2**30,
+            "weight_types": be.weight_types() or None,
+        }
         profile = None
         if vk is not None:
             from phoenix_chat.engine.backends.vulkan.profiling import profile_step
@@ -239,6 +251,8 @@ def run_bench(
             if k in stats
         }
         or None,
+        quant=wanted.value if wanted is not None else AS_IN_FILE,
+        **held,
     )
 
 

@@ -45,27 +45,49 @@ def test_device_index_picks_that_device(vk_device, tiny_path):
     assert json.loads(proc.stdout)["device"] == vk_device.name
 
 
-def test_bench_command_prints_measured_json(vk_device, tiny_path):
-    proc = cli(
-        "bench",
-        "--model",
-        str(tiny_path),
-        "--backend",
-        "vulkan",
-        "--prompt-tokens",
-        "16",
-        "--gen-tokens",
-        "4",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+@pytest.fixture(scope="module")
+def tiny_bench(vk_device, tiny_path):
+    """tiny_bench(*flags): `bench --json` of the tiny file (16 + 4 tokens) with those flags, run once."""
+    runs: dict[tuple[str, ...], dict] = {}
+
+    def run(*flags: str) -> dict:
+        if flags not in runs:
+            args = ["--model", str(tiny_path), "--prompt-tokens", "16", "--gen-tokens", "4", *flags, "--json"]
+            proc = cli("bench", *args)
+            assert proc.returncode == 0, proc.stderr
+            runs[flags] = json.loads(proc.stdout)
+        return runs[flags]
+
+    return run
+
+
+def test_bench_command_prints_measured_json(tiny_bench, tiny_path):
+    r = tiny_bench("--backend", "vulkan")
     assert r["backend"] == "vulkan" and r["prompt_tokens"] == 16 and r["gen_tokens"] == 4
     assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["copy_gb_s"] > 0
     assert r["decode_pct_of_copy"] == pytest.approx(100 * r["decode_gb_s"] / r["copy_gb_s"], rel=1e-3)
     table = cli("bench", "--model", str(tiny_path), "--backend", "cpu", "--prompt-tokens", "8", "--gen-tokens", "2")
     assert table.returncode == 0, table.stderr
     assert "decode_tok_s" in table.stdout and "cpu" in table.stdout
+
+
+def test_bench_ctx_and_quant_reach_the_backend(tiny_bench):
+    """--ctx sizes the measured backend's KV cache and --quant re-quantizes its matrices: the result
+    names both as the backend holds them (its context, KV bytes and its own count of the types it
+    uploaded), against the same bench without the flags (the file's Q4_0, context 16 + 4 + 8)."""
+    plain, flagged = (
+        tiny_bench("--backend", "vulkan"),
+        tiny_bench("--backend", "vulkan", "--ctx", "200", "--quant", "q8_0"),
+    )
+    assert plain["context_length"] == 16 + 4 + 8 and plain["quant"] == "file"
+    assert flagged["context_length"] == 200 and flagged["quant"] == "q8_0"
+    assert flagged["kv_cache_gib"] > plain["kv_cache_gib"] > 0
+    assert set(plain["weight_types"]) == {"Q4_0", "Q8_0", "F32"} and plain["weight_types"]["Q8_0"] == 1  # the embedding
+    assert set(flagged["weight_types"]) == {"Q8_0", "F32"}  # every matrix (and the Q8_0 embedding)
+    assert flagged["weights_gib"] > 1.5 * plain["weights_gib"]  # 34-byte blocks against 18
+    cpu = tiny_bench("--backend", "cpu", "--quant", "q8_0")  # values rounded to Q8_0, computed in f32
+    assert cpu["quant"] == "q8_0" and set(cpu["weight_types"]) == {"Q8_0", "F32"}
+    assert cpu["context_length"] == 16 + 4 + 8
 
 
 def _streams_bench(*extra):
