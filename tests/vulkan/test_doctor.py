@@ -416,6 +416,28 @@ def test_a_model_that_does_not_load_is_one_line_per_device(vk_device, tmp_path):
     assert f"## CPU (numpy reference)\n- measurement: {rep['cpu']['measurement']['error']}" in md
 
 
+def test_doctor_model_flag_measures_that_file(vk_device, tiny_path):
+    """`doctor --model PATH` on the command line: the report names that file and each backend's
+    measurement streams its weights (the tiny file's, not the embedded 270M's ~253 MB)."""
+    from phoenix_chat.engine.doctor_measure import cpu_weights_bytes
+    from phoenix_chat.engine.weights import open_weights
+
+    proc = _doctor("--json", "--seconds", "1", "--model", str(tiny_path))
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    size = tiny_path.stat().st_size
+    assert rep["model"] == {"path": str(tiny_path), "file_bytes": size}
+    dev = next(d for d in rep["vulkan"] if d["name"] == vk_device.name)
+    for m in (dev["measurement"], rep["cpu"]["measurement"]):
+        assert m["decode"]["tokens"] >= 1, m
+    assert 0 < dev["measurement"]["weights_bytes_per_token"] <= size
+    w = open_weights(tiny_path)
+    try:
+        assert rep["cpu"]["measurement"]["weights_bytes_per_token"] == cpu_weights_bytes(w)
+    finally:
+        w.close()
+
+
 def test_xrt_is_found_through_xilinx_xrt_and_beside_pyxrt(tmp_path, monkeypatch):
     from phoenix_chat.npu.detect import xrt_version
 
