@@ -76,3 +76,17 @@ def test_draft_model_menu_loads_a_draft_that_speeds_decoding_and_refuses_another
     assert "does not share the tokenizer" in w.chat.notice.text() and w.chat.notice.isVisible()
     assert app.settings.values.draft_model is None and w.draft_none_action.isChecked()
     assert str(other) not in w.draft_actions
+
+    # Open… a model that does share the tokenizer (the same 12-layer cut under another name, not in
+    # Recent models): loaded, kept, and the next answer is drafted by it — still the greedy answer.
+    chosen = tmp_path / "draft-opened.gguf"
+    chosen.symlink_to(draft_path)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(chosen), ""))
+    with qtbot.waitSignal(app.drafts.draft_ready, timeout=LOAD_TIMEOUT_MS) as ready:
+        w.draft_open_action.trigger()
+    info = ready.args[0]
+    assert info["path"] == str(chosen) and info["layers"] == 12
+    assert app.settings.values.draft_model == str(chosen) and w.draft_actions[str(chosen)].isChecked()
+    w.new_chat_action.trigger()
+    opened, stats = answer(qtbot, app, home, "The capital of France is")
+    assert opened == plain and stats["draft_acceptance"] > 0
