@@ -10,12 +10,15 @@ import urllib.request
 import pytest
 from PySide6.QtWidgets import QApplication
 
+from phoenix_chat.engine.generate import generate
+from phoenix_chat.engine.sampling import SamplingParams
 from tests.app.conftest import ANSWER_TIMEOUT_MS, preset, wait_loaded
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 openai = pytest.importorskip("openai")
 
 START_MS = 30_000
+STORY = [{"role": "user", "content": "Tell me a story about a phoenix."}]
 
 
 def _port(url: str) -> int:
@@ -30,7 +33,7 @@ def _refused(port: int) -> bool:
     return False
 
 
-def test_server_menu_serves_the_openai_client_and_shows_it_active(qtbot, make_app, home):
+def test_server_menu_serves_the_openai_client_and_shows_it_active(qtbot, make_app, home, cpu_model):
     preset(home, backend="cpu", server_port=0)
     app = make_app()
     wait_loaded(qtbot, app)
@@ -50,7 +53,7 @@ def test_server_menu_serves_the_openai_client_and_shows_it_active(qtbot, make_ap
         client = openai.OpenAI(base_url=url, api_key="unused-on-loopback")
         stream = client.chat.completions.create(
             model=client.models.list().data[0].id,  # the loaded model's name
-            messages=[{"role": "user", "content": "Tell me a story about a phoenix."}],
+            messages=STORY,
             max_tokens=40,
             temperature=0.0,
             stream=True,
@@ -68,6 +71,8 @@ def test_server_menu_serves_the_openai_client_and_shows_it_active(qtbot, make_ap
     qtbot.waitUntil(lambda: not asker.is_alive(), timeout=ANSWER_TIMEOUT_MS)
     asker.join()
     assert result["text"].strip() and result["reason"] in (["length"], ["stop"])
+    # what the worker's engine answered is the engine's greedy answer (this process's CPU model)
+    assert result["text"] == generate(cpu_model, STORY, SamplingParams(temperature=0.0), max_tokens=40)
     qtbot.waitUntil(lambda: "0 active" in w.server_label.text(), timeout=START_MS)
 
     w.copy_url_action.trigger()  # Server → Copy URL
