@@ -19,7 +19,7 @@ from phoenix_chat.engine.sampling import SamplingParams
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 CTX = 1024
 PPL_CTX = 128
-PPL_WINDOWS = 2
+PPL_WINDOWS = 1  # lavapipe scores one window (64 positions) per perplexity; docs/PERFORMANCE.md's tables measured more
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,6 @@ def cpu_scored(cpu, golden) -> dict:
     return perplexity_of_ids(cpu, golden["ppl_ids"].tolist(), PPL_CTX, 2, max_windows=PPL_WINDOWS)
 
 
-@pytest.fixture(scope="module")
-def cpu_ppl(cpu_scored) -> float:
-    return float(cpu_scored["ppl"])
-
-
 def windowed_ppl(backend, ids, bos=2, windows=PPL_WINDOWS) -> float:
     """llama.cpp's method (engine/perplexity.py) over the first `windows` windows."""
     return perplexity_of_ids(backend, ids, PPL_CTX, bos, max_windows=windows)["ppl"]
@@ -74,7 +69,7 @@ def windowed_ppl(backend, ids, bos=2, windows=PPL_WINDOWS) -> float:
 @pytest.fixture(scope="module")
 def cpu_ppl_first(cpu_scored) -> float:
     """The CPU reference's perplexity on the file's own types, first window only."""
-    return float(cpu_scored["running"][0])
+    return float(cpu_scored["running"][0])  # == cpu_scored["ppl"] with PPL_WINDOWS = 1
 
 
 def test_teacher_forced_top1_agrees_on_99_percent(vulkan, cpu, golden, record_property):
@@ -151,8 +146,10 @@ def test_int8_activation_decode_agrees_with_cpu(weights, vk_device, cpu, golden,
     assert diff < 1.0
 
 
-def test_perplexity_within_1_percent_of_cpu(vulkan, cpu_ppl, golden, record_property):
-    ppl_gpu, ppl_cpu = windowed_ppl(vulkan, golden["ppl_ids"].tolist()), cpu_ppl
+def test_perplexity_within_1_percent_of_cpu(vulkan, cpu_ppl_first, golden, record_property):
+    """One window of PPL_CTX (the teacher-forced test above scores 128 positions' top-1 besides;
+    a second window added ~25 s of lavapipe and no other path)."""
+    ppl_gpu, ppl_cpu = windowed_ppl(vulkan, golden["ppl_ids"].tolist()), cpu_ppl_first
     record_property("ppl_vulkan", ppl_gpu)
     record_property("ppl_cpu", ppl_cpu)
     print(f"perplexity vulkan {ppl_gpu:.4f} cpu {ppl_cpu:.4f}")
@@ -217,9 +214,9 @@ def test_requantized_perplexity_cost(
     # the CPU reference (re-quantizing in numpy: mostly one core) is made and run on a thread of
     # its own while the device computes its perplexity
     with ThreadPoolExecutor(max_workers=1) as pool:
-        on_cpu = pool.submit(lambda: windowed_ppl(requantized_cpu(qtype), ids, windows=1))
+        on_cpu = pool.submit(lambda: windowed_ppl(requantized_cpu(qtype), ids))
         try:
-            ppl = windowed_ppl(backend, ids, windows=1)
+            ppl = windowed_ppl(backend, ids)
         finally:
             backend.close()
         reference = on_cpu.result()
