@@ -192,11 +192,9 @@ def run_bench(
                 n += 1
         decode_s = time.perf_counter() - t0
         stats = be.stats()
-        held = {
-            "context_length": be.context_length,
-            "kv_cache_gib": be.live_stats().kv_cache_bytes / 2**30,
-            "weight_types": be.weight_types() or None,
-        }
+        # what the measured backend held (the result's last fields)
+        held_context, held_kv_gib = be.context_length, be.live_stats().kv_cache_bytes / 2**30
+        held_types = be.weight_types() or None
         profile = None
         if vk is not None:
             from phoenix_chat.engine.backends.vulkan.profiling import profile_step
@@ -251,8 +249,10 @@ def run_bench(
             if k in stats
         }
         or None,
+        context_length=held_context,
+        kv_cache_gib=held_kv_gib,
         quant=wanted.value if wanted is not None else AS_IN_FILE,
-        **held,
+        weight_types=held_types,
     )
 
 
