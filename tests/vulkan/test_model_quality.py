@@ -61,9 +61,9 @@ def cpu_scored(cpu, golden) -> dict:
     return perplexity_of_ids(cpu, golden["ppl_ids"].tolist(), PPL_CTX, 2, max_windows=PPL_WINDOWS)
 
 
-def windowed_ppl(backend, ids, bos=2, windows=PPL_WINDOWS) -> float:
-    """llama.cpp's method (engine/perplexity.py) over the first `windows` windows."""
-    return perplexity_of_ids(backend, ids, PPL_CTX, bos, max_windows=windows)["ppl"]
+def windowed_ppl(backend, ids, bos=2) -> float:
+    """llama.cpp's method (engine/perplexity.py) over the first PPL_WINDOWS windows."""
+    return perplexity_of_ids(backend, ids, PPL_CTX, bos, max_windows=PPL_WINDOWS)["ppl"]
 
 
 @pytest.fixture(scope="module")
