@@ -4,6 +4,8 @@ greedy and seeded sampling. The real embedded 270M, a few tokens each (lavapipe 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from phoenix_chat.engine.requests import Request
@@ -63,7 +65,34 @@ def test_batched_requests_get_what_each_gets_alone(tiny_model):
     assert solo == sum(len(a) for a in alone) - len(alone)  # every token but the prefill's
 
 
-def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model):
+def _hold_solo_runs(backend, before: int, reached: threading.Event, gate: threading.Event, monkeypatch) -> None:
+    """Instrument the real backend: each device-resident run sets `reached` and waits for `gate`
+    before it hands the scheduler its `before`-th id, so a test can submit while a lone run is
+    surely under way. Not a double: the ids are the backend's own. Without it the join raced the
+    submissions in flight, and on a loaded CI machine the whole run could end first."""
+    real = backend.decode_slot_tokens
+
+    def held(*args, **kwargs):
+        tokens = real(*args, **kwargs)
+        if tokens is None:
+            return None
+
+        def run():
+            try:
+                for i, token in enumerate(tokens):
+                    if i == before:
+                        reached.set()
+                        assert gate.wait(120), "the test never opened the gate"
+                    yield token
+            finally:
+                tokens.close()
+
+        return run()
+
+    monkeypatch.setattr(backend, "decode_slot_tokens", held)
+
+
+def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model, monkeypatch):
     """A lone request decodes on the device-resident path; a second one submitted while it runs
     stops that run at once (the submissions in flight finish), both then share batched steps,
     and each gets exactly the ids it gets alone. A cancel during a lone run ends it there."""
@@ -75,16 +104,15 @@ def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model):
     )
     second = Request("The capital of France is", SamplingParams(temperature=0.0), max_tokens=5, raw=True)
     sched = Scheduler(tiny_model)
+    reached, gate = threading.Event(), threading.Event()
     try:
         alone = [_ids(sched.submit(r))[0] for r in (first, second)]
+        _hold_solo_runs(tiny_model.backend, 2, reached, gate, monkeypatch)
         a = sched.submit(Request(first.prompt, first.params, first.max_tokens, raw=True))
-        got_a: list[int] = []
-        it = iter(a)
-        while len(got_a) < 4:  # the lone run is under way
-            got_a.extend(next(it).token_ids)
+        assert reached.wait(300), "the lone request never took the device-resident path"
         b = sched.submit(Request(second.prompt, second.params, second.max_tokens, raw=True))
-        for d in it:
-            got_a.extend(d.token_ids)
+        gate.set()  # the lone run had handed out two ids: it is under way
+        got_a = _ids(a)[0]
         got_b = _ids(b)[0]
         shared = sched.max_batch
         # a cancel while a lone request runs: it ends "cancelled" and the slot serves the next one
@@ -98,6 +126,7 @@ def test_a_request_joins_a_lone_one_mid_run_and_both_keep_their_ids(tiny_model):
             last = d
         again = _ids(sched.submit(Request(second.prompt, second.params, second.max_tokens, raw=True)))[0]
     finally:
+        gate.set()
         sched.close()
     assert got_a == alone[0] and got_b == alone[1]
     assert shared >= 2, "the second request never joined the first in a batched step"
