@@ -6,6 +6,7 @@ sliding-window boundary and after an edit, conversations keep their own slots, a
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -93,24 +94,46 @@ def test_every_sequence_in_a_mixed_batch_equals_itself_alone(model):
     assert all(g[-1].finish_reason == "length" for g in got)
 
 
-def test_joining_and_leaving_mid_run_changes_nothing_for_the_others(model):
+def _hold_lone_steps(backend, after: int, reached: threading.Event, gate: threading.Event, monkeypatch) -> None:
+    """Instrument the real backend: after `after` decode steps of one row, the next one sets
+    `reached` and waits for `gate`, so a test submits while a lone request is surely mid-run
+    (not a double: the logits are the backend's own; untimed, the newcomer could lose the race
+    against the lone request's last step on a loaded machine)."""
+    real = backend.decode_batch
+    lone = [0]
+
+    def held(steps):
+        if len(steps) == 1:
+            if lone[0] == after:
+                reached.set()
+                assert gate.wait(120), "the test never opened the gate"
+            lone[0] += 1
+        return real(steps)
+
+    monkeypatch.setattr(backend, "decode_batch", held)
+
+
+def test_joining_and_leaving_mid_run_changes_nothing_for_the_others(model, monkeypatch):
     a = Request("The three primary colours are", SEEDED, max_tokens=14, raw=True)
     b = Request([{"role": "user", "content": notes(30) + " Count the items."}], GREEDY, max_tokens=3)
     c = Request("Water boils at", SEEDED_PENALTY, max_tokens=4, raw=True)
     want = [alone(model, r) for r in (a, b, c)]
     s = Scheduler(model)
+    reached, gate = threading.Event(), threading.Event()
+    _hold_lone_steps(model.backend, 2, reached, gate, monkeypatch)
     try:
         sa = s.submit(a)
         it = iter(sa)
         got_a: list[Delta] = []
-        while len(token_ids(got_a)) < 3:
-            got_a.append(next(it))
+        assert reached.wait(300), "the lone request never reached its third decode step"
         sb = s.submit(b)  # joins while a decodes; its long prompt is read a chunk per step
+        gate.set()
         got_b = list(sb)  # ... and leaves
         sc = s.submit(c)
         got_c = list(sc)
         got_a.extend(it)
     finally:
+        gate.set()
         s.close()
     assert token_ids(got_a) == want[0]
     assert token_ids(got_b) == want[1]
