@@ -74,6 +74,33 @@ def test_batched_rows_are_the_same_bits_as_one_row(model):
     assert not np.array_equal(both[0], solo[0])
 
 
+def test_two_slots_decode_row_by_row_as_lone_forwards(model_path):
+    """Two slots or fewer (backends/cpu.py ROW_BY_ROW_SLOTS): each row of a step is a lone
+    forward, so a sequence's logits are a one-slot model's bits whoever shares its step, and no
+    row pays the padded GEMM (measured: a lone row ~2x faster)."""
+    from phoenix_chat.engine.backends import cpu
+
+    assert cpu.ROW_BY_ROW_SLOTS == 2
+    two = load(model_path, backend="cpu", context_length=64, slots=2)
+    try:
+        b, m = two.backend, two.backend.model
+        ids = prompt_ids_for(two, "Two plus two is", raw=True)
+        other = prompt_ids_for(two, "Once upon a time there was", raw=True)
+        b.forward_slot(0, ids, 0)
+        lone = b.forward([42], len(ids))  # slot 0 as a one-slot backend decodes it
+        b.forward_slot(0, ids, 0)
+        b.forward_slot(1, other, 0)
+        both = b.decode_batch([SeqStep(1, 7, len(other)), SeqStep(0, 42, len(ids))])
+        b.forward_slot(0, ids, 0)
+        solo = b.decode_batch([SeqStep(0, 42, len(ids))])
+        padded = m.decode_batch([42], [len(ids)], [0])  # what the GEMM over rows gives that row
+    finally:
+        two.close()
+    assert np.array_equal(both[1], lone) and np.array_equal(solo[0], lone)
+    # the GEMM's last bits differ from a lone row's: what makes the equalities above say which path ran
+    assert not np.array_equal(padded[0], lone), "BLAS's two kernels agreed: the check cannot tell the paths apart"
+
+
 def test_every_sequence_in_a_mixed_batch_equals_itself_alone(model):
     chat = [{"role": "user", "content": notes(20) + " Which item is blue?"}]  # > one prefill chunk
     reqs = [

@@ -2,7 +2,8 @@
 
 With `slots=N` it holds N independent K/V caches (engine/scheduler.py serves one sequence per
 slot) and `decode_batch` advances B of them in one pass over the weights: one GEMM over B rows
-per matrix, attention per sequence over its own cache (models/gemma3.py `decode_batch`).
+per matrix, attention per sequence over its own cache (models/gemma3.py `decode_batch`). With
+two slots or fewer each row decodes as a lone forward instead (`ROW_BY_ROW_SLOTS`).
 
 A quantization choice is applied to the values, not the arithmetic: with `quant` every matrix
 is rounded to that type at load (weights/requantized.py) and then computed in f32, so the
@@ -38,6 +39,14 @@ from phoenix_chat.engine.weights.requantized import RequantizedWeights
 
 if TYPE_CHECKING:
     from phoenix_chat.engine.vision.spans import ImageSpan
+
+
+# Slots up to which `decode_batch` runs each row as a lone forward (matrix-vector products), not
+# one GEMM over the rows: the GEMM must pad a lone row to two to keep its bits independent of who
+# shares the step, and BLAS's matrix-matrix kernel packs every weight first. On the 270M (2-core
+# host, docs/PERFORMANCE.md): a lone row 148 ms by itself against 340 padded, two rows 308 against
+# 314, three 445 against 365. Row by row each row's bits are a lone forward's whoever shares it.
+ROW_BY_ROW_SLOTS = 2
 
 
 def f32_kv_bytes(weights: WeightSource, context_length: int) -> int:
@@ -175,10 +184,9 @@ class CpuBackend(Backend):
             self._check_slot(s.slot)
             if s.slot == 0:
                 self.wrote_kv(s.pos + 1)
-        # one slot never batches: no padding, one row decodes as `forward` does (same bits)
-        return self.model.decode_batch(
-            [s.token for s in steps], [s.pos for s in steps], [s.slot for s in steps], pad_single=self.n_slots > 1
-        )
+        if self.n_slots <= ROW_BY_ROW_SLOTS:  # each row as a lone forward: the same bits as one
+            return np.stack([self.model.forward([s.token], s.pos, slot=s.slot) for s in steps])
+        return self.model.decode_batch([s.token for s in steps], [s.pos for s in steps], [s.slot for s in steps])
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.n_slots:

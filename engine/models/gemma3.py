@@ -182,22 +182,20 @@ class Gemma3Model:
             blocks[span.start - start_pos : span.end - start_pos] = b
         return blocks if (blocks >= 0).any() else None
 
-    def decode_batch(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], *, pad_single: bool = True
-    ) -> F32:
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> F32:
         """One token for each of B sequences (distinct slots) in one pass over the weights:
         every matrix multiplies all B rows at once, attention runs per sequence over its own
         cache. Logits (B, vocab). No pictures here: a picture's tokens are all prefill.
 
-        pad_single: a single row is padded to two. BLAS computes one row with a matrix-vector
-        kernel whose sums differ in the last bits from its matrix-matrix kernel, and with at
-        least two rows each row's result does not depend on the other rows — so a sequence's
-        logits are the same bits whoever shares its step (tests/test_batching.py). The price:
-        with few rows the matrix-matrix kernel costs ~3x a matrix-vector pass (it packs the
-        weights), so a one-slot backend, which never batches, does not pad."""
+        A single row is padded to two. BLAS computes one row with a matrix-vector kernel whose
+        sums differ in the last bits from its matrix-matrix kernel, and with at least two rows
+        each row's result does not depend on the other rows — so a sequence's logits are the
+        same bits whoever shares its step (tests/test_batching.py). The price: with few rows the
+        matrix-matrix kernel costs ~2x a matrix-vector pass (it packs the weights), so a backend
+        of two slots or fewer decodes row by row instead (backends/cpu.py ROW_BY_ROW_SLOTS)."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a batched step feeds each slot once, got slots {list(slots)}")
-        pad = pad_single and len(tokens) == 1
+        pad = len(tokens) == 1
         ids = np.asarray(list(tokens) * 2 if pad else list(tokens), dtype=np.int64)
         segments = [
             Segment(self._cache_for(s), np.array([p], np.int64), i) for i, (s, p) in enumerate(zip(slots, positions))
