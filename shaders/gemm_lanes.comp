@@ -19,6 +19,9 @@ layout(constant_id = 2) const uint TM = 8;     // tokens per invocation
 PUSH_CONSTANTS
 
 #include "include/gemm_io.glsl"
+// x again as vec4s: one load of 16 bytes where 4 loads of 4 would each be a loop over the lanes
+// (the host refuses x strides that are not a multiple of 4)
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 
 void main() {
     const uint n0 = (gl_WorkGroupID.x * WG + gl_LocalInvocationID.x) * RN;
@@ -53,9 +56,11 @@ void main() {
         }
         [[unroll]] for (uint t = 0; t < TM; t++) {
             if (t < tm) {
-                const uint xb = (m0 + t) * pc.x_stride + k0;
+                const uint xb = ((m0 + t) * pc.x_stride + k0) >> 2;
+                vec4 xq[4];
+                [[unroll]] for (uint i = 0; i < 4; i++) xq[i] = x4[xb + i];
                 float xv[16];
-                [[unroll]] for (uint i = 0; i < 16; i++) xv[i] = x[xb + i];
+                [[unroll]] for (uint i = 0; i < 16; i++) xv[i] = xq[i >> 2][i & 3];
                 [[unroll]] for (uint r = 0; r < RN; r++) {
                     float s0 = 0.0;
 #ifdef GEMM_GEGLU

@@ -52,6 +52,10 @@ layout(constant_id = 3) const uint SUBGROUP_ROWS = 0;
 // them (a few tokens: speculative decoding's verify pass, short prompts) instead of once per
 // token (workgroup z) or dequantized into a GEMM tile per 64 tokens.
 layout(constant_id = 4) const uint NCOLS = 1;
+// MATS = 1 (THREAD_ROWS shape, one matrix, not GEGLU): the rows come from W0 only, so the
+// decoders of W1 and W2 drop out at specialization; on CPU Vulkan each inlined decoder is LLVM
+// compile time (lavapipe: the Q8_0 matvec compiled in ~20 s with all three, each row unrolled)
+layout(constant_id = 5) const uint MATS = 3;
 
 PUSH_CONSTANTS
 
@@ -289,7 +293,7 @@ void accumulate(uint first, uint t, uint stride, uint total, uint x_off, uint n_
                 acc[i] += chunk_dot_w0r(g, c, pc.n_cols, xr);
                 acc_up[i] += chunk_dot_w1r(g, c, pc.n_cols, xr);
 #else
-                if (g < pc.rows0) acc[i] += chunk_dot_w0r(g, c, pc.n_cols, xr);
+                if (MATS == 1u || g < pc.rows0) acc[i] += chunk_dot_w0r(g, c, pc.n_cols, xr);
                 else if (g < pc.rows0 + pc.rows1) acc[i] += chunk_dot_w1r(g - pc.rows0, c, pc.n_cols, xr);
                 else acc[i] += chunk_dot_w2r(g - pc.rows0 - pc.rows1, c, pc.n_cols, xr);
 #endif

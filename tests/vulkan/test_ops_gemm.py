@@ -263,3 +263,19 @@ def test_phoenix_vulkan_cf_direct_0_refuses_the_register_built_tiles(vk_device, 
         assert cf_refusal(vk_device, "Q4_0", 256, "cmf1hr", False) is None
     few = set(gemm_tuning.candidates_for(vk_device, "Q4_0", 256, False, few=True))
     assert not few & CF_DIRECT_TILES
+
+
+def test_lanes_refuses_x_it_cannot_read_as_vec4s(vk_device):
+    """gemm_lanes.comp loads x 16 bytes at a time: a row stride off a multiple of 4 floats is
+    refused by name before anything is recorded, not read misaligned."""
+    dev = vk_device
+    m, n, k = 2, 32, 64
+    raw, _w = random_weight("Q8_0", n, k, np.random.default_rng(1))
+    x = np.zeros((m, k + 2), np.float32)
+    with Bufs(dev) as b:
+        bx, bw, by = b.of(x), b.of(on_device("Q8_0", raw)), b.zeros(4 * m * n)
+        with pytest.raises(ValueError, match="lanes kernel reads x 16 bytes at a time"):
+            run(
+                dev,
+                lambda cl: gemm(cl, dev, bx, bw, by, wtype="Q8_0", m=m, n=n, k=k, x_stride=k + 2, kernel_name="lanes"),
+            )

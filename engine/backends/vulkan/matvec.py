@@ -346,6 +346,8 @@ def record_matvec(
     if pro is not None:
         _record_with_prologue(cl, dev, mats, y, epilogue=epilogue, int_dot=int_dot, spec=spec, rope=rope, pro=pro)
         return
+    if spec.get("THREAD_ROWS") and len(mats) == 1 and not int_dot:
+        spec = {**spec, "MATS": 1}  # one matrix: the kernel compiles without W1's and W2's decoders
     p = dev.pipeline(variant_name(qtype, epilogue, int_dot, v_qtype), **spec)
     d = dummy(dev)
     resb = res if res is not None else d

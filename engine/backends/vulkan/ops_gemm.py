@@ -95,8 +95,9 @@ def cm_shared_bytes(kernel_name: str, geglu: bool) -> int:
 # gemm_lanes.comp: columns x tokens per invocation (GEGLU: half the columns, each with two
 # weight rows). Measured on lavapipe (2 cores, Gemma 270M shapes, 64 tokens): 16 x 16 runs at
 # 1.5-1.7 GMAC/s against 0.22 for gemm.comp; 32 x 32 is ~2x faster again but takes llvmpipe
-# minutes to compile (every weight row and token unrolled), 16 x 16 about 10 s once (Mesa's
-# shader cache keeps it).
+# minutes to compile (every weight row and token unrolled), 16 x 16 about 6 s once with x read
+# as vec4s (12 s read as floats; Mesa's shader cache keeps it, CI's starts empty). 16 x 8 / 8 x 16
+# compile in ~3.3 / ~6 s and run a 64-token prefill in 6.2 / 6.8 s against 16 x 16's 4.8-5.0.
 LANES_RN, LANES_TM = 16, 16
 CM8_KERNELS = (*CM8_TILES, *CM8F_TILES)  # gemm_coopmat_int8.comp, gemm_coopmat_int8_few.comp
 # what gemm_coopmat_int8.comp is compiled for: (subgroup size, K of its 16 x 16 x K int8 product) —
@@ -492,8 +493,8 @@ def gemm(
     else:
         raise ValueError(f"gemm: kernel {kernel_name!r} is not one of {KERNELS}")
     xs = k if x_stride is None else x_stride
-    if (kn in CM_TILES or kn in CF_TILES) and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
-        raise ValueError("gemm: the matrix-core kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
+    if (kn in CM_TILES or kn in CF_TILES or kn == "lanes") and (xs % 4 or (isinstance(x, tuple) and x[1] % 16)):
+        raise ValueError(f"gemm: the {kn} kernel reads x 16 bytes at a time (x_stride % 4, offset % 16)")
     ys = n if y_stride is None else y_stride
     if kn in INT8_KERNELS:
         assert xq is not None

@@ -104,7 +104,14 @@ MATVEC_ROPE_PUSH = PushLayout(
 # a prologue's push (`_pn` / `_pq` variants): the epilogue's layout and the norm_add's epsilon
 MATVEC_PRO_PUSH = PushLayout("matvec_pro", MATVEC_PUSH.fields + [("pro_eps", "f32")])
 MATVEC_ROPE_PRO_PUSH = PushLayout("matvec_rope_pro", MATVEC_ROPE_PUSH.fields + [("pro_eps", "f32")])
-MATVEC_SPEC = {"WG": (0, 64), "ROWS": (1, 2), "THREAD_ROWS": (2, 0), "SUBGROUP_ROWS": (3, 0), "NCOLS": (4, 1)}
+MATVEC_SPEC = {
+    "WG": (0, 64),
+    "ROWS": (1, 2),
+    "THREAD_ROWS": (2, 0),
+    "SUBGROUP_ROWS": (3, 0),
+    "NCOLS": (4, 1),
+    "MATS": (5, 3),
+}
 
 # the multi-column int8 matvec (matvec_cols.comp): n_vecs vectors of q8_1 blocks, NCOLS per workgroup
 MATVEC_COLS_PUSH = PushLayout("matvec_cols", MATVEC_PUSH.fields + [("n_vecs", "u32")])
