@@ -32,8 +32,8 @@ TEST_ENV ?= OPENBLAS_NUM_THREADS=1
 # ~3 min while llama.cpp compiles), then the tests.
 test:
 	$(MAKE) -j3 lint typecheck peer-server convert-tools
-	@mkdir -p build && rm -f build/test-times.tsv
-	$(TEST_ENV) PHOENIX_TEST_TIMES=build/test-times.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15 $(TEST_PROCESSES)
+	@mkdir -p build && rm -f build/test-times.tsv build/test-pipelines.tsv
+	$(TEST_ENV) PHOENIX_TEST_TIMES=build/test-times.tsv PHOENIX_TEST_PIPELINES=$(CURDIR)/build/test-pipelines.tsv QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -ra --durations=15 $(TEST_PROCESSES)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)

@@ -135,6 +135,40 @@ def pytest_runtest_logreport(report) -> None:
             )
 
 
+def pytest_configure(config) -> None:
+    path = os.environ.get("PHOENIX_TEST_PIPELINES")
+    if path:
+        _log_new_pipelines(path)
+
+
+def _log_new_pipelines(path: str) -> None:
+    """Append each pipeline this process asks for the first time to $PHOENIX_TEST_PIPELINES
+    (`make test`: build/test-pipelines.tsv; columns: unix time, test, xdist worker, lavapipe's
+    vector width, variant, specialization): on a CI machine every new pipeline is an LLVM compile
+    for lavapipe (Mesa's shader cache starts empty), most of the Vulkan tests' time. The first line
+    of a (variant, specialization, width) in the whole file is the test that paid for its compile.
+    A wrapper that records and calls the real method: nothing it returns is changed."""
+    import time
+
+    from phoenix_chat.engine.backends.vulkan.pipelines import PipelineCache
+
+    real_get = PipelineCache.get
+    seen: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+    width = os.environ.get("LP_NATIVE_VECTOR_WIDTH", "-")
+
+    def get(self, name: str, **spec: int):
+        key = (name, tuple(sorted(spec.items())))
+        if key not in seen:
+            seen.add(key)
+            test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+            with open(path, "a", encoding="utf-8") as log:
+                log.write(f"{time.time():.3f}\t{test}\t{worker}\t{width}\t{name}\t{dict(key[1])}\n")
+        return real_get(self, name, **spec)
+
+    PipelineCache.get = get  # type: ignore[method-assign]
+
+
 def _rss_mb() -> int:
     """This process's resident memory in MB (the times file's last column: two test processes
     share the machine's memory)."""
