@@ -153,18 +153,22 @@ def _log_new_pipelines(path: str) -> None:
     from phoenix_chat.engine.backends.vulkan.pipelines import PipelineCache
 
     real_get = PipelineCache.get
-    seen: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
+    seen: set[tuple[str, tuple[tuple[str, int], ...], int]] = set()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     width = os.environ.get("LP_NATIVE_VECTOR_WIDTH", "-")
 
     def get(self, name: str, **spec: int):
-        key = (name, tuple(sorted(spec.items())))
+        p = real_get(self, name, **spec)
+        # the values it was built with (defaults filled in, a required subgroup size apart), as the
+        # cache keys it: callers that spell one pipeline's constants differently log it once
+        key = (name, tuple(sorted(p.spec_values.items())), p.subgroup_size)
         if key not in seen:
             seen.add(key)
             test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+            built = {**dict(key[1]), **({"SUBGROUP_SIZE": key[2]} if key[2] else {})}
             with open(path, "a", encoding="utf-8") as log:
-                log.write(f"{time.time():.3f}\t{test}\t{worker}\t{width}\t{name}\t{dict(key[1])}\n")
-        return real_get(self, name, **spec)
+                log.write(f"{time.time():.3f}\t{test}\t{worker}\t{width}\t{name}\t{built}\n")
+        return p
 
     PipelineCache.get = get  # type: ignore[method-assign]
 
